@@ -1,0 +1,22 @@
+"""The `ledger` command: one typer app, one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from cli import db, gym, inspect, simulate, worker
+
+app = typer.Typer(
+    name="ledger",
+    help="Event-sourced hand-off of RL rollouts between trainers and Gym agents.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(db.app, name="db")
+app.add_typer(gym.app, name="gym")
+app.add_typer(worker.app, name="worker")
+simulate.register(app)
+inspect.register(app)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,7 @@
+"""`ledger worker ...` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)

@@ -1,0 +1,102 @@
+"""The durable log.
+
+    from eventstore import open_store, NewEvent, RecordedEvent, ExpectedVersion, WrongExpectedVersion
+    store = open_store("sqlite:///ledger.db")
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import DBAPIError
+
+from eventstore import migrate
+from eventstore.backends import backend_for, create_engines, mask_url, resolve_url
+from eventstore.errors import (
+    AppendOnlyViolation,
+    DatabaseUnavailable,
+    EventIdConflict,
+    EventStoreError,
+    InvalidEvent,
+    UnknownEventType,
+    UnknownMigrationHead,
+    UnknownSchemaVersion,
+    WrongExpectedVersion,
+)
+from eventstore.events import EVENT_TYPES, Event
+from eventstore.records import AppendResult, ExpectedVersion, NewEvent, RecordedEvent
+from eventstore.store import ChainBreak, EventStore, UnitOfWork
+from eventstore.subscription import Subscription
+
+__all__ = [
+    "EVENT_TYPES",
+    "AppendOnlyViolation",
+    "AppendResult",
+    "ChainBreak",
+    "DatabaseUnavailable",
+    "Event",
+    "EventIdConflict",
+    "EventStore",
+    "EventStoreError",
+    "ExpectedVersion",
+    "InvalidEvent",
+    "NewEvent",
+    "RecordedEvent",
+    "Subscription",
+    "UnitOfWork",
+    "UnknownEventType",
+    "UnknownMigrationHead",
+    "UnknownSchemaVersion",
+    "WrongExpectedVersion",
+    "open_store",
+    "upgrade_database",
+]
+
+
+def upgrade_database(url: str | None = None) -> str:
+    """Brings the database to the migration head (`ledger db upgrade`); returns the revision."""
+    resolved = resolve_url(url)
+    writer, reader = create_engines(resolved, pool_size=1)
+    try:
+        _check_reachable(resolved, reader)
+        migrate.upgrade(writer)
+        return migrate.head_revision()
+    except DBAPIError as exc:
+        raise DatabaseUnavailable(f"database {mask_url(resolved)}: {exc.orig}") from None
+    finally:
+        writer.dispose()
+        reader.dispose()
+
+
+def open_store(
+    url: str | None = None, *, migrate_schema: bool = False, notify: bool = False, pool_size: int = 5
+) -> EventStore:
+    """Opens the log at `url` (`--db`, else `LEDGER_DB`, else `sqlite:///ledger.db`).
+
+    Refuses a database whose migration head this code does not know; with
+    `migrate_schema=True` (the embedded default's first run) it upgrades first.
+    """
+    resolved = resolve_url(url)
+    writer, reader = create_engines(resolved, pool_size=pool_size)
+    try:
+        current = _check_reachable(resolved, reader)
+        head = migrate.head_revision()
+        if current != head and migrate_schema and (current is None or current in migrate.known_revisions()):
+            migrate.upgrade(writer)
+            current = head
+        if current != head:
+            state = "has no ledger schema" if current is None else f"is at migration {current!r}"
+            raise UnknownMigrationHead(
+                f"database {mask_url(resolved)} {state}; this ledger expects migration {head!r}. "
+                f"Run `ledger db upgrade --db {mask_url(resolved)}`"
+            )
+    except BaseException:
+        writer.dispose()
+        reader.dispose()
+        raise
+    return EventStore(resolved, writer, reader, backend_for(resolved), notify=notify)
+
+
+def _check_reachable(url: str, reader: object) -> str | None:
+    try:
+        return migrate.current_revision(reader)  # type: ignore[arg-type]
+    except DBAPIError as exc:
+        raise DatabaseUnavailable(f"database {mask_url(url)} unavailable: {str(exc.orig).strip()}") from None

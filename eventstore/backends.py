@@ -1,0 +1,126 @@
+"""What differs between SQLite and PostgreSQL: engines, the append lock, a few SQL strings.
+
+Gap-free tailing: every append takes one log-wide lock before it reads the
+head, and holds it until commit (PostgreSQL: a transaction-scoped advisory
+lock; SQLite: `BEGIN IMMEDIATE`).  Positions are therefore assigned
+`max(position) + 1` in commit order: they are contiguous, a reader that has
+seen position p has seen every position below it, and a rolled-back append
+leaves no hole.  See the README ("Why positions are gap-free").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+
+DEFAULT_URL = "sqlite:///ledger.db"
+APPEND_LOCK_KEY = 0x1ED6E5  # any constant shared by every writer of one database
+
+_COLUMNS = "position, stream_id, stream_version, event_id, type, schema_version, {data}, {metadata}, recorded_at, prev_hash, hash"
+
+
+def resolve_url(url: str | None) -> str:
+    """`--db`, else `LEDGER_DB`, else the embedded default."""
+    return url or os.environ.get("LEDGER_DB") or DEFAULT_URL
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL with its password hidden: the only form of a URL that reaches a log line or an error."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    select_columns: str
+    data_column: str
+    # Cast a bound JSON text parameter to the column type.
+    json_param: str
+    blob_insert: str
+    position_upsert: str
+
+    def lock_for_append(self, conn: Any) -> None:
+        """Serialise appends; a no-op on SQLite, whose writer transaction already holds the lock."""
+        if self.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({APPEND_LOCK_KEY})")
+
+
+SQLITE = Backend(
+    name="sqlite",
+    select_columns=_COLUMNS.format(data="data", metadata="metadata"),
+    data_column="data",
+    json_param=":{name}",
+    blob_insert=(
+        "INSERT INTO blobs (digest, media_type, content, created_at) VALUES (:digest, :media_type, :content, :now) "
+        "ON CONFLICT (digest) DO NOTHING"
+    ),
+    position_upsert=(
+        "INSERT INTO subscriptions (name, position, updated_at) VALUES (:name, :position, :now) "
+        "ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at"
+    ),
+)
+
+POSTGRES = Backend(
+    name="postgresql",
+    # `::text` hands back the stored JSON text as written (no parse in the driver).
+    select_columns=_COLUMNS.format(data="data::text AS data", metadata="metadata::text AS metadata"),
+    data_column="data::text",
+    json_param="CAST(:{name} AS json)",
+    blob_insert=SQLITE.blob_insert,
+    position_upsert=SQLITE.position_upsert,
+)
+
+
+def backend_for(url: str) -> Backend:
+    return POSTGRES if make_url(url).get_backend_name() == "postgresql" else SQLITE
+
+
+def create_engines(url: str, pool_size: int = 5) -> tuple[Engine, Engine]:
+    """A writer engine and a reader engine.
+
+    On SQLite the writer's transactions start with `BEGIN IMMEDIATE` so that the
+    write lock is taken before the head is read (commit order = position order);
+    readers use plain deferred transactions and never block writers (WAL).
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, immediate=True), _sqlite_engine(url, immediate=False)
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    kwargs: dict[str, Any] = {
+        "pool_size": pool_size,
+        "max_overflow": pool_size,
+        "pool_pre_ping": True,
+        "connect_args": {"connect_timeout": 10, "application_name": "ledger"},
+    }
+    writer = create_engine(parsed, **kwargs)
+    reader = create_engine(parsed, **kwargs)
+    return writer, reader
+
+
+def _sqlite_engine(url: str, immediate: bool) -> Engine:
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module so BEGIN is ours.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine

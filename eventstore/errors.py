@@ -1,0 +1,47 @@
+"""Typed errors of the store: each says what went wrong and that nothing was written."""
+
+from __future__ import annotations
+
+
+class EventStoreError(Exception):
+    """Base of every error raised by the store."""
+
+
+class WrongExpectedVersion(EventStoreError):
+    def __init__(self, stream_id: str, expected: int, actual: int) -> None:
+        self.stream_id, self.expected, self.actual = stream_id, expected, actual
+        super().__init__(
+            f"stream {stream_id!r} is at version {actual}, the append expected {_name(expected)}; nothing was written"
+        )
+
+
+class EventIdConflict(EventStoreError):
+    """An event id was appended before with different content."""
+
+
+class UnknownEventType(EventStoreError):
+    pass
+
+
+class UnknownSchemaVersion(EventStoreError):
+    pass
+
+
+class InvalidEvent(EventStoreError):
+    """A payload failed its model, or a row could not be decoded."""
+
+
+class DatabaseUnavailable(EventStoreError):
+    pass
+
+
+class UnknownMigrationHead(EventStoreError):
+    pass
+
+
+class AppendOnlyViolation(EventStoreError):
+    pass
+
+
+def _name(expected: int) -> str:
+    return {-2: "any version", -1: "no stream"}.get(expected, f"version {expected}")

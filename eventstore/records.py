@@ -1,0 +1,135 @@
+"""What goes into the log (`NewEvent`) and what comes out of it (`RecordedEvent`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from pydantic import ValidationError
+
+from eventstore.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
+from eventstore.events import EVENT_TYPES, Event
+from eventstore.upcasting import upcast
+
+GENESIS_HASH = "0" * 64
+# The unit separator never occurs unescaped in JSON text nor in a valid stream id or event type.
+_SEP = "\x1f"
+
+
+class ExpectedVersion(IntEnum):
+    """Expected version of a stream before an append; an int >= 0 names an exact version."""
+
+    ANY = -2
+    NO_STREAM = -1
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def chain_hash(
+    prev_hash: str,
+    stream_id: str,
+    stream_version: int,
+    event_id: str,
+    type_: str,
+    schema_version: int,
+    data_json: str,
+    metadata_json: str,
+) -> str:
+    """`sha256(prev_hash ‖ canonical(event))`, over the exact stored JSON text."""
+    body = _SEP.join(
+        (prev_hash, stream_id, str(stream_version), event_id, type_, str(schema_version), data_json, metadata_json)
+    )
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append, untyped: `type` and `data` as they will be stored."""
+
+    type: str
+    data: dict[str, Any]
+    event_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    schema_version: int | None = None
+
+    @classmethod
+    def of(cls, event: Event, event_id: str | uuid.UUID | None = None, metadata: dict[str, Any] | None = None) -> NewEvent:
+        """A typed catalogue event with a chosen id (e.g. a deterministic uuid5 for idempotency)."""
+        return cls(
+            type=event.event_type(),
+            data=event.model_dump(mode="json"),
+            event_id=str(event_id) if event_id is not None else None,
+            metadata=metadata or {},
+            schema_version=event.schema_version,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    """One row of the log.  `data`/`metadata` are parsed from the stored JSON on access."""
+
+    position: int
+    stream_id: str
+    stream_version: int
+    event_id: str
+    type: str
+    schema_version: int
+    data_json: str
+    metadata_json: str
+    recorded_at: float  # seconds since the epoch, the writer's clock
+    prev_hash: str
+    hash: str
+
+    @property
+    def data(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.data_json)
+        return value
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.metadata_json)
+        return value
+
+    def decode(self) -> Event:
+        """The typed catalogue event, upcast to the current schema version."""
+        cls = EVENT_TYPES.get(self.type)
+        if cls is None:
+            raise UnknownEventType(f"position {self.position}: unknown event type {self.type!r}")
+        try:
+            if self.schema_version == cls.schema_version:
+                return cls.model_validate_json(self.data_json)
+            if self.schema_version > cls.schema_version:
+                raise UnknownSchemaVersion(
+                    f"position {self.position}: {self.type} has schema version {self.schema_version}, "
+                    f"newer than this reader's {cls.schema_version}; upgrade the reader"
+                )
+            return cls.model_validate(upcast(self.type, self.schema_version, cls.schema_version, self.data))
+        except ValidationError as exc:
+            raise InvalidEvent(f"position {self.position}: {self.type} payload does not validate: {exc}") from exc
+        except ValueError as exc:  # malformed JSON text
+            raise InvalidEvent(f"position {self.position}: {self.type} payload is not valid JSON: {exc}") from exc
+
+    def expected_hash(self) -> str:
+        return chain_hash(
+            self.prev_hash,
+            self.stream_id,
+            self.stream_version,
+            self.event_id,
+            self.type,
+            self.schema_version,
+            self.data_json,
+            self.metadata_json,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    positions: list[int]
+    stream_version: int
+    idempotent: bool = False

@@ -1,0 +1,376 @@
+"""The event store: append, read, subscribe and verify, on SQLite or PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from eventstore.backends import Backend, backend_for, create_engines, mask_url, resolve_url
+from eventstore.errors import (
+    AppendOnlyViolation,
+    DatabaseUnavailable,
+    EventIdConflict,
+    EventStoreError,
+    InvalidEvent,
+    UnknownEventType,
+    UnknownSchemaVersion,
+    WrongExpectedVersion,
+)
+from eventstore.events import EVENT_TYPES, Event
+from eventstore.records import (
+    GENESIS_HASH,
+    AppendResult,
+    ExpectedVersion,
+    NewEvent,
+    RecordedEvent,
+    canonical,
+    chain_hash,
+)
+
+_WRITER = {"host": socket.gethostname(), "pid": os.getpid()}
+_STREAM_ID_MAX = 400
+
+
+@dataclass(frozen=True, slots=True)
+class ChainBreak:
+    position: int
+    reason: str
+
+
+class EventStore:
+    """An append-only log of events.  Thread-safe; one instance per process is plenty."""
+
+    def __init__(self, url: str, writer: Engine, reader: Engine, backend: Backend, notify: bool = False) -> None:
+        self.url = mask_url(url)
+        self._writer = writer
+        self._reader = reader
+        self.backend = backend
+        # NOTIFY takes a global lock at commit; it is opt-in (see benchmarks/eventstore.py).
+        self.notify = notify and backend.name == "postgresql"
+
+    # --- writing ----------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[UnitOfWork]:
+        """One database transaction holding appends, blobs and subscriber positions together."""
+        with self._database_errors():
+            with self._writer.begin() as conn:
+                yield UnitOfWork(self, conn)
+
+    def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | NewEvent],
+        expected_version: int = ExpectedVersion.ANY,
+        metadata: dict[str, Any] | None = None,
+    ) -> AppendResult:
+        with self.transaction() as tx:
+            return tx.append(stream_id, events, expected_version, metadata)
+
+    def put_blob(self, content: bytes, media_type: str = "application/json") -> str:
+        with self.transaction() as tx:
+            return tx.put_blob(content, media_type)
+
+    def save_position(self, name: str, position: int) -> None:
+        with self.transaction() as tx:
+            tx.save_position(name, position)
+
+    # --- reading ----------------------------------------------------------
+
+    def head(self) -> int:
+        """The highest position a reader may safely read up to (every position below it is committed)."""
+        return int(self._scalar("SELECT COALESCE(MAX(position), 0) FROM events", {}) or 0)
+
+    def stream_version(self, stream_id: str) -> int:
+        value = self._scalar("SELECT MAX(stream_version) FROM events WHERE stream_id = :s", {"s": stream_id})
+        return -1 if value is None else int(value)
+
+    def read_all(
+        self,
+        from_position: int = 0,
+        to_position: int | None = None,
+        types: Collection[str] | None = None,
+        batch_size: int = 5000,
+    ) -> Iterator[RecordedEvent]:
+        """Events with `from_position < position <= to_position`, in position order, gap-free."""
+        where = "position > :after"
+        params: dict[str, Any] = {"limit": batch_size}
+        if to_position is not None:
+            where += " AND position <= :to"
+            params["to"] = to_position
+        if types is not None:
+            names = sorted(types)
+            where += " AND type IN (" + ", ".join(f":t{i}" for i in range(len(names))) + ")"
+            params.update({f"t{i}": n for i, n in enumerate(names)})
+        query = text(f"SELECT {self.backend.select_columns} FROM events WHERE {where} ORDER BY position LIMIT :limit")
+        after = from_position
+        while True:
+            with self._database_errors(), self._reader.connect() as conn:
+                rows = conn.execute(query, {**params, "after": after}).all()
+            for row in rows:
+                yield RecordedEvent(*row)
+            if len(rows) < batch_size:
+                return
+            after = rows[-1][0]
+
+    def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
+        query = text(
+            f"SELECT {self.backend.select_columns} FROM events "
+            "WHERE stream_id = :s AND stream_version >= :v ORDER BY stream_version"
+        )
+        with self._database_errors(), self._reader.connect() as conn:
+            rows = conn.execute(query, {"s": stream_id, "v": from_version}).all()
+        return iter([RecordedEvent(*row) for row in rows])
+
+    def get_blob(self, digest: str) -> bytes | None:
+        value = self._scalar("SELECT content FROM blobs WHERE digest = :d", {"d": digest})
+        return None if value is None else bytes(value)
+
+    def subscriber_position(self, name: str) -> int:
+        value = self._scalar("SELECT position FROM subscriptions WHERE name = :n", {"n": name})
+        return 0 if value is None else int(value)
+
+    def subscribe(self, name: str, from_position: int | None = None, poll_interval_s: float = 0.05) -> Subscription:
+        """A catch-up subscription that then follows live appends.
+
+        It starts after `from_position`, or after the subscriber's stored position
+        when none is given.  Delivery is at least once: a subscriber stores its
+        position with `Subscription.commit` (in its own transaction when it writes).
+        """
+        from eventstore.subscription import Subscription
+
+        start = self.subscriber_position(name) if from_position is None else from_position
+        return Subscription(self, name, start, poll_interval_s)
+
+    # --- verifying --------------------------------------------------------
+
+    def chain_breaks(self, to_position: int | None = None) -> Iterator[ChainBreak]:
+        """Every row whose hash, stream predecessor or position does not verify."""
+        last: dict[str, tuple[int, str]] = {}
+        expected_position = 1
+        for ev in self.read_all(0, to_position):
+            if ev.position != expected_position:
+                yield ChainBreak(ev.position, f"positions {expected_position}..{ev.position - 1} are missing")
+            expected_position = ev.position + 1
+            version, prev = last.get(ev.stream_id, (-1, GENESIS_HASH))
+            if ev.stream_version != version + 1:
+                yield ChainBreak(
+                    ev.position,
+                    f"stream {ev.stream_id!r} jumps from version {version} to {ev.stream_version}",
+                )
+            elif ev.prev_hash != prev:
+                yield ChainBreak(ev.position, f"prev_hash does not match the hash of {ev.stream_id!r} v{version}")
+            if ev.hash != ev.expected_hash():
+                yield ChainBreak(ev.position, "hash does not match the row's content")
+            last[ev.stream_id] = (ev.stream_version, ev.hash)
+
+    def verify_chain(self) -> int | None:
+        """None, or the first position whose hash does not verify."""
+        return next((b.position for b in self.chain_breaks()), None)
+
+    def close(self) -> None:
+        self._writer.dispose()
+        self._reader.dispose()
+
+    # --- internals --------------------------------------------------------
+
+    def _scalar(self, sql: str, params: dict[str, Any]) -> Any:
+        with self._database_errors(), self._reader.connect() as conn:
+            return conn.execute(text(sql), params).scalar()
+
+    @contextmanager
+    def _database_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except EventStoreError:
+            raise
+        except IntegrityError as exc:
+            raise EventStoreError(f"integrity error, nothing was written: {exc.orig}") from None
+        except OperationalError as exc:
+            if "append-only" in str(exc.orig):
+                raise AppendOnlyViolation(str(exc.orig)) from None
+            raise DatabaseUnavailable(f"database {self.url} unavailable: {_first_line(exc.orig)}") from None
+        except DBAPIError as exc:
+            if "append-only" in str(exc.orig):
+                raise AppendOnlyViolation(str(exc.orig)) from None
+            if exc.connection_invalidated:
+                raise DatabaseUnavailable(f"database {self.url} went away: {_first_line(exc.orig)}") from None
+            raise EventStoreError(f"database error, nothing was written: {_first_line(exc.orig)}") from None
+
+
+class UnitOfWork:
+    """The writes of one transaction.  Appends take the log-wide append lock on first use."""
+
+    def __init__(self, store: EventStore, conn: Connection) -> None:
+        self.store = store
+        self.connection = conn
+        self._locked = False
+        self._head = 0
+        self._notified = False
+
+    def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | NewEvent],
+        expected_version: int = ExpectedVersion.ANY,
+        metadata: dict[str, Any] | None = None,
+    ) -> AppendResult:
+        if not events:
+            raise ValueError("append needs at least one event")
+        if not stream_id or len(stream_id) > _STREAM_ID_MAX or "\x1f" in stream_id:
+            raise ValueError(f"invalid stream id {stream_id!r}")
+        if expected_version < ExpectedVersion.ANY:
+            raise ValueError(f"invalid expected version {expected_version}")
+        rows = [_prepare(e, metadata) for e in events]
+        conn = self.connection
+        backend = self.store.backend
+        if not self._locked:
+            backend.lock_for_append(conn)
+            self._head = int(conn.execute(text("SELECT COALESCE(MAX(position), 0) FROM events")).scalar() or 0)
+            self._locked = True
+        last = conn.execute(
+            text("SELECT stream_version, hash FROM events WHERE stream_id = :s ORDER BY stream_version DESC LIMIT 1"),
+            {"s": stream_id},
+        ).first()
+        version, prev_hash = (int(last[0]), str(last[1])) if last else (-1, GENESIS_HASH)
+
+        chosen = [r["event_id"] for r in rows if r.pop("chosen_id")]
+        if chosen:
+            existing = _existing(conn, backend, chosen)
+            if existing:
+                return _idempotent(stream_id, rows, existing)
+
+        if expected_version == ExpectedVersion.NO_STREAM and version != -1:
+            raise WrongExpectedVersion(stream_id, expected_version, version)
+        if expected_version >= 0 and version != expected_version:
+            raise WrongExpectedVersion(stream_id, expected_version, version)
+
+        positions = []
+        for row in rows:
+            version += 1
+            self._head += 1
+            row.update(position=self._head, stream_id=stream_id, stream_version=version, prev_hash=prev_hash)
+            row["hash"] = prev_hash = chain_hash(
+                prev_hash, stream_id, version, row["event_id"], row["type"], row["schema_version"],
+                row["data"], row["metadata"],
+            )
+            positions.append(self._head)
+        json_data, json_meta = backend.json_param.format(name="data"), backend.json_param.format(name="metadata")
+        conn.execute(
+            text(
+                "INSERT INTO events (position, stream_id, stream_version, event_id, type, schema_version, data, "
+                f"metadata, recorded_at, prev_hash, hash) VALUES (:position, :stream_id, :stream_version, :event_id, "
+                f":type, :schema_version, {json_data}, {json_meta}, :recorded_at, :prev_hash, :hash)"
+            ),
+            rows,
+        )
+        if self.store.notify and not self._notified:
+            conn.exec_driver_sql("NOTIFY ledger_events")
+            self._notified = True
+        return AppendResult(positions=positions, stream_version=version)
+
+    def put_blob(self, content: bytes, media_type: str = "application/json") -> str:
+        """Stores content under its sha256; storing the same content twice is a no-op."""
+        digest = "sha256:" + hashlib.sha256(content).hexdigest()
+        self.connection.execute(
+            text(self.store.backend.blob_insert),
+            {"digest": digest, "media_type": media_type, "content": content, "now": time.time()},
+        )
+        return digest
+
+    def save_position(self, name: str, position: int) -> None:
+        self.connection.execute(
+            text(self.store.backend.position_upsert), {"name": name, "position": position, "now": time.time()}
+        )
+
+
+def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(event, Event):
+        event = NewEvent.of(event)
+    elif not isinstance(event, NewEvent):
+        raise TypeError(f"expected a catalogue event or a NewEvent, got {type(event).__name__}")
+    cls = EVENT_TYPES.get(event.type)
+    if cls is None:
+        raise UnknownEventType(f"unknown event type {event.type!r}; nothing was written")
+    version = cls.schema_version if event.schema_version is None else event.schema_version
+    if version > cls.schema_version:
+        raise UnknownSchemaVersion(
+            f"{event.type} schema version {version} is newer than this writer's {cls.schema_version}"
+        )
+    if version == cls.schema_version:
+        try:  # a NewEvent is checked against its model before anything is written
+            cls.model_validate(event.data)
+        except ValidationError as exc:
+            raise InvalidEvent(f"{event.type} payload does not validate, nothing was written: {exc}") from None
+    try:
+        data = canonical(event.data)
+        meta = canonical({**_WRITER, "wall_time": time.time(), **(metadata or {}), **event.metadata})
+    except (TypeError, ValueError) as exc:
+        raise InvalidEvent(f"{event.type} payload is not JSON-serialisable: {exc}") from None
+    if event.event_id is not None:
+        try:
+            event_id = str(uuid.UUID(str(event.event_id)))
+        except ValueError:
+            raise InvalidEvent(f"event id {event.event_id!r} is not a UUID") from None
+    else:
+        event_id = str(uuid.uuid4())
+    return {
+        "event_id": event_id,
+        "chosen_id": event.event_id is not None,
+        "type": event.type,
+        "schema_version": version,
+        "data": data,
+        "metadata": meta,
+        "recorded_at": time.time(),
+    }
+
+
+def _existing(conn: Connection, backend: Backend, event_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    marks = ", ".join(f":e{i}" for i in range(len(event_ids)))
+    rows = conn.execute(
+        text(
+            f"SELECT event_id, position, stream_id, stream_version, type, {backend.data_column} "
+            f"FROM events WHERE event_id IN ({marks})"
+        ),
+        {f"e{i}": e for i, e in enumerate(event_ids)},
+    ).all()
+    return {str(r[0]): tuple(r) for r in rows}
+
+
+def _idempotent(stream_id: str, rows: list[dict[str, Any]], existing: dict[str, tuple[Any, ...]]) -> AppendResult:
+    """Same ids and same content: the original positions, nothing written.  Anything else: an error."""
+    originals = []
+    for row in rows:
+        found = existing.get(row["event_id"])
+        if found is None:
+            raise EventIdConflict(
+                f"append to {stream_id!r} mixes already-recorded and new event ids; nothing was written"
+            )
+        _, position, stream, version, type_, data = found
+        if stream != stream_id or type_ != row["type"] or not _same_json(data, row["data"]):
+            raise EventIdConflict(
+                f"event id {row['event_id']} was already recorded at position {position} with other content; "
+                "nothing was written"
+            )
+        originals.append((int(position), int(version)))
+    return AppendResult(positions=[p for p, _ in originals], stream_version=originals[-1][1], idempotent=True)
+
+
+def _same_json(stored: str, new: str) -> bool:
+    return bool(stored == new or json.loads(stored) == json.loads(new))
+
+
+def _first_line(exc: BaseException | None) -> str:
+    return str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else type(exc).__name__

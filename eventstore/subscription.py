@@ -1,0 +1,68 @@
+"""Catch-up subscriptions: read from a position, then follow live appends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from eventstore.records import RecordedEvent
+
+if TYPE_CHECKING:
+    from eventstore.store import EventStore, UnitOfWork
+
+
+class Subscription:
+    """Delivers every event after `position` exactly once per pass, in position order.
+
+    Delivery is at least once across restarts: the subscriber stores its
+    position with `commit`, inside its own write transaction when it has one,
+    and a restarted subscriber resumes from the stored position.
+    """
+
+    def __init__(self, store: EventStore, name: str, position: int, poll_interval_s: float = 0.05) -> None:
+        self.store = store
+        self.name = name
+        self.position = position
+        self.poll_interval_s = poll_interval_s
+        self._stopped = False
+
+    def poll(self, max_events: int = 5000) -> list[RecordedEvent]:
+        """The next events already committed, without waiting."""
+        batch = list(self.store.read_all(self.position, batch_size=max_events))[:max_events]
+        if batch:
+            self.position = batch[-1].position
+        return batch
+
+    def __iter__(self) -> Iterator[RecordedEvent]:
+        return self.follow()
+
+    def follow(self, idle_timeout_s: float | None = None) -> Iterator[RecordedEvent]:
+        """Yields events as they are appended; stops after `idle_timeout_s` without one, or on `stop()`."""
+        idle_since = time.monotonic()
+        delay = self.poll_interval_s / 4
+        while not self._stopped:
+            batch = self.poll()
+            if batch:
+                yield from batch
+                idle_since, delay = time.monotonic(), self.poll_interval_s / 4
+                continue
+            if idle_timeout_s is not None and time.monotonic() - idle_since >= idle_timeout_s:
+                return
+            self._wait(delay)
+            delay = min(delay * 2, self.poll_interval_s)
+
+    def commit(self, position: int | None = None, tx: UnitOfWork | None = None) -> None:
+        """Stores the subscriber's position (the last event it has fully processed)."""
+        value = self.position if position is None else position
+        if tx is not None:
+            tx.save_position(self.name, value)
+        else:
+            self.store.save_position(self.name, value)
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def _wait(self, delay: float) -> None:
+        # A short poll: with NOTIFY off (the default) there is nothing else to wait on.
+        time.sleep(delay)

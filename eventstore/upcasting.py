@@ -1,0 +1,55 @@
+"""Upcasters: old payload versions are upgraded when read; stored rows are never rewritten.
+
+An upcaster takes the payload of `(type, version)` and returns the payload of
+`version + 1`.  Reading applies them in a chain up to the model's version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from eventstore.errors import UnknownSchemaVersion
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    def register(fn: Upcaster) -> Upcaster:
+        UPCASTERS[(event_type, from_version)] = fn
+        return fn
+
+    return register
+
+
+def upcast(event_type: str, version: int, target: int, data: dict[str, Any]) -> dict[str, Any]:
+    while version < target:
+        step = UPCASTERS.get((event_type, version))
+        if step is None:
+            raise UnknownSchemaVersion(f"no upcaster for {event_type} v{version} -> v{version + 1}")
+        data = step(data)
+        version += 1
+    return data
+
+
+_KIND_BY_PREFIX = (
+    ("deadline", "deadline"),
+    ("stream", "stream_closed"),
+    ("receipt", "receipt"),
+    ("verify", "verify"),
+    ("digest", "verify"),
+    ("http", "http"),
+    ("connect", "http"),
+    ("env", "env"),
+    ("mask", "env"),
+)
+
+
+@upcaster("RunFailed", 1)
+def _run_failed_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 carried only a free-text reason; v2 classifies it so retries can be counted by kind."""
+    reason = str(data.get("reason", "")).lower()
+    kind = next((k for prefix, k in _KIND_BY_PREFIX if reason.startswith(prefix)), "unknown")
+    return {**data, "kind": kind}
