@@ -15,16 +15,15 @@ function units, not HBM, would then be the bottleneck.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from workers.kernels.validate import Temperature, temperature_per_row
-
-# Read at decoration time by Triton, recorded so the wrapper can tell whether CPU tensors can run here.
-INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
 
 @dataclass(frozen=True)
@@ -35,14 +34,13 @@ class LogitsConfig:
     num_warps: int = 8
 
 
-def default_logits_config(vocab_size: int, interpreted: bool = INTERPRETED) -> LogitsConfig:
+def default_logits_config(vocab_size: int, interpreted: bool) -> LogitsConfig:
     """GPU: 4K-wide chunks (16 bytes per thread per load at 8 warps for bf16). Interpreter: very wide
     chunks, because each interpreted op has a fixed Python overhead and numpy is fast on big arrays."""
     cap = 32768 if interpreted else 4096
     return LogitsConfig(block_v=min(cap, triton.next_power_of_2(vocab_size)))
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
 def _logprobs_from_logits_kernel(
     logits_ptr,
     targets_ptr,
@@ -92,6 +90,24 @@ def _logprobs_from_logits_kernel(
         tl.store(entropy_ptr + row, log_s - ent_acc / s)
 
 
+@dataclass(frozen=True)
+class JitKernel:
+    fn: Any
+    interpreted: bool
+
+
+@functools.cache
+def jit_kernel() -> JitKernel:
+    """Decorate on first use, not at import: ``triton.jit`` decides between the compiler and the CPU
+    interpreter from ``TRITON_INTERPRET`` at decoration time, and importing ``workers.kernels`` early
+    (before a test conftest sets the variable) must not freeze that choice."""
+    interpreted = bool(triton.knobs.runtime.interpret)
+    # num_tokens is not specialised: one compiled kernel for every T, so nothing about a row's code
+    # path can depend on the batch size.
+    fn = triton.jit(do_not_specialize=["num_tokens"])(_logprobs_from_logits_kernel)
+    return JitKernel(fn=fn, interpreted=interpreted)
+
+
 def logprobs_from_logits_triton(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -104,13 +120,19 @@ def logprobs_from_logits_triton(
     Returns ``(logprobs [T] fp32, entropy [T] fp32 or None)``. ``config`` is for tests and tuning; the
     default depends only on ``V`` so results are batch-invariant.
     """
+    kernel = jit_kernel()
+    if logits.device.type == "cpu" and not kernel.interpreted:
+        raise ValueError(
+            "Triton kernels were compiled for a GPU (TRITON_INTERPRET was not set when they were first "
+            "used); CPU tensors need backend='torch' or TRITON_INTERPRET=1 before the first launch"
+        )
     num_tokens, vocab_size = logits.shape
-    cfg = config if config is not None else default_logits_config(vocab_size)
+    cfg = config if config is not None else default_logits_config(vocab_size, kernel.interpreted)
     temp = temperature_per_row(temperature, num_tokens, logits.device)
     logp = torch.empty(num_tokens, dtype=torch.float32, device=logits.device)
     # The entropy pointer is never dereferenced when RETURN_ENTROPY is off; pass logp to avoid an alloc.
     entropy = torch.empty_like(logp) if return_entropy else None
-    _logprobs_from_logits_kernel[(num_tokens,)](
+    kernel.fn[(num_tokens,)](
         logits,
         targets,
         temp,

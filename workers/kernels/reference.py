@@ -122,6 +122,8 @@ def logprobs_from_logits_torch(
     targets: torch.Tensor,
     temperature: Temperature = ...,
     return_entropy: Literal[False] = ...,
+    *,
+    compute_dtype: torch.dtype = ...,
 ) -> torch.Tensor: ...
 @overload
 def logprobs_from_logits_torch(
@@ -129,6 +131,8 @@ def logprobs_from_logits_torch(
     targets: torch.Tensor,
     temperature: Temperature,
     return_entropy: Literal[True],
+    *,
+    compute_dtype: torch.dtype = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def logprobs_from_logits_torch(
@@ -137,19 +141,24 @@ def logprobs_from_logits_torch(
     temperature: Temperature = ...,
     *,
     return_entropy: Literal[True],
+    compute_dtype: torch.dtype = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def logprobs_from_logits_torch(
     logits: torch.Tensor,
     targets: torch.Tensor,
     temperature: Temperature = 1.0,
     return_entropy: bool = False,
+    *,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> LogprobResult:
     """Reference for kernel (a); returns logprobs ``[T]`` or ``(logprobs, entropy)``.
 
     See :func:`_logprobs_from_logits_pair` for the arguments. No validation here; the public
     wrappers in ``workers.kernels`` validate first.
     """
-    return pack_result(*_logprobs_from_logits_pair(logits, targets, temperature, return_entropy))
+    return pack_result(
+        *_logprobs_from_logits_pair(logits, targets, temperature, return_entropy, compute_dtype)
+    )
 
 
 @overload
@@ -161,6 +170,8 @@ def fused_linear_logprobs_torch(
     bias: torch.Tensor | None = ...,
     return_entropy: Literal[False] = ...,
     chunk_size: int | None = ...,
+    *,
+    compute_dtype: torch.dtype = ...,
 ) -> torch.Tensor: ...
 @overload
 def fused_linear_logprobs_torch(
@@ -171,6 +182,8 @@ def fused_linear_logprobs_torch(
     bias: torch.Tensor | None,
     return_entropy: Literal[True],
     chunk_size: int | None = ...,
+    *,
+    compute_dtype: torch.dtype = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def fused_linear_logprobs_torch(
@@ -182,6 +195,7 @@ def fused_linear_logprobs_torch(
     *,
     return_entropy: Literal[True],
     chunk_size: int | None = ...,
+    compute_dtype: torch.dtype = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def fused_linear_logprobs_torch(
     hidden: torch.Tensor,
@@ -191,11 +205,15 @@ def fused_linear_logprobs_torch(
     bias: torch.Tensor | None = None,
     return_entropy: bool = False,
     chunk_size: int | None = None,
+    *,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> LogprobResult:
     """Reference for kernel (b); returns logprobs ``[T]`` or ``(logprobs, entropy)``.
 
     See :func:`_fused_linear_logprobs_pair` for the arguments.
     """
     return pack_result(
-        *_fused_linear_logprobs_pair(hidden, weight, targets, temperature, bias, return_entropy, chunk_size)
+        *_fused_linear_logprobs_pair(
+            hidden, weight, targets, temperature, bias, return_entropy, chunk_size, compute_dtype
+        )
     )

@@ -1,0 +1,66 @@
+"""The settings of one reference Gym agent process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from gym_agent.wire import MAX_BODY_BYTES, Identifier
+
+DEFAULT_HOST = "127.0.0.1"
+TOKEN_ENV = "LEDGER_GYM_TOKEN"
+
+
+def default_state_dir(name: str) -> Path:
+    """Where an agent keeps its generation counter and checkpoint artefacts unless told otherwise."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "rollout-ledger" / "gym-agent" / name
+
+
+def parse_turns(text: str) -> tuple[int, int]:
+    """`"2"` -> (2, 2); `"1:3"` -> (1, 3)."""
+    lo, sep, hi = text.partition(":")
+    try:
+        turns = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise ValueError(f"--turns must be MIN:MAX or N, got {text!r}") from None
+    if not 1 <= turns[0] <= turns[1]:
+        raise ValueError(f"--turns needs 1 <= MIN <= MAX, got {text!r}")
+    return turns
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Identifier
+    host: str = DEFAULT_HOST
+    port: int = Field(default=0, ge=0, le=65535)
+    # SecretStr keeps the token out of reprs and logs.
+    token: SecretStr | None = None
+    seed: int = 0
+    turns: tuple[int, int] = (1, 3)
+    delay_s: float = Field(default=0.0, ge=0)
+    state_dir: Path | None = None
+    policy: str = "tiny"
+    temperature: float = Field(default=1.0, gt=0)
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
+    # Seconds uvicorn waits for open requests after a stop signal before it cancels them.
+    graceful_shutdown_s: float = Field(default=3.0, ge=0)
+    model_threads: int = Field(default=1, ge=1)
+    log_level: str = "info"
+    access_log: bool = False
+
+    @model_validator(mode="after")
+    def _check_turns(self) -> AgentConfig:
+        if not 1 <= self.turns[0] <= self.turns[1]:
+            raise ValueError(f"turns needs 1 <= min <= max, got {self.turns}")
+        return self
+
+    @property
+    def resolved_state_dir(self) -> Path:
+        return self.state_dir if self.state_dir is not None else default_state_dir(self.name)
+
+    def token_value(self) -> str | None:
+        return self.token.get_secret_value() if self.token is not None else None

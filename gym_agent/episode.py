@@ -1,0 +1,155 @@
+"""The simulated environment: a deterministic multi-turn episode whose model calls sample a real policy.
+
+Everything random in an episode comes from one seed derived from (agent seed, rollout id, try), and the
+prompt from the task payload, so the same seed and ids give the same tokens, reward and reply digest.
+Siblings of a prompt group share their task, hence their prompt, but not their samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any
+
+import torch
+
+from gym_agent.faults import ResolvedFault
+from gym_agent.wire import RunReply, RunRequest, TokenEntry, canonical_json, capture_key
+from workers.policy import Policy
+
+MODEL_NAME = "policy"
+PROMPT_LEN = (8, 16)
+NEW_TOKENS = (3, 10)
+OBSERVATION_LEN = (2, 6)
+
+
+def episode_seed(agent_seed: int, rollout_id: str, attempt_index: int) -> int:
+    digest = hashlib.sha256(f"episode|{agent_seed}|{rollout_id}|{attempt_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # torch seeds must fit a signed 64-bit integer
+
+
+def prompt_ids(agent_seed: int, request: RunRequest, vocab_size: int) -> list[int]:
+    payload = canonical_json({"responses_create_params": request.responses_create_params, "task": request.task})
+    digest = hashlib.sha256(f"prompt|{agent_seed}|{payload}".encode()).digest()
+    rng = random.Random(digest)
+    return [rng.randrange(vocab_size) for _ in range(rng.randint(*PROMPT_LEN))]
+
+
+def episode_reward(generated: list[int], vocab_size: int) -> float:
+    """Share of generated tokens in the lower half of the vocabulary: a pure function of the tokens."""
+    if not generated:
+        return 0.0
+    return round(sum(t < vocab_size // 2 for t in generated) / len(generated), 6)
+
+
+def _text(tokens: list[int]) -> str:
+    return " ".join(f"t{t}" for t in tokens)
+
+
+class Environment:
+    """Plays one episode per try; model calls run on `executor` so the event loop never blocks on torch."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        executor: Executor,
+        *,
+        seed: int,
+        turns: tuple[int, int],
+        temperature: float = 1.0,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.policy = policy
+        self.executor = executor
+        self.seed = seed
+        self.turns = turns
+        self.temperature = temperature
+        self.delay_s = delay_s
+
+    async def play(
+        self,
+        request: RunRequest,
+        *,
+        fault: ResolvedFault,
+        at_boundary: Callable[[], Awaitable[None]],
+        record: Callable[[TokenEntry], None],
+    ) -> RunReply:
+        key = capture_key(request.rollout_id, request.attempt_index)
+        seed = episode_seed(self.seed, request.rollout_id, request.attempt_index)
+        rng = random.Random(seed)
+        generator = torch.Generator().manual_seed(seed)
+        vocab = self.policy.vocab_size
+        loop = asyncio.get_running_loop()
+
+        context = prompt_ids(self.seed, request, vocab)
+        output: list[dict[str, Any]] = []
+        generated: list[int] = []
+        n_turns = rng.randint(*self.turns)
+        for turn in range(n_turns):
+            # The turn boundary: a checkpoint parks the run here, before its next model call.
+            await at_boundary()
+            call_id = f"call-{turn + 1}"
+            if fault.hang:
+                await asyncio.Event().wait()  # stuck inside a model call: only a retire (cancel) ends it
+            if self.delay_s + fault.delay_s > 0:
+                await asyncio.sleep(self.delay_s + fault.delay_s)
+            max_new = rng.randint(*NEW_TOKENS)
+            prompt = context[-(self.policy.max_seq_len - max_new) :]
+            sample = await loop.run_in_executor(
+                self.executor, self.policy.sample, prompt, max_new, generator, self.temperature
+            )
+            item: dict[str, Any] = {
+                "type": "message",
+                "id": f"msg-{key}-{turn + 1}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": _text(sample.token_ids), "annotations": []}],
+            }
+            record(
+                TokenEntry(
+                    rollout_id=key,
+                    model_call_id=call_id,
+                    model=MODEL_NAME,
+                    prompt_token_ids=prompt,
+                    generation_token_ids=sample.token_ids,
+                    generation_log_probs=sample.logprobs,
+                    output_items=[item],
+                    token_item_index=len(output),
+                    created_at=time.time(),
+                )
+            )
+            output.append(item)
+            generated += sample.token_ids
+            context = context + sample.token_ids
+            if turn + 1 < n_turns:
+                observation = [rng.randrange(vocab) for _ in range(rng.randint(*OBSERVATION_LEN))]
+                output.append({"type": "function_call_output", "call_id": call_id, "output": _text(observation)})
+                context = context + observation
+
+        response: dict[str, Any] = {
+            "id": f"resp-{key}",
+            "object": "response",
+            "model": MODEL_NAME,
+            "status": "completed",
+            "output": output,
+            "metadata": {"policy_version": self.policy.policy_version, "model_calls": n_turns},
+        }
+        reward, mask = episode_reward(generated, vocab), False
+        if fault.fail:
+            response["status"] = "failed"
+            response["error"] = {"code": "environment_error", "message": "environment failed (injected fault)"}
+            reward, mask = 0.0, True
+        return RunReply(
+            rollout_id=request.rollout_id,
+            attempt_index=request.attempt_index,
+            responses_create_params=request.responses_create_params,
+            task=request.task,
+            id=f"r-{key}",
+            response=response,
+            reward=reward,
+            mask_sample=mask,
+        )

@@ -1,0 +1,48 @@
+"""Shared fixtures: a real PostgreSQL cluster per test session and a store URL on both backends."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eventstore import upgrade_database
+from eventstore.pgcluster import PgCluster
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """A throwaway cluster, started as the `postgres` user when the tests run as root."""
+    cluster = PgCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster) -> Iterator[str]:
+    """A fresh, empty database on the session's cluster (no schema)."""
+    name = pg_cluster.create_database()
+    try:
+        yield pg_cluster.url(name)
+    finally:
+        pg_cluster.drop_database(name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / f'ledger-{uuid.uuid4().hex[:8]}.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty log on each backend: every store test runs on both."""
+    if request.param == "sqlite":
+        url = str(request.getfixturevalue("sqlite_url"))
+    else:
+        url = str(request.getfixturevalue("pg_url"))
+    upgrade_database(url)
+    return url

@@ -1,0 +1,280 @@
+"""The store's guarantees, on SQLite and on a real PostgreSQL (the `store_url` fixture runs both)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from eventstore import (
+    DatabaseUnavailable,
+    EventIdConflict,
+    ExpectedVersion,
+    InvalidEvent,
+    NewEvent,
+    UnknownEventType,
+    UnknownMigrationHead,
+    UnknownSchemaVersion,
+    WrongExpectedVersion,
+    open_store,
+)
+from eventstore.events import AttemptMinted, GroupReserved, PromptRef, RunFailed
+from eventstore.records import GENESIS_HASH
+
+
+TAMPER = """UPDATE events SET data = '{"rollout_id":"p1_g7","generation_index":7,"attempt_index":0}' WHERE position = 2"""
+
+
+def minted(i: int, group: str = "p1") -> AttemptMinted:
+    return AttemptMinted(rollout_id=f"{group}_g{i}", generation_index=i)
+
+
+def reserved(group: str = "p1") -> GroupReserved:
+    return GroupReserved(
+        group_id=group,
+        prompt_ref=PromptRef(sample_id="s1", task_name="math"),
+        agent_name="math-agent",
+        expected_generations=2,
+        mode="sibling",
+    )
+
+
+def test_append_and_read_back_typed(store_url: str) -> None:
+    store = open_store(store_url)
+    res = store.append("group-p1", [reserved(), minted(0), minted(1)], ExpectedVersion.NO_STREAM)
+    assert res.positions == [1, 2, 3]
+    assert res.stream_version == 2
+    res2 = store.append("group-p2", [reserved("p2")], ExpectedVersion.NO_STREAM)
+    assert res2.positions == [4] and res2.stream_version == 0
+
+    events = list(store.read_all())
+    assert [e.position for e in events] == [1, 2, 3, 4]
+    assert [e.stream_version for e in events] == [0, 1, 2, 0]
+    assert events[0].decode() == reserved()
+    assert events[2].decode() == minted(1)
+    assert events[0].data["group_id"] == "p1"
+    assert events[0].metadata["pid"] > 0
+    assert events[0].prev_hash == GENESIS_HASH and events[1].prev_hash == events[0].hash
+    assert [e.position for e in store.read_all(from_position=2)] == [3, 4]
+    assert [e.position for e in store.read_all(from_position=0, to_position=2)] == [1, 2]
+    assert [e.stream_version for e in store.read_stream("group-p1", from_version=1)] == [1, 2]
+    assert [e.type for e in store.read_all(types={"GroupReserved"})] == ["GroupReserved"] * 2
+    assert store.head() == 4
+    assert store.stream_version("group-p1") == 2 and store.stream_version("nope") == -1
+    assert store.verify_chain() is None
+
+
+def test_read_all_pages_in_order(store_url: str) -> None:
+    store = open_store(store_url)
+    for batch in range(5):
+        store.append("group-p1", [minted(batch * 7 + i) for i in range(7)])
+    positions = [e.position for e in store.read_all(batch_size=3)]
+    assert positions == list(range(1, 36))
+
+
+def test_expected_version_mismatch_writes_nothing(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [reserved()], ExpectedVersion.NO_STREAM)
+    with pytest.raises(WrongExpectedVersion) as err:
+        store.append("group-p1", [minted(0), minted(1)], ExpectedVersion.NO_STREAM)
+    assert err.value.actual == 0 and "nothing was written" in str(err.value)
+    with pytest.raises(WrongExpectedVersion):
+        store.append("group-p1", [minted(0)], 5)
+    assert store.head() == 1
+    assert store.append("group-p1", [minted(0)], 0).stream_version == 1
+    assert store.append("group-p1", [minted(1)], ExpectedVersion.ANY).stream_version == 2
+
+
+def test_idempotent_append_by_event_id(store_url: str) -> None:
+    store = open_store(store_url)
+    ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    batch = [NewEvent.of(minted(0), event_id=ids[0]), NewEvent.of(minted(1), event_id=ids[1])]
+    first = store.append("group-p1", batch, ExpectedVersion.NO_STREAM)
+    store.append("group-p1", [minted(2)])
+    again = store.append("group-p1", batch, ExpectedVersion.NO_STREAM)
+    assert again.positions == first.positions and again.idempotent
+    assert store.head() == 3
+
+    with pytest.raises(EventIdConflict):  # same id, other content
+        store.append("group-p1", [NewEvent.of(minted(9), event_id=ids[0])])
+    with pytest.raises(EventIdConflict):  # same id, other stream
+        store.append("group-p9", [NewEvent.of(minted(0), event_id=ids[0])])
+    with pytest.raises(EventIdConflict):  # a batch mixing recorded and new ids
+        store.append("group-p1", [NewEvent.of(minted(0), event_id=ids[0]), NewEvent.of(minted(5))])
+    assert store.head() == 3
+
+
+def test_atomic_batch_with_a_bad_event_writes_nothing(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [reserved()])
+    bad = NewEvent("AttemptMinted", {"rollout_id": "bad id with spaces", "generation_index": 0})
+    with pytest.raises(InvalidEvent):
+        store.append("group-p1", [minted(0), bad])
+    with pytest.raises(UnknownEventType):
+        store.append("group-p1", [minted(0), NewEvent("NoSuchEvent", {})])
+    with pytest.raises(UnknownSchemaVersion):
+        store.append("group-p1", [NewEvent("AttemptMinted", minted(0).model_dump(), schema_version=7)])
+    with pytest.raises(InvalidEvent):
+        store.append("group-p1", [NewEvent("AttemptMinted", {**minted(0).model_dump(), "extra": 1})])
+    with pytest.raises(InvalidEvent):
+        store.append("group-p1", [NewEvent("AttemptMinted", minted(0).model_dump(), event_id="not-a-uuid")])
+    assert store.head() == 1
+    assert store.verify_chain() is None
+
+
+def test_upcaster_upgrades_an_old_row_on_read(store_url: str) -> None:
+    store = open_store(store_url)
+    old = {"rollout_id": "p1_g0", "attempt_index": 0, "reason": "deadline of 30 s passed"}
+    store.append("group-p1", [NewEvent("RunFailed", old, schema_version=1)])
+    row = next(iter(store.read_all()))
+    assert row.schema_version == 1 and "kind" not in row.data  # stored row is never rewritten
+    event = row.decode()
+    assert isinstance(event, RunFailed) and event.kind == "deadline"
+    assert RunFailed.schema_version == 2
+
+
+def test_newer_schema_version_in_the_log_is_a_clear_error(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [minted(0)])
+    row = next(iter(store.read_all()))  # variants of it as a newer writer or a corrupted disk would leave it
+    newer = type(row)(**{**{f: getattr(row, f) for f in row.__slots__}, "schema_version": 9})
+    with pytest.raises(UnknownSchemaVersion, match="newer than this reader"):
+        newer.decode()
+    unknown = type(row)(**{**{f: getattr(row, f) for f in row.__slots__}, "type": "Mystery"})
+    with pytest.raises(UnknownEventType):
+        unknown.decode()
+    corrupt = type(row)(**{**{f: getattr(row, f) for f in row.__slots__}, "data_json": '{"rollout_id": 5'})
+    with pytest.raises(InvalidEvent, match="position 1"):
+        corrupt.decode()
+
+
+def test_log_is_append_only(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [minted(0)])
+    engine = create_engine(store_url)
+    for statement in ("UPDATE events SET type = 'X'", "DELETE FROM events"):
+        with pytest.raises(Exception, match="append-only"), engine.begin() as conn:
+            conn.execute(text(statement))
+    if store_url.startswith("postgresql"):
+        with pytest.raises(Exception, match="append-only"), engine.begin() as conn:
+            conn.execute(text("TRUNCATE events"))
+    assert store.head() == 1 and store.verify_chain() is None
+
+
+def test_tampered_row_is_reported_by_the_chain(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [minted(i) for i in range(3)])
+    store.append("group-p2", [minted(0, "p2")])
+    engine = create_engine(store_url)
+    with engine.begin() as conn:  # a superuser edits a row behind the trigger's back
+        if store_url.startswith("postgresql"):
+            conn.execute(text("ALTER TABLE events DISABLE TRIGGER events_no_update_delete"))
+            conn.exec_driver_sql(TAMPER)
+            conn.execute(text("ALTER TABLE events ENABLE TRIGGER events_no_update_delete"))
+        else:
+            conn.execute(text("DROP TRIGGER events_no_update"))
+            conn.exec_driver_sql(TAMPER)
+    assert store.verify_chain() == 2
+    breaks = list(store.chain_breaks())
+    assert [(b.position, "content" in b.reason) for b in breaks] == [(2, True)]
+
+
+def test_deleted_event_is_reported_by_the_chain(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [minted(0), minted(1)])
+    store.append("group-p2", [minted(0, "p2")])
+    engine = create_engine(store_url)
+    with engine.begin() as conn:  # delete the last event of stream group-p1
+        if store_url.startswith("postgresql"):
+            conn.execute(text("ALTER TABLE events DISABLE TRIGGER events_no_update_delete"))
+            conn.execute(text("DELETE FROM events WHERE position = 2"))
+            conn.execute(text("ALTER TABLE events ENABLE TRIGGER events_no_update_delete"))
+        else:
+            conn.execute(text("DROP TRIGGER events_no_delete"))
+            conn.execute(text("DELETE FROM events WHERE position = 2"))
+    assert store.verify_chain() == 3
+    assert "missing" in next(iter(store.chain_breaks())).reason
+
+
+def test_blobs_are_content_addressed(store_url: str) -> None:
+    store = open_store(store_url)
+    with store.transaction() as tx:
+        digest = tx.put_blob(b"[1,2,3]")
+        assert tx.put_blob(b"[1,2,3]") == digest
+        tx.append("group-p1", [minted(0)])
+    assert digest.startswith("sha256:") and store.get_blob(digest) == b"[1,2,3]"
+    assert store.get_blob("sha256:" + "0" * 64) is None
+
+
+def test_failed_transaction_rolls_back_blobs_positions_and_events(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [reserved()])
+    with pytest.raises(WrongExpectedVersion), store.transaction() as tx:
+        digest = tx.put_blob(b"tokens")
+        tx.save_position("worker-1", 99)
+        tx.append("group-p2", [reserved("p2")])
+        tx.append("group-p1", [minted(0)], ExpectedVersion.NO_STREAM)
+    assert store.get_blob(digest) is None
+    assert store.subscriber_position("worker-1") == 0
+    assert store.head() == 1
+    # the next append takes the next contiguous position: a rollback leaves no hole
+    assert store.append("group-p1", [minted(0)]).positions == [2]
+
+
+def test_subscription_catches_up_follows_and_resumes(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [minted(i) for i in range(3)])
+    sub = store.subscribe("proj-a")
+    assert [e.position for e in sub.poll()] == [1, 2, 3]
+    assert sub.poll() == []
+    store.append("group-p1", [minted(3)])
+    seen = [e.position for e in sub.follow(idle_timeout_s=0.2)]
+    assert seen == [4]
+    sub.commit(2)  # processed up to 2 only: at-least-once redelivers 3 and 4
+    resumed = store.subscribe("proj-a")
+    assert [e.position for e in resumed.poll()] == [3, 4]
+    with store.transaction() as tx:  # position stored with the subscriber's own output
+        tx.append("out-1", [minted(9, "out")])
+        resumed.commit(tx=tx)
+    assert store.subscriber_position("proj-a") == 4
+    assert [e.position for e in store.subscribe("other", from_position=4).poll()] == [5]
+
+
+def test_unreachable_database_is_a_typed_error_with_the_password_masked() -> None:
+    url = "postgresql+psycopg://ledger:s3cret@127.0.0.1:1/ledger"
+    with pytest.raises(DatabaseUnavailable) as err:
+        open_store(url)
+    assert "s3cret" not in str(err.value) and "***" in str(err.value)
+
+
+def test_unknown_migration_head_is_refused(sqlite_url: str, tmp_path: object) -> None:
+    with pytest.raises(UnknownMigrationHead, match="ledger db upgrade"):
+        open_store(sqlite_url)
+    store = open_store(sqlite_url, migrate_schema=True)
+    store.close()
+    engine = create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999_future'"))
+    with pytest.raises(UnknownMigrationHead, match="9999_future"):
+        open_store(sqlite_url)
+    with pytest.raises(UnknownMigrationHead):  # an unknown head is never "upgraded" blindly
+        open_store(sqlite_url, migrate_schema=True)
+
+
+def test_unknown_migration_head_on_postgres(pg_url: str) -> None:
+    with pytest.raises(UnknownMigrationHead, match="no ledger schema"):
+        open_store(pg_url)
+
+
+def test_append_rejects_empty_and_bad_arguments(store_url: str) -> None:
+    store = open_store(store_url)
+    with pytest.raises(ValueError):
+        store.append("group-p1", [])
+    with pytest.raises(ValueError):
+        store.append("", [minted(0)])
+    with pytest.raises(TypeError):
+        store.append("group-p1", [{"type": "AttemptMinted"}])  # type: ignore[list-item]
+    with pytest.raises(ValueError):
+        store.append("group-p1", [minted(0)], -7)
+    assert store.head() == 0
