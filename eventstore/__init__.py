@@ -1,7 +1,7 @@
 """The durable log.
 
-    from eventstore import open_store, NewEvent, RecordedEvent, ExpectedVersion, WrongExpectedVersion
-    store = open_store("sqlite:///ledger.db")
+from eventstore import open_store, NewEvent, RecordedEvent, ExpectedVersion, WrongExpectedVersion
+store = open_store("sqlite:///ledger.db")
 """
 
 from __future__ import annotations

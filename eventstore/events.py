@@ -115,7 +115,9 @@ class RunReplied(Event):
     reply_digest: str
 
 
-FailureKind = Literal["env", "http", "deadline", "stream_closed", "receipt", "verify", "agent_lost", "unknown"]
+FailureKind = Literal[
+    "env", "http", "deadline", "stream_closed", "receipt", "verify", "agent_lost", "unknown"
+]
 
 
 class RunFailed(Event, version=2):

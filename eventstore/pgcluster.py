@@ -49,8 +49,9 @@ class PgCluster:
         return self
 
     def pg_ctl(self, action: str, *extra: str) -> None:
-        result = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", action, *extra,
-                           check=False)
+        result = self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", action, *extra, check=False
+        )
         if result.returncode != 0:
             log = self.log.read_text() if self.log.exists() else ""
             raise RuntimeError(f"pg_ctl {action} failed: {result.stderr}\n{log[-2000:]}")

@@ -43,7 +43,16 @@ def chain_hash(
 ) -> str:
     """`sha256(prev_hash ‖ canonical(event))`, over the exact stored JSON text."""
     body = _SEP.join(
-        (prev_hash, stream_id, str(stream_version), event_id, type_, str(schema_version), data_json, metadata_json)
+        (
+            prev_hash,
+            stream_id,
+            str(stream_version),
+            event_id,
+            type_,
+            str(schema_version),
+            data_json,
+            metadata_json,
+        )
     )
     return hashlib.sha256(body.encode()).hexdigest()
 
@@ -59,7 +68,9 @@ class NewEvent:
     schema_version: int | None = None
 
     @classmethod
-    def of(cls, event: Event, event_id: str | uuid.UUID | None = None, metadata: dict[str, Any] | None = None) -> NewEvent:
+    def of(
+        cls, event: Event, event_id: str | uuid.UUID | None = None, metadata: dict[str, Any] | None = None
+    ) -> NewEvent:
         """A typed catalogue event with a chosen id (e.g. a deterministic uuid5 for idempotency)."""
         return cls(
             type=event.event_type(),
@@ -111,9 +122,13 @@ class RecordedEvent:
                 )
             return cls.model_validate(upcast(self.type, self.schema_version, cls.schema_version, self.data))
         except ValidationError as exc:
-            raise InvalidEvent(f"position {self.position}: {self.type} payload does not validate: {exc}") from exc
+            raise InvalidEvent(
+                f"position {self.position}: {self.type} payload does not validate: {exc}"
+            ) from exc
         except ValueError as exc:  # malformed JSON text
-            raise InvalidEvent(f"position {self.position}: {self.type} payload is not valid JSON: {exc}") from exc
+            raise InvalidEvent(
+                f"position {self.position}: {self.type} payload is not valid JSON: {exc}"
+            ) from exc
 
     def expected_hash(self) -> str:
         return chain_hash(

@@ -11,13 +11,13 @@ import uuid
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from eventstore.backends import Backend, backend_for, create_engines, mask_url, resolve_url
+from eventstore.backends import Backend, mask_url
 from eventstore.errors import (
     AppendOnlyViolation,
     DatabaseUnavailable,
@@ -39,6 +39,9 @@ from eventstore.records import (
     chain_hash,
 )
 
+if TYPE_CHECKING:
+    from eventstore.subscription import Subscription
+
 _WRITER = {"host": socket.gethostname(), "pid": os.getpid()}
 _STREAM_ID_MAX = 400
 
@@ -52,7 +55,9 @@ class ChainBreak:
 class EventStore:
     """An append-only log of events.  Thread-safe; one instance per process is plenty."""
 
-    def __init__(self, url: str, writer: Engine, reader: Engine, backend: Backend, notify: bool = False) -> None:
+    def __init__(
+        self, url: str, writer: Engine, reader: Engine, backend: Backend, notify: bool = False
+    ) -> None:
         self.url = mask_url(url)
         self._writer = writer
         self._reader = reader
@@ -65,9 +70,8 @@ class EventStore:
     @contextmanager
     def transaction(self) -> Iterator[UnitOfWork]:
         """One database transaction holding appends, blobs and subscriber positions together."""
-        with self._database_errors():
-            with self._writer.begin() as conn:
-                yield UnitOfWork(self, conn)
+        with self._database_errors(), self._writer.begin() as conn:
+            yield UnitOfWork(self, conn)
 
     def append(
         self,
@@ -114,7 +118,9 @@ class EventStore:
             names = sorted(types)
             where += " AND type IN (" + ", ".join(f":t{i}" for i in range(len(names))) + ")"
             params.update({f"t{i}": n for i, n in enumerate(names)})
-        query = text(f"SELECT {self.backend.select_columns} FROM events WHERE {where} ORDER BY position LIMIT :limit")
+        query = text(
+            f"SELECT {self.backend.select_columns} FROM events WHERE {where} ORDER BY position LIMIT :limit"
+        )
         after = from_position
         while True:
             with self._database_errors(), self._reader.connect() as conn:
@@ -142,7 +148,9 @@ class EventStore:
         value = self._scalar("SELECT position FROM subscriptions WHERE name = :n", {"n": name})
         return 0 if value is None else int(value)
 
-    def subscribe(self, name: str, from_position: int | None = None, poll_interval_s: float = 0.05) -> Subscription:
+    def subscribe(
+        self, name: str, from_position: int | None = None, poll_interval_s: float = 0.05
+    ) -> Subscription:
         """A catch-up subscription that then follows live appends.
 
         It starts after `from_position`, or after the subscriber's stored position
@@ -171,7 +179,9 @@ class EventStore:
                     f"stream {ev.stream_id!r} jumps from version {version} to {ev.stream_version}",
                 )
             elif ev.prev_hash != prev:
-                yield ChainBreak(ev.position, f"prev_hash does not match the hash of {ev.stream_id!r} v{version}")
+                yield ChainBreak(
+                    ev.position, f"prev_hash does not match the hash of {ev.stream_id!r} v{version}"
+                )
             if ev.hash != ev.expected_hash():
                 yield ChainBreak(ev.position, "hash does not match the row's content")
             last[ev.stream_id] = (ev.stream_version, ev.hash)
@@ -238,10 +248,14 @@ class UnitOfWork:
         backend = self.store.backend
         if not self._locked:
             backend.lock_for_append(conn)
-            self._head = int(conn.execute(text("SELECT COALESCE(MAX(position), 0) FROM events")).scalar() or 0)
+            self._head = int(
+                conn.execute(text("SELECT COALESCE(MAX(position), 0) FROM events")).scalar() or 0
+            )
             self._locked = True
         last = conn.execute(
-            text("SELECT stream_version, hash FROM events WHERE stream_id = :s ORDER BY stream_version DESC LIMIT 1"),
+            text(
+                "SELECT stream_version, hash FROM events WHERE stream_id = :s ORDER BY stream_version DESC LIMIT 1"
+            ),
             {"s": stream_id},
         ).first()
         version, prev_hash = (int(last[0]), str(last[1])) if last else (-1, GENESIS_HASH)
@@ -263,11 +277,20 @@ class UnitOfWork:
             self._head += 1
             row.update(position=self._head, stream_id=stream_id, stream_version=version, prev_hash=prev_hash)
             row["hash"] = prev_hash = chain_hash(
-                prev_hash, stream_id, version, row["event_id"], row["type"], row["schema_version"],
-                row["data"], row["metadata"],
+                prev_hash,
+                stream_id,
+                version,
+                row["event_id"],
+                row["type"],
+                row["schema_version"],
+                row["data"],
+                row["metadata"],
             )
             positions.append(self._head)
-        json_data, json_meta = backend.json_param.format(name="data"), backend.json_param.format(name="metadata")
+        json_data, json_meta = (
+            backend.json_param.format(name="data"),
+            backend.json_param.format(name="metadata"),
+        )
         conn.execute(
             text(
                 "INSERT INTO events (position, stream_id, stream_version, event_id, type, schema_version, data, "
@@ -313,7 +336,9 @@ def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[s
         try:  # a NewEvent is checked against its model before anything is written
             cls.model_validate(event.data)
         except ValidationError as exc:
-            raise InvalidEvent(f"{event.type} payload does not validate, nothing was written: {exc}") from None
+            raise InvalidEvent(
+                f"{event.type} payload does not validate, nothing was written: {exc}"
+            ) from None
     try:
         data = canonical(event.data)
         meta = canonical({**_WRITER, "wall_time": time.time(), **(metadata or {}), **event.metadata})
@@ -349,7 +374,9 @@ def _existing(conn: Connection, backend: Backend, event_ids: list[str]) -> dict[
     return {str(r[0]): tuple(r) for r in rows}
 
 
-def _idempotent(stream_id: str, rows: list[dict[str, Any]], existing: dict[str, tuple[Any, ...]]) -> AppendResult:
+def _idempotent(
+    stream_id: str, rows: list[dict[str, Any]], existing: dict[str, tuple[Any, ...]]
+) -> AppendResult:
     """Same ids and same content: the original positions, nothing written.  Anything else: an error."""
     originals = []
     for row in rows:

@@ -22,7 +22,6 @@ from eventstore import (
 from eventstore.events import AttemptMinted, GroupReserved, PromptRef, RunFailed
 from eventstore.records import GENESIS_HASH
 
-
 TAMPER = """UPDATE events SET data = '{"rollout_id":"p1_g7","generation_index":7,"attempt_index":0}' WHERE position = 2"""
 
 

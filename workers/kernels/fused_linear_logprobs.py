@@ -61,7 +61,9 @@ class FusedConfig:
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {value}")
         if self.split_v <= 0 or self.split_v % self.block_v:
-            raise ValueError(f"split_v ({self.split_v}) must be a positive multiple of block_v ({self.block_v})")
+            raise ValueError(
+                f"split_v ({self.split_v}) must be a positive multiple of block_v ({self.block_v})"
+            )
 
 
 def default_fused_config(dtype: torch.dtype, interpreted: bool) -> FusedConfig:
@@ -76,7 +78,7 @@ def default_fused_config(dtype: torch.dtype, interpreted: bool) -> FusedConfig:
     return FusedConfig(block_t=128, block_v=256, block_h=64, split_v=4096)
 
 
-def _fused_partials_kernel(
+def _fused_partials_kernel(  # type: ignore[no-untyped-def]  # Triton values, not Python types
     hidden_ptr,
     weight_ptr,
     bias_ptr,
@@ -179,7 +181,7 @@ def _fused_partials_kernel(
     tl.store(x_t_ptr + rows64, x_t, mask=row_mask & (tgt >= v_begin) & (tgt < v_end))
 
 
-def _fused_reduce_kernel(
+def _fused_reduce_kernel(  # type: ignore[no-untyped-def]  # Triton values, not Python types
     part_m_ptr,
     part_s_ptr,
     part_e_ptr,

@@ -41,7 +41,7 @@ def default_logits_config(vocab_size: int, interpreted: bool) -> LogitsConfig:
     return LogitsConfig(block_v=min(cap, triton.next_power_of_2(vocab_size)))
 
 
-def _logprobs_from_logits_kernel(
+def _logprobs_from_logits_kernel(  # type: ignore[no-untyped-def]  # Triton values, not Python types
     logits_ptr,
     targets_ptr,
     temp_ptr,

@@ -17,6 +17,7 @@ Conventions shared with the kernels (so results are comparable bit-for-bit where
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, overload
 
 import torch
@@ -43,6 +44,7 @@ def _logprobs_from_logits_pair(
     targets: torch.Tensor,
     temperature: Temperature = 1.0,
     return_entropy: bool = False,
+    chunk_size: int | None = None,
     compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference for kernel (a).
@@ -52,14 +54,48 @@ def _logprobs_from_logits_pair(
         targets: ``[T]`` integer token ids in ``[0, V)``.
         temperature: positive scalar or ``[T]`` tensor; logits are divided by it.
         return_entropy: also return the entropy of each row's distribution.
+        chunk_size: if set, rows are processed ``chunk_size`` at a time so at most ``chunk_size x V``
+            fp32 logits exist at once (the CPU fallback uses this).
+        compute_dtype: precision of the softmax reduction (fp32 for the fallback, fp64 for the tests).
 
     Returns:
         ``(logprobs [T] fp32, entropy [T] fp32 or None)``.
     """
     num_tokens = logits.shape[0]
     temp = temperature_per_row(temperature, num_tokens, logits.device)
-    x = logits.float() / temp.unsqueeze(1)
-    return _logprobs_from_fp32_logits(x, targets, return_entropy, compute_dtype)
+    return _chunked(
+        lambda start, stop: logits[start:stop].float() / temp[start:stop].unsqueeze(1),
+        targets,
+        return_entropy,
+        chunk_size,
+        compute_dtype,
+    )
+
+
+def _chunked(
+    make_logits: Callable[[int, int], torch.Tensor],
+    targets: torch.Tensor,
+    return_entropy: bool,
+    chunk_size: int | None,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    num_tokens = targets.shape[0]
+    step = num_tokens if chunk_size is None else max(1, chunk_size)
+    logps: list[torch.Tensor] = []
+    ents: list[torch.Tensor] = []
+    for start in range(0, num_tokens, step):
+        stop = min(start + step, num_tokens)
+        # Each chunk's logits die at the end of the iteration, before the next chunk is allocated.
+        logp, ent = _logprobs_from_fp32_logits(
+            make_logits(start, stop), targets[start:stop], return_entropy, compute_dtype
+        )
+        logps.append(logp)
+        if ent is not None:
+            ents.append(ent)
+    logp_all = logps[0] if len(logps) == 1 else torch.cat(logps)
+    if not return_entropy:
+        return logp_all, None
+    return logp_all, ents[0] if len(ents) == 1 else torch.cat(ents)
 
 
 def _fused_linear_logprobs_pair(
@@ -88,24 +124,14 @@ def _fused_linear_logprobs_pair(
     temp = temperature_per_row(temperature, num_tokens, hidden.device)
     w = weight.float()
     b = None if bias is None else bias.float()
-    step = num_tokens if chunk_size is None else max(1, chunk_size)
-    logps: list[torch.Tensor] = []
-    ents: list[torch.Tensor] = []
-    for start in range(0, num_tokens, step):
-        stop = min(start + step, num_tokens)
+
+    def make_logits(start: int, stop: int) -> torch.Tensor:
         x = hidden[start:stop].float() @ w.T
         if b is not None:
             x = x + b
-        x = x / temp[start:stop].unsqueeze(1)
-        logp, ent = _logprobs_from_fp32_logits(x, targets[start:stop], return_entropy, compute_dtype)
-        del x  # drop the chunk's logits before the next chunk is allocated
-        logps.append(logp)
-        if ent is not None:
-            ents.append(ent)
-    logp_all = logps[0] if len(logps) == 1 else torch.cat(logps)
-    if not return_entropy:
-        return logp_all, None
-    return logp_all, ents[0] if len(ents) == 1 else torch.cat(ents)
+        return x / temp[start:stop].unsqueeze(1)
+
+    return _chunked(make_logits, targets, return_entropy, chunk_size, compute_dtype)
 
 
 LogprobResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -123,6 +149,7 @@ def logprobs_from_logits_torch(
     temperature: Temperature = ...,
     return_entropy: Literal[False] = ...,
     *,
+    chunk_size: int | None = ...,
     compute_dtype: torch.dtype = ...,
 ) -> torch.Tensor: ...
 @overload
@@ -132,6 +159,7 @@ def logprobs_from_logits_torch(
     temperature: Temperature,
     return_entropy: Literal[True],
     *,
+    chunk_size: int | None = ...,
     compute_dtype: torch.dtype = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
@@ -141,6 +169,7 @@ def logprobs_from_logits_torch(
     temperature: Temperature = ...,
     *,
     return_entropy: Literal[True],
+    chunk_size: int | None = ...,
     compute_dtype: torch.dtype = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def logprobs_from_logits_torch(
@@ -149,6 +178,7 @@ def logprobs_from_logits_torch(
     temperature: Temperature = 1.0,
     return_entropy: bool = False,
     *,
+    chunk_size: int | None = None,
     compute_dtype: torch.dtype = torch.float32,
 ) -> LogprobResult:
     """Reference for kernel (a); returns logprobs ``[T]`` or ``(logprobs, entropy)``.
@@ -157,7 +187,7 @@ def logprobs_from_logits_torch(
     wrappers in ``workers.kernels`` validate first.
     """
     return pack_result(
-        *_logprobs_from_logits_pair(logits, targets, temperature, return_entropy, compute_dtype)
+        *_logprobs_from_logits_pair(logits, targets, temperature, return_entropy, chunk_size, compute_dtype)
     )
 
 

@@ -127,7 +127,9 @@ def validate_fused_inputs(
     if vocab_size == 0:
         raise ValueError(f"weight must be non-empty, got shape {tuple(w.shape)}")
     if w_hidden != hidden_size:
-        raise ValueError(f"hidden is [T, {hidden_size}] but weight is [V, {w_hidden}]; expected weight [V, H]")
+        raise ValueError(
+            f"hidden is [T, {hidden_size}] but weight is [V, {w_hidden}]; expected weight [V, H]"
+        )
     if h.dtype != w.dtype:
         raise ValueError(f"hidden ({h.dtype}) and weight ({w.dtype}) must have the same dtype")
     if h.device != w.device:

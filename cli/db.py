@@ -1,0 +1,54 @@
+"""`ledger db ...`: migrations and roles."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from sqlalchemy import create_engine
+
+from cli.common import DbOption, clear_errors, console, db_url, mask_url
+from eventstore import migrate, upgrade_database
+from eventstore.roles import create_roles
+
+app = typer.Typer(no_args_is_help=True, help="Schema migrations and database roles.")
+
+
+@app.command()
+def upgrade(db: DbOption = None) -> None:
+    """Bring the database to the migration head (creates the schema on a new database)."""
+    url = db_url(db)
+    with clear_errors():
+        revision = upgrade_database(url)
+    console.print(f"{mask_url(url)} is at migration [bold]{revision}[/bold]")
+
+
+@app.command()
+def current(db: DbOption = None) -> None:
+    """Print the database's migration revision and the head this code expects."""
+    url = db_url(db)
+    engine = create_engine(url)
+    with clear_errors():
+        revision = migrate.current_revision(engine)
+    console.print(f"database: {revision or '(no schema)'}   head: {migrate.head_revision()}")
+
+
+@app.command()
+def roles(
+    db: DbOption = None,
+    writer: Annotated[
+        str, typer.Option(help="Role that appends: INSERT and SELECT on the log")
+    ] = "ledger_writer",
+    writer_password: Annotated[
+        str, typer.Option(envvar="LEDGER_WRITER_PASSWORD", prompt=True, hide_input=True)
+    ] = "",
+    auditor: Annotated[str, typer.Option(help="Read-only role for auditors")] = "ledger_auditor",
+    auditor_password: Annotated[
+        str, typer.Option(envvar="LEDGER_AUDITOR_PASSWORD", prompt=True, hide_input=True)
+    ] = "",
+) -> None:
+    """Create (or update) the writer and auditor roles on PostgreSQL."""
+    url = db_url(db)
+    with clear_errors():
+        create_roles(create_engine(url), writer, writer_password, auditor, auditor_password)
+    console.print(f"roles {writer} (SELECT, INSERT) and {auditor} (SELECT) ready on {mask_url(url)}")

@@ -1,0 +1,54 @@
+"""Database roles for PostgreSQL: a writer (INSERT and SELECT on the log) and a read-only auditor."""
+
+from __future__ import annotations
+
+from psycopg import sql
+from sqlalchemy import Engine
+
+# Tables the writer appends to but never changes, and work tables it maintains.
+APPEND_ONLY_TABLES = ("events", "blobs", "projection_checkpoints")
+WORK_TABLES = ("subscriptions", "work_leases")
+
+
+def create_roles(
+    engine: Engine, writer: str, writer_password: str, auditor: str, auditor_password: str
+) -> None:
+    if engine.dialect.name != "postgresql":
+        raise ValueError("roles exist only on PostgreSQL; SQLite has no users")
+    statements: list[sql.Composable] = []
+    for role, password in ((writer, writer_password), (auditor, auditor_password)):
+        statements.append(
+            sql.SQL(
+                "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {name}) THEN "
+                "CREATE ROLE {role} LOGIN; END IF; END $$"
+            ).format(name=sql.Literal(role), role=sql.Identifier(role))
+        )
+        statements.append(
+            sql.SQL("ALTER ROLE {role} LOGIN PASSWORD {pw}").format(
+                role=sql.Identifier(role), pw=sql.Literal(password)
+            )
+        )
+        statements.append(sql.SQL("GRANT USAGE ON SCHEMA public TO {role}").format(role=sql.Identifier(role)))
+        statements.append(
+            sql.SQL("GRANT SELECT ON alembic_version TO {role}").format(role=sql.Identifier(role))
+        )
+    w, a = sql.Identifier(writer), sql.Identifier(auditor)
+    for table in APPEND_ONLY_TABLES:
+        statements.append(sql.SQL("REVOKE ALL ON {t} FROM {w}").format(t=sql.Identifier(table), w=w))
+        statements.append(sql.SQL("GRANT SELECT, INSERT ON {t} TO {w}").format(t=sql.Identifier(table), w=w))
+    for table in WORK_TABLES:
+        statements.append(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {t} TO {w}").format(t=sql.Identifier(table), w=w)
+        )
+    statements.append(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {a}").format(a=a))
+    statements.append(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {a}").format(a=a))
+    raw = engine.raw_connection()
+    try:
+        conn = raw.driver_connection
+        assert conn is not None
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+        raw.commit()
+    finally:
+        raw.close()

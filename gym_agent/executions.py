@@ -1,0 +1,464 @@
+"""The execution registry: every try's state, the checkpoint phase machine and its fences.
+
+Everything here runs on the server's event loop; a state change is a plain assignment followed by
+`_notify()`, which wakes whoever waits for a condition (a prepare waiting for tries to park).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+from gym_agent.checkpoint import AgentCheckpoint, ParkedContinuation, write_checkpoint
+from gym_agent.episode import Environment
+from gym_agent.errors import (
+    CheckpointConflictError,
+    ExecutionFailedError,
+    GoneError,
+    InvalidPhaseError,
+    InvalidRequestError,
+    NotFoundError,
+    NotReadyError,
+    ShuttingDownError,
+    StaleCheckpointError,
+)
+from gym_agent.faults import FaultRequest, FaultTable, ResolvedFault
+from gym_agent.wire import (
+    RECEIPT_MISMATCH,
+    UNKNOWN_EXECUTION,
+    AcknowledgeRequest,
+    AcknowledgeResult,
+    AgentStatus,
+    AttemptRef,
+    CompletionReceipt,
+    CrashAfter,
+    Phase,
+    PhaseResponse,
+    RetireRequest,
+    RetireResponse,
+    RunRequest,
+    TokenEntry,
+    capture_key,
+    reply_digest,
+)
+
+log = logging.getLogger("gym_agent")
+
+CRASH_EXIT_CODE: Final = 70
+RETIRE_PHASES: Final[tuple[Phase, ...]] = ("idle", "preparing", "prepared")
+CHECKPOINT_OPS: Final[dict[str, tuple[Phase, ...]]] = {
+    "prepare": ("idle", "preparing", "prepared"),
+    "commit": ("prepared",),
+    "resume": ("committed_paused",),
+    "abort": ("preparing", "prepared"),
+}
+
+
+class ExecState(StrEnum):
+    RUNNING = "RUNNING"
+    PARK_REQUESTED = "PARK_REQUESTED"
+    PARKED = "PARKED"
+    COMPLETED = "COMPLETED"
+    ACKNOWLEDGED = "ACKNOWLEDGED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+LIVE_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED, ExecState.PARKED})
+BLOCKING_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED})
+
+TryKey = tuple[str, int]
+
+
+@dataclass(eq=False)
+class Execution:
+    request: RunRequest
+    capture_key: str
+    fault: ResolvedFault
+    state: ExecState = ExecState.RUNNING
+    task: asyncio.Task[None] | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set while the run may proceed; cleared when a checkpoint asks it to park.
+    may_run: asyncio.Event = field(default_factory=asyncio.Event)
+    reply: dict[str, Any] | None = None
+    receipt: CompletionReceipt | None = None
+    tokens: list[TokenEntry] = field(default_factory=list)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.may_run.set()
+
+    @property
+    def key(self) -> TryKey:
+        return (self.request.rollout_id, self.request.attempt_index)
+
+    @property
+    def ref(self) -> AttemptRef:
+        return AttemptRef(rollout_id=self.request.rollout_id, attempt_index=self.request.attempt_index)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    reply: dict[str, Any]
+    # True when this delivery must be broken off mid-body (the drop_reply fault).
+    drop: bool
+
+
+def _exit_process() -> None:
+    log.error("crash_after fault: exiting the process now (stored replies are lost)")
+    logging.shutdown()
+    os._exit(CRASH_EXIT_CODE)
+
+
+class ExecutionRegistry:
+    def __init__(
+        self,
+        *,
+        agent_name: str,
+        generation: int,
+        environment: Environment,
+        state_dir: Path,
+        crash: Callable[[], None] = _exit_process,
+    ) -> None:
+        self.agent_name = agent_name
+        self.generation = generation
+        self.environment = environment
+        self.state_dir = state_dir
+        self.faults = FaultTable()
+        self._crash = crash
+        self._executions: dict[TryKey, Execution] = {}
+        self._by_capture_key: dict[str, TryKey] = {}
+        self._tombstones: set[TryKey] = set()
+        self._runs: dict[str, int] = {}
+        self.phase: Phase = "idle"
+        self.active_checkpoint: str | None = None
+        self._finished: dict[str, str] = {}
+        self._admission = asyncio.Event()
+        self._admission.set()
+        self._changed = asyncio.Event()
+        self._closing = False
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self._changed.wait()
+
+    def _in_state(self, *states: ExecState) -> list[Execution]:
+        return sorted((e for e in self._executions.values() if e.state in states), key=lambda e: e.key)
+
+    def _is_done_for_good(self, key: TryKey) -> bool:
+        ex = self._executions.get(key)
+        return key in self._tombstones or (
+            ex is not None and ex.state in (ExecState.ACKNOWLEDGED, ExecState.CANCELLED)
+        )
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ShuttingDownError("agent is shutting down")
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    async def run(self, request: RunRequest) -> RunOutcome:
+        key = (request.rollout_id, request.attempt_index)
+        while True:
+            self._check_open()
+            if self._is_done_for_good(key):
+                raise GoneError(f"try {key} is done for good (acknowledged, retired or tombstoned)")
+            existing = self._executions.get(key)
+            if existing is not None:
+                # A finished try is replayed here, before (and regardless of) the admission check.
+                return await self._join(existing)
+            if self._admission.is_set():
+                break
+            await self._admission.wait()
+        return await self._join(self._start(request))
+
+    def _start(self, request: RunRequest) -> Execution:
+        key = (request.rollout_id, request.attempt_index)
+        ck = capture_key(*key)
+        owner = self._by_capture_key.get(ck)
+        if owner is not None and owner != key:
+            raise InvalidRequestError(f"capture key '{ck}' of try {key} collides with try {owner}")
+        ex = Execution(request=request, capture_key=ck, fault=self.faults.for_try(*key))
+        self._executions[key] = ex
+        self._by_capture_key[ck] = key
+        self._runs[ck] = self._runs.get(ck, 0) + 1
+        ex.task = asyncio.create_task(self._execute(ex), name=f"run:{ck}")
+        self._notify()
+        return ex
+
+    async def _join(self, ex: Execution) -> RunOutcome:
+        if ex.state is ExecState.COMPLETED and ex.reply is not None:
+            return RunOutcome(reply=ex.reply, drop=False)
+        if ex.state in LIVE_STATES:
+            await ex.done.wait()
+            self._check_open()
+            if ex.state is ExecState.COMPLETED and ex.reply is not None:
+                return RunOutcome(reply=ex.reply, drop=ex.fault.drop_reply)
+        if ex.state is ExecState.FAILED:
+            raise ExecutionFailedError(f"try {ex.key} failed inside the agent: {ex.error}")
+        raise GoneError(f"try {ex.key} is done for good ({ex.state.value.lower()})")
+
+    async def _at_boundary(self, ex: Execution) -> None:
+        if ex.state is ExecState.PARK_REQUESTED:
+            ex.state = ExecState.PARKED
+            self._notify()
+        # Whoever clears the park (resume, abort) sets the state back to RUNNING before waking us.
+        await ex.may_run.wait()
+
+    async def _execute(self, ex: Execution) -> None:
+        try:
+            reply = await self.environment.play(
+                ex.request,
+                fault=ex.fault,
+                at_boundary=lambda: self._at_boundary(ex),
+                record=ex.tokens.append,
+            )
+            reply_json = reply.model_dump(mode="json", by_alias=True)
+            ex.reply = reply_json
+            ex.receipt = CompletionReceipt(
+                rollout_id=ex.request.rollout_id,
+                attempt_index=ex.request.attempt_index,
+                execution_generation=self.generation,
+                result_identity=reply.id,
+                result_digest=reply_digest(reply_json),
+                manifest_capture_key=ex.capture_key,
+                terminal_model_call_id=ex.tokens[-1].model_call_id,
+            )
+            ex.state = ExecState.COMPLETED
+            if self.faults.count_completion():
+                self._crash()
+        except asyncio.CancelledError:
+            ex.state = ExecState.CANCELLED
+            raise
+        except Exception as exc:
+            log.exception("try %s failed", ex.key)
+            ex.state, ex.error = ExecState.FAILED, f"{type(exc).__name__}: {exc}"
+        finally:
+            ex.done.set()
+            self._notify()
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def completion_receipt(self, rollout_id: str, attempt_index: int) -> CompletionReceipt:
+        key = (rollout_id, attempt_index)
+        if self._is_done_for_good(key):
+            raise GoneError(f"try {key} is done for good")
+        ex = self._executions.get(key)
+        if ex is None or ex.state is not ExecState.COMPLETED or ex.receipt is None:
+            state = "unknown" if ex is None else ex.state.value
+            raise NotFoundError(f"no completion receipt for try {key} (state {state})")
+        return ex.receipt
+
+    def token_capture(self, key: str) -> list[TokenEntry]:
+        owner = self._by_capture_key.get(key)
+        if owner is None:
+            raise NotFoundError(f"no token capture under key '{key}'")
+        return list(self._executions[owner].tokens)
+
+    def debug_runs(self) -> dict[str, int]:
+        return dict(self._runs)
+
+    def status(self) -> AgentStatus:
+        blocking = self._in_state(*BLOCKING_STATES)
+        completed = self._in_state(ExecState.COMPLETED)
+        parked_without_boundary = 0  # every run of this agent parks only at a model-call boundary
+        return AgentStatus(
+            phase=self.phase,
+            active_checkpoint_id=self.active_checkpoint,
+            execution_generation=self.generation,
+            running=len(self._in_state(ExecState.RUNNING)),
+            park_requested=len(self._in_state(ExecState.PARK_REQUESTED)),
+            parked=len(self._in_state(ExecState.PARKED)),
+            completed_unacknowledged=len(completed),
+            blocking_attempts=[e.ref for e in blocking],
+            parked_without_boundary=parked_without_boundary,
+            ready_to_commit=not blocking and not parked_without_boundary and not completed,
+        )
+
+    # -- acknowledgement and retirement ---------------------------------------------------------
+
+    def acknowledge(self, request: AcknowledgeRequest) -> list[AcknowledgeResult]:
+        results: list[AcknowledgeResult] = []
+        for item in request.executions:
+            receipt = item.receipt
+            ex = self._executions.get(receipt.attempt)
+            result = AcknowledgeResult(
+                rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, acknowledged=False
+            )
+            if item.agent_name != self.agent_name or ex is None or ex.receipt is None:
+                result.error = UNKNOWN_EXECUTION
+            elif ex.receipt != receipt:
+                result.error = RECEIPT_MISMATCH
+            elif ex.state is ExecState.COMPLETED:
+                ex.state, ex.reply = ExecState.ACKNOWLEDGED, None
+                result.acknowledged = True
+            else:  # ACKNOWLEDGED: only completed tries ever carry a receipt
+                result.acknowledged, result.idempotent = True, True
+            results.append(result)
+        self._notify()
+        return results
+
+    def _fence_retire(self, checkpoint_id: str | None, rollout_id: str) -> None:
+        if self.phase in ("committing", "committed_paused"):
+            raise InvalidPhaseError(self.phase, RETIRE_PHASES)
+        active = self.active_checkpoint
+        if checkpoint_id is None:
+            if active is not None:
+                raise CheckpointConflictError(active, self.phase, rollout_id)
+        elif checkpoint_id != active:
+            if checkpoint_id in self._finished:
+                raise StaleCheckpointError.finished(checkpoint_id, self._finished[checkpoint_id])
+            if active is not None:
+                raise CheckpointConflictError(active, self.phase, rollout_id)
+            raise StaleCheckpointError.unknown(checkpoint_id)
+
+    def retire(self, request: RetireRequest) -> RetireResponse:
+        self._fence_retire(request.checkpoint_id, request.rollout_id)
+        key = (request.rollout_id, request.attempt_index)
+        if self._is_done_for_good(key):
+            return RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=False, done=True)
+        ex = self._executions.get(key)
+        if ex is not None and ex.state is ExecState.COMPLETED:
+            return RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=True)
+        self._tombstones.add(key)
+        retired = ex is not None and ex.state in LIVE_STATES
+        if ex is not None and retired:
+            ex.state = ExecState.CANCELLED
+            if ex.task is not None:
+                ex.task.cancel()
+            log.info("retired running try %s", key)
+        self._notify()
+        # A FAILED try is tombstoned like a never-started one: it produced nothing to adopt.
+        return RetireResponse(retired=retired, tombstoned=True, completed_unacknowledged=False)
+
+    # -- checkpoint phases ------------------------------------------------------------------------
+
+    def _fence_checkpoint(self, op: str, checkpoint_id: str) -> bool:
+        """Raises the phase-fence error of `op`; False means a friendly no-op (abort of nothing)."""
+        outcome = self._finished.get(checkpoint_id)
+        if outcome is not None:
+            if op == "abort" and outcome == "aborted":
+                return False
+            raise StaleCheckpointError.finished(checkpoint_id, outcome)
+        active = self.active_checkpoint
+        if active is None:
+            if op == "prepare":
+                return True
+            if op == "abort":
+                # Presumed abort: recovery may abort a checkpoint this agent never saw (or lost in a
+                # restart); nothing is in flight, so there is nothing to undo.
+                return False
+            raise InvalidPhaseError(self.phase, CHECKPOINT_OPS[op])
+        if checkpoint_id != active:
+            raise CheckpointConflictError(active, self.phase, checkpoint_id)
+        if self.phase not in CHECKPOINT_OPS[op]:
+            raise InvalidPhaseError(self.phase, CHECKPOINT_OPS[op])
+        return True
+
+    def _phase_response(self) -> PhaseResponse:
+        return PhaseResponse(phase=self.phase, status=self.status())
+
+    async def prepare(self, checkpoint_id: str, timeout_s: float) -> PhaseResponse:
+        self._check_open()
+        self._fence_checkpoint("prepare", checkpoint_id)
+        if self.active_checkpoint is None:
+            self.phase, self.active_checkpoint = "preparing", checkpoint_id
+            self._admission.clear()
+            log.info("checkpoint %s: preparing, admission closed", checkpoint_id)
+        for ex in self._in_state(ExecState.RUNNING):
+            ex.state = ExecState.PARK_REQUESTED
+            ex.may_run.clear()
+        self._notify()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._wait_until(lambda: not self._in_state(*BLOCKING_STATES) or self._closing)
+        self._check_open()
+        # An abort (or another coordinator) may have moved the phase while we waited.
+        self._fence_checkpoint("prepare", checkpoint_id)
+        status = self.status()
+        if status.ready_to_commit:
+            self.phase = "prepared"
+            self._notify()
+            return self._phase_response()
+        self.phase = "preparing"
+        self._notify()
+        raise NotReadyError(self.status(), [e.ref for e in self._in_state(ExecState.COMPLETED)])
+
+    async def commit(self, checkpoint_id: str) -> PhaseResponse:
+        self._fence_checkpoint("commit", checkpoint_id)
+        self.phase = "committing"
+        self._notify()
+        artefact = AgentCheckpoint(
+            agent_name=self.agent_name,
+            checkpoint_id=checkpoint_id,
+            execution_generation=self.generation,
+            parked=[
+                ParkedContinuation(
+                    rollout_id=e.request.rollout_id,
+                    attempt_index=e.request.attempt_index,
+                    capture_key=e.capture_key,
+                    model_calls_done=len(e.tokens),
+                )
+                for e in self._in_state(ExecState.PARKED)
+            ],
+        )
+        try:
+            path = await asyncio.to_thread(write_checkpoint, self.state_dir, artefact)
+        except BaseException:
+            self.phase = "prepared"  # nothing was published; the coordinator may retry or abort
+            self._notify()
+            raise
+        self.phase = "committed_paused"
+        self._notify()
+        log.info("checkpoint %s: committed (%d parked) to %s", checkpoint_id, len(artefact.parked), path)
+        return self._phase_response()
+
+    def _finish_checkpoint(self, checkpoint_id: str, outcome: str) -> None:
+        for ex in self._in_state(ExecState.PARKED, ExecState.PARK_REQUESTED):
+            ex.state = ExecState.RUNNING
+            ex.may_run.set()
+        self._finished[checkpoint_id] = outcome
+        self.phase, self.active_checkpoint = "idle", None
+        self._admission.set()
+        self._notify()
+        log.info("checkpoint %s: %s, admission open", checkpoint_id, outcome)
+
+    def resume(self, checkpoint_id: str) -> PhaseResponse:
+        self._fence_checkpoint("resume", checkpoint_id)
+        self._finish_checkpoint(checkpoint_id, "resumed")
+        return self._phase_response()
+
+    def abort(self, checkpoint_id: str) -> PhaseResponse:
+        if self._fence_checkpoint("abort", checkpoint_id):
+            self._finish_checkpoint(checkpoint_id, "aborted")
+        return self._phase_response()
+
+    # -- faults and shutdown -----------------------------------------------------------------------
+
+    def set_faults(self, request: FaultRequest) -> None:
+        self.faults.apply(request)
+        if isinstance(request, CrashAfter) and request.crash_after == 0:
+            # Give the 200 answer a moment to leave before the process goes away.
+            asyncio.get_running_loop().call_later(0.05, self._crash)
+
+    def close(self) -> None:
+        """Stops every run: waiting calls answer 503 and the process can exit promptly."""
+        self._closing = True
+        for ex in self._in_state(*LIVE_STATES):
+            if ex.task is not None:
+                ex.task.cancel()
+        self._admission.set()
+        self._notify()

@@ -1,0 +1,125 @@
+"""Running an agent: in the foreground (the CLI, the subprocess launcher) or in a thread (fast tests)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import uvicorn
+
+from gym_agent.app import create_app
+from gym_agent.config import AgentConfig
+from gym_agent.executions import ExecutionRegistry
+from gym_agent.generation import next_generation
+
+log = logging.getLogger("gym_agent")
+
+
+class AgentServer(uvicorn.Server):
+    """uvicorn, plus: stop the runs first, so open /run calls answer at once instead of holding shutdown."""
+
+    def __init__(self, config: uvicorn.Config, registry: ExecutionRegistry) -> None:
+        super().__init__(config)
+        self.registry = registry
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.registry.close()
+        await super().shutdown(sockets=sockets)
+
+
+def build_server(config: AgentConfig) -> AgentServer:
+    """Allocates this start's execution generation and builds the server (not started)."""
+    generation = next_generation(config.resolved_state_dir)
+    app, registry = create_app(config, generation)
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        access_log=config.access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, round(config.graceful_shutdown_s)),
+        # Many long /run calls stay open at once; keep-alive idles are cheap.
+        backlog=4096,
+    )
+    log.info("agent %s starting, execution_generation %d", config.name, generation)
+    return AgentServer(uv_config, registry)
+
+
+def run_server(config: AgentConfig) -> int:
+    """Serves until SIGTERM/SIGINT; returns the exit status (0 after a clean stop)."""
+    import torch
+
+    torch.set_num_threads(config.model_threads)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = build_server(config)
+    # uvicorn re-raises the stop signal after its graceful shutdown; a no-op handler turns that into a
+    # normal return, so a SIGTERM'd agent exits with status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    return 0 if server.started else 1
+
+
+@dataclass
+class ThreadAgent:
+    """An agent served by uvicorn in a background thread of this process (same loopback HTTP)."""
+
+    config: AgentConfig
+    server: AgentServer
+    thread: threading.Thread
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def registry(self) -> ExecutionRegistry:
+        return self.server.registry
+
+    @property
+    def generation(self) -> int:
+        return self.server.registry.generation
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            raise RuntimeError(f"agent {self.config.name} did not stop within {timeout_s} s")
+
+
+@contextmanager
+def serve_in_thread(config: AgentConfig, startup_timeout_s: float = 30.0) -> Iterator[ThreadAgent]:
+    """Serves `config` in a thread on a socket bound here (port 0 picks a free one); stops on exit.
+
+    `crash_after` faults end the whole process, so crash tests use `gym_agent.launcher.AgentProcess`.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    sock.listen(4096)
+    port = sock.getsockname()[1]
+    config = config.model_copy(update={"port": port})
+    server = build_server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"agent-{config.name}", daemon=True)
+    thread.start()
+    agent = ThreadAgent(config=config, server=server, thread=thread, port=port)
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError(f"agent {config.name} failed to start")
+        time.sleep(0.005)
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        sock.close()

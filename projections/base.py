@@ -1,0 +1,119 @@
+"""What every projection is: a named, versioned, pure fold over the log with a state hash.
+
+"Pure" here means `apply` depends only on the state and the event: no I/O, no
+clock, no randomness.  `apply` mutates the state in place (a fresh copy per
+event would cost more than the whole decode), so a caller that needs an
+unchanged state keeps a dump of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from eventstore import RecordedEvent
+from eventstore.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
+from eventstore.events import Event
+
+S = TypeVar("S")
+M = TypeVar("M", bound=BaseModel)
+
+# What `RecordedEvent.decode` raises for a row the reader cannot trust or understand.
+DECODE_ERRORS = (UnknownEventType, UnknownSchemaVersion, InvalidEvent)
+
+
+class ReplayRefused(Exception):
+    """A projection will not be built past an event it cannot decode."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        self.position, self.reason = position, reason
+        super().__init__(f"replay stopped before position {position}: {reason}")
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Projection(ABC, Generic[S]):
+    name: ClassVar[str]
+    version: ClassVar[int]
+
+    @abstractmethod
+    def initial(self) -> S: ...
+
+    @abstractmethod
+    def apply(self, state: S, event: RecordedEvent, decoded: Event) -> None: ...
+
+    @abstractmethod
+    def dump(self, state: S) -> dict[str, Any]:
+        """The state as JSON-ready data (what a projection checkpoint stores)."""
+
+    @abstractmethod
+    def load(self, data: dict[str, Any]) -> S: ...
+
+    def dumps(self, state: S) -> str:
+        return canonical(self.dump(state))
+
+    def loads(self, text: str) -> S:
+        return self.load(json.loads(text))
+
+    def state_hash(self, state: S) -> str:
+        """sha256 of the canonical JSON of the dump: equal states hash equal, however they were built."""
+        return sha256_text(self.dumps(state))
+
+
+class ModelProjection(Projection[M]):
+    """A projection whose state is one pydantic model (the model is the shape's source of truth)."""
+
+    model: ClassVar[type[BaseModel]]
+
+    def dump(self, state: M) -> dict[str, Any]:
+        return state.model_dump(mode="json")
+
+    def load(self, data: dict[str, Any]) -> M:
+        return self.model.model_validate(data)  # type: ignore[return-value]
+
+    def loads(self, text: str) -> M:
+        # Parsing and validating in one pass in pydantic-core beats json.loads + model_validate.
+        return self.model.model_validate_json(text)  # type: ignore[return-value]
+
+
+def decode(event: RecordedEvent) -> Event:
+    """The typed event, or ReplayRefused saying where and why it cannot be read."""
+    try:
+        return event.decode()
+    except DECODE_ERRORS as exc:
+        raise ReplayRefused(event.position, str(exc)) from exc
+
+
+def fold(projection: Projection[S], events: Iterable[RecordedEvent], state: S | None = None) -> S:
+    """Applies `events` to `state` (or a fresh one); refuses to go past an undecodable event."""
+    current = projection.initial() if state is None else state
+    apply = projection.apply
+    for event in events:
+        apply(current, event, decode(event))
+    return current
+
+
+def fold_many(
+    projections: Sequence[Projection[Any]], events: Iterable[RecordedEvent], states: list[Any] | None = None
+) -> tuple[list[Any], int]:
+    """Decodes each event once and feeds it to every projection; returns the states and the last position."""
+    current = [p.initial() for p in projections] if states is None else states
+    appliers = list(zip([p.apply for p in projections], current, strict=True))
+    position = 0
+    for event in events:
+        decoded = decode(event)
+        for apply, state in appliers:
+            apply(state, event, decoded)
+        position = event.position
+    return current, position

@@ -1,0 +1,442 @@
+"""The ledger: groups -> siblings -> tries with their status, and the unpaid ACK debts per agent.
+
+The pydantic models below are the shape of the state, live and in a
+projection checkpoint alike.  `apply` mutates them in place; new objects are
+made with `model_construct` from values that were already validated when
+the event was decoded, so nothing is validated twice on the hot path.
+
+Debts (events.md rule 3): `AckOwed` adds one, `AckAccepted` pays it, and an
+`AckRejected` of kind `unknown_execution` drops it (the agent restarted and
+lost the result, so there is nothing left to ACK).  An `AckRejected` of kind
+`receipt_mismatch` leaves the debt in place on purpose: the agent still
+holds a result the trainer's receipt does not match, so it stays visible as
+unpaid (and blocks checkpoint-clean) until an operator looks at it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eventstore import RecordedEvent
+from eventstore.events import (
+    AckAccepted,
+    AckOwed,
+    AckRejected,
+    AttemptAdopted,
+    AttemptMinted,
+    AttemptRetired,
+    Event,
+    GroupAbandoned,
+    GroupClaimedForTraining,
+    GroupDeadLettered,
+    GroupReserved,
+    GroupSealed,
+    Mode,
+    PromptRef,
+    ReceiptFetched,
+    ReplacementMinted,
+    RolloutReceipt,
+    RunDispatched,
+    RunFailed,
+    RunReplied,
+    SiblingHeld,
+    SiblingSealed,
+    TrainerRestored,
+)
+from gym_agent.wire import CompletionReceipt
+from projections.base import ModelProjection
+
+GROUP_STREAM_PREFIX = "group-"
+
+AttemptStatus = Literal["minted", "dispatched", "replied", "failed", "held", "sealed", "retired", "discarded"]
+SiblingStatus = Literal["pending", "held", "sealed"]
+GroupStatus = Literal["open", "sealed", "dead_lettered"]
+RetireOutcome = Literal["cancelled", "tombstoned", "completed_unacknowledged", "done"]
+
+# A try in one of these states owns its outcome already; a late retire answer does not change it.
+_SETTLED: frozenset[str] = frozenset({"held", "sealed"})
+
+
+class _State(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AttemptState(_State):
+    rollout_id: str
+    attempt_index: int
+    status: AttemptStatus = "minted"
+    capture_key: str | None = None
+    agent_name: str | None = None
+    reply_digest: str | None = None
+    reward: float | None = None
+    mask_sample: bool | None = None
+    receipt: CompletionReceipt | None = None
+    rollout_receipt: RolloutReceipt | None = None
+    retire_outcome: RetireOutcome | None = None
+    adopted: bool = False
+    failures: list[str] = Field(default_factory=list)
+    dispatched_position: int | None = None
+    minted_position: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.rollout_id, self.attempt_index)
+
+
+class SiblingState(_State):
+    rollout_id: str
+    generation_index: int
+    current_attempt: int = 0
+    status: SiblingStatus = "pending"
+    sealed_attempt: int | None = None
+    reward: float | None = None
+    attempts: dict[int, AttemptState] = Field(default_factory=dict)
+
+    @property
+    def current(self) -> AttemptState | None:
+        return self.attempts.get(self.current_attempt)
+
+
+class ClaimState(_State):
+    train_step: int
+    position: int
+
+
+class GroupState(_State):
+    group_id: str
+    agent_name: str
+    mode: Mode
+    expected_generations: int
+    max_tries: int
+    payload: dict[str, Any] = Field(default_factory=dict)
+    prompt_ref: PromptRef
+    target_level: str = "sibling"
+    status: GroupStatus = "open"
+    # The group stream's last version seen: what a coordinator names as its expected version (fencing).
+    stream_version: int = -1
+    # prompt_group: group rounds started; sibling: the most tries any one sibling has had.
+    tries_used: int = 0
+    abandoned_rounds: int = 0
+    claims: list[ClaimState] = Field(default_factory=list)
+    reserved_position: int = 0
+    siblings: dict[int, SiblingState] = Field(default_factory=dict)
+
+    @property
+    def claimed_steps(self) -> list[int]:
+        return [c.train_step for c in self.claims]
+
+    def sibling_of(self, rollout_id: str) -> SiblingState | None:
+        prefix = self.group_id + "_g"
+        if rollout_id.startswith(prefix):
+            sibling = self.siblings.get(_int_or_none(rollout_id[len(prefix) :]))  # type: ignore[arg-type]
+            if sibling is not None and sibling.rollout_id == rollout_id:
+                return sibling
+        # Ids that do not follow `<group>_g<index>` (never minted by the coordinator) are looked up.
+        return next((s for s in self.siblings.values() if s.rollout_id == rollout_id), None)
+
+
+class LedgerState(_State):
+    position: int = 0
+    groups: dict[str, GroupState] = Field(default_factory=dict)
+    # agent -> "rollout_id/attempt_index" -> the receipt owed an ACK.
+    debts: dict[str, dict[str, CompletionReceipt]] = Field(default_factory=dict)
+
+    def unpaid_debts(self, agent_name: str | None = None) -> list[tuple[str, CompletionReceipt]]:
+        """(agent_name, receipt) of every debt not yet paid, oldest first per agent."""
+        agents = [agent_name] if agent_name is not None else list(self.debts)
+        return [(a, r) for a in agents for r in self.debts.get(a, {}).values()]
+
+    def group_of(self, rollout_id: str, stream_id: str = "") -> GroupState | None:
+        """The group a try belongs to: by the stream it was appended to, else by its rollout id."""
+        if stream_id.startswith(GROUP_STREAM_PREFIX):
+            group = self.groups.get(stream_id[len(GROUP_STREAM_PREFIX) :])
+            if group is not None:
+                return group
+        head, sep, _ = rollout_id.rpartition("_g")
+        return self.groups.get(head) if sep else None
+
+    def attempt(self, rollout_id: str, attempt_index: int, stream_id: str = "") -> AttemptState | None:
+        group = self.group_of(rollout_id, stream_id)
+        sibling = group.sibling_of(rollout_id) if group is not None else None
+        return sibling.attempts.get(attempt_index) if sibling is not None else None
+
+
+def debt_key(rollout_id: str, attempt_index: int) -> str:
+    # `/` never occurs in an Identifier, so the key splits back unambiguously.
+    return f"{rollout_id}/{attempt_index}"
+
+
+class LedgerProjection(ModelProjection[LedgerState]):
+    name: ClassVar[str] = "ledger"
+    version: ClassVar[int] = 1
+    model: ClassVar[type[BaseModel]] = LedgerState
+
+    def initial(self) -> LedgerState:
+        return LedgerState()
+
+    def apply(self, state: LedgerState, event: RecordedEvent, decoded: Event) -> None:
+        state.position = event.position
+        handler = _HANDLERS.get(type(decoded))
+        if handler is not None:
+            handler(state, event, decoded)
+        if event.stream_id.startswith(GROUP_STREAM_PREFIX):
+            group = state.groups.get(event.stream_id[len(GROUP_STREAM_PREFIX) :])
+            if group is not None:
+                group.stream_version = event.stream_version
+
+
+# --- handlers: (state, recorded event, decoded payload) -> None -----------------------
+# Each tolerates a log that does not make sense (an unknown group, a try never
+# minted): it leaves the state alone and the auditor names the event instead.
+
+
+def _reserved(state: LedgerState, ev: RecordedEvent, e: GroupReserved) -> None:
+    if e.group_id in state.groups:
+        return
+    state.groups[e.group_id] = GroupState.model_construct(
+        group_id=e.group_id,
+        agent_name=e.agent_name,
+        mode=e.mode,
+        expected_generations=e.expected_generations,
+        max_tries=e.max_tries,
+        payload=dict(e.payload),
+        prompt_ref=e.prompt_ref,
+        target_level=e.target_level,
+        status="open",
+        stream_version=ev.stream_version,
+        tries_used=0,
+        abandoned_rounds=0,
+        claims=[],
+        reserved_position=ev.position,
+        siblings={},
+    )
+
+
+def _new_attempt(rollout_id: str, attempt_index: int, position: int) -> AttemptState:
+    return AttemptState.model_construct(
+        rollout_id=rollout_id,
+        attempt_index=attempt_index,
+        status="minted",
+        capture_key=None,
+        agent_name=None,
+        reply_digest=None,
+        reward=None,
+        mask_sample=None,
+        receipt=None,
+        rollout_receipt=None,
+        retire_outcome=None,
+        adopted=False,
+        failures=[],
+        dispatched_position=None,
+        minted_position=position,
+    )
+
+
+def _mint(state: LedgerState, ev: RecordedEvent, rollout_id: str, generation_index: int, attempt_index: int) -> None:
+    group = state.group_of(rollout_id, ev.stream_id)
+    if group is None:
+        return
+    sibling = group.siblings.get(generation_index)
+    if sibling is None:
+        sibling = SiblingState.model_construct(
+            rollout_id=rollout_id,
+            generation_index=generation_index,
+            current_attempt=attempt_index,
+            status="pending",
+            sealed_attempt=None,
+            reward=None,
+            attempts={},
+        )
+        group.siblings[generation_index] = sibling
+    elif sibling.rollout_id != rollout_id or attempt_index in sibling.attempts:
+        return
+    sibling.attempts[attempt_index] = _new_attempt(rollout_id, attempt_index, ev.position)
+    sibling.current_attempt = attempt_index
+    if sibling.status == "held":  # a held result is thrown away with its abandoned group
+        sibling.status = "pending"
+    if attempt_index + 1 > group.tries_used:
+        group.tries_used = attempt_index + 1
+
+
+def _minted(state: LedgerState, ev: RecordedEvent, e: AttemptMinted) -> None:
+    _mint(state, ev, e.rollout_id, e.generation_index, e.attempt_index)
+
+
+def _replacement(state: LedgerState, ev: RecordedEvent, e: ReplacementMinted) -> None:
+    _mint(state, ev, e.rollout_id, e.generation_index, e.attempt_index)
+
+
+def _dispatched(state: LedgerState, ev: RecordedEvent, e: RunDispatched) -> None:
+    attempt = state.attempt(e.rollout_id, e.attempt_index, ev.stream_id)
+    if attempt is None:
+        return
+    attempt.capture_key = e.capture_key
+    attempt.agent_name = e.agent_name
+    if attempt.dispatched_position is None:
+        attempt.dispatched_position = ev.position
+    if attempt.status in ("minted", "failed"):  # a re-dispatch (adoption) re-opens a failed try
+        attempt.status = "dispatched"
+
+
+def _replied(state: LedgerState, ev: RecordedEvent, e: RunReplied) -> None:
+    attempt = state.attempt(e.rollout_id, e.attempt_index, ev.stream_id)
+    if attempt is None:
+        return
+    attempt.reward = e.reward
+    attempt.mask_sample = e.mask_sample
+    attempt.reply_digest = e.reply_digest
+    if attempt.status in ("minted", "dispatched", "failed"):
+        attempt.status = "replied"
+
+
+def _failed(state: LedgerState, ev: RecordedEvent, e: RunFailed) -> None:
+    attempt = state.attempt(e.rollout_id, e.attempt_index, ev.stream_id)
+    if attempt is None:
+        return
+    attempt.failures.append(f"{e.kind}: {e.reason}")
+    if attempt.status in ("minted", "dispatched", "replied"):
+        attempt.status = "failed"
+
+
+def _receipt(state: LedgerState, ev: RecordedEvent, e: ReceiptFetched) -> None:
+    attempt = state.attempt(e.receipt.rollout_id, e.receipt.attempt_index, ev.stream_id)
+    if attempt is not None:
+        attempt.receipt = e.receipt
+        if attempt.agent_name is None:
+            attempt.agent_name = e.agent_name
+
+
+def _held(state: LedgerState, ev: RecordedEvent, e: SiblingHeld) -> None:
+    group = state.group_of(e.rollout_id, ev.stream_id)
+    sibling = group.sibling_of(e.rollout_id) if group is not None else None
+    attempt = sibling.attempts.get(e.attempt_index) if sibling is not None else None
+    if sibling is None or attempt is None:
+        return
+    attempt.status = "held"
+    attempt.rollout_receipt = e.receipt
+    attempt.reward = e.receipt.reward
+    if sibling.status != "sealed":
+        sibling.status = "held"
+
+
+def _sealed(state: LedgerState, ev: RecordedEvent, e: SiblingSealed) -> None:
+    group = state.group_of(e.rollout_id, ev.stream_id)
+    sibling = group.sibling_of(e.rollout_id) if group is not None else None
+    attempt = sibling.attempts.get(e.attempt_index) if sibling is not None else None
+    if sibling is None or attempt is None:
+        return
+    attempt.status = "sealed"
+    attempt.rollout_receipt = e.receipt
+    attempt.reward = e.reward
+    sibling.status = "sealed"
+    sibling.sealed_attempt = e.attempt_index
+    sibling.reward = e.reward
+
+
+def _group_sealed(state: LedgerState, ev: RecordedEvent, e: GroupSealed) -> None:
+    group = state.groups.get(e.group_id)
+    if group is not None and group.status == "open":
+        group.status = "sealed"
+
+
+def _abandoned(state: LedgerState, ev: RecordedEvent, e: GroupAbandoned) -> None:
+    group = state.groups.get(e.group_id)
+    if group is None:
+        return
+    group.abandoned_rounds += 1
+    named = {(a.rollout_id, a.attempt_index) for a in e.attempts}
+    for sibling in group.siblings.values():
+        for attempt in sibling.attempts.values():
+            thrown = (attempt.rollout_id, attempt.attempt_index) in named or (
+                not named and attempt.attempt_index == sibling.current_attempt
+            )
+            if thrown and attempt.status not in ("retired", "sealed", "discarded"):
+                attempt.status = "discarded"
+        if sibling.status == "held":
+            sibling.status = "pending"
+
+
+def _dead_lettered(state: LedgerState, ev: RecordedEvent, e: GroupDeadLettered) -> None:
+    group = state.groups.get(e.group_id)
+    if group is not None and group.status == "open":
+        group.status = "dead_lettered"
+
+
+def _claimed(state: LedgerState, ev: RecordedEvent, e: GroupClaimedForTraining) -> None:
+    group = state.groups.get(e.group_id)
+    if group is not None:
+        group.claims.append(ClaimState.model_construct(train_step=e.train_step, position=ev.position))
+
+
+def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None:
+    # The trainer rolled back to the cut: claims made after it never reached a kept model.
+    cut = e.cut_position if e.cut_position is not None else 0
+    for group in state.groups.values():
+        if group.claims and group.claims[-1].position > cut:
+            group.claims = [c for c in group.claims if c.position <= cut]
+
+
+def _ack_owed(state: LedgerState, ev: RecordedEvent, e: AckOwed) -> None:
+    state.debts.setdefault(e.agent_name, {})[debt_key(e.receipt.rollout_id, e.receipt.attempt_index)] = e.receipt
+
+
+def _pay(state: LedgerState, rollout_id: str, attempt_index: int) -> None:
+    key = debt_key(rollout_id, attempt_index)
+    for agent in list(state.debts):
+        owed = state.debts[agent]
+        if owed.pop(key, None) is not None and not owed:
+            del state.debts[agent]
+
+
+def _ack_accepted(state: LedgerState, ev: RecordedEvent, e: AckAccepted) -> None:
+    _pay(state, e.rollout_id, e.attempt_index)
+
+
+def _ack_rejected(state: LedgerState, ev: RecordedEvent, e: AckRejected) -> None:
+    if e.error == "unknown_execution":
+        _pay(state, e.rollout_id, e.attempt_index)
+
+
+def _retired(state: LedgerState, ev: RecordedEvent, e: AttemptRetired) -> None:
+    attempt = state.attempt(e.rollout_id, e.attempt_index, ev.stream_id)
+    if attempt is None:
+        return
+    attempt.retire_outcome = e.outcome
+    # completed_unacknowledged: the try finished at the agent and is to be adopted, not retired.
+    if e.outcome != "completed_unacknowledged" and attempt.status not in _SETTLED and attempt.status != "discarded":
+        attempt.status = "retired"
+
+
+def _adopted(state: LedgerState, ev: RecordedEvent, e: AttemptAdopted) -> None:
+    attempt = state.attempt(e.rollout_id, e.attempt_index, ev.stream_id)
+    if attempt is not None:
+        attempt.adopted = True
+
+
+_HANDLERS: dict[type[Event], Any] = {
+    GroupReserved: _reserved,
+    AttemptMinted: _minted,
+    ReplacementMinted: _replacement,
+    RunDispatched: _dispatched,
+    RunReplied: _replied,
+    RunFailed: _failed,
+    ReceiptFetched: _receipt,
+    SiblingHeld: _held,
+    SiblingSealed: _sealed,
+    GroupSealed: _group_sealed,
+    GroupAbandoned: _abandoned,
+    GroupDeadLettered: _dead_lettered,
+    GroupClaimedForTraining: _claimed,
+    TrainerRestored: _restored,
+    AckOwed: _ack_owed,
+    AckAccepted: _ack_accepted,
+    AckRejected: _ack_rejected,
+    AttemptRetired: _retired,
+    AttemptAdopted: _adopted,
+}
+
+
+def _int_or_none(text: str) -> int | None:
+    return int(text) if text.isdigit() else None

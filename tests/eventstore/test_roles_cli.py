@@ -1,0 +1,58 @@
+"""`ledger db` commands and the writer/auditor roles on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
+from typer.testing import CliRunner
+
+from cli.main import app
+from eventstore import open_store
+from eventstore.events import AttemptMinted
+
+runner = CliRunner()
+
+
+def test_db_upgrade_then_open(sqlite_url: str) -> None:
+    result = runner.invoke(app, ["db", "upgrade", "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "0001" in result.output
+    open_store(sqlite_url).close()
+    result = runner.invoke(app, ["db", "current", "--db", sqlite_url])
+    assert "database: 0001" in result.output
+
+
+def test_db_upgrade_unreachable_is_a_clear_error() -> None:
+    result = runner.invoke(app, ["db", "upgrade", "--db", "postgresql+psycopg://u:topsecret@127.0.0.1:1/x"])
+    assert result.exit_code == 2
+    assert "unavailable" in result.output and "topsecret" not in result.output
+
+
+def test_writer_cannot_update_or_delete_and_auditor_cannot_insert(pg_url: str) -> None:
+    assert runner.invoke(app, ["db", "upgrade", "--db", pg_url]).exit_code == 0
+    result = runner.invoke(
+        app,
+        ["db", "roles", "--db", pg_url, "--writer-password", "wpw", "--auditor-password", "apw"],
+    )
+    assert result.exit_code == 0, result.output
+    base = make_url(pg_url)
+    writer_url = base.set(username="ledger_writer", password="wpw").render_as_string(hide_password=False)
+    auditor_url = base.set(username="ledger_auditor", password="apw").render_as_string(hide_password=False)
+
+    writer = open_store(writer_url)
+    writer.append("group-p1", [AttemptMinted(rollout_id="p1_g0", generation_index=0)])
+    writer.save_position("tailer", 1)
+    assert writer.head() == 1
+    engine = create_engine(writer_url)
+    for statement in ("UPDATE events SET type = 'X'", "DELETE FROM events", "TRUNCATE events"):
+        with pytest.raises(ProgrammingError, match="permission denied"), engine.begin() as conn:
+            conn.execute(text(statement))
+
+    auditor = open_store(auditor_url)
+    assert [e.type for e in auditor.read_all()] == ["AttemptMinted"]
+    assert auditor.verify_chain() is None
+    with pytest.raises(Exception, match="permission denied"):
+        auditor.append("group-p1", [AttemptMinted(rollout_id="p1_g1", generation_index=1)])
+    assert writer.head() == 1
