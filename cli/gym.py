@@ -1,7 +1,65 @@
-"""`ledger gym ...` (placeholder until its issue lands)."""
+"""`ledger gym ...`: run a reference Gym agent."""
 
 from __future__ import annotations
 
-import typer
+from pathlib import Path
+from typing import Annotated
 
-app = typer.Typer(no_args_is_help=True)
+import typer
+from pydantic import SecretStr, ValidationError
+
+from gym_agent.config import DEFAULT_HOST, TOKEN_ENV, AgentConfig, parse_turns
+
+app = typer.Typer(no_args_is_help=True, help="The reference Gym agent (checkpoint participant).")
+
+
+@app.callback()
+def _group() -> None:
+    """The reference Gym agent (checkpoint participant)."""
+
+
+@app.command()
+def serve(
+    name: Annotated[str, typer.Option(help="Agent name (reported by /capabilities; keys the state dir).")],
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")],
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = DEFAULT_HOST,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar=TOKEN_ENV, show_envvar=True, help="Bearer token required on every route but /health."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the simulated environment.")] = 0,
+    turns: Annotated[str, typer.Option(help="Model calls per episode, MIN:MAX (or N).")] = "1:3",
+    delay_s: Annotated[float, typer.Option("--delay-s", help="Extra seconds held at each model call.")] = 0.0,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Keeps the execution-generation counter and checkpoint artefacts "
+            "[default: ~/.cache/rollout-ledger/gym-agent/NAME]."
+        ),
+    ] = None,
+    policy: Annotated[str, typer.Option(help="Policy spec, e.g. 'tiny' or 'tiny:seed=1'.")] = "tiny",
+    log_level: Annotated[str, typer.Option(help="uvicorn/agent log level.")] = "info",
+    access_log: Annotated[bool, typer.Option(help="Log every request line.")] = False,
+) -> None:
+    """Serve a reference Gym agent until SIGTERM/SIGINT."""
+    from gym_agent.server import run_server
+
+    try:
+        config = AgentConfig(
+            name=name,
+            host=host,
+            port=port,
+            token=SecretStr(token) if token else None,
+            seed=seed,
+            turns=parse_turns(turns),
+            delay_s=delay_s,
+            state_dir=state_dir,
+            policy=policy,
+            log_level=log_level.lower(),
+            access_log=access_log,
+        )
+    except (ValueError, ValidationError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    raise typer.Exit(run_server(config))

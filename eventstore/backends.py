@@ -2,7 +2,8 @@
 
 Gap-free tailing: every append takes one log-wide lock before it reads the
 head, and holds it until commit (PostgreSQL: a transaction-scoped advisory
-lock; SQLite: `BEGIN IMMEDIATE`).  Positions are therefore assigned
+lock, taken inside the `ledger_append` function of the first migration;
+SQLite: `BEGIN IMMEDIATE`).  Positions are therefore assigned
 `max(position) + 1` in commit order: they are contiguous, a reader that has
 seen position p has seen every position below it, and a rolled-back append
 leaves no hole.  See the README ("Why positions are gap-free").
@@ -18,7 +19,6 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
 DEFAULT_URL = "sqlite:///ledger.db"
-APPEND_LOCK_KEY = 0x1ED6E5  # any constant shared by every writer of one database
 
 _COLUMNS = "position, stream_id, stream_version, event_id, type, schema_version, {data}, {metadata}, recorded_at, prev_hash, hash"
 
@@ -40,23 +40,15 @@ def mask_url(url: str | URL) -> str:
 class Backend:
     name: str
     select_columns: str
-    data_column: str
-    # Cast a bound JSON text parameter to the column type.
-    json_param: str
     blob_insert: str
     position_upsert: str
-
-    def lock_for_append(self, conn: Any) -> None:
-        """Serialise appends; a no-op on SQLite, whose writer transaction already holds the lock."""
-        if self.name == "postgresql":
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({APPEND_LOCK_KEY})")
+    # DBAPI parameter marker for a named parameter (reads bypass SQLAlchemy's row layer for speed).
+    param: str
 
 
 SQLITE = Backend(
     name="sqlite",
     select_columns=_COLUMNS.format(data="data", metadata="metadata"),
-    data_column="data",
-    json_param=":{name}",
     blob_insert=(
         "INSERT INTO blobs (digest, media_type, content, created_at) VALUES (:digest, :media_type, :content, :now) "
         "ON CONFLICT (digest) DO NOTHING"
@@ -65,16 +57,16 @@ SQLITE = Backend(
         "INSERT INTO subscriptions (name, position, updated_at) VALUES (:name, :position, :now) "
         "ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at"
     ),
+    param=":{}",
 )
 
 POSTGRES = Backend(
     name="postgresql",
     # `::text` hands back the stored JSON text as written (no parse in the driver).
     select_columns=_COLUMNS.format(data="data::text AS data", metadata="metadata::text AS metadata"),
-    data_column="data::text",
-    json_param="CAST(:{name} AS json)",
     blob_insert=SQLITE.blob_insert,
     position_upsert=SQLITE.position_upsert,
+    param="%({})s",
 )
 
 

@@ -7,7 +7,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -81,9 +81,12 @@ class NewEvent:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class RecordedEvent:
-    """One row of the log.  `data`/`metadata` are parsed from the stored JSON on access."""
+class RecordedEvent(NamedTuple):
+    """One row of the log.  `data`/`metadata` are parsed from the stored JSON on access.
+
+    A named tuple, not a model: replay builds millions of these straight from
+    driver rows, and `decode()` validates the payload against its pydantic model.
+    """
 
     position: int
     stream_id: str

@@ -62,7 +62,9 @@ class DroppedReply(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True})
+        await send(
+            {"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True}
+        )
 
 
 def _validation_message(exc: RequestValidationError) -> str:

@@ -33,7 +33,9 @@ def episode_seed(agent_seed: int, rollout_id: str, attempt_index: int) -> int:
 
 
 def prompt_ids(agent_seed: int, request: RunRequest, vocab_size: int) -> list[int]:
-    payload = canonical_json({"responses_create_params": request.responses_create_params, "task": request.task})
+    payload = canonical_json(
+        {"responses_create_params": request.responses_create_params, "task": request.task}
+    )
     digest = hashlib.sha256(f"prompt|{agent_seed}|{payload}".encode()).digest()
     rng = random.Random(digest)
     return [rng.randrange(vocab_size) for _ in range(rng.randint(*PROMPT_LEN))]
@@ -127,7 +129,9 @@ class Environment:
             context = context + sample.token_ids
             if turn + 1 < n_turns:
                 observation = [rng.randrange(vocab) for _ in range(rng.randint(*OBSERVATION_LEN))]
-                output.append({"type": "function_call_output", "call_id": call_id, "output": _text(observation)})
+                output.append(
+                    {"type": "function_call_output", "call_id": call_id, "output": _text(observation)}
+                )
                 context = context + observation
 
         response: dict[str, Any] = {
@@ -141,7 +145,10 @@ class Environment:
         reward, mask = episode_reward(generated, vocab), False
         if fault.fail:
             response["status"] = "failed"
-            response["error"] = {"code": "environment_error", "message": "environment failed (injected fault)"}
+            response["error"] = {
+                "code": "environment_error",
+                "message": "environment failed (injected fault)",
+            }
             reward, mask = 0.0, True
         return RunReply(
             rollout_id=request.rollout_id,

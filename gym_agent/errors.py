@@ -63,7 +63,9 @@ class CheckpointConflictError(AgentError):
     error = CHECKPOINT_CONFLICT
 
     def __init__(self, active: str, phase: str, target: str) -> None:
-        super().__init__(f"checkpoint '{active}' is active in phase '{phase}'; refusing operation for '{target}'")
+        super().__init__(
+            f"checkpoint '{active}' is active in phase '{phase}'; refusing operation for '{target}'"
+        )
 
 
 class InvalidPhaseError(AgentError):

@@ -52,7 +52,10 @@ class FaultTable:
         explicit = self._per_try.get((rollout_id, attempt_index))
         if explicit is not None:
             return ResolvedFault(
-                drop_reply=explicit.drop_reply, fail=explicit.fail, delay_s=explicit.delay_s, hang=explicit.hang
+                drop_reply=explicit.drop_reply,
+                fail=explicit.fail,
+                delay_s=explicit.delay_s,
+                hang=explicit.hang,
             )
         rates = self._rates
         return ResolvedFault(

@@ -57,7 +57,9 @@ def run_server(config: AgentConfig) -> int:
     import torch
 
     torch.set_num_threads(config.model_threads)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     server = build_server(config)
     # uvicorn re-raises the stop signal after its graceful shutdown; a no-op handler turns that into a
     # normal return, so a SIGTERM'd agent exits with status 0.
@@ -108,7 +110,9 @@ def serve_in_thread(config: AgentConfig, startup_timeout_s: float = 30.0) -> Ite
     port = sock.getsockname()[1]
     config = config.model_copy(update={"port": port})
     server = build_server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"agent-{config.name}", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name=f"agent-{config.name}", daemon=True
+    )
     thread.start()
     agent = ThreadAgent(config=config, server=server, thread=thread, port=port)
     deadline = time.monotonic() + startup_timeout_s

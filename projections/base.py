@@ -14,14 +14,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import TypeAdapter
 
 from eventstore import RecordedEvent
 from eventstore.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
 from eventstore.events import Event
 
 S = TypeVar("S")
-M = TypeVar("M", bound=BaseModel)
 
 # What `RecordedEvent.decode` raises for a row the reader cannot trust or understand.
 DECODE_ERRORS = (UnknownEventType, UnknownSchemaVersion, InvalidEvent)
@@ -71,20 +70,34 @@ class Projection(ABC, Generic[S]):
         return sha256_text(self.dumps(state))
 
 
-class ModelProjection(Projection[M]):
-    """A projection whose state is one pydantic model (the model is the shape's source of truth)."""
+class TypedProjection(Projection[S]):
+    """A projection whose state type (a pydantic model or a dataclass with pydantic config) is its shape.
 
-    model: ClassVar[type[BaseModel]]
+    The type is the single source of truth: checkpoints are dumped and
+    validated through one TypeAdapter over it, so a stored state that does not
+    fit the shape fails loudly on load.
+    """
 
-    def dump(self, state: M) -> dict[str, Any]:
-        return state.model_dump(mode="json")
+    state_type: ClassVar[Any]
 
-    def load(self, data: dict[str, Any]) -> M:
-        return self.model.model_validate(data)  # type: ignore[return-value]
+    @classmethod
+    def adapter(cls) -> TypeAdapter[Any]:
+        found = cls.__dict__.get("_adapter")
+        if found is None:
+            found = TypeAdapter(cls.state_type)
+            cls._adapter = found  # type: ignore[attr-defined]
+        return found  # type: ignore[no-any-return]
 
-    def loads(self, text: str) -> M:
-        # Parsing and validating in one pass in pydantic-core beats json.loads + model_validate.
-        return self.model.model_validate_json(text)  # type: ignore[return-value]
+    def dump(self, state: S) -> dict[str, Any]:
+        data: dict[str, Any] = self.adapter().dump_python(state, mode="json")
+        return data
+
+    def load(self, data: dict[str, Any]) -> S:
+        return self.adapter().validate_python(data)  # type: ignore[no-any-return]
+
+    def loads(self, text: str) -> S:
+        # Parsing and validating in one pass in pydantic-core beats json.loads + validate_python.
+        return self.adapter().validate_json(text)  # type: ignore[no-any-return]
 
 
 def decode(event: RecordedEvent) -> Event:

@@ -1,9 +1,10 @@
 """The ledger: groups -> siblings -> tries with their status, and the unpaid ACK debts per agent.
 
-The pydantic models below are the shape of the state, live and in a
-projection checkpoint alike.  `apply` mutates them in place; new objects are
-made with `model_construct` from values that were already validated when
-the event was decoded, so nothing is validated twice on the hot path.
+The dataclasses below, with pydantic's `extra="forbid"` config, are the shape
+of the state, live and in a projection checkpoint alike: checkpoints are
+dumped and validated through one pydantic TypeAdapter over `LedgerState`.
+Dataclasses rather than BaseModels because `apply` mutates them in place and
+a model's validated `__setattr__`/`__init__` cost more than the fold itself.
 
 Debts (events.md rule 3): `AckOwed` adds one, `AckAccepted` pays it, and an
 `AckRejected` of kind `unknown_execution` drops it (the agent restarted and
@@ -15,9 +16,10 @@ unpaid (and blocks checkpoint-clean) until an operator looks at it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, with_config
 
 from eventstore import RecordedEvent
 from eventstore.events import (
@@ -27,6 +29,7 @@ from eventstore.events import (
     AttemptAdopted,
     AttemptMinted,
     AttemptRetired,
+    CheckpointCommitted,
     Event,
     GroupAbandoned,
     GroupClaimedForTraining,
@@ -43,10 +46,11 @@ from eventstore.events import (
     RunReplied,
     SiblingHeld,
     SiblingSealed,
+    TargetLevel,
     TrainerRestored,
 )
 from gym_agent.wire import CompletionReceipt
-from projections.base import ModelProjection
+from projections.base import TypedProjection
 
 GROUP_STREAM_PREFIX = "group-"
 
@@ -56,14 +60,13 @@ GroupStatus = Literal["open", "sealed", "dead_lettered"]
 RetireOutcome = Literal["cancelled", "tombstoned", "completed_unacknowledged", "done"]
 
 # A try in one of these states owns its outcome already; a late retire answer does not change it.
-_SETTLED: frozenset[str] = frozenset({"held", "sealed"})
+_SETTLED: frozenset[str] = frozenset({"held", "sealed", "discarded"})
+_FORBID = ConfigDict(extra="forbid")
 
 
-class _State(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class AttemptState(_State):
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class AttemptState:
     rollout_id: str
     attempt_index: int
     status: AttemptStatus = "minted"
@@ -76,7 +79,7 @@ class AttemptState(_State):
     rollout_receipt: RolloutReceipt | None = None
     retire_outcome: RetireOutcome | None = None
     adopted: bool = False
-    failures: list[str] = Field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
     dispatched_position: int | None = None
     minted_position: int = 0
 
@@ -85,43 +88,50 @@ class AttemptState(_State):
         return (self.rollout_id, self.attempt_index)
 
 
-class SiblingState(_State):
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class SiblingState:
     rollout_id: str
     generation_index: int
     current_attempt: int = 0
     status: SiblingStatus = "pending"
     sealed_attempt: int | None = None
     reward: float | None = None
-    attempts: dict[int, AttemptState] = Field(default_factory=dict)
+    attempts: dict[int, AttemptState] = field(default_factory=dict)
 
     @property
     def current(self) -> AttemptState | None:
         return self.attempts.get(self.current_attempt)
 
 
-class ClaimState(_State):
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class ClaimState:
     train_step: int
     position: int
 
 
-class GroupState(_State):
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class GroupState:
     group_id: str
     agent_name: str
     mode: Mode
     expected_generations: int
     max_tries: int
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
     prompt_ref: PromptRef
-    target_level: str = "sibling"
+    target_level: TargetLevel = "sibling"
     status: GroupStatus = "open"
     # The group stream's last version seen: what a coordinator names as its expected version (fencing).
     stream_version: int = -1
     # prompt_group: group rounds started; sibling: the most tries any one sibling has had.
     tries_used: int = 0
     abandoned_rounds: int = 0
-    claims: list[ClaimState] = Field(default_factory=list)
+    claims: list[ClaimState] = field(default_factory=list)
     reserved_position: int = 0
-    siblings: dict[int, SiblingState] = Field(default_factory=dict)
+    last_position: int = 0
+    siblings: dict[int, SiblingState] = field(default_factory=dict)
 
     @property
     def claimed_steps(self) -> list[int]:
@@ -129,24 +139,54 @@ class GroupState(_State):
 
     def sibling_of(self, rollout_id: str) -> SiblingState | None:
         prefix = self.group_id + "_g"
-        if rollout_id.startswith(prefix):
-            sibling = self.siblings.get(_int_or_none(rollout_id[len(prefix) :]))  # type: ignore[arg-type]
+        if rollout_id.startswith(prefix) and rollout_id[len(prefix) :].isdigit():
+            sibling = self.siblings.get(int(rollout_id[len(prefix) :]))
             if sibling is not None and sibling.rollout_id == rollout_id:
                 return sibling
         # Ids that do not follow `<group>_g<index>` (never minted by the coordinator) are looked up.
         return next((s for s in self.siblings.values() if s.rollout_id == rollout_id), None)
 
 
-class LedgerState(_State):
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class ArchivedGroup:
+    """A group done for good: finished, every debt paid, and its claims behind a committed cut.
+
+    Only this summary is kept (see `_archive`): the full detail of every group
+    ever run would make a projection checkpoint grow with the whole history.
+    """
+
+    group_id: str
+    agent_name: str
+    mode: Mode
+    status: GroupStatus
+    expected_generations: int
+    tries_used: int
+    claims: list[ClaimState]
+    last_position: int
+
+    @property
+    def claimed_steps(self) -> list[int]:
+        return [c.train_step for c in self.claims]
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class LedgerState:
     position: int = 0
-    groups: dict[str, GroupState] = Field(default_factory=dict)
+    # Every group still in play; groups done for good move to `archived`.
+    groups: dict[str, GroupState] = field(default_factory=dict)
+    archived: dict[str, ArchivedGroup] = field(default_factory=dict)
     # agent -> "rollout_id/attempt_index" -> the receipt owed an ACK.
-    debts: dict[str, dict[str, CompletionReceipt]] = Field(default_factory=dict)
+    debts: dict[str, dict[str, CompletionReceipt]] = field(default_factory=dict)
 
     def unpaid_debts(self, agent_name: str | None = None) -> list[tuple[str, CompletionReceipt]]:
         """(agent_name, receipt) of every debt not yet paid, oldest first per agent."""
         agents = [agent_name] if agent_name is not None else list(self.debts)
         return [(a, r) for a in agents for r in self.debts.get(a, {}).values()]
+
+    def knows_group(self, group_id: str) -> bool:
+        return group_id in self.groups or group_id in self.archived
 
     def group_of(self, rollout_id: str, stream_id: str = "") -> GroupState | None:
         """The group a try belongs to: by the stream it was appended to, else by its rollout id."""
@@ -168,10 +208,10 @@ def debt_key(rollout_id: str, attempt_index: int) -> str:
     return f"{rollout_id}/{attempt_index}"
 
 
-class LedgerProjection(ModelProjection[LedgerState]):
+class LedgerProjection(TypedProjection[LedgerState]):
     name: ClassVar[str] = "ledger"
     version: ClassVar[int] = 1
-    model: ClassVar[type[BaseModel]] = LedgerState
+    state_type: ClassVar[Any] = LedgerState
 
     def initial(self) -> LedgerState:
         return LedgerState()
@@ -181,10 +221,12 @@ class LedgerProjection(ModelProjection[LedgerState]):
         handler = _HANDLERS.get(type(decoded))
         if handler is not None:
             handler(state, event, decoded)
-        if event.stream_id.startswith(GROUP_STREAM_PREFIX):
-            group = state.groups.get(event.stream_id[len(GROUP_STREAM_PREFIX) :])
+        stream = event.stream_id
+        if stream.startswith(GROUP_STREAM_PREFIX):
+            group = state.groups.get(stream[len(GROUP_STREAM_PREFIX) :])
             if group is not None:
                 group.stream_version = event.stream_version
+                group.last_position = event.position
 
 
 # --- handlers: (state, recorded event, decoded payload) -> None -----------------------
@@ -193,9 +235,9 @@ class LedgerProjection(ModelProjection[LedgerState]):
 
 
 def _reserved(state: LedgerState, ev: RecordedEvent, e: GroupReserved) -> None:
-    if e.group_id in state.groups:
+    if state.knows_group(e.group_id):
         return
-    state.groups[e.group_id] = GroupState.model_construct(
+    state.groups[e.group_id] = GroupState(
         group_id=e.group_id,
         agent_name=e.agent_name,
         mode=e.mode,
@@ -204,55 +246,29 @@ def _reserved(state: LedgerState, ev: RecordedEvent, e: GroupReserved) -> None:
         payload=dict(e.payload),
         prompt_ref=e.prompt_ref,
         target_level=e.target_level,
-        status="open",
         stream_version=ev.stream_version,
-        tries_used=0,
-        abandoned_rounds=0,
-        claims=[],
         reserved_position=ev.position,
-        siblings={},
+        last_position=ev.position,
     )
 
 
-def _new_attempt(rollout_id: str, attempt_index: int, position: int) -> AttemptState:
-    return AttemptState.model_construct(
-        rollout_id=rollout_id,
-        attempt_index=attempt_index,
-        status="minted",
-        capture_key=None,
-        agent_name=None,
-        reply_digest=None,
-        reward=None,
-        mask_sample=None,
-        receipt=None,
-        rollout_receipt=None,
-        retire_outcome=None,
-        adopted=False,
-        failures=[],
-        dispatched_position=None,
-        minted_position=position,
-    )
-
-
-def _mint(state: LedgerState, ev: RecordedEvent, rollout_id: str, generation_index: int, attempt_index: int) -> None:
+def _mint(
+    state: LedgerState, ev: RecordedEvent, rollout_id: str, generation_index: int, attempt_index: int
+) -> None:
     group = state.group_of(rollout_id, ev.stream_id)
     if group is None:
         return
     sibling = group.siblings.get(generation_index)
     if sibling is None:
-        sibling = SiblingState.model_construct(
-            rollout_id=rollout_id,
-            generation_index=generation_index,
-            current_attempt=attempt_index,
-            status="pending",
-            sealed_attempt=None,
-            reward=None,
-            attempts={},
+        sibling = SiblingState(
+            rollout_id=rollout_id, generation_index=generation_index, current_attempt=attempt_index
         )
         group.siblings[generation_index] = sibling
     elif sibling.rollout_id != rollout_id or attempt_index in sibling.attempts:
         return
-    sibling.attempts[attempt_index] = _new_attempt(rollout_id, attempt_index, ev.position)
+    sibling.attempts[attempt_index] = AttemptState(
+        rollout_id=rollout_id, attempt_index=attempt_index, minted_position=ev.position
+    )
     sibling.current_attempt = attempt_index
     if sibling.status == "held":  # a held result is thrown away with its abandoned group
         sibling.status = "pending"
@@ -367,19 +383,58 @@ def _dead_lettered(state: LedgerState, ev: RecordedEvent, e: GroupDeadLettered) 
 def _claimed(state: LedgerState, ev: RecordedEvent, e: GroupClaimedForTraining) -> None:
     group = state.groups.get(e.group_id)
     if group is not None:
-        group.claims.append(ClaimState.model_construct(train_step=e.train_step, position=ev.position))
+        group.claims.append(ClaimState(train_step=e.train_step, position=ev.position))
 
 
 def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None:
     # The trainer rolled back to the cut: claims made after it never reached a kept model.
     cut = e.cut_position if e.cut_position is not None else 0
-    for group in state.groups.values():
+    holders: list[GroupState | ArchivedGroup] = [*state.groups.values(), *state.archived.values()]
+    for group in holders:
         if group.claims and group.claims[-1].position > cut:
             group.claims = [c for c in group.claims if c.position <= cut]
 
 
+def _committed(state: LedgerState, ev: RecordedEvent, e: CheckpointCommitted) -> None:
+    _archive(state, e.cut_position)
+
+
+def _archive(state: LedgerState, cut: int) -> None:
+    """Moves every group that no legal later event can change into `archived`.
+
+    Done for good = sealed and claimed (or dead-lettered), no debt left on any
+    of its tries, and everything about it at or before a committed cut, so a
+    restore to that cut or a later one keeps it as it is.
+    """
+    indebted = {key.rpartition("/")[0].rpartition("_g")[0] for owed in state.debts.values() for key in owed}
+    done = [
+        g
+        for g in state.groups.values()
+        if g.last_position <= cut
+        and g.group_id not in indebted
+        and (
+            g.status == "dead_lettered"
+            or (g.status == "sealed" and g.claims and g.claims[-1].position <= cut)
+        )
+    ]
+    for g in done:
+        del state.groups[g.group_id]
+        state.archived[g.group_id] = ArchivedGroup(
+            group_id=g.group_id,
+            agent_name=g.agent_name,
+            mode=g.mode,
+            status=g.status,
+            expected_generations=g.expected_generations,
+            tries_used=g.tries_used,
+            claims=g.claims,
+            last_position=g.last_position,
+        )
+
+
 def _ack_owed(state: LedgerState, ev: RecordedEvent, e: AckOwed) -> None:
-    state.debts.setdefault(e.agent_name, {})[debt_key(e.receipt.rollout_id, e.receipt.attempt_index)] = e.receipt
+    state.debts.setdefault(e.agent_name, {})[debt_key(e.receipt.rollout_id, e.receipt.attempt_index)] = (
+        e.receipt
+    )
 
 
 def _pay(state: LedgerState, rollout_id: str, attempt_index: int) -> None:
@@ -405,7 +460,7 @@ def _retired(state: LedgerState, ev: RecordedEvent, e: AttemptRetired) -> None:
         return
     attempt.retire_outcome = e.outcome
     # completed_unacknowledged: the try finished at the agent and is to be adopted, not retired.
-    if e.outcome != "completed_unacknowledged" and attempt.status not in _SETTLED and attempt.status != "discarded":
+    if e.outcome != "completed_unacknowledged" and attempt.status not in _SETTLED:
         attempt.status = "retired"
 
 
@@ -435,8 +490,5 @@ _HANDLERS: dict[type[Event], Any] = {
     AckRejected: _ack_rejected,
     AttemptRetired: _retired,
     AttemptAdopted: _adopted,
+    CheckpointCommitted: _committed,
 }
-
-
-def _int_or_none(text: str) -> int | None:
-    return int(text) if text.isdigit() else None

@@ -137,13 +137,13 @@ def test_newer_schema_version_in_the_log_is_a_clear_error(store_url: str) -> Non
     store = open_store(store_url)
     store.append("group-p1", [minted(0)])
     row = next(iter(store.read_all()))  # variants of it as a newer writer or a corrupted disk would leave it
-    newer = type(row)(**{**{f: getattr(row, f) for f in row.__slots__}, "schema_version": 9})
+    newer = row._replace(schema_version=9)
     with pytest.raises(UnknownSchemaVersion, match="newer than this reader"):
         newer.decode()
-    unknown = type(row)(**{**{f: getattr(row, f) for f in row.__slots__}, "type": "Mystery"})
+    unknown = row._replace(type="Mystery")
     with pytest.raises(UnknownEventType):
         unknown.decode()
-    corrupt = type(row)(**{**{f: getattr(row, f) for f in row.__slots__}, "data_json": '{"rollout_id": 5'})
+    corrupt = row._replace(data_json='{"rollout_id": 5')
     with pytest.raises(InvalidEvent, match="position 1"):
         corrupt.decode()
 

@@ -54,6 +54,8 @@ class FusedConfig:
     num_stages: int = 3
     reduce_block_t: int = 64
     max_workspace_bytes: int = 32 << 20
+    # Interpreter only: None = row-separable product (see the kernel), False = tl.dot through numpy.
+    separable_dot: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_t", "block_v", "block_h"):
@@ -72,7 +74,9 @@ def default_fused_config(dtype: torch.dtype, interpreted: bool) -> FusedConfig:
     memory); fp32 halves the K step to fit. The interpreter gets wide vocabulary tiles because every
     interpreted op has a fixed Python cost and numpy is fast on large arrays."""
     if interpreted:
-        return FusedConfig(block_t=16, block_v=8192, block_h=32, split_v=32768, num_warps=4, num_stages=1)
+        # block_t x block_h x block_v is capped at 2**20 elements by the interpreter's row-separable
+        # product (Triton's maximum tensor size).
+        return FusedConfig(block_t=16, block_v=4096, block_h=16, split_v=32768, num_warps=4, num_stages=1)
     if dtype == torch.float32:
         return FusedConfig(block_t=128, block_v=128, block_h=32, split_v=4096)
     return FusedConfig(block_t=128, block_v=256, block_h=64, split_v=4096)
@@ -100,6 +104,7 @@ def _fused_partials_kernel(  # type: ignore[no-untyped-def]  # Triton values, no
     SPLIT_V: tl.constexpr,
     GROUP_T: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    SEPARABLE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # Grouped launch order (Triton matmul tutorial): programs running at the same time share a few
@@ -148,12 +153,19 @@ def _fused_partials_kernel(  # type: ignore[no-untyped-def]  # Triton values, no
                 mask=h_mask[:, None] & col_mask[None, :],
                 other=0.0,
             )
-            if UPCAST_DOT:
-                # Triton's CPU interpreter multiplies bf16 tiles as their raw uint16 bits; fp32 is
-                # exact here (a bf16 x bf16 product fits in fp32), so only the interpreter takes it.
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            if SEPARABLE_DOT:
+                # CPU interpreter only. tl.dot becomes numpy's matmul there, and OpenBLAS's small-matrix
+                # kernels round a row differently depending on its position in the tile, which would
+                # make the batch-invariance tests test OpenBLAS. A broadcast product summed over K in
+                # a fixed sequential order is the same arithmetic for every row on every machine.
+                acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+            else:
+                if UPCAST_DOT:
+                    # Triton's CPU interpreter multiplies bf16 tiles as their raw uint16 bits; fp32 is
+                    # exact here (a bf16 x bf16 product fits in fp32), so only the interpreter takes it.
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols64, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         x = tl.where(col_mask[None, :], acc / temp[:, None], float("-inf"))
@@ -210,7 +222,8 @@ def _fused_reduce_kernel(  # type: ignore[no-untyped-def]  # Triton values, not 
     big_s = tl.where(row_mask, tl.sum(ps * scale, axis=1), 1.0)
     log_s = tl.log(big_s)
     x_t = tl.load(x_t_ptr + rows64, mask=row_mask, other=0.0)
-    tl.store(logp_ptr + rows64, tl.minimum(x_t - (big_m + log_s), 0.0), mask=row_mask)
+    # (x_t - max) - log s keeps a large common offset out of the rounding (see kernel (a)).
+    tl.store(logp_ptr + rows64, tl.minimum((x_t - big_m) - log_s, 0.0), mask=row_mask)
     if RETURN_ENTROPY:
         pe = tl.load(part_e_ptr + offs, mask=mask, other=0.0)
         delta = tl.where(pm == float("-inf"), 0.0, pm - big_m_safe[:, None])
@@ -279,6 +292,12 @@ def fused_linear_logprobs_triton(
     part_e = torch.empty_like(part_m) if return_entropy else part_s
     x_t = torch.empty(chunk, dtype=torch.float32, device=device)
     upcast = kernels.interpreted and hidden.dtype == torch.bfloat16
+    separable = kernels.interpreted and cfg.separable_dot is not False
+    if separable and cfg.block_t * cfg.block_h * cfg.block_v > 1 << 20:
+        raise ValueError(
+            "interpreter tiles block_t x block_h x block_v must be <= 2**20 elements, got "
+            f"{cfg.block_t} x {cfg.block_h} x {cfg.block_v}"
+        )
     # fp32 inputs must not silently drop to TF32 (10-bit mantissa) on tensor cores.
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     bias_arg = bias if bias is not None else hidden  # never dereferenced without HAS_BIAS
@@ -309,6 +328,7 @@ def fused_linear_logprobs_triton(
             SPLIT_V=cfg.split_v,
             GROUP_T=cfg.group_t,
             UPCAST_DOT=upcast,
+            SEPARABLE_DOT=separable,
             DOT_PRECISION=precision,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,

@@ -84,7 +84,9 @@ def _logprobs_from_logits_kernel(  # type: ignore[no-untyped-def]  # Triton valu
     target = tl.load(targets_ptr + row).to(tl.int64)
     x_t = tl.load(row_ptr + target).to(tl.float32) / temp
     log_s = tl.log(s)
-    logp = tl.minimum(x_t - (m + log_s), 0.0)
+    # (x_t - m) - log s, not x_t - (m + log s): with a large common offset (+1e4) the lse rounds at
+    # 1e-3 granularity in fp32, while x_t - m is exact (both within a factor of 2 of each other).
+    logp = tl.minimum((x_t - m) - log_s, 0.0)
     tl.store(logp_ptr + row, logp)
     if RETURN_ENTROPY:
         tl.store(entropy_ptr + row, log_s - ent_acc / s)

@@ -50,9 +50,8 @@ class _Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t, h = x.shape
         y = F.layer_norm(x, (h,), self.ln1_w, self.ln1_b)
-        q, k, v = F.linear(y, self.qkv).split(h, dim=-1)
-        # [heads, T, head_dim]
-        q, k, v = (z.view(t, self.heads, h // self.heads).transpose(0, 1) for z in (q, k, v))
+        # [3, heads, T, head_dim]
+        q, k, v = F.linear(y, self.qkv).view(t, 3, self.heads, h // self.heads).permute(1, 2, 0, 3).unbind(0)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + F.linear(att.transpose(0, 1).reshape(t, h), self.proj)
         y = F.layer_norm(x, (h,), self.ln2_w, self.ln2_b)

@@ -32,7 +32,9 @@ def parse_policy_spec(spec: str) -> TinyConfig:
         try:
             values[key] = int(raw)
         except ValueError:
-            raise ValueError(f"option {key!r} of policy spec {spec!r} must be an integer, got {raw!r}") from None
+            raise ValueError(
+                f"option {key!r} of policy spec {spec!r} must be an integer, got {raw!r}"
+            ) from None
     return TinyConfig(**values)
 
 
@@ -130,7 +132,9 @@ class Policy:
                 ids = torch.cat([ids, torch.tensor([token], dtype=torch.long)])
         return SampleResult(token_ids=tokens, logprobs=logprobs)
 
-    def logprobs(self, prompt_ids: list[int], generation_ids: list[int], temperature: float = 1.0) -> torch.Tensor:
+    def logprobs(
+        self, prompt_ids: list[int], generation_ids: list[int], temperature: float = 1.0
+    ) -> torch.Tensor:
         """Reference scorer: `log p(generation[i] | prompt + generation[:i])` for each i, fp32, `[G]`."""
         self._check_temperature(temperature)
         if not prompt_ids:

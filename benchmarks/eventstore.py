@@ -1,0 +1,265 @@
+"""Append and replay throughput of the store on PostgreSQL, beside its two baselines.
+
+    python -m benchmarks.eventstore [--db URL] [--appends N] [--replay-events N] [--writers 8]
+
+Without `--db` a throwaway PostgreSQL cluster is started (default settings,
+fsync on).  Every case runs ours, raw psycopg on an equivalent table (the
+ceiling), and the `eventsourcing` library's PostgreSQL recorder, in one run on
+one server, and prints events/s with ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+from eventstore import open_store, upgrade_database
+from eventstore.events import RunReplied
+from eventstore.pgcluster import PgCluster
+from eventstore.records import canonical
+
+console = Console()
+
+RAW_TABLE = """
+CREATE TABLE IF NOT EXISTS raw_events (
+    position BIGSERIAL PRIMARY KEY, stream_id TEXT NOT NULL, stream_version BIGINT NOT NULL,
+    event_id TEXT NOT NULL UNIQUE, type TEXT NOT NULL, data JSON NOT NULL,
+    UNIQUE (stream_id, stream_version))
+"""
+
+
+def payload(i: int) -> RunReplied:
+    return RunReplied(
+        rollout_id=f"p{i}_g{i % 8}", attempt_index=0, reward=0.5, mask_sample=False, reply_digest="sha256:" + "ab" * 32
+    )
+
+
+def timed(fn: Callable[[], int]) -> float:
+    """Events per second of `fn`, which returns how many events it wrote or read."""
+    start = time.perf_counter()
+    n = fn()
+    return n / (time.perf_counter() - start)
+
+
+class Ours:
+    name = "ledger"
+
+    def __init__(self, url: str, notify: bool = False) -> None:
+        self.store = open_store(url, pool_size=10, notify=notify)
+        self.run = uuid.uuid4().hex[:6]
+
+    def append(self, appends: int, per_append: int, writer: int = 0) -> int:
+        for a in range(appends):
+            stream = f"group-{self.run}-w{writer}-{a % 64}"
+            self.store.append(stream, [payload(a * per_append + i) for i in range(per_append)])
+        return appends * per_append
+
+    def load(self, events: int) -> None:
+        for start in range(0, events, 1000):
+            self.store.append(f"group-load-{start // 1000}", [payload(start + i) for i in range(min(1000, events - start))])
+
+    def replay(self) -> int:
+        n = 0
+        for ev in self.store.read_all(batch_size=10_000):
+            ev.decode()
+            n += 1
+        return n
+
+
+class Raw:
+    """The ceiling: plain INSERTs and SELECTs with psycopg, no lock, no hash, no validation."""
+
+    name = "raw psycopg"
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(RAW_TABLE)
+        self.versions: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def append(self, appends: int, per_append: int, writer: int = 0) -> int:
+        run = uuid.uuid4().hex[:6]
+        with psycopg.connect(self.dsn) as conn:
+            for a in range(appends):
+                stream = f"raw-{run}-w{writer}-{a % 64}"
+                base = self.versions.get(stream, -1)
+                rows = [
+                    (stream, base + 1 + i, str(uuid.uuid4()), "RunReplied", canonical(payload(i).model_dump(mode="json")))
+                    for i in range(per_append)
+                ]
+                self.versions[stream] = base + per_append
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO raw_events (stream_id, stream_version, event_id, type, data) "
+                        "VALUES (%s, %s, %s, %s, %s)",
+                        rows,
+                    )
+                conn.commit()
+        return appends * per_append
+
+    def load(self, events: int) -> None:
+        with psycopg.connect(self.dsn) as conn, conn.cursor() as cur:
+            data = canonical(payload(0).model_dump(mode="json"))
+            with cur.copy("COPY raw_events (stream_id, stream_version, event_id, type, data) FROM STDIN") as copy:
+                for i in range(events):
+                    copy.write_row((f"load-{i // 1000}", i % 1000, str(uuid.uuid4()), "RunReplied", data))
+            conn.commit()
+
+    def replay(self) -> int:
+        n, after = 0, 0
+        with psycopg.connect(self.dsn) as conn:
+            while True:
+                rows = conn.execute(
+                    "SELECT position, stream_id, stream_version, event_id, type, data::text FROM raw_events "
+                    "WHERE position > %s ORDER BY position LIMIT 10000",
+                    (after,),
+                ).fetchall()
+                n += len(rows)
+                if len(rows) < 10_000:
+                    return n
+                after = rows[-1][0]
+
+
+class EventSourcing:
+    """The `eventsourcing` library's PostgreSQL application recorder (9.5.x)."""
+
+    name = "eventsourcing"
+
+    def __init__(self, host: str, port: int, dbname: str, user: str, password: str, writers: int) -> None:
+        from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+
+        self.datastore = PostgresDatastore(
+            dbname=dbname, host=host, port=port, user=user, password=password, pool_size=writers, max_overflow=writers
+        )
+        self.recorder = PostgresApplicationRecorder(self.datastore, events_table_name="es_events")
+        self.recorder.create_table()
+        self.versions: dict[uuid.UUID, int] = {}
+
+    def append(self, appends: int, per_append: int, writer: int = 0) -> int:
+        from eventsourcing.persistence import StoredEvent
+
+        ids = [uuid.uuid4() for _ in range(64)]
+        state = canonical(payload(0).model_dump(mode="json")).encode()
+        versions = dict.fromkeys(ids, 0)
+        for a in range(appends):
+            oid = ids[a % 64]
+            base = versions[oid]
+            self.recorder.insert_events(
+                [StoredEvent(oid, base + 1 + i, "RunReplied", state) for i in range(per_append)]
+            )
+            versions[oid] = base + per_append
+        return appends * per_append
+
+    def load(self, events: int) -> None:
+        from eventsourcing.persistence import StoredEvent
+
+        state = canonical(payload(0).model_dump(mode="json")).encode()
+        for start in range(0, events, 1000):
+            oid = uuid.uuid4()
+            count = min(1000, events - start)
+            self.recorder.insert_events([StoredEvent(oid, i + 1, "RunReplied", state) for i in range(count)])
+
+    def replay(self) -> int:
+        n, start = 0, 1
+        while True:
+            batch = self.recorder.select_notifications(start, 10_000)
+            n += len(batch)
+            if len(batch) < 10_000:
+                return n
+            start = batch[-1].id + 1
+
+
+def concurrent(system: Any, writers: int, appends: int, per_append: int) -> int:
+    threads = [threading.Thread(target=system.append, args=(appends, per_append, w)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return writers * appends * per_append
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", help="PostgreSQL URL of an empty database (default: a throwaway cluster)")
+    parser.add_argument("--appends", type=int, default=2000, help="appends per append case")
+    parser.add_argument("--replay-events", type=int, default=1_000_000)
+    parser.add_argument("--writers", type=int, default=8)
+    args = parser.parse_args(argv)
+
+    cluster = None
+    if args.db is None:
+        cluster = PgCluster().start()
+        url = cluster.url(cluster.create_database("bench"))
+    else:
+        url = args.db
+    try:
+        run(url, args.appends, args.replay_events, args.writers)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def run(url: str, appends: int, replay_events: int, writers: int) -> None:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    dsn = f"host={parsed.host} port={parsed.port} user={parsed.username} dbname={parsed.database}"
+    if parsed.password:
+        dsn += f" password={parsed.password}"
+    upgrade_database(url)
+    ours, raw = Ours(url), Raw(dsn)
+    es = EventSourcing(parsed.host or "127.0.0.1", parsed.port or 5432, parsed.database or "postgres",
+                       parsed.username or "postgres", parsed.password or "", writers)
+    rows: list[tuple[str, float, float, float]] = []
+    per_writer = max(appends // writers, 50)
+    cases: list[tuple[str, Callable[[Any], int]]] = [
+        ("append, 1 event per append", lambda s: s.append(appends, 1)),
+        ("append, 10 events per append", lambda s: s.append(appends // 2, 10)),
+        (f"append, {writers} concurrent writers x 1 event", lambda s: concurrent(s, writers, per_writer, 1)),
+        (f"append, {writers} concurrent writers x 10 events", lambda s: concurrent(s, writers, per_writer // 2, 10)),
+    ]
+    for label, case in cases:
+        with console.status(label):
+            for system in (ours, raw, es):  # warm up connections and plans
+                system.append(20, 1)
+            rows.append((label, timed(lambda: case(ours)), timed(lambda: case(raw)), timed(lambda: case(es))))
+    with console.status("NOTIFY on the append path"):
+        notifying = Ours(url, notify=True)
+        notify_rate = timed(lambda: notifying.append(appends, 1))
+        plain_rate = timed(lambda: ours.append(appends, 1))
+    with console.status(f"loading {replay_events:,} events into each log"):
+        for system in (ours, raw, es):
+            system.load(replay_events)
+    with console.status("replay"):
+        rows.append(
+            (
+                "replay: read (ours: + decode to typed events)",
+                timed(ours.replay),
+                timed(raw.replay),
+                timed(es.replay),
+            )
+        )
+
+    table = Table(title=f"benchmarks.eventstore on PostgreSQL ({replay_events:,}-event replay, {appends} appends)")
+    for col in ("case", "ledger ev/s", "raw psycopg ev/s", "eventsourcing ev/s", "ledger / raw", "ledger / eventsourcing"):
+        table.add_column(col, justify="right" if col != "case" else "left")
+    for label, a, b, c in rows:
+        table.add_row(label, f"{a:,.0f}", f"{b:,.0f}", f"{c:,.0f}", f"{a / b:.2f}x", f"{a / c:.2f}x")
+    console.print(table)
+    console.print(
+        f"NOTIFY on every append: {notify_rate:,.0f} ev/s vs {plain_rate:,.0f} ev/s without "
+        f"({notify_rate / plain_rate:.2f}x) -- kept off the append path; subscribers poll."
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Checkpoints: each one's outcome, cut position and how long prepare waited, plus trainer restores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict, with_config
+
+from eventstore import RecordedEvent
+from eventstore.events import (
+    CheckpointAborted,
+    CheckpointCommitted,
+    CheckpointPrepareStarted,
+    CheckpointResumed,
+    Event,
+    TrainerRestored,
+)
+from projections.base import TypedProjection
+
+CheckpointStatus = Literal["preparing", "committed", "resumed", "aborted"]
+_FORBID = ConfigDict(extra="forbid")
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class CheckpointState:
+    checkpoint_id: str
+    status: CheckpointStatus = "preparing"
+    participants: list[str] = field(default_factory=list)
+    cut_position: int | None = None
+    prepare_wait_s: dict[str, float] = field(default_factory=dict)
+    abort_reason: str | None = None
+    started_position: int | None = None
+    committed_position: int | None = None
+    resumed_position: int | None = None
+    aborted_position: int | None = None
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class RestoreRecord:
+    position: int
+    cut_position: int | None
+    checkpoint_id: str | None
+    plan: dict[str, int]
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class CheckpointsState:
+    position: int = 0
+    checkpoints: dict[str, CheckpointState] = field(default_factory=dict)
+    restores: list[RestoreRecord] = field(default_factory=list)
+
+    def last_committed(self, at_or_before: int | None = None) -> CheckpointState | None:
+        """The committed (or resumed) checkpoint with the highest cut, optionally no later than a position."""
+        best: CheckpointState | None = None
+        for c in self.checkpoints.values():
+            if c.cut_position is None or c.status not in ("committed", "resumed"):
+                continue
+            if at_or_before is not None and (c.committed_position or 0) > at_or_before:
+                continue
+            if best is None or c.cut_position > (best.cut_position or 0):
+                best = c
+        return best
+
+    def in_doubt(self) -> list[CheckpointState]:
+        """Prepare started, no decision recorded: presumed abort."""
+        return [c for c in self.checkpoints.values() if c.status == "preparing"]
+
+    def to_resume(self) -> list[CheckpointState]:
+        """Committed, agents maybe still paused: recovery finishes the commit and resumes them."""
+        return [c for c in self.checkpoints.values() if c.status == "committed"]
+
+
+class CheckpointsProjection(TypedProjection[CheckpointsState]):
+    name: ClassVar[str] = "checkpoints"
+    version: ClassVar[int] = 1
+    state_type: ClassVar[Any] = CheckpointsState
+
+    def initial(self) -> CheckpointsState:
+        return CheckpointsState()
+
+    def apply(self, state: CheckpointsState, event: RecordedEvent, decoded: Event) -> None:
+        state.position = event.position
+        kind = type(decoded)
+        if kind is CheckpointPrepareStarted:
+            assert isinstance(decoded, CheckpointPrepareStarted)
+            if decoded.checkpoint_id not in state.checkpoints:
+                state.checkpoints[decoded.checkpoint_id] = CheckpointState(
+                    checkpoint_id=decoded.checkpoint_id,
+                    participants=list(decoded.participants),
+                    started_position=event.position,
+                )
+        elif kind is CheckpointCommitted:
+            assert isinstance(decoded, CheckpointCommitted)
+            c = _get(state, decoded.checkpoint_id, decoded.participants)
+            if c.status == "preparing":
+                c.status = "committed"
+                c.cut_position = decoded.cut_position
+                c.prepare_wait_s = dict(decoded.prepare_wait_s)
+                c.committed_position = event.position
+        elif kind is CheckpointResumed:
+            assert isinstance(decoded, CheckpointResumed)
+            c = _get(state, decoded.checkpoint_id, decoded.participants)
+            if c.status == "committed":
+                c.status = "resumed"
+                c.resumed_position = event.position
+        elif kind is CheckpointAborted:
+            assert isinstance(decoded, CheckpointAborted)
+            c = _get(state, decoded.checkpoint_id, decoded.participants)
+            if c.status == "preparing":
+                c.status = "aborted"
+                c.abort_reason = decoded.reason
+                c.prepare_wait_s = dict(decoded.prepare_wait_s)
+                c.aborted_position = event.position
+        elif kind is TrainerRestored:
+            assert isinstance(decoded, TrainerRestored)
+            state.restores.append(
+                RestoreRecord(
+                    position=event.position,
+                    cut_position=decoded.cut_position,
+                    checkpoint_id=decoded.checkpoint_id,
+                    plan=dict(decoded.plan),
+                )
+            )
+
+
+def _get(state: CheckpointsState, checkpoint_id: str, participants: list[str]) -> CheckpointState:
+    # A decision without a prepare in the log is kept (the auditor flags it) rather than dropped.
+    found = state.checkpoints.get(checkpoint_id)
+    if found is None:
+        found = state.checkpoints[checkpoint_id] = CheckpointState(
+            checkpoint_id=checkpoint_id, participants=list(participants)
+        )
+    return found

@@ -1,0 +1,266 @@
+"""The recovery view of the log: `RolloutRecoveryState` (the snapshot) and the restore plan (protocol.md §9).
+
+Both are derived, purely, from the ledger and checkpoints projections: the
+snapshot is the ledger's state in one pydantic model, and the plan is what a
+restarted trainer must do, in order, before it goes on:
+
+1. flush every unpaid ACK debt (the receipts are in the log);
+2. settle each unsealed try the Gym agent may still hold: retire it, adopt it
+   if it finished, dispatch it if it never left the trainer;
+3. mint replacements for siblings whose try is settled without a result
+   (sibling mode) and rerun unsealed groups whole (prompt_group mode), or
+   dead-letter what has spent its retry budget;
+4. presume abort for checkpoints that never committed, finish (resume) those
+   that did;
+5. roll back the claims made after the last committed cut (`TrainerRestored`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gym_agent.wire import AcknowledgeItem, CompletionReceipt
+from projections.base import canonical, sha256_text
+from projections.checkpoints import CheckpointsState, CheckpointState
+from projections.ledger import ArchivedGroup, AttemptState, GroupState, LedgerState
+
+RECOVERY_SCHEMA_VERSION: Final = 1
+RecoverySchemaVersion = Literal[1]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutRecoveryState(_Model):
+    """The saved rollout state as of `position`: what the trainer owns, holds and owes."""
+
+    schema_version: RecoverySchemaVersion = Field(default=RECOVERY_SCHEMA_VERSION, validate_default=True)
+    position: int
+    groups: dict[str, GroupState]
+    archived_groups: dict[str, ArchivedGroup]
+    pending_acks: list[AcknowledgeItem]
+    last_checkpoint: CheckpointState | None
+
+    @classmethod
+    def of(cls, ledger: LedgerState, checkpoints: CheckpointsState | None = None) -> RolloutRecoveryState:
+        # Nested values are the ledger's own dataclasses, already of the right shape: no re-validation.
+        return cls.model_construct(
+            schema_version=RECOVERY_SCHEMA_VERSION,
+            position=ledger.position,
+            groups=ledger.groups,
+            archived_groups=ledger.archived,
+            pending_acks=[
+                AcknowledgeItem.model_construct(agent_name=a, receipt=r) for a, r in ledger.unpaid_debts()
+            ],
+            last_checkpoint=checkpoints.last_committed() if checkpoints is not None else None,
+        )
+
+    def state_hash(self) -> str:
+        return sha256_text(canonical(self.model_dump(mode="json")))
+
+
+class RecoveryView:
+    """The recovery state as a (derived) projection: a name, a version and a state hash."""
+
+    name: ClassVar[str] = "recovery"
+    version: ClassVar[int] = RECOVERY_SCHEMA_VERSION
+
+    @staticmethod
+    def derive(ledger: LedgerState, checkpoints: CheckpointsState | None = None) -> RolloutRecoveryState:
+        return RolloutRecoveryState.of(ledger, checkpoints)
+
+
+# --- the restore plan ----------------------------------------------------------------
+
+TryAction = Literal["adopt", "retire_or_adopt", "dispatch"]
+
+
+class TryToSettle(_Model):
+    """A try the agent may still run or hold.  `adopt`: it finished (a reply or a
+    `completed_unacknowledged` answer is in the log); `retire_or_adopt`: ask the
+    agent with retire first; `dispatch`: minted but never sent, so send it as is."""
+
+    group_id: str
+    rollout_id: str
+    generation_index: int
+    attempt_index: int
+    agent_name: str
+    capture_key: str | None
+    status: str
+    action: TryAction
+
+
+class SiblingToReplace(_Model):
+    """A sibling to mint a try for: a replacement of `replaces`, or (None) its first try, never minted."""
+
+    group_id: str
+    rollout_id: str
+    generation_index: int
+    replaces: int | None
+    next_attempt: int
+
+
+class ClaimToRollBack(_Model):
+    group_id: str
+    train_step: int
+    position: int
+
+
+class RecoveryPlan(_Model):
+    position: int
+    debts_to_flush: dict[str, list[CompletionReceipt]]
+    tries_to_settle: list[TryToSettle]
+    siblings_to_replace: list[SiblingToReplace]
+    groups_to_rerun: list[str]
+    groups_to_dead_letter: list[str]
+    sealed_kept: list[str]
+    checkpoints_to_abort: list[str]
+    checkpoints_to_resume: list[str]
+    claims_to_roll_back: list[ClaimToRollBack]
+    cut_position: int | None
+    checkpoint_id: str | None
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the `TrainerRestored.plan` field."""
+        return {
+            "debts_to_flush": sum(len(v) for v in self.debts_to_flush.values()),
+            "tries_to_settle": len(self.tries_to_settle),
+            "siblings_to_replace": len(self.siblings_to_replace),
+            "groups_to_rerun": len(self.groups_to_rerun),
+            "groups_to_dead_letter": len(self.groups_to_dead_letter),
+            "sealed_kept": len(self.sealed_kept),
+            "checkpoints_to_abort": len(self.checkpoints_to_abort),
+            "checkpoints_to_resume": len(self.checkpoints_to_resume),
+            "claims_to_roll_back": len(self.claims_to_roll_back),
+        }
+
+
+# A try in these states may be running at the agent, or finished there without the trainer knowing.
+_IN_FLIGHT: frozenset[str] = frozenset({"dispatched", "failed"})
+
+
+def _settle_action(attempt: AttemptState) -> TryAction | None:
+    if attempt.status == "minted":
+        return "dispatch"
+    if attempt.status == "replied" or attempt.retire_outcome == "completed_unacknowledged":
+        return "adopt"
+    if attempt.status in _IN_FLIGHT:
+        return "retire_or_adopt"
+    return None  # held/sealed (owned), retired/discarded (settled)
+
+
+def plan_recovery(ledger: LedgerState, checkpoints: CheckpointsState) -> RecoveryPlan:
+    settle: list[TryToSettle] = []
+    replace: list[SiblingToReplace] = []
+    rerun: list[str] = []
+    dead: list[str] = []
+    sealed: list[str] = []
+    for group in ledger.groups.values():
+        if group.status == "sealed":
+            sealed.append(group.group_id)
+            continue
+        if group.status != "open":
+            continue
+        if group.mode == "sibling":
+            _plan_sibling_group(group, settle, replace, dead)
+        else:
+            _plan_prompt_group(group, settle, rerun, dead)
+
+    last = checkpoints.last_committed()
+    cut = last.cut_position if last is not None else None
+    bound = cut if cut is not None else 0
+    holders: list[GroupState | ArchivedGroup] = [*ledger.groups.values(), *ledger.archived.values()]
+    rollback = [
+        ClaimToRollBack(group_id=g.group_id, train_step=c.train_step, position=c.position)
+        for g in holders
+        for c in g.claims
+        if c.position > bound
+    ]
+    return RecoveryPlan(
+        position=ledger.position,
+        debts_to_flush={a: list(owed.values()) for a, owed in ledger.debts.items() if owed},
+        tries_to_settle=settle,
+        siblings_to_replace=replace,
+        groups_to_rerun=rerun,
+        groups_to_dead_letter=dead,
+        sealed_kept=sealed,
+        checkpoints_to_abort=[c.checkpoint_id for c in checkpoints.in_doubt()],
+        checkpoints_to_resume=[c.checkpoint_id for c in checkpoints.to_resume()],
+        claims_to_roll_back=sorted(rollback, key=lambda c: c.position),
+        cut_position=cut,
+        checkpoint_id=last.checkpoint_id if last is not None else None,
+    )
+
+
+def _try(group: GroupState, generation_index: int, attempt: AttemptState, action: TryAction) -> TryToSettle:
+    return TryToSettle(
+        group_id=group.group_id,
+        rollout_id=attempt.rollout_id,
+        generation_index=generation_index,
+        attempt_index=attempt.attempt_index,
+        agent_name=attempt.agent_name or group.agent_name,
+        capture_key=attempt.capture_key,
+        status=attempt.status,
+        action=action,
+    )
+
+
+def _plan_sibling_group(
+    group: GroupState, settle: list[TryToSettle], replace: list[SiblingToReplace], dead: list[str]
+) -> None:
+    exhausted = False
+    for index in range(group.expected_generations):
+        if index not in group.siblings:
+            replace.append(
+                SiblingToReplace(
+                    group_id=group.group_id,
+                    rollout_id=f"{group.group_id}_g{index}",
+                    generation_index=index,
+                    replaces=None,
+                    next_attempt=0,
+                )
+            )
+    for index in sorted(group.siblings):
+        sibling = group.siblings[index]
+        attempt = sibling.current
+        if sibling.status == "sealed" or attempt is None:
+            continue
+        action = _settle_action(attempt)
+        if action is not None:
+            settle.append(_try(group, index, attempt, action))
+        elif attempt.status in ("retired", "discarded"):
+            if attempt.attempt_index + 1 >= group.max_tries:
+                exhausted = True
+            else:
+                replace.append(
+                    SiblingToReplace(
+                        group_id=group.group_id,
+                        rollout_id=sibling.rollout_id,
+                        generation_index=index,
+                        replaces=attempt.attempt_index,
+                        next_attempt=attempt.attempt_index + 1,
+                    )
+                )
+    if exhausted:
+        dead.append(group.group_id)
+
+
+def _plan_prompt_group(
+    group: GroupState, settle: list[TryToSettle], rerun: list[str], dead: list[str]
+) -> None:
+    # A partly finished group is never reused (protocol.md §4): settle what the agent may hold, then rerun whole.
+    for index in sorted(group.siblings):
+        attempt = group.siblings[index].current
+        if attempt is None:
+            continue
+        action = _settle_action(attempt)
+        # A try that never left the trainer is not sent: the round it belongs to is thrown away.
+        if action is not None and action != "dispatch":
+            settle.append(_try(group, index, attempt, action))
+    if group.tries_used >= group.max_tries:
+        dead.append(group.group_id)
+    else:
+        rerun.append(group.group_id)

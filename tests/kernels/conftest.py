@@ -1,0 +1,32 @@
+"""Kernel tests run Triton's CPU interpreter unless told otherwise.
+
+``TRITON_INTERPRET`` must be set before any ``triton.jit`` decoration. The kernels in
+``workers.kernels`` decorate lazily (on their first launch), so setting it here is early enough even
+when another conftest has already imported torch, triton or ``workers.kernels``. ``setdefault`` lets a
+GPU machine run the same tests on compiled kernels with ``TRITON_INTERPRET=0 pytest tests/kernels``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+INTERPRET = os.environ["TRITON_INTERPRET"].lower() in ("1", "true", "on", "yes")
+DEVICE = torch.device("cpu") if INTERPRET else torch.device("cuda")
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """Where the Triton kernels run: the CPU interpreter, or CUDA when TRITON_INTERPRET=0."""
+    if not INTERPRET and not torch.cuda.is_available():
+        pytest.skip("TRITON_INTERPRET=0 and no CUDA device: the Triton kernels cannot run")
+    return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)

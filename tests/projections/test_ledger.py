@@ -1,0 +1,159 @@
+"""The ledger fold and the recovery plan derived from it."""
+
+from __future__ import annotations
+
+from eventstore import EventStore
+from projections.base import fold
+from projections.checkpoints import CheckpointsProjection, CheckpointsState
+from projections.ledger import LedgerProjection, LedgerState
+from projections.recovery import RECOVERY_SCHEMA_VERSION, RolloutRecoveryState, plan_recovery
+from tests.projections.builder import LogBuilder
+
+
+def ledger_of(store: EventStore) -> LedgerState:
+    return fold(LedgerProjection(), store.read_all())
+
+
+def checkpoints_of(store: EventStore) -> CheckpointsState:
+    return fold(CheckpointsProjection(), store.read_all())
+
+
+def test_sibling_group_lifecycle(store: EventStore, log: LogBuilder) -> None:
+    log.reserve("p1", 2)
+    log.mint("p1")
+    log.dispatch("p1_g0")
+    log.dispatch("p1_g1")
+    log.reply("p1_g0", reward=0.5)
+    log.seal("p1_g0", reward=0.5)
+    state = ledger_of(store)
+    group = state.groups["p1"]
+    assert group.status == "open" and group.mode == "sibling" and group.tries_used == 1
+    assert group.stream_version == store.stream_version("group-p1")
+    s0, s1 = group.siblings[0], group.siblings[1]
+    assert (s0.status, s0.sealed_attempt, s0.reward) == ("sealed", 0, 0.5)
+    assert s0.attempts[0].status == "sealed" and s0.attempts[0].receipt is not None
+    assert s1.attempts[0].status == "dispatched" and s1.attempts[0].capture_key == "p1_g1"
+    assert [r.rollout_id for _, r in state.unpaid_debts()] == ["p1_g0"]
+    assert state.unpaid_debts("other") == []
+
+    log.ack("p1_g0")
+    log.fail("p1_g1")
+    log.replace("p1_g1", 1, retire="cancelled")
+    log.dispatch("p1_g1", 1)
+    log.reply("p1_g1", 1)
+    log.seal("p1_g1", 1)
+    log.ack("p1_g1", 1)
+    log.seal_group("p1", {0: 0, 1: 1})
+    log.claim("p1", 3)
+    state = ledger_of(store)
+    group = state.groups["p1"]
+    assert group.status == "sealed" and group.tries_used == 2 and group.claimed_steps == [3]
+    assert group.siblings[1].attempts[0].status == "retired"
+    assert group.siblings[1].attempts[0].failures == ["deadline: deadline passed"]
+    assert group.siblings[1].current_attempt == 1 and group.siblings[1].sealed_attempt == 1
+    assert state.unpaid_debts() == []
+    assert state.position == store.head()
+
+
+def test_prompt_group_abandon_and_rerun(store: EventStore, log: LogBuilder) -> None:
+    log.reserve("g", 2, mode="prompt_group")
+    log.mint("g")
+    log.dispatch("g_g0")
+    log.dispatch("g_g1")
+    log.reply("g_g0")
+    log.hold("g_g0")
+    log.fail("g_g1", kind="env")
+    log.retire("g_g1", 0, "tombstoned")
+    log.abandon("g", {0: 0, 1: 0})
+    state = ledger_of(store)
+    group = state.groups["g"]
+    assert group.abandoned_rounds == 1 and group.siblings[0].status == "pending"
+    assert group.siblings[0].attempts[0].status == "discarded"
+    assert group.siblings[1].attempts[0].status == "retired"
+    # The held sibling's debt stays until it is ACKed, abandoned or not.
+    assert [r.rollout_id for _, r in state.unpaid_debts()] == ["g_g0"]
+    log.replace("g_g0", 1)
+    log.replace("g_g1", 1)
+    assert ledger_of(store).groups["g"].tries_used == 2
+
+
+def test_rejections(store: EventStore, log: LogBuilder) -> None:
+    log.clean_sibling_group("p", 2)
+    log.reserve("q", 2)
+    log.mint("q")
+    for i in range(2):
+        log.dispatch(f"q_g{i}")
+        log.reply(f"q_g{i}")
+        log.seal(f"q_g{i}")
+    log.reject("q_g0", error="unknown_execution")
+    log.reject("q_g1", error="receipt_mismatch")
+    assert [r.rollout_id for _, r in ledger_of(store).unpaid_debts()] == ["q_g1"]
+
+
+def test_dump_load_round_trip(store: EventStore, log: LogBuilder) -> None:
+    log.clean_sibling_group("p", 3, step=1)
+    log.reserve("q", 2, mode="prompt_group")
+    log.mint("q")
+    log.dispatch("q_g0")
+    log.reply("q_g0")
+    log.hold("q_g0")
+    projection = LedgerProjection()
+    state = ledger_of(store)
+    again = projection.loads(projection.dumps(state))
+    assert again == state
+    assert projection.state_hash(again) == projection.state_hash(state)
+    assert projection.load(projection.dump(state)) == state
+
+
+def test_archive_after_committed_cut(store: EventStore, log: LogBuilder) -> None:
+    log.clean_sibling_group("p", 2, step=1)
+    log.clean_sibling_group("q", 2)  # sealed, never claimed: stays in play
+    log.checkpoint("c1")
+    state = ledger_of(store)
+    assert "p" in state.archived and "p" not in state.groups and state.knows_group("p")
+    assert "q" in state.groups
+    assert state.archived["p"].claimed_steps == [1]
+
+
+def test_recovery_state_and_plan(store: EventStore, log: LogBuilder) -> None:
+    log.clean_sibling_group("done", 1, step=0)
+    log.checkpoint("c1")
+    cut = checkpoints_of(store).checkpoints["c1"].cut_position
+    log.clean_sibling_group("late", 1, step=1)  # claimed after the cut: rolled back
+    log.reserve("s", 4)
+    log.mint("s", 4)
+    log.dispatch("s_g0")  # in flight
+    log.dispatch("s_g1")
+    log.reply("s_g1")  # replied, never sealed: adopt
+    log.dispatch("s_g2")
+    log.fail("s_g2")
+    log.retire("s_g2", 0, "cancelled")  # settled without a result: replace
+    log.dispatch("s_g3")
+    log.reply("s_g3")
+    log.seal("s_g3")  # sealed, debt unpaid: flush
+    log.reserve("pg", 2, mode="prompt_group")
+    log.mint("pg")
+    log.dispatch("pg_g0")
+    log.prepare("c2")  # never decided: presumed abort
+    ledger, checkpoints = ledger_of(store), checkpoints_of(store)
+
+    snapshot = RolloutRecoveryState.of(ledger, checkpoints)
+    data = snapshot.model_dump(mode="json")
+    assert data["schema_version"] == RECOVERY_SCHEMA_VERSION
+    assert [a["receipt"]["rollout_id"] for a in data["pending_acks"]] == ["s_g3"]
+    assert RolloutRecoveryState.model_validate(data).state_hash() == snapshot.state_hash()
+
+    plan = plan_recovery(ledger, checkpoints)
+    assert [r.rollout_id for r in plan.debts_to_flush["agent-a"]] == ["s_g3"]
+    actions = {(t.rollout_id, t.action) for t in plan.tries_to_settle}
+    assert actions == {("s_g0", "retire_or_adopt"), ("s_g1", "adopt"), ("pg_g0", "retire_or_adopt")}
+    assert [(s.rollout_id, s.next_attempt) for s in plan.siblings_to_replace] == [("s_g2", 1)]
+    assert plan.groups_to_rerun == ["pg"]
+    assert plan.checkpoints_to_abort == ["c2"] and plan.checkpoints_to_resume == []
+    assert plan.cut_position == cut and plan.checkpoint_id == "c1"
+    assert [c.group_id for c in plan.claims_to_roll_back] == ["late"]
+    assert plan.summary()["claims_to_roll_back"] == 1
+    assert "late" in plan.sealed_kept
+
+    log.restored(plan.cut_position, plan.checkpoint_id, plan.summary())
+    assert ledger_of(store).groups["late"].claims == []

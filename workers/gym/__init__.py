@@ -1,0 +1,42 @@
+"""The trainer's side of the Gym agent HTTP contract (`gym-agent-api.md`)."""
+
+from workers.gym.client import GymClient, verify_receipt
+from workers.gym.errors import (
+    AgentServerError,
+    AgentTimeoutError,
+    AgentUnavailableError,
+    BadResponseError,
+    CheckpointConflictError,
+    ConnectionLostError,
+    GoneError,
+    GymError,
+    InvalidPhaseError,
+    InvalidRequestError,
+    NotFoundError,
+    NotReadyError,
+    PhaseFenceError,
+    ReceiptMismatchError,
+    StaleCheckpointError,
+    UnauthorizedError,
+)
+
+__all__ = [
+    "AgentServerError",
+    "AgentTimeoutError",
+    "AgentUnavailableError",
+    "BadResponseError",
+    "CheckpointConflictError",
+    "ConnectionLostError",
+    "GoneError",
+    "GymClient",
+    "GymError",
+    "InvalidPhaseError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "NotReadyError",
+    "PhaseFenceError",
+    "ReceiptMismatchError",
+    "StaleCheckpointError",
+    "UnauthorizedError",
+    "verify_receipt",
+]

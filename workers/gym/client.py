@@ -1,0 +1,326 @@
+"""The trainer's async client of one Gym agent.
+
+Two connection pools: `/run` calls are long and many, so they get their own pool and no default
+timeout (the trainer's lease deadline governs them); control calls go through a second pool with a 60 s
+default timeout, so they never queue behind open runs (protocol.md §8).  Every reply is checked
+against its wire model; every refusal becomes a typed exception from `workers.gym.errors`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from gym_agent.wire import (
+    CHECKPOINT_CONFLICT,
+    GONE,
+    INVALID_PHASE,
+    NOT_READY,
+    STALE_CHECKPOINT,
+    AcknowledgeItem,
+    AcknowledgeRequest,
+    AcknowledgeResponse,
+    AcknowledgeResult,
+    AgentStatus,
+    Capabilities,
+    CheckpointRequest,
+    CompletionReceipt,
+    CrashAfter,
+    DebugRuns,
+    Health,
+    NotReadyResponse,
+    OkResponse,
+    PhaseResponse,
+    PrepareRequest,
+    RateFaults,
+    RetireRequest,
+    RetireResponse,
+    RunReply,
+    RunRequest,
+    TokenEntry,
+    TryFault,
+    capture_key,
+    reply_digest,
+)
+from workers.gym.errors import (
+    AgentServerError,
+    AgentTimeoutError,
+    AgentUnavailableError,
+    BadResponseError,
+    CheckpointConflictError,
+    ConnectionLostError,
+    GoneError,
+    GymError,
+    InvalidPhaseError,
+    InvalidRequestError,
+    NotFoundError,
+    NotReadyError,
+    ReceiptMismatchError,
+    StaleCheckpointError,
+    UnauthorizedError,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_CONTROL_TIMEOUT_S = 60.0
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+# prepare waits server-side up to its own timeout_s; the HTTP call gets this much on top.
+PREPARE_MARGIN_S = 15.0
+_TOKEN_LIST = TypeAdapter(list[TokenEntry])
+_FENCE_ERRORS: dict[str, type[GymError]] = {
+    CHECKPOINT_CONFLICT: CheckpointConflictError,
+    INVALID_PHASE: InvalidPhaseError,
+    STALE_CHECKPOINT: StaleCheckpointError,
+}
+
+
+def verify_receipt(reply: RunReply, receipt: CompletionReceipt) -> None:
+    """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (protocol.md §2.4)."""
+    expected = {
+        "rollout_id": reply.rollout_id,
+        "attempt_index": reply.attempt_index,
+        "result_identity": reply.id,
+        "result_digest": reply_digest(reply.model_dump(mode="json", by_alias=True)),
+        "manifest_capture_key": capture_key(reply.rollout_id, reply.attempt_index),
+    }
+    wrong = {k: (getattr(receipt, k), v) for k, v in expected.items() if getattr(receipt, k) != v}
+    if wrong:
+        detail = ", ".join(f"{k}: receipt {got!r} != reply {want!r}" for k, (got, want) in wrong.items())
+        raise ReceiptMismatchError(
+            f"completion receipt does not match the reply of {reply.rollout_id}: {detail}"
+        )
+
+
+class GymClient:
+    def __init__(
+        self,
+        base_url: str,
+        agent_name: str,
+        *,
+        token: str | None = None,
+        run_timeout_s: float | None = None,
+        control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_run_connections: int = 1024,
+        max_control_connections: int = 16,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.agent_name = agent_name
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        self.control_timeout_s = control_timeout_s
+        self._run = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(run_timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=max_run_connections, max_keepalive_connections=max_run_connections
+            ),
+        )
+        self._control = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(control_timeout_s, connect=min(connect_timeout_s, control_timeout_s)),
+            limits=httpx.Limits(
+                max_connections=max_control_connections, max_keepalive_connections=max_control_connections
+            ),
+        )
+
+    def __repr__(self) -> str:  # the token stays out of reprs
+        return f"GymClient({self.base_url!r}, agent_name={self.agent_name!r})"
+
+    async def aclose(self) -> None:
+        await self._run.aclose()
+        await self._control.aclose()
+
+    async def __aenter__(self) -> GymClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- transport -----------------------------------------------------------------------------------
+
+    async def _send(
+        self,
+        pool: httpx.AsyncClient,
+        method: str,
+        path: str,
+        *,
+        body: BaseModel | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """One call; returns the decoded JSON of a 200, raises a typed error otherwise."""
+        what = f"{method} {self.base_url}{path}"
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs["content"] = json.dumps(body.model_dump(mode="json", by_alias=True)).encode()
+            kwargs["headers"] = {"Content-Type": "application/json"}
+        if timeout_s is not None:
+            kwargs["timeout"] = httpx.Timeout(timeout_s, connect=min(timeout_s, DEFAULT_CONNECT_TIMEOUT_S))
+        try:
+            response = await pool.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise AgentTimeoutError(f"{what}: timed out ({type(exc).__name__})") from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise ConnectionLostError(f"{what}: connection lost before a complete reply ({exc})") from exc
+        except httpx.TransportError as exc:
+            raise AgentUnavailableError(f"{what}: agent unreachable ({type(exc).__name__}: {exc})") from exc
+        try:
+            payload = response.json()
+        except ValueError:
+            raise BadResponseError(
+                f"{what}: HTTP {response.status_code} with a body that is not JSON: {response.text[:200]!r}",
+                status_code=response.status_code,
+            ) from None
+        if response.status_code == 200:
+            return payload
+        self._raise_refusal(what, response.status_code, payload)
+
+    @staticmethod
+    def _raise_refusal(what: str, code: int, payload: Any) -> None:
+        error = payload.get("error") if isinstance(payload, dict) else None
+        message = payload.get("message") if isinstance(payload, dict) else None
+        text = f"{what}: HTTP {code} {error or ''}: {message or payload!r}"
+        if code == 409 and error == NOT_READY:
+            try:
+                nr = NotReadyResponse.model_validate(payload)
+            except ValidationError as exc:
+                raise BadResponseError(
+                    f"{what}: malformed not_ready answer: {exc}", status_code=code
+                ) from None
+            raise NotReadyError(text, status=nr.status, attempts=nr.completed_unacknowledged_attempts)
+        if code == 409 and error in _FENCE_ERRORS:
+            raise _FENCE_ERRORS[error](str(message), status_code=code, error=error)
+        cls: type[GymError]
+        if code == 401:
+            cls = UnauthorizedError
+        elif code == 404:
+            cls = NotFoundError
+        elif code == 410 and error == GONE:
+            cls = GoneError
+        elif code in (400, 413, 422):
+            cls = InvalidRequestError
+        elif code >= 500:
+            cls = AgentServerError
+        else:
+            cls = BadResponseError
+        raise cls(text, status_code=code, error=error)
+
+    def _parse(self, model: type[M], payload: Any, what: str) -> M:
+        try:
+            return model.model_validate(payload)
+        except ValidationError as exc:
+            raise BadResponseError(f"{self.base_url} {what}: reply fails {model.__name__}: {exc}") from None
+
+    # -- the run pool ----------------------------------------------------------------------------------
+
+    async def run(self, request: RunRequest, *, timeout_s: float | None = None) -> RunReply:
+        """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it."""
+        payload = await self._send(self._run, "POST", "/run", body=request, timeout_s=timeout_s)
+        reply = self._parse(RunReply, payload, "/run")
+        if (reply.rollout_id, reply.attempt_index) != (request.rollout_id, request.attempt_index):
+            raise BadResponseError(
+                f"{self.base_url} /run answered for ({reply.rollout_id}, {reply.attempt_index}) "
+                f"instead of ({request.rollout_id}, {request.attempt_index})"
+            )
+        return reply
+
+    # -- the control pool ------------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        return self._parse(Health, await self._send(self._control, "GET", "/health"), "/health")
+
+    async def capabilities(self) -> Capabilities:
+        return self._parse(
+            Capabilities, await self._send(self._control, "GET", "/capabilities"), "/capabilities"
+        )
+
+    async def status(self) -> AgentStatus:
+        return self._parse(AgentStatus, await self._send(self._control, "GET", "/status"), "/status")
+
+    async def completion_receipt(self, rollout_id: str, attempt_index: int) -> CompletionReceipt:
+        path = f"/completion_receipt/{rollout_id}/{attempt_index}"
+        receipt = self._parse(CompletionReceipt, await self._send(self._control, "GET", path), path)
+        if receipt.attempt != (rollout_id, attempt_index):
+            raise BadResponseError(f"{self.base_url}{path}: receipt names {receipt.attempt}")
+        return receipt
+
+    async def token_capture(self, capture_key: str) -> list[TokenEntry]:
+        path = f"/token_capture/{capture_key}"
+        payload = await self._send(self._control, "GET", path)
+        try:
+            entries = _TOKEN_LIST.validate_python(payload)
+        except ValidationError as exc:
+            raise BadResponseError(f"{self.base_url}{path}: reply fails list[TokenEntry]: {exc}") from None
+        if any(e.rollout_id != capture_key for e in entries):
+            raise BadResponseError(f"{self.base_url}{path}: token records of another capture key")
+        return entries
+
+    async def acknowledge(self, receipts: Sequence[CompletionReceipt]) -> list[AcknowledgeResult]:
+        """ONE `/acknowledge` request carrying every receipt; one result per receipt, in order."""
+        if not receipts:
+            return []
+        body = AcknowledgeRequest(
+            executions=[AcknowledgeItem(agent_name=self.agent_name, receipt=r) for r in receipts]
+        )
+        answer = self._parse(
+            AcknowledgeResponse,
+            await self._send(self._control, "POST", "/acknowledge", body=body),
+            "/acknowledge",
+        )
+        if [(r.rollout_id, r.attempt_index) for r in answer.results] != [r.attempt for r in receipts]:
+            raise BadResponseError(f"{self.base_url}/acknowledge: results do not match the receipts sent")
+        return answer.results
+
+    async def retire(
+        self, rollout_id: str, attempt_index: int, checkpoint_id: str | None = None
+    ) -> RetireResponse:
+        body = RetireRequest(rollout_id=rollout_id, attempt_index=attempt_index, checkpoint_id=checkpoint_id)
+        return self._parse(
+            RetireResponse, await self._send(self._control, "POST", "/retire", body=body), "/retire"
+        )
+
+    async def prepare(self, checkpoint_id: str, timeout_s: float = 300.0) -> PhaseResponse:
+        """Ready: the answer (phase `prepared`). Not ready: raises `NotReadyError` listing the tries to ACK/adopt."""
+        body = PrepareRequest(checkpoint_id=checkpoint_id, timeout_s=timeout_s)
+        http_timeout = max(self.control_timeout_s, timeout_s + PREPARE_MARGIN_S)
+        payload = await self._send(
+            self._control, "POST", "/checkpoint/prepare", body=body, timeout_s=http_timeout
+        )
+        return self._parse(PhaseResponse, payload, "/checkpoint/prepare")
+
+    async def _phase_call(self, op: str, checkpoint_id: str) -> PhaseResponse:
+        path = f"/checkpoint/{op}"
+        payload = await self._send(
+            self._control, "POST", path, body=CheckpointRequest(checkpoint_id=checkpoint_id)
+        )
+        return self._parse(PhaseResponse, payload, path)
+
+    async def commit(self, checkpoint_id: str) -> PhaseResponse:
+        return await self._phase_call("commit", checkpoint_id)
+
+    async def resume(self, checkpoint_id: str) -> PhaseResponse:
+        return await self._phase_call("resume", checkpoint_id)
+
+    async def abort(self, checkpoint_id: str) -> PhaseResponse:
+        """Idempotent for an aborted or never-seen checkpoint (presumed abort)."""
+        return await self._phase_call("abort", checkpoint_id)
+
+    # -- reference-agent debugging -----------------------------------------------------------------------
+
+    async def set_faults(self, fault: TryFault | RateFaults | CrashAfter) -> None:
+        self._parse(
+            OkResponse, await self._send(self._control, "POST", "/debug/faults", body=fault), "/debug/faults"
+        )
+
+    async def debug_runs(self) -> dict[str, int]:
+        return self._parse(
+            DebugRuns, await self._send(self._control, "GET", "/debug/runs"), "/debug/runs"
+        ).runs

@@ -1,0 +1,27 @@
+"""Errors the rollout coordinator raises to its caller."""
+
+from __future__ import annotations
+
+
+class RolloutError(Exception):
+    """Base of the coordinator's own errors."""
+
+
+class FencedOff(RolloutError):
+    """Another coordinator appended to a stream this one writes: this one is stale and has stopped for good."""
+
+
+class CoordinatorStopped(RolloutError):
+    """The coordinator was closed (or fenced off, or lost its database) and accepts no more work."""
+
+
+class UnknownGroup(RolloutError):
+    """A call names a group the log does not know."""
+
+
+class NotSealed(RolloutError):
+    """Only a sealed group can be claimed for training."""
+
+
+class AlreadyClaimed(RolloutError):
+    """A group is trained on once (unless a restore rolled the claim back)."""
