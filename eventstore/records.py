@@ -66,6 +66,8 @@ class NewEvent:
     event_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int | None = None
+    # Set by `of()`: the JSON text of an already-validated typed event, stored as is.
+    validated_json: str | None = field(default=None, repr=False)
 
     @classmethod
     def of(
@@ -78,6 +80,7 @@ class NewEvent:
             event_id=str(event_id) if event_id is not None else None,
             metadata=metadata or {},
             schema_version=event.schema_version,
+            validated_json=event.model_dump_json(),
         )
 
 

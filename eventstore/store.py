@@ -356,6 +356,7 @@ class UnitOfWork:
 
 
 def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """Validates one event and renders the exact JSON text that is stored and hashed."""
     if isinstance(event, Event):
         event = NewEvent.of(event)
     elif not isinstance(event, NewEvent):
@@ -368,18 +369,23 @@ def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[s
         raise UnknownSchemaVersion(
             f"{event.type} schema version {version} is newer than this writer's {cls.schema_version}"
         )
-    if version == cls.schema_version:
-        try:  # a NewEvent is checked against its model before anything is written
-            cls.model_validate(event.data)
-        except ValidationError as exc:
-            raise InvalidEvent(
-                f"{event.type} payload does not validate, nothing was written: {exc}"
-            ) from None
+    data = event.validated_json
+    if data is None:
+        if version == cls.schema_version:
+            try:  # an untyped event is checked against its model before anything is written
+                cls.model_validate(event.data)
+            except ValidationError as exc:
+                raise InvalidEvent(
+                    f"{event.type} payload does not validate, nothing was written: {exc}"
+                ) from None
+        try:
+            data = canonical(event.data)
+        except (TypeError, ValueError) as exc:
+            raise InvalidEvent(f"{event.type} payload is not JSON-serialisable: {exc}") from None
     try:
-        data = canonical(event.data)
         meta = canonical({**_WRITER, "wall_time": time.time(), **(metadata or {}), **event.metadata})
     except (TypeError, ValueError) as exc:
-        raise InvalidEvent(f"{event.type} payload is not JSON-serialisable: {exc}") from None
+        raise InvalidEvent(f"metadata is not JSON-serialisable: {exc}") from None
     if event.event_id is not None:
         try:
             event_id = str(uuid.UUID(str(event.event_id)))

@@ -257,7 +257,7 @@ def _plan_prompt_group(
         if attempt is None:
             continue
         action = _settle_action(attempt)
-        # A try that never left the trainer is not sent: the round it belongs to is thrown away.
+        # A try that never left the trainer is not sent: the round it belongs to is thrown away whole.
         if action is not None and action != "dispatch":
             settle.append(_try(group, index, attempt, action))
     if group.tries_used >= group.max_tries:

@@ -8,7 +8,9 @@ against its wire model; every refusal becomes a typed exception from `workers.gy
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -79,6 +81,12 @@ _FENCE_ERRORS: dict[str, type[GymError]] = {
 }
 
 
+@functools.cache
+def _default_ssl_context() -> ssl.SSLContext:
+    # Loading the CA bundle costs tens of milliseconds; one context serves every client of the process.
+    return httpx.create_ssl_context()
+
+
 def verify_receipt(reply: RunReply, receipt: CompletionReceipt) -> None:
     """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (protocol.md §2.4)."""
     expected = {
@@ -108,14 +116,17 @@ class GymClient:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_run_connections: int = 1024,
         max_control_connections: int = 16,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.agent_name = agent_name
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
         self.control_timeout_s = control_timeout_s
+        verify = ssl_context if ssl_context is not None else _default_ssl_context()
         self._run = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
+            verify=verify,
             timeout=httpx.Timeout(run_timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(
                 max_connections=max_run_connections, max_keepalive_connections=max_run_connections
@@ -124,6 +135,7 @@ class GymClient:
         self._control = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
+            verify=verify,
             timeout=httpx.Timeout(control_timeout_s, connect=min(connect_timeout_s, control_timeout_s)),
             limits=httpx.Limits(
                 max_connections=max_control_connections, max_keepalive_connections=max_control_connections

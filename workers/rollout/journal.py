@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,11 +34,6 @@ APPEND_RETRIES = 5
 
 
 @dataclass
-class Blob:
-    content: bytes
-
-
-@dataclass
 class Journal:
     store: EventStore
     ledger_projection: LedgerProjection = field(default_factory=LedgerProjection)
@@ -61,7 +55,7 @@ class Journal:
     # --- reading --------------------------------------------------------------------------------
 
     def _catch_up_sync(self) -> None:
-        states, last = fold_many(
+        _, last = fold_many(
             [self.ledger_projection, self.checkpoints_projection],
             self.store.read_all(self.position),
             [self.ledger, self.checkpoints],
@@ -105,9 +99,12 @@ class Journal:
             events = list(build(self.ledger) if callable(build) else build)
             if not events:
                 return []
-            stream_stale = await asyncio.to_thread(self._stream_moved, stream)
+            stream_stale = self._stream_moved(stream)
             if stream_stale:
                 self._fence(stream, stream_stale)
+            if stream not in self.versions and not stream.startswith("group-"):
+                # Checkpoint and trainer streams are not fenced per group; start from what the log holds.
+                self.versions[stream] = await asyncio.to_thread(self.store.stream_version, stream)
             expected = self.versions.get(stream, ExpectedVersion.NO_STREAM)
             delay = 0.05
             for attempt in range(APPEND_RETRIES):
@@ -147,8 +144,7 @@ class Journal:
     def _append_sync(self, stream: str, events: list[Event], blobs: Sequence[bytes], expected: int) -> int:
         start = expected + 1 if expected >= 0 else 0
         news = [
-            NewEvent.of(e, event_id=_event_id(stream, start + i, e), metadata={"wall": time.time()})
-            for i, e in enumerate(events)
+            NewEvent.of(e, event_id=_event_id(stream, start + i, e)) for i, e in enumerate(events)
         ]
         with self.store.transaction() as tx:
             for blob in blobs:

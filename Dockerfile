@@ -1,0 +1,17 @@
+# The project image.  CPU torch by default; `--build-arg TORCH_INDEX=<a CUDA wheel index>` for a GPU worker.
+FROM python:3.11-slim
+ARG TORCH_SPEC="torch==2.13.0"
+ARG TORCH_INDEX=""
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY eventstore eventstore
+COPY projections projections
+COPY workers workers
+COPY gym_agent gym_agent
+COPY migrations migrations
+COPY cli cli
+COPY benchmarks benchmarks
+RUN if [ -n "$TORCH_INDEX" ]; then pip install --no-cache-dir --index-url "$TORCH_INDEX" "$TORCH_SPEC"; \
+    else pip install --no-cache-dir "$TORCH_SPEC"; fi \
+    && pip install --no-cache-dir -e .
+ENTRYPOINT []

@@ -1,0 +1,800 @@
+"""The auditor: every invariant of events.md as a named rule, checked in one pass over the log.
+
+Each violation names its rule, the positions of the events involved and a
+sentence.  A row the reader cannot use (unknown type or schema version, a
+payload that does not validate, a hash that does not verify, a hole in the
+positions) is itself a violation: the auditor reports it and carries on.
+
+The rule checks are a fold like any other projection (`AuditProjection`);
+the row checks (hash chain, digests of stored projection checkpoints,
+decoding) need the full rows and the database around them, so `audit_log`
+wraps the fold with them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
+
+from pydantic import ConfigDict, with_config
+
+from eventstore import EventStore, RecordedEvent
+from eventstore.events import (
+    AckAccepted,
+    AckOwed,
+    AckRejected,
+    AttemptMinted,
+    AttemptRetired,
+    CheckpointAborted,
+    CheckpointCommitted,
+    CheckpointPrepareStarted,
+    CheckpointResumed,
+    Event,
+    GroupAbandoned,
+    GroupClaimedForTraining,
+    GroupDeadLettered,
+    GroupReserved,
+    GroupSealed,
+    ReceiptFetched,
+    ReplacementMinted,
+    RunDispatched,
+    RunReplied,
+    SiblingHeld,
+    SiblingSealed,
+    TrainerRestored,
+)
+from eventstore.records import GENESIS_HASH
+from gym_agent.wire import CompletionReceipt
+from projections.base import DECODE_ERRORS, TypedProjection
+from projections.digest import BLOCK, StoredDigest
+from projections.ledger import GROUP_STREAM_PREFIX
+from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
+
+NO_REUSED_TRY: Final = "no-reused-try"
+SEAL_BEFORE_ACK: Final = "seal-before-ack"
+DEBT_UNTIL_ACCEPTED: Final = "debt-until-accepted"
+NO_STRANDED_RESULT: Final = "no-stranded-result"
+RETIRE_BEFORE_REPLACE: Final = "retire-before-replace"
+RECEIPT_MATCHES: Final = "receipt-matches"
+GROUP_SEAL_COMPLETE: Final = "group-seal-complete"
+CHECKPOINT_CLEAN: Final = "checkpoint-clean"
+HASH_CHAIN: Final = "hash-chain"
+TRAINED_ONCE: Final = "trained-once"
+BOUNDED_RETRIES: Final = "bounded-retries"
+# Not an invariant of events.md: a row the reader cannot decode, reported rather than skipped silently.
+EVENT_READABLE: Final = "event-readable"
+
+RULES: Final = (
+    NO_REUSED_TRY,
+    SEAL_BEFORE_ACK,
+    DEBT_UNTIL_ACCEPTED,
+    NO_STRANDED_RESULT,
+    RETIRE_BEFORE_REPLACE,
+    RECEIPT_MATCHES,
+    GROUP_SEAL_COMPLETE,
+    CHECKPOINT_CLEAN,
+    HASH_CHAIN,
+    TRAINED_ONCE,
+    BOUNDED_RETRIES,
+    EVENT_READABLE,
+)
+# The plan key of `TrainerRestored` that counts the debts a restarted trainer flushes (RecoveryPlan.summary).
+PLAN_DEBTS_KEY: Final = "debts_to_flush"
+_MAX_LISTED: Final = 20  # positions named in one violation; the message gives the full count
+
+_FORBID = ConfigDict(extra="forbid")
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class Violation:
+    rule: str
+    positions: list[int]
+    message: str
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class TryFacts:
+    """What the log has said so far about one try (rollout_id, attempt_index)."""
+
+    group_id: str
+    minted: int
+    agent: str | None = None
+    dispatched: int | None = None
+    # The agent's execution generation known when the try was dispatched (or its receipt's).
+    generation: int | None = None
+    finished: int | None = None  # first evidence that the agent finished it
+    reply_digest: str | None = None
+    replied: int | None = None
+    fetched: CompletionReceipt | None = None
+    fetched_agent: str | None = None
+    fetched_at: int | None = None
+    owed: int | None = None
+    paid: int | None = None
+    rejected_unknown: int | None = None
+    retire: str | None = None
+    retired_at: int | None = None
+    sealed: int | None = None
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class GroupFacts:
+    mode: str
+    max_tries: int
+    expected_generations: int
+    reserved: int
+    sealed: int | None = None
+    dead: int | None = None
+    abandoned: int | None = None
+    # generation index -> rollout id, from the mints
+    siblings: dict[int, str] = field(default_factory=dict)
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class CheckpointFacts:
+    prepared: int | None = None
+    decision: str | None = None
+    decided: int | None = None
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
+class AuditState:
+    position: int = 0
+    events: int = 0
+    groups: dict[str, GroupFacts] = field(default_factory=dict)
+    # "rollout_id/attempt_index" -> facts
+    tries: dict[str, TryFacts] = field(default_factory=dict)
+    latest: dict[str, int] = field(default_factory=dict)  # rollout_id -> its newest attempt index
+    seals: dict[str, int] = field(default_factory=dict)  # rollout_id -> position of its SiblingSealed
+    generations: dict[str, int] = field(default_factory=dict)  # agent -> newest execution generation seen
+    unpaid: dict[str, tuple[int, str]] = field(default_factory=dict)  # try key -> (AckOwed position, agent)
+    # (paid position, owed position, agent, try key), in log order: debts as of any past cut.
+    payments: list[tuple[int, int, str, str]] = field(default_factory=list)
+    checkpoints: dict[str, CheckpointFacts] = field(default_factory=dict)
+    claims: dict[str, list[int]] = field(default_factory=dict)  # group -> positions of standing claims
+    claim_log: list[tuple[int, str]] = field(default_factory=list)  # standing claims in log order
+    violations: list[Violation] = field(default_factory=list)
+
+    def violate(self, rule: str, positions: Iterable[int | None], message: str) -> None:
+        found = sorted({p for p in positions if p is not None})
+        self.violations.append(Violation(rule=rule, positions=found[:_MAX_LISTED], message=message))
+
+
+def _key(rollout_id: str, attempt_index: int) -> str:
+    return f"{rollout_id}/{attempt_index}"
+
+
+def _group_id(event: RecordedEvent, rollout_id: str) -> str:
+    if event.stream_id.startswith(GROUP_STREAM_PREFIX):
+        return event.stream_id[len(GROUP_STREAM_PREFIX) :]
+    return rollout_id.rpartition("_g")[0]
+
+
+class AuditProjection(TypedProjection[AuditState]):
+    """The rules of events.md over decoded events (the row checks live in `RowChecker`)."""
+
+    name: ClassVar[str] = "audit"
+    version: ClassVar[int] = 1
+    state_type: ClassVar[Any] = AuditState
+
+    def initial(self) -> AuditState:
+        return AuditState()
+
+    def apply(self, state: AuditState, event: RecordedEvent, decoded: Event) -> None:
+        state.position = event.position
+        handler = _HANDLERS.get(type(decoded))
+        if handler is not None:
+            handler(state, event, decoded)
+
+    def finish(self, state: AuditState) -> None:
+        """The checks that need the whole log: finished tries that nothing ever owed."""
+        for key, t in state.tries.items():
+            if t.finished is None or t.owed is not None or t.paid is not None:
+                continue
+            rollout_id, _, index = key.rpartition("/")
+            later = state.tries.get(_key(rollout_id, int(index) + 1))
+            group = state.groups.get(t.group_id)
+            moved_on = later.minted if later is not None else None
+            if moved_on is None and group is not None:
+                moved_on = group.sealed or group.dead
+            if moved_on is not None:
+                state.violate(
+                    NO_STRANDED_RESULT,
+                    [t.finished, moved_on],
+                    f"try {rollout_id}#{index} finished at the agent (position {t.finished}) but no ACK was ever "
+                    f"owed for it; the trainer moved on at {moved_on} and left the result stranded",
+                )
+
+
+# --- the rules, per event type -------------------------------------------------------
+
+
+def _reserved(st: AuditState, ev: RecordedEvent, e: GroupReserved) -> None:
+    if e.group_id not in st.groups:
+        st.groups[e.group_id] = GroupFacts(
+            mode=e.mode,
+            max_tries=e.max_tries,
+            expected_generations=e.expected_generations,
+            reserved=ev.position,
+        )
+
+
+def _mint(
+    st: AuditState, ev: RecordedEvent, rollout_id: str, generation_index: int, index: int
+) -> TryFacts | None:
+    key = _key(rollout_id, index)
+    previous = st.tries.get(key)
+    if previous is not None:
+        st.violate(
+            NO_REUSED_TRY,
+            [previous.minted, ev.position],
+            f"try {rollout_id}#{index} is minted again at {ev.position}, first minted at {previous.minted}",
+        )
+        return None
+    group_id = _group_id(ev, rollout_id)
+    group = st.groups.get(group_id)
+    if group is not None:
+        group.siblings.setdefault(generation_index, rollout_id)
+        if group.dead is not None:
+            st.violate(
+                BOUNDED_RETRIES,
+                [group.dead, ev.position],
+                f"try {rollout_id}#{index} is minted after group {group_id} was dead-lettered",
+            )
+        elif index + 1 > group.max_tries:
+            unit = "group" if group.mode == "prompt_group" else "sibling"
+            st.violate(
+                BOUNDED_RETRIES,
+                [ev.position],
+                f"try {rollout_id}#{index} is try {index + 1} of its {unit}, past the budget of "
+                f"{group.max_tries}; the group should have been dead-lettered",
+            )
+    facts = TryFacts(group_id=group_id, minted=ev.position)
+    st.tries[key] = facts
+    return facts
+
+
+def _minted(st: AuditState, ev: RecordedEvent, e: AttemptMinted) -> None:
+    if e.rollout_id in st.latest:
+        st.violate(
+            NO_REUSED_TRY,
+            [st.tries[_key(e.rollout_id, st.latest[e.rollout_id])].minted, ev.position],
+            f"{e.rollout_id} gets a first try again at {ev.position}; a sibling's later tries are replacements",
+        )
+    if _mint(st, ev, e.rollout_id, e.generation_index, 0) is not None:
+        st.latest[e.rollout_id] = max(st.latest.get(e.rollout_id, 0), 0)
+
+
+def _replacement(st: AuditState, ev: RecordedEvent, e: ReplacementMinted) -> None:
+    rid, index, old_index = e.rollout_id, e.attempt_index, e.replaces
+    latest = st.latest.get(rid)
+    if latest is None:
+        st.violate(
+            NO_REUSED_TRY, [ev.position], f"replacement {rid}#{index} for a sibling that was never minted"
+        )
+    elif old_index != latest or index != old_index + 1:
+        st.violate(
+            NO_REUSED_TRY,
+            [st.tries[_key(rid, latest)].minted, ev.position],
+            f"replacement {rid}#{index} replaces #{old_index}, but the sibling's newest try is #{latest}: "
+            f"a replacement's index must be exactly the previous one + 1",
+        )
+    old = st.tries.get(_key(rid, old_index))
+    if old is not None:
+        _check_retired_first(st, ev, rid, old_index, old)
+    if _mint(st, ev, rid, e.generation_index, index) is not None:
+        st.latest[rid] = max(st.latest.get(rid, index), index)
+
+
+def _check_retired_first(st: AuditState, ev: RecordedEvent, rid: str, index: int, old: TryFacts) -> None:
+    if old.owed is not None:
+        return  # it finished and the trainer owes (or paid) its ACK
+    if old.retire == "completed_unacknowledged":
+        st.violate(
+            RETIRE_BEFORE_REPLACE,
+            [old.retired_at, ev.position],
+            f"{rid}#{index} answered completed_unacknowledged at {old.retired_at}, yet a replacement was minted "
+            "instead of adopting it: its result strands in the agent",
+        )
+        return
+    if old.retire in ("cancelled", "tombstoned", "done") or old.rejected_unknown is not None:
+        return
+    if old.dispatched is None:
+        return  # never sent to an agent (RunDispatched precedes every /run), so nothing runs there
+    restarted = (
+        old.agent is not None
+        and old.generation is not None
+        and st.generations.get(old.agent, old.generation) > old.generation
+    )
+    if not restarted:
+        st.violate(
+            RETIRE_BEFORE_REPLACE,
+            [old.dispatched, ev.position],
+            f"{rid}#{index + 1} was minted while #{index} may still be running at the agent: no retire answer, "
+            "ACK debt or agent restart precedes it",
+        )
+
+
+def _dispatched(st: AuditState, ev: RecordedEvent, e: RunDispatched) -> None:
+    t = st.tries.get(_key(e.rollout_id, e.attempt_index))
+    if t is None:
+        st.violate(
+            NO_REUSED_TRY, [ev.position], f"{e.rollout_id}#{e.attempt_index} is dispatched but never minted"
+        )
+        return
+    t.agent = e.agent_name
+    if t.dispatched is None:
+        t.dispatched = ev.position
+    if t.generation is None:
+        t.generation = st.generations.get(e.agent_name)
+
+
+def _replied(st: AuditState, ev: RecordedEvent, e: RunReplied) -> None:
+    t = st.tries.get(_key(e.rollout_id, e.attempt_index))
+    if t is not None:
+        t.reply_digest = e.reply_digest
+        t.replied = ev.position
+        if t.finished is None:
+            t.finished = ev.position
+
+
+def _see_generation(st: AuditState, agent: str, receipt: CompletionReceipt) -> None:
+    if receipt.execution_generation > st.generations.get(agent, -1):
+        st.generations[agent] = receipt.execution_generation
+
+
+def _fetched(st: AuditState, ev: RecordedEvent, e: ReceiptFetched) -> None:
+    receipt = e.receipt
+    _see_generation(st, e.agent_name, receipt)
+    t = st.tries.get(_key(receipt.rollout_id, receipt.attempt_index))
+    if t is not None:
+        t.fetched, t.fetched_agent, t.fetched_at = receipt, e.agent_name, ev.position
+        t.generation = receipt.execution_generation
+        if t.agent is None:
+            t.agent = e.agent_name
+        if t.finished is None:
+            t.finished = ev.position
+
+
+def _owed(st: AuditState, ev: RecordedEvent, e: AckOwed) -> None:
+    receipt = e.receipt
+    _see_generation(st, e.agent_name, receipt)
+    rid, index = receipt.rollout_id, receipt.attempt_index
+    key = _key(rid, index)
+    t = st.tries.get(key)
+    if t is None:
+        st.violate(RECEIPT_MATCHES, [ev.position], f"AckOwed for {rid}#{index}, a try that was never minted")
+    elif t.fetched is None:
+        st.violate(
+            RECEIPT_MATCHES,
+            [ev.position],
+            f"AckOwed for {rid}#{index}, whose completion receipt was never fetched and checked",
+        )
+    elif t.fetched != receipt or t.fetched_agent != e.agent_name:
+        st.violate(
+            RECEIPT_MATCHES,
+            [t.fetched_at, ev.position],
+            f"the receipt owed for {rid}#{index} differs from the one fetched at {t.fetched_at}",
+        )
+    if t is not None and t.reply_digest is not None and receipt.result_digest != t.reply_digest:
+        st.violate(
+            RECEIPT_MATCHES,
+            [t.replied, ev.position],
+            f"the receipt owed for {rid}#{index} has digest {receipt.result_digest}, the reply had {t.reply_digest}",
+        )
+    if t is not None:
+        t.owed = ev.position
+        if t.agent is None:
+            t.agent = e.agent_name
+    if key not in st.unpaid:
+        st.unpaid[key] = (ev.position, e.agent_name)
+
+
+def _pay(st: AuditState, ev: RecordedEvent, key: str) -> None:
+    debt = st.unpaid.pop(key, None)
+    if debt is not None:
+        st.payments.append((ev.position, debt[0], debt[1], key))
+
+
+def _accepted(st: AuditState, ev: RecordedEvent, e: AckAccepted) -> None:
+    key = _key(e.rollout_id, e.attempt_index)
+    t = st.tries.get(key)
+    if t is None or t.owed is None:
+        st.violate(
+            SEAL_BEFORE_ACK,
+            [t.fetched_at if t is not None else None, ev.position],
+            f"AckAccepted for {e.rollout_id}#{e.attempt_index} with no AckOwed before it: an ACK was sent for a "
+            "receipt the trainer had not durably recorded",
+        )
+    if t is not None and t.paid is None:
+        t.paid = ev.position
+    _pay(st, ev, key)
+
+
+def _rejected(st: AuditState, ev: RecordedEvent, e: AckRejected) -> None:
+    key = _key(e.rollout_id, e.attempt_index)
+    t = st.tries.get(key)
+    if t is None or t.owed is None:
+        st.violate(
+            SEAL_BEFORE_ACK,
+            [ev.position],
+            f"AckRejected for {e.rollout_id}#{e.attempt_index} with no AckOwed before it: an ACK was sent for a "
+            "receipt the trainer had not durably recorded",
+        )
+    if e.error == "unknown_execution":
+        if t is not None:
+            t.rejected_unknown = ev.position
+        _pay(st, ev, key)
+
+
+def _retired(st: AuditState, ev: RecordedEvent, e: AttemptRetired) -> None:
+    t = st.tries.get(_key(e.rollout_id, e.attempt_index))
+    if t is None:
+        return
+    t.retire, t.retired_at = e.outcome, ev.position
+    if e.outcome == "completed_unacknowledged" and t.finished is None:
+        t.finished = ev.position
+
+
+def _held(st: AuditState, ev: RecordedEvent, e: SiblingHeld) -> None:
+    t = st.tries.get(_key(e.rollout_id, e.attempt_index))
+    if t is not None and t.finished is None:
+        t.finished = ev.position
+
+
+def _sealed(st: AuditState, ev: RecordedEvent, e: SiblingSealed) -> None:
+    first = st.seals.get(e.rollout_id)
+    if first is not None:
+        st.violate(
+            GROUP_SEAL_COMPLETE,
+            [first, ev.position],
+            f"{e.rollout_id} is sealed a second time at {ev.position} (first at {first})",
+        )
+    else:
+        st.seals[e.rollout_id] = ev.position
+    t = st.tries.get(_key(e.rollout_id, e.attempt_index))
+    if t is not None:
+        t.sealed = ev.position
+        if t.finished is None:
+            t.finished = ev.position
+
+
+def _group_sealed(st: AuditState, ev: RecordedEvent, e: GroupSealed) -> None:
+    group = st.groups.get(e.group_id)
+    if group is None:
+        st.violate(
+            GROUP_SEAL_COMPLETE, [ev.position], f"GroupSealed for {e.group_id}, a group never reserved"
+        )
+        return
+    if group.sealed is not None:
+        st.violate(GROUP_SEAL_COMPLETE, [group.sealed, ev.position], f"group {e.group_id} is sealed twice")
+        return
+    group.sealed = ev.position
+    missing = []
+    for index in range(group.expected_generations):
+        rid = group.siblings.get(index, f"{e.group_id}_g{index}")
+        if rid not in st.seals:
+            missing.append(rid)
+    if missing:
+        st.violate(
+            GROUP_SEAL_COMPLETE,
+            [ev.position],
+            f"group {e.group_id} is sealed but {', '.join(missing)} "
+            f"{'was' if len(missing) == 1 else 'were'} never sealed",
+        )
+    for ref in e.attempts:
+        t = st.tries.get(_key(ref.rollout_id, ref.attempt_index))
+        if t is None or t.sealed is None:
+            st.violate(
+                GROUP_SEAL_COMPLETE,
+                [ev.position],
+                f"group {e.group_id} names {ref.rollout_id}#{ref.attempt_index}, a try that was never sealed",
+            )
+
+
+def _abandoned(st: AuditState, ev: RecordedEvent, e: GroupAbandoned) -> None:
+    group = st.groups.get(e.group_id)
+    if group is not None:
+        group.abandoned = ev.position
+
+
+def _dead(st: AuditState, ev: RecordedEvent, e: GroupDeadLettered) -> None:
+    group = st.groups.get(e.group_id)
+    if group is not None and group.dead is None:
+        group.dead = ev.position
+
+
+def _claimed(st: AuditState, ev: RecordedEvent, e: GroupClaimedForTraining) -> None:
+    standing = st.claims.setdefault(e.group_id, [])
+    if standing:
+        st.violate(
+            TRAINED_ONCE,
+            [*standing, ev.position],
+            f"group {e.group_id} is claimed for training again (step {e.train_step}) while its claim at "
+            f"{standing[-1]} stands: no TrainerRestored rolled it back",
+        )
+    group = st.groups.get(e.group_id)
+    if group is None or group.sealed is None:
+        st.violate(
+            TRAINED_ONCE,
+            [ev.position],
+            f"group {e.group_id} is claimed for training (step {e.train_step}) but was never sealed",
+        )
+    standing.append(ev.position)
+    st.claim_log.append((ev.position, e.group_id))
+
+
+def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
+    cut = e.cut_position if e.cut_position is not None else 0
+    while st.claim_log and st.claim_log[-1][0] > cut:
+        position, group_id = st.claim_log.pop()
+        standing = st.claims.get(group_id, [])
+        if position in standing:
+            standing.remove(position)
+    planned = e.plan.get(PLAN_DEBTS_KEY)
+    if planned is not None and planned < len(st.unpaid):
+        st.violate(
+            DEBT_UNTIL_ACCEPTED,
+            [*(p for p, _ in st.unpaid.values()), ev.position],
+            f"the restored trainer plans to flush {planned} ACK debts, but {len(st.unpaid)} were unpaid: "
+            "a debt was dropped without an AckAccepted",
+        )
+
+
+def _prepare(st: AuditState, ev: RecordedEvent, e: CheckpointPrepareStarted) -> None:
+    facts = st.checkpoints.setdefault(e.checkpoint_id, CheckpointFacts())
+    if facts.prepared is None:
+        facts.prepared = ev.position
+
+
+def _decide(st: AuditState, ev: RecordedEvent, checkpoint_id: str, decision: str) -> CheckpointFacts | None:
+    facts = st.checkpoints.setdefault(checkpoint_id, CheckpointFacts())
+    if facts.prepared is None:
+        st.violate(
+            CHECKPOINT_CLEAN,
+            [ev.position],
+            f"checkpoint {checkpoint_id} is {decision} without a CheckpointPrepareStarted before it",
+        )
+    if facts.decision is not None and facts.decision != decision:
+        st.violate(
+            CHECKPOINT_CLEAN,
+            [facts.decided, ev.position],
+            f"checkpoint {checkpoint_id} is {decision} after it was already {facts.decision}",
+        )
+        return None
+    facts.decision, facts.decided = decision, ev.position
+    return facts
+
+
+def _committed(st: AuditState, ev: RecordedEvent, e: CheckpointCommitted) -> None:
+    if _decide(st, ev, e.checkpoint_id, "committed") is None:
+        return
+    cut = e.cut_position
+    participants = set(e.participants)
+    owed = [
+        (owed_at, key)
+        for key, (owed_at, agent) in st.unpaid.items()
+        if owed_at <= cut and agent in participants
+    ]
+    first_paid_after = bisect.bisect_right(st.payments, (cut, 1 << 62))
+    owed += [
+        (owed_at, key)
+        for _, owed_at, agent, key in st.payments[first_paid_after:]
+        if owed_at <= cut and agent in participants
+    ]
+    if owed:
+        owed.sort()
+        names = ", ".join(k for _, k in owed[:5]) + (" …" if len(owed) > 5 else "")
+        st.violate(
+            CHECKPOINT_CLEAN,
+            [*(p for p, _ in owed), ev.position],
+            f"checkpoint {e.checkpoint_id} committed with {len(owed)} unpaid ACK debt(s) to a participant at "
+            f"its cut {cut}: {names}",
+        )
+
+
+def _resumed(st: AuditState, ev: RecordedEvent, e: CheckpointResumed) -> None:
+    facts = st.checkpoints.get(e.checkpoint_id)
+    if facts is None or facts.decision != "committed":
+        st.violate(
+            CHECKPOINT_CLEAN,
+            [facts.decided if facts is not None else None, ev.position],
+            f"checkpoint {e.checkpoint_id} is resumed but was never committed",
+        )
+
+
+def _aborted(st: AuditState, ev: RecordedEvent, e: CheckpointAborted) -> None:
+    _decide(st, ev, e.checkpoint_id, "aborted")
+
+
+_HANDLERS: dict[type[Event], Callable[[AuditState, RecordedEvent, Any], None]] = {
+    GroupReserved: _reserved,
+    AttemptMinted: _minted,
+    ReplacementMinted: _replacement,
+    RunDispatched: _dispatched,
+    RunReplied: _replied,
+    ReceiptFetched: _fetched,
+    AckOwed: _owed,
+    AckAccepted: _accepted,
+    AckRejected: _rejected,
+    AttemptRetired: _retired,
+    SiblingHeld: _held,
+    SiblingSealed: _sealed,
+    GroupSealed: _group_sealed,
+    GroupAbandoned: _abandoned,
+    GroupDeadLettered: _dead,
+    GroupClaimedForTraining: _claimed,
+    TrainerRestored: _restored,
+    CheckpointPrepareStarted: _prepare,
+    CheckpointCommitted: _committed,
+    CheckpointResumed: _resumed,
+    CheckpointAborted: _aborted,
+}
+
+
+# --- the row checks and the whole audit -----------------------------------------------
+
+
+@dataclass(slots=True)
+class RowChecker:
+    """Per-row checks that need the full stored row: positions, the per-stream chain, the hash, decoding."""
+
+    expected_position: int = 1
+    streams: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def check(self, st: AuditState, ev: RecordedEvent) -> None:
+        position = ev.position
+        if position != self.expected_position:
+            if position > self.expected_position:
+                st.violate(
+                    HASH_CHAIN,
+                    [self.expected_position - 1, position],
+                    f"positions {self.expected_position}..{position - 1} are missing: rows were deleted",
+                )
+            else:
+                st.violate(HASH_CHAIN, [position], f"position {position} is out of order")
+        self.expected_position = position + 1
+        version, prev = self.streams.get(ev.stream_id, (-1, GENESIS_HASH))
+        if ev.stream_version != version + 1:
+            st.violate(
+                HASH_CHAIN,
+                [position],
+                f"stream {ev.stream_id!r} jumps from version {version} to {ev.stream_version}: rows were deleted",
+            )
+        elif ev.prev_hash != prev:
+            st.violate(
+                HASH_CHAIN,
+                [position],
+                f"prev_hash of position {position} does not match the hash of {ev.stream_id!r} v{version}",
+            )
+        if ev.hash != ev.expected_hash():
+            st.violate(
+                HASH_CHAIN, [position], f"the hash of position {position} does not match its content: edited"
+            )
+        self.streams[ev.stream_id] = (ev.stream_version, ev.hash)
+
+
+@dataclass(slots=True)
+class AuditReport:
+    events: int
+    head: int
+    rules_checked: list[str]
+    violations: list[Violation]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "events": self.events,
+            "rules_checked": list(self.rules_checked),
+            "violations": [
+                {"rule": v.rule, "positions": v.positions, "message": v.message} for v in self.violations
+            ],
+        }
+
+
+def audit_events(
+    events: Iterable[RecordedEvent],
+    checkpoints: Iterable[StoredCheckpoint] = (),
+    subscribers: dict[str, int] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> AuditReport:
+    """Audits `events` (full rows, position order from 1); stored checkpoint digests are compared on the way."""
+    projection = AuditProjection()
+    st = projection.initial()
+    rows = RowChecker()
+    apply = projection.apply
+    # position -> the digests stored at it (one per projection); checked as the pass reaches them.
+    digests: dict[int, list[StoredCheckpoint]] = {}
+    for c in checkpoints:
+        digests.setdefault(c.position, []).append(c)
+    block_digest, block_position, pending = "0" * 64, 0, []
+    position = 0
+    count = 0
+    for ev in events:
+        rows.check(st, ev)
+        position = ev.position
+        pending.append(ev.hash)
+        if position % BLOCK == 0:
+            block_digest, block_position = _sha(block_digest + "".join(pending)), position
+            pending = []
+        stored = digests.pop(position, None)
+        if stored is not None:
+            _check_digests(st, stored, block_position, block_digest, _sha(block_digest + "".join(pending)))
+        try:
+            decoded = ev.decode()
+        except DECODE_ERRORS as exc:
+            st.violate(EVENT_READABLE, [position], f"{exc}; the auditor skipped this event")
+        else:
+            apply(st, ev, decoded)
+        count += 1
+        if progress is not None and count % 10_000 == 0:
+            progress(10_000)
+    if progress is not None:
+        progress(count % 10_000)
+    st.events = count
+    projection.finish(st)
+    for at, stored in sorted(digests.items()):
+        st.violate(
+            HASH_CHAIN,
+            [position, at],
+            f"a {stored[0].projection} checkpoint was stored at position {at} but the log ends at {position}: "
+            "events were removed from its end",
+        )
+    for name, at in sorted((subscribers or {}).items()):
+        if at > position:
+            st.violate(
+                HASH_CHAIN,
+                [position, at],
+                f"subscriber {name!r} processed up to position {at} but the log ends at {position}: "
+                "events were removed from its end",
+            )
+    st.violations.sort(key=lambda v: (v.positions[0] if v.positions else 0, v.rule))
+    return AuditReport(events=count, head=position, rules_checked=list(RULES), violations=st.violations)
+
+
+def audit_log(store: EventStore, progress: Callable[[int], None] | None = None) -> AuditReport:
+    """Replays the whole log through every rule (events.md, "Invariants an auditor checks")."""
+    return audit_events(store.read_all(), list_checkpoints(store), subscriber_positions(store), progress)
+
+
+def _check_digests(
+    st: AuditState, stored: list[StoredCheckpoint], block_position: int, block_digest: str, digest: str
+) -> None:
+    for c in stored:
+        try:
+            expected = StoredDigest.decode(c.log_digest)
+        except ValueError:
+            st.violate(
+                HASH_CHAIN,
+                [c.position],
+                f"the {c.projection} checkpoint at {c.position} has no readable digest",
+            )
+            continue
+        if expected.block != BLOCK or expected.block_position != block_position:
+            st.violate(
+                HASH_CHAIN,
+                [c.position],
+                f"the {c.projection} checkpoint at {c.position} used digest blocks of {expected.block}; "
+                f"this auditor uses {BLOCK}",
+            )
+        elif expected.digest != digest or expected.block_digest != block_digest:
+            st.violate(
+                HASH_CHAIN,
+                [c.position],
+                f"the log up to position {c.position} no longer matches the digest its {c.projection} checkpoint "
+                "recorded: a row before it was removed or altered",
+            )
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

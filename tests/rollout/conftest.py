@@ -1,0 +1,90 @@
+"""Real agents over loopback HTTP and a coordinator on a fresh log."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventstore import EventStore, open_store
+from eventstore.events import PromptRef
+from gym_agent.config import AgentConfig
+from gym_agent.server import ThreadAgent, serve_in_thread
+from workers.gym import GymClient
+from workers.rollout import RolloutCoordinator
+
+_ids = itertools.count()
+
+MakeAgent = Callable[..., ThreadAgent]
+
+
+def gid(prefix: str = "p") -> str:
+    return f"{prefix}{next(_ids)}"
+
+
+PROMPT = PromptRef(sample_id="s1", task_name="math")
+PAYLOAD: dict[str, Any] = {"responses_create_params": {"input": [{"role": "user", "content": "2+2?"}]}}
+
+
+@pytest.fixture
+def make_agent(tmp_path: Path) -> Iterator[MakeAgent]:
+    with ExitStack() as stack:
+
+        def make(name: str = "agent", **overrides: Any) -> ThreadAgent:
+            values: dict[str, Any] = {
+                "name": name,
+                "state_dir": tmp_path / name,
+                "log_level": "warning",
+                "turns": (2, 3),
+                "delay_s": 0.02,
+            }
+            values.update(overrides)
+            return stack.enter_context(serve_in_thread(AgentConfig(**values)))
+
+        yield make
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[EventStore]:
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sqlite_store(sqlite_url: str) -> Iterator[EventStore]:
+    s = open_store(sqlite_url, migrate_schema=True)
+    yield s
+    s.close()
+
+
+MakeCoord = Callable[..., Any]
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Callable[[ThreadAgent], GymClient]]:
+    async with AsyncExitStack() as stack:
+
+        async def _noop() -> None:
+            return None
+
+        made: list[GymClient] = []
+
+        def make(agent: Any, name: str | None = None) -> GymClient:
+            c = GymClient(agent.url, name or (agent.config.name if hasattr(agent, "config") else agent.name))
+            made.append(c)
+            return c
+
+        yield make
+        for c in made:
+            await stack.enter_async_context(c)
+
+
+def coordinator(store: EventStore, agents: dict[str, GymClient], **kwargs: Any) -> RolloutCoordinator:
+    kwargs.setdefault("rollout_timeout_s", 10.0)
+    kwargs.setdefault("prepare_timeout_s", 20.0)
+    return RolloutCoordinator(store, agents, **kwargs)

@@ -1,0 +1,135 @@
+"""The ACK relay: an outbox that pays the debts the log says are unpaid (protocol.md §2.7).
+
+It reads unpaid debts from the ledger projection (so they survive any crash), sends ONE
+`/acknowledge` per agent carrying every receipt owed to it, and appends `AckAccepted` only after the
+agent accepted, `AckRejected` with the agent's reason otherwise.  Transport failures back off and
+retry; a debt is never dropped here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+
+from eventstore.events import AckAccepted, AckRejected, Event, group_stream
+from gym_agent.wire import RECEIPT_MISMATCH, CompletionReceipt
+from projections.ledger import LedgerState, debt_key
+from workers.gym.errors import GymError
+from workers.rollout.attempts import group_id_of
+from workers.rollout.context import Context, log
+from workers.rollout.errors import CoordinatorStopped, FencedOff
+
+IDLE_POLL_S = 0.5
+MAX_BATCH = 2000
+
+
+class AckRelay:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._backoff: dict[str, float] = {}
+        self._not_before: dict[str, float] = {}
+        # Receipts the agent called mismatched: kept as unpaid (the ledger keeps them) but not resent
+        # in a loop by this process.
+        self._mismatched: set[str] = set()
+        self.accepted = 0
+        self.rejected = 0
+        self.requests = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ack-relay")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def owed_agents(self) -> list[str]:
+        ledger = self.ctx.journal.ledger
+        return [a for a, owed in ledger.debts.items() if any(k not in self._mismatched for k in owed)]
+
+    async def _run(self) -> None:
+        ctx = self.ctx
+        while not ctx.stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.ack_wakeup.wait(), IDLE_POLL_S)
+            ctx.ack_wakeup.clear()
+            agents = [a for a in self.owed_agents() if time.monotonic() >= self._not_before.get(a, 0.0)]
+            try:
+                await asyncio.gather(*(self.send(a) for a in agents))
+            except (FencedOff, CoordinatorStopped) as exc:
+                log.error("ack relay stops: %s", exc)
+                return
+
+    async def send(self, agent_name: str) -> bool:
+        """One /acknowledge for everything owed to `agent_name`; False on a transport failure."""
+        async with self._locks[agent_name]:
+            owed = [
+                r
+                for _, r in self.ctx.journal.ledger.unpaid_debts(agent_name)
+                if debt_key(r.rollout_id, r.attempt_index) not in self._mismatched
+            ][:MAX_BATCH]
+            if not owed:
+                return True
+            client = self.ctx.agents.get(agent_name)
+            if client is None:
+                log.error("debts owed to unknown agent %s: no client to send them", agent_name)
+                return False
+            self.requests += 1
+            try:
+                results = await client.acknowledge(owed)
+            except GymError as exc:
+                delay = min(self._backoff.get(agent_name, 0.05) * 2, 2.0)
+                self._backoff[agent_name] = delay
+                self._not_before[agent_name] = time.monotonic() + delay
+                log.info("ACK to %s failed (%d receipts), retry in %.2f s: %s", agent_name, len(owed), delay, exc)
+                return False
+            self._backoff.pop(agent_name, None)
+            self._not_before.pop(agent_name, None)
+            by_group: dict[str, list[tuple[CompletionReceipt, Event]]] = defaultdict(list)
+            for receipt, result in zip(owed, results, strict=True):
+                event: Event
+                if result.acknowledged:
+                    event = AckAccepted(
+                        rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, idempotent=result.idempotent
+                    )
+                else:
+                    error = result.error or RECEIPT_MISMATCH
+                    event = AckRejected(rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, error=error)
+                    if error == RECEIPT_MISMATCH:
+                        self._mismatched.add(debt_key(receipt.rollout_id, receipt.attempt_index))
+                        log.error("agent %s refused the ACK of %s: receipt_mismatch", agent_name, receipt.attempt)
+                by_group[group_id_of(receipt.rollout_id)].append((receipt, event))
+            for group_id, items in by_group.items():
+                await self.ctx.journal.append(group_stream(group_id), _still_owed(agent_name, items))
+                for _, event in items:
+                    if isinstance(event, AckAccepted):
+                        self.accepted += 1
+                    else:
+                        self.rejected += 1
+            return True
+
+    async def flush(self, agent_name: str, timeout_s: float) -> bool:
+        """Sends until nothing is owed to `agent_name` (in the log); False if the time ran out."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ledger = self.ctx.journal.ledger
+            if not any(k not in self._mismatched for k in ledger.debts.get(agent_name, {})):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            if not await self.send(agent_name):
+                await asyncio.sleep(min(self._backoff.get(agent_name, 0.05), max(0.0, deadline - time.monotonic())))
+
+
+def _still_owed(agent_name: str, items: list[tuple[CompletionReceipt, Event]]):  # type: ignore[no-untyped-def]
+    def build(ledger: LedgerState) -> list[Event]:
+        owed = ledger.debts.get(agent_name, {})
+        # Another relay pass (or coordinator) may have paid it meanwhile: pay each debt once.
+        return [e for r, e in items if debt_key(r.rollout_id, r.attempt_index) in owed]
+
+    return build

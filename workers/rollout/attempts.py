@@ -1,0 +1,406 @@
+"""One try's life: dispatch, reply, receipt, tokens, verify, append; or retire, or adopt.
+
+Whoever settles a try (its own /run task, its group giving up on it, a checkpoint prepare that
+found it finished at the agent) holds the try's `LiveTry` lock and records the outcome there, so a
+try is settled once however many parties race for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+
+from eventstore.events import (
+    AckOwed,
+    AttemptAdopted,
+    AttemptRetired,
+    Event,
+    GroupSealed,
+    ReceiptFetched,
+    RolloutReceipt,
+    RunDispatched,
+    RunFailed,
+    RunReplied,
+    SiblingHeld,
+    SiblingSealed,
+    group_stream,
+)
+from gym_agent.wire import (
+    AttemptRef,
+    CompletionReceipt,
+    RunReply,
+    RunRequest,
+    TokenEntry,
+    canonical_json,
+    capture_key,
+    reply_digest,
+)
+from projections.ledger import AttemptState, GroupState, LedgerState
+from workers.gym import GymClient, verify_receipt
+from workers.gym.errors import (
+    AgentServerError,
+    AgentTimeoutError,
+    AgentUnavailableError,
+    CheckpointConflictError,
+    ConnectionLostError,
+    GoneError,
+    GymError,
+    InvalidPhaseError,
+    ReceiptMismatchError,
+    StaleCheckpointError,
+)
+from workers.rollout.context import Context, Lease, TryOutcome, log
+
+FINISHED = TryOutcome("finished")
+
+
+class _Unverifiable(Exception):
+    """The agent's receipt or tokens do not describe the reply: recorded, never sealed."""
+
+
+class _FetchFailed(Exception):
+    """The receipt or token fetch failed in transport: the try is lost and goes through retire."""
+
+
+def group_id_of(rollout_id: str) -> str:
+    return rollout_id.rpartition("_g")[0]
+
+
+def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRequest:
+    payload = dict(group.payload)
+    return RunRequest(
+        rollout_id=rollout_id,
+        attempt_index=attempt_index,
+        responses_create_params=payload.pop("responses_create_params", {}),
+        task=payload.pop("task", {"sample_id": group.prompt_ref.sample_id, "task_name": group.prompt_ref.task_name}),
+    )
+
+
+def from_ledger(attempt: AttemptState) -> TryOutcome | None:
+    """The outcome the log already holds for a try, if any."""
+    if attempt.status in ("held", "sealed"):
+        return FINISHED
+    if attempt.receipt is not None:
+        return TryOutcome("owed", "finished at the agent; result not kept")
+    if attempt.retire_outcome in ("cancelled", "tombstoned", "done"):
+        return TryOutcome("retired", "retired", attempt.retire_outcome, recorded=True)
+    return None
+
+
+def _failure_kind(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, ConnectionLostError):
+        return "stream_closed", str(exc)
+    if isinstance(exc, AgentTimeoutError | TimeoutError):
+        return "deadline", str(exc) or "deadline passed"
+    if isinstance(exc, AgentUnavailableError):
+        return "agent_lost", str(exc)
+    if isinstance(exc, AgentServerError):
+        return "env", str(exc)
+    if isinstance(exc, _FetchFailed):
+        return "receipt", str(exc)
+    if isinstance(exc, GymError):
+        return "http", str(exc)
+    return "unknown", f"{type(exc).__name__}: {exc}"
+
+
+class Tries:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    # --- the whole try -----------------------------------------------------------------------
+
+    async def settle(self, group_id: str, generation_index: int, attempt_index: int) -> TryOutcome:
+        """Plays the try if it was never dispatched; otherwise finds out what became of it."""
+        ledger = self.ctx.journal.ledger
+        group = ledger.groups[group_id]
+        sibling = group.siblings[generation_index]
+        attempt = sibling.attempts[attempt_index]
+        live = self.ctx.live_try(attempt.rollout_id, attempt_index)
+        if live.outcome is not None:
+            return live.outcome
+        known = from_ledger(attempt)
+        if known is not None:
+            return known
+        if attempt.status == "minted":
+            return await self._play(group, attempt)
+        # Dispatched by an earlier coordinator (or its reply went missing): retire or adopt.
+        return await self.resolve(group_id, attempt.rollout_id, attempt_index)
+
+    async def _play(self, group: GroupState, attempt: AttemptState) -> TryOutcome:
+        ctx = self.ctx
+        rid, n = attempt.rollout_id, attempt.attempt_index
+        client = ctx.client(group.agent_name)
+        key = capture_key(rid, n)
+        await ctx.journal.append(
+            group_stream(group.group_id),
+            [
+                RunDispatched(
+                    rollout_id=rid,
+                    attempt_index=n,
+                    capture_key=key,
+                    agent_name=group.agent_name,
+                    deadline_s=ctx.settings.rollout_timeout_s,
+                )
+            ],
+        )
+        request = run_request(group, rid, n)
+        task = asyncio.create_task(client.run(request), name=f"run:{key}")
+        lease = Lease(ctx, ctx.settings.rollout_timeout_s)
+        failure: BaseException | None = None
+        reply: RunReply | None = None
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=max(0.0, min(lease.remaining, 0.25)))
+                if done:
+                    break
+                if lease.tick() <= 0:
+                    task.cancel()
+                    failure = TimeoutError(f"no reply within the {ctx.settings.rollout_timeout_s} s lease")
+                    break
+        finally:
+            if not task.done():
+                task.cancel()
+        if failure is None:
+            try:
+                reply = task.result()
+            except GymError as exc:
+                failure = exc
+        live = ctx.live_try(rid, n)
+        async with live.lock:
+            if live.outcome is not None:
+                return live.outcome
+            if reply is not None:
+                try:
+                    live.outcome = await self.finish(group.group_id, reply, adopted=False)
+                    return live.outcome
+                except _FetchFailed as exc:
+                    failure = exc
+            assert failure is not None
+            kind, reason = _failure_kind(failure)
+            await self._append(
+                group.group_id,
+                [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind=kind)],  # type: ignore[arg-type]
+            )
+            live.outcome = await self._resolve_locked(group.group_id, rid, n)
+            return live.outcome
+
+    # --- a reply in hand ------------------------------------------------------------------------
+
+    async def finish(self, group_id: str, reply: RunReply, *, adopted: bool) -> TryOutcome:
+        """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt."""
+        ctx = self.ctx
+        group = ctx.journal.ledger.groups[group_id]
+        client = ctx.client(group.agent_name)
+        rid, n = reply.rollout_id, reply.attempt_index
+        digest = reply_digest(reply.model_dump(mode="json", by_alias=True))
+        try:
+            receipt = await client.completion_receipt(rid, n)
+        except GymError as exc:
+            raise _FetchFailed(f"completion receipt of ({rid}, {n}): {exc}") from exc
+        adopted_events: list[Event] = [AttemptAdopted(rollout_id=rid, attempt_index=n)] if adopted else []
+        try:
+            verify_receipt(reply, receipt)
+            if reply.mask_sample:
+                await self._append(
+                    group_id,
+                    [
+                        *adopted_events,
+                        RunReplied(rollout_id=rid, attempt_index=n, reward=reply.reward, mask_sample=True, reply_digest=digest),
+                        ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
+                        AckOwed(agent_name=group.agent_name, receipt=receipt),
+                    ],
+                )
+                ctx.ack_wakeup.set()
+                return TryOutcome("owed", "mask_sample: the environment failed")
+            try:
+                tokens = await client.token_capture(receipt.manifest_capture_key)
+            except GymError as exc:
+                raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
+            rollout_receipt = build_rollout_receipt(reply, receipt, tokens)
+        except (ReceiptMismatchError, _Unverifiable) as exc:
+            # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
+            # nothing strands), but never seal what did not verify.
+            await self._append(
+                group_id,
+                [
+                    *adopted_events,
+                    RunFailed(rollout_id=rid, attempt_index=n, reason=str(exc)[:500], kind="verify"),
+                    ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
+                    AckOwed(agent_name=group.agent_name, receipt=receipt),
+                ],
+            )
+            ctx.ack_wakeup.set()
+            return TryOutcome("owed", f"unverifiable: {exc}")
+        blob = canonical_json([t.model_dump(mode="json", by_alias=True) for t in tokens]).encode()
+        head: list[Event] = [
+            *adopted_events,
+            RunReplied(rollout_id=rid, attempt_index=n, reward=reply.reward, mask_sample=False, reply_digest=digest),
+            ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
+        ]
+
+        def build(ledger: LedgerState) -> list[Event]:
+            current = ledger.groups.get(group_id)
+            if current is None or current.status != "open":
+                return [*head, AckOwed(agent_name=group.agent_name, receipt=receipt)]
+            return [*head, *self.keep_events(current, rollout_receipt, receipt)]
+
+        await ctx.journal.append(group_stream(group_id), build, blobs=[blob])
+        ctx.ack_wakeup.set()
+        return FINISHED
+
+    def keep_events(
+        self, group: GroupState, rollout_receipt: RolloutReceipt, receipt: CompletionReceipt
+    ) -> list[Event]:
+        """Seal (sibling) or hold (prompt_group) plus the debt, recorded as the sibling arrives."""
+        rid, n = rollout_receipt.rollout_id, rollout_receipt.attempt_index
+        owed = AckOwed(agent_name=group.agent_name, receipt=receipt)
+        if group.mode == "sibling":
+            events: list[Event] = [
+                SiblingSealed(rollout_id=rid, attempt_index=n, reward=rollout_receipt.reward, receipt=rollout_receipt),
+                owed,
+            ]
+            others_sealed = all(s.status == "sealed" for s in group.siblings.values() if s.rollout_id != rid)
+            if others_sealed:
+                events.append(GroupSealed(group_id=group.group_id, attempts=_sealed_refs(group, rid, n)))
+            return events
+        events = [SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt), owed]
+        return events + self.seal_if_complete(group, rid, rollout_receipt)
+
+    @staticmethod
+    def seal_if_complete(group: GroupState, rid: str, held: RolloutReceipt | None) -> list[Event]:
+        """prompt_group: when the last sibling arrives, SiblingSealed x G + GroupSealed."""
+        receipts: list[RolloutReceipt] = []
+        for sibling in sorted(group.siblings.values(), key=lambda s: s.generation_index):
+            if held is not None and sibling.rollout_id == rid:
+                receipts.append(held)
+                continue
+            current = sibling.attempts.get(sibling.current_attempt)
+            if sibling.status != "held" or current is None or current.rollout_receipt is None:
+                return []
+            receipts.append(current.rollout_receipt)
+        seals: list[Event] = [
+            SiblingSealed(rollout_id=r.rollout_id, attempt_index=r.attempt_index, reward=r.reward, receipt=r)
+            for r in receipts
+        ]
+        refs = [AttemptRef(rollout_id=r.rollout_id, attempt_index=r.attempt_index) for r in receipts]
+        return [*seals, GroupSealed(group_id=group.group_id, attempts=refs)]
+
+    # --- retire or adopt ---------------------------------------------------------------------------
+
+    async def resolve(self, group_id: str, rollout_id: str, attempt_index: int) -> TryOutcome:
+        """Retire the try; adopt it if it finished (protocol.md §5).  Settles it once."""
+        live = self.ctx.live_try(rollout_id, attempt_index)
+        async with live.lock:
+            if live.outcome is not None:
+                return live.outcome
+            attempt = self.ctx.journal.ledger.attempt(rollout_id, attempt_index)
+            known = from_ledger(attempt) if attempt is not None else None
+            live.outcome = known or await self._resolve_locked(group_id, rollout_id, attempt_index)
+            return live.outcome
+
+    async def _resolve_locked(self, group_id: str, rid: str, n: int) -> TryOutcome:
+        ctx = self.ctx
+        group = ctx.journal.ledger.groups[group_id]
+        client = ctx.client(group.agent_name)
+        delay = 0.05
+        recorded_completed = False
+        while True:
+            if ctx.stopping:
+                raise asyncio.CancelledError
+            checkpoint_id = ctx.active_checkpoint
+            try:
+                answer = await client.retire(rid, n, checkpoint_id)
+            except InvalidPhaseError:
+                # committing / committed_paused: wait until the checkpoint is over, then retire again.
+                await _wait_idle(ctx, 0.2)
+                continue
+            except (CheckpointConflictError, StaleCheckpointError):
+                # Our view of the active checkpoint moved under the call (or another coordinator's is
+                # active): look again shortly.
+                await asyncio.sleep(0.05)
+                continue
+            except GymError as exc:
+                log.info("retire (%s, %d) failed, retrying: %s", rid, n, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if answer.completed_unacknowledged:
+                if not recorded_completed:
+                    await self._append(
+                        group_id,
+                        [AttemptRetired(rollout_id=rid, attempt_index=n, outcome="completed_unacknowledged", checkpoint_id=checkpoint_id)],
+                    )
+                    recorded_completed = True
+                adopted = await self._adopt(group_id, client, rid, n)
+                if adopted is not None:
+                    return adopted
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if answer.retired:
+                return TryOutcome("retired", "retired while running", "cancelled")
+            if answer.tombstoned:
+                return TryOutcome("retired", "never started at the agent (tombstoned)", "tombstoned")
+            return TryOutcome("retired", "already done for good at the agent", "done")
+
+    async def _adopt(self, group_id: str, client: GymClient, rid: str, n: int) -> TryOutcome | None:
+        """Re-POST /run: the agent replays the stored reply without running the try again."""
+        group = self.ctx.journal.ledger.groups[group_id]
+        try:
+            reply = await client.run(run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s)
+            return await self.finish(group_id, reply, adopted=True)
+        except (GymError, _FetchFailed) as exc:
+            if isinstance(exc, GoneError):
+                log.info("adopting (%s, %d): gone meanwhile: %s", rid, n, exc)
+            else:
+                log.info("adopting (%s, %d) failed, will retire again: %s", rid, n, exc)
+            return None
+
+    async def _append(self, group_id: str, events: list[Event]) -> None:
+        await self.ctx.journal.append(group_stream(group_id), events)
+
+
+async def _wait_idle(ctx: Context, poll_s: float) -> None:
+    # Our own checkpoint ends with checkpoint_idle; another coordinator's only shows at the agent.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ctx.checkpoint_idle.wait(), poll_s)
+    await asyncio.sleep(poll_s if ctx.checkpoint_idle.is_set() else 0)
+
+
+def build_rollout_receipt(reply: RunReply, receipt: CompletionReceipt, tokens: list[TokenEntry]) -> RolloutReceipt:
+    key = capture_key(reply.rollout_id, reply.attempt_index)
+    if receipt.manifest_capture_key != key:
+        raise _Unverifiable(f"receipt names capture key {receipt.manifest_capture_key!r}, the try's is {key!r}")
+    if not tokens:
+        raise _Unverifiable(f"no token records under {key!r}")
+    if any(t.rollout_id != key for t in tokens):
+        raise _Unverifiable(f"token records under {key!r} name another capture key")
+    if tokens[-1].model_call_id != receipt.terminal_model_call_id:
+        raise _Unverifiable(
+            f"last token record is {tokens[-1].model_call_id!r}, the receipt's terminal call is "
+            f"{receipt.terminal_model_call_id!r}"
+        )
+    blob = canonical_json([t.model_dump(mode="json", by_alias=True) for t in tokens]).encode()
+    return RolloutReceipt(
+        rollout_id=reply.rollout_id,
+        attempt_index=reply.attempt_index,
+        capture_key=key,
+        model_call_ids=[t.model_call_id for t in tokens],
+        terminal_model_call_id=receipt.terminal_model_call_id,
+        token_count=sum(len(t.generation_token_ids) for t in tokens),
+        tokens_digest="sha256:" + hashlib.sha256(blob).hexdigest(),
+        reward=reply.reward,
+        mask_sample=reply.mask_sample,
+    )
+
+
+def _sealed_refs(group: GroupState, rid: str, n: int) -> list[AttemptRef]:
+    refs = []
+    for sibling in sorted(group.siblings.values(), key=lambda s: s.generation_index):
+        index = n if sibling.rollout_id == rid else sibling.sealed_attempt
+        refs.append(AttemptRef(rollout_id=sibling.rollout_id, attempt_index=index if index is not None else 0))
+    return refs
+
+
+__all__ = ["FINISHED", "Tries", "build_rollout_receipt", "from_ledger", "group_id_of", "run_request"]

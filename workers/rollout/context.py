@@ -1,0 +1,103 @@
+"""What the coordinator's parts share: the log, the agents, the settings and the checkpoint gate."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from workers.gym import GymClient
+from workers.rollout.journal import Journal
+
+log = logging.getLogger("workers.rollout")
+
+OutcomeKind = Literal["finished", "owed", "retired"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    rollout_timeout_s: float = 600.0
+    prepare_timeout_s: float = 300.0
+    max_tries: int = 4
+    # A try still RUNNING this long into a prepare is stuck inside a model call: it is retired.
+    park_grace_s: float = 1.0
+    # Server-side wait of one prepare call before it answers 409 and the coordinator acts on it.
+    prepare_poll_s: float = 0.5
+    adopt_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class TryOutcome:
+    """How a try ended, as far as its group is concerned.
+
+    finished: held or sealed (debt recorded); owed: the agent finished it but it is not usable
+    (masked, unverifiable, or adopted after its group gave up) and its debt is recorded;
+    retired: the agent cancelled or tombstoned it.  `recorded` says whether the AttemptRetired is
+    in the log already (the caller appends it together with the replacement otherwise).
+    """
+
+    kind: OutcomeKind
+    reason: str = ""
+    retire_outcome: Literal["cancelled", "tombstoned", "done"] | None = None
+    recorded: bool = False
+
+
+@dataclass
+class LiveTry:
+    """Serialises everyone who may settle one try (its /run task, a group abandoning it, a prepare)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    outcome: TryOutcome | None = None
+
+
+@dataclass
+class Stats:
+    prepare_waits: list[float] = field(default_factory=list)
+
+
+class Context:
+    def __init__(self, journal: Journal, agents: dict[str, GymClient], settings: Settings) -> None:
+        self.journal = journal
+        self.agents = agents
+        self.settings = settings
+        self.live: dict[tuple[str, int], LiveTry] = {}
+        self.active_checkpoint: str | None = None
+        self.checkpoint_idle = asyncio.Event()
+        self.checkpoint_idle.set()
+        self.stopping = False
+        self.ack_wakeup = asyncio.Event()
+
+    def live_try(self, rollout_id: str, attempt_index: int) -> LiveTry:
+        key = (rollout_id, attempt_index)
+        found = self.live.get(key)
+        if found is None:
+            found = self.live[key] = LiveTry()
+        return found
+
+    def client(self, agent_name: str) -> GymClient:
+        try:
+            return self.agents[agent_name]
+        except KeyError:
+            raise KeyError(f"no client for agent {agent_name!r}; known: {sorted(self.agents)}") from None
+
+    @property
+    def checkpoint_in_flight(self) -> bool:
+        return self.active_checkpoint is not None
+
+
+class Lease:
+    """A try's deadline: a clock that does not run while a checkpoint is in flight (protocol.md §7)."""
+
+    def __init__(self, ctx: Context, budget_s: float) -> None:
+        self.ctx = ctx
+        self.remaining = budget_s
+        self._last = time.monotonic()
+
+    def tick(self) -> float:
+        now = time.monotonic()
+        if not self.ctx.checkpoint_in_flight:
+            self.remaining -= now - self._last
+        self._last = now
+        return self.remaining

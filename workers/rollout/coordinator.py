@@ -1,0 +1,404 @@
+"""The rollout coordinator: the trainer's side of the hand-off protocol, driven only through the log.
+
+    coord = RolloutCoordinator(store, agents={"math-agent": client}, mode="prompt_group")
+    await coord.start()
+    await coord.submit("p7", PromptRef(sample_id="s7", task_name="math"), "math-agent", 4, payload)
+    async for group in coord.sealed_groups(): await coord.claim_for_training(group.group_id, step)
+    outcome = await coord.checkpoint("ckpt-1")
+    coord = await RolloutCoordinator.recover(store, agents)   # after a crash
+
+Every decision is an event appended with the stream version this process last saw; everything the
+coordinator knows is folded back from the log (`self.ledger`).  One asyncio task drives each open
+group; the ACK relay runs beside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from eventstore import EventStore
+from eventstore.events import (
+    AttemptMinted,
+    AttemptRetired,
+    Event,
+    GroupAbandoned,
+    GroupClaimedForTraining,
+    GroupDeadLettered,
+    GroupReserved,
+    Mode,
+    PromptRef,
+    ReplacementMinted,
+    TargetLevel,
+    group_stream,
+)
+from gym_agent.wire import AttemptRef
+from projections.ledger import GroupState, LedgerState
+from workers.gym import GymClient
+from workers.rollout.acks import AckRelay
+from workers.rollout.attempts import Tries
+from workers.rollout.checkpoint import Checkpointer, CheckpointOutcome
+from workers.rollout.context import Context, Settings, TryOutcome, log
+from workers.rollout.errors import (
+    AlreadyClaimed,
+    CoordinatorStopped,
+    FencedOff,
+    NotSealed,
+    UnknownGroup,
+)
+from workers.rollout.journal import Journal
+
+
+@dataclass(frozen=True)
+class SealedGroup:
+    """What training consumes: the group and, per sibling, the sealed try and its reward."""
+
+    group_id: str
+    agent_name: str
+    attempts: list[AttemptRef]
+    rewards: list[float]
+    tokens_digests: list[str]
+
+
+class RolloutCoordinator:
+    def __init__(
+        self,
+        store: EventStore,
+        agents: dict[str, GymClient],
+        *,
+        mode: Mode = "sibling",
+        rollout_timeout_s: float = 600.0,
+        prepare_timeout_s: float = 300.0,
+        max_tries: int = 4,
+        park_grace_s: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.mode: Mode = mode
+        self.settings = Settings(
+            rollout_timeout_s=rollout_timeout_s,
+            prepare_timeout_s=prepare_timeout_s,
+            max_tries=max_tries,
+            park_grace_s=park_grace_s,
+        )
+        self.journal = Journal(store)
+        self.ctx = Context(self.journal, dict(agents), self.settings)
+        self.tries = Tries(self.ctx)
+        self.relay = AckRelay(self.ctx)
+        self.checkpointer = Checkpointer(self.ctx, self.tries, self.relay)
+        self._drivers: dict[str, asyncio.Task[None]] = {}
+        self._started = False
+        self.errors: list[BaseException] = []
+        self.stats: dict[str, int] = {"replacements": 0, "abandoned": 0, "dead_lettered": 0}
+
+    # --- life ------------------------------------------------------------------------------------
+
+    @property
+    def ledger(self) -> LedgerState:
+        return self.journal.ledger
+
+    async def start(self) -> RolloutCoordinator:
+        """Folds the log and starts the ACK relay (idempotent)."""
+        if not self._started:
+            await self.journal.load()
+            self.relay.start()
+            self._started = True
+        return self
+
+    async def __aenter__(self) -> RolloutCoordinator:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stops the drivers and the relay (tries in flight stay at the agents, for recovery)."""
+        self.ctx.stopping = True
+        for task in self._drivers.values():
+            task.cancel()
+        for task in self._drivers.values():
+            with contextlib.suppress(BaseException):
+                await task
+        await self.relay.stop()
+
+    @classmethod
+    async def recover(cls, store: EventStore, agents: dict[str, GymClient], **kwargs: Any) -> RolloutCoordinator:
+        from workers.rollout.recovery import recover
+
+        return await recover(cls(store, agents, **kwargs))
+
+    def _check_alive(self) -> None:
+        if self.journal.fenced is not None:
+            raise self.journal.fenced
+        if self.ctx.stopping:
+            raise CoordinatorStopped("the coordinator is closed")
+
+    # --- submitting --------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        group_id: str,
+        prompt_ref: PromptRef,
+        agent_name: str,
+        expected_generations: int,
+        payload: dict[str, Any] | None = None,
+        *,
+        mode: Mode | None = None,
+        target_level: TargetLevel = "sibling",
+        target_step: int | None = None,
+    ) -> None:
+        """Reserves the group with its first tries (one append), then dispatches every sibling."""
+        self._check_alive()
+        await self.start()
+        self.ctx.client(agent_name)
+        if self.ledger.knows_group(group_id):
+            raise ValueError(f"group {group_id!r} already exists in the log; group ids are never reused")
+        events: list[Event] = [
+            GroupReserved(
+                group_id=group_id,
+                prompt_ref=prompt_ref,
+                agent_name=agent_name,
+                expected_generations=expected_generations,
+                mode=mode or self.mode,
+                target_level=target_level,
+                target_step=target_step,
+                max_tries=self.settings.max_tries,
+                payload=payload or {},
+            ),
+            *(AttemptMinted(rollout_id=f"{group_id}_g{i}", generation_index=i) for i in range(expected_generations)),
+        ]
+        await self.journal.append(group_stream(group_id), events)
+        self._drive(group_id)
+
+    def _drive(self, group_id: str) -> None:
+        if group_id not in self._drivers or self._drivers[group_id].done():
+            self._drivers[group_id] = asyncio.create_task(self._run_group(group_id), name=f"group:{group_id}")
+
+    async def _run_group(self, group_id: str) -> None:
+        try:
+            group = self.ledger.groups[group_id]
+            if group.mode == "sibling":
+                await self._drive_siblings(group_id)
+            else:
+                await self._drive_prompt_group(group_id)
+        except asyncio.CancelledError:
+            raise
+        except (FencedOff, CoordinatorStopped) as exc:
+            log.error("group %s stops: %s", group_id, exc)
+            self.errors.append(exc)
+        except Exception as exc:
+            log.exception("group %s failed", group_id)
+            self.errors.append(exc)
+
+    # --- sibling mode --------------------------------------------------------------------------------
+
+    async def _drive_siblings(self, group_id: str) -> None:
+        group = self.ledger.groups[group_id]
+        exhausted = await asyncio.gather(*(self._drive_sibling(group_id, gi) for gi in sorted(group.siblings)))
+        group = self.ledger.groups.get(group_id)  # type: ignore[assignment]
+        if group is None or group.status != "open":
+            return
+        if any(exhausted):
+            await self._dead_letter(group, [], "a sibling used up its retry budget")
+
+    async def _drive_sibling(self, group_id: str, gi: int) -> bool:
+        """Tries one sibling until it is sealed (False) or out of tries (True)."""
+        while True:
+            self._check_alive()
+            group = self.ledger.groups.get(group_id)
+            if group is None or group.status != "open":
+                return False
+            sibling = group.siblings[gi]
+            if sibling.status == "sealed":
+                return False
+            n = sibling.current_attempt
+            outcome = await self.tries.settle(group_id, gi, n)
+            if outcome.kind == "finished":
+                continue
+            retired = _retired_event(sibling.rollout_id, n, outcome)
+            if n + 1 >= group.max_tries:
+                if retired:
+                    await self.journal.append(group_stream(group_id), retired)
+                return True
+            replacement = ReplacementMinted(
+                rollout_id=sibling.rollout_id, generation_index=gi, attempt_index=n + 1, replaces=n, reason=outcome.reason[:300] or outcome.kind
+            )
+            await self.journal.append(group_stream(group_id), [*retired, replacement])
+            self.stats["replacements"] += 1
+
+    # --- prompt_group mode ---------------------------------------------------------------------------
+
+    async def _drive_prompt_group(self, group_id: str) -> None:
+        while True:
+            self._check_alive()
+            group = self.ledger.groups.get(group_id)
+            if group is None or group.status != "open":
+                return
+            siblings = sorted(group.siblings.values(), key=lambda s: s.generation_index)
+            # A round whose siblings are all held was sealed in the same append as its last hold;
+            # a log that stops in between (it cannot, but be safe) is sealed here.
+            if all(s.status == "held" for s in siblings):
+                seals = self.tries.seal_if_complete(group, "", None)
+                if seals:
+                    await self.journal.append(group_stream(group_id), seals)
+                    continue
+            tasks = {
+                s.generation_index: asyncio.create_task(self.tries.settle(group_id, s.generation_index, s.current_attempt))
+                for s in siblings
+            }
+            outcomes = await self._round(group_id, tasks)
+            group = self.ledger.groups[group_id]
+            if group.status != "open":
+                return
+            failed = {gi: o for gi, o in outcomes.items() if o.kind != "finished"}
+            if not failed:
+                continue  # all held: sealed by the last hold's append
+            current = {gi: group.siblings[gi].current_attempt for gi in outcomes}
+            retired: list[Event] = []
+            for gi, o in outcomes.items():
+                retired += _retired_event(group.siblings[gi].rollout_id, current[gi], o)
+            reason = "; ".join(f"g{gi}: {o.reason}" for gi, o in sorted(failed.items()))[:500]
+            refs = [AttemptRef(rollout_id=group.siblings[gi].rollout_id, attempt_index=n) for gi, n in sorted(current.items())]
+            round_index = max(current.values())
+            if round_index + 1 >= group.max_tries:
+                await self._dead_letter(group, retired, reason)
+                return
+            replacements = [
+                ReplacementMinted(
+                    rollout_id=group.siblings[gi].rollout_id, generation_index=gi, attempt_index=n + 1, replaces=n, reason=f"group abandoned: {reason}"[:300]
+                )
+                for gi, n in sorted(current.items())
+            ]
+            await self.journal.append(
+                group_stream(group_id),
+                [*retired, GroupAbandoned(group_id=group_id, reason=reason, attempts=refs), *replacements],
+            )
+            self.stats["abandoned"] += 1
+            self.stats["replacements"] += len(replacements)
+
+    async def _round(self, group_id: str, tasks: dict[int, asyncio.Task[TryOutcome]]) -> dict[int, TryOutcome]:
+        """Waits for every sibling; at the first failure retires (or adopts) the ones still running."""
+        pending = set(tasks.values())
+        giving_up = False
+        helpers: list[asyncio.Task[TryOutcome]] = []
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if not giving_up and any(t.result().kind != "finished" for t in done):
+                    giving_up = True
+                    group = self.ledger.groups[group_id]
+                    for gi, task in tasks.items():
+                        if task in pending:
+                            sibling = group.siblings[gi]
+                            helpers.append(
+                                asyncio.create_task(self.tries.resolve(group_id, sibling.rollout_id, sibling.current_attempt))
+                            )
+            await asyncio.gather(*helpers)
+        except BaseException:
+            for task in [*tasks.values(), *helpers]:
+                task.cancel()
+            raise
+        return {gi: task.result() for gi, task in tasks.items()}
+
+    async def _dead_letter(self, group: GroupState, retired: list[Event], reason: str) -> None:
+        tries = [
+            AttemptRef(rollout_id=s.rollout_id, attempt_index=a)
+            for s in sorted(group.siblings.values(), key=lambda s: s.generation_index)
+            for a in sorted(s.attempts)
+        ]
+        reasons = [
+            f"{s.rollout_id}#{a.attempt_index}: {f}"
+            for s in group.siblings.values()
+            for a in s.attempts.values()
+            for f in a.failures
+        ] or [reason]
+        await self.journal.append(
+            group_stream(group.group_id),
+            [*retired, GroupDeadLettered(group_id=group.group_id, tries=tries, reasons=[r[:300] for r in reasons[:100]])],
+        )
+        self.stats["dead_lettered"] += 1
+
+    # --- training -------------------------------------------------------------------------------------
+
+    def sealed_unclaimed(self) -> list[SealedGroup]:
+        return [_sealed(g) for g in self.ledger.groups.values() if g.status == "sealed" and not g.claims]
+
+    def open_groups(self) -> list[str]:
+        return [g.group_id for g in self.ledger.groups.values() if g.status == "open"]
+
+    async def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
+        """Sealed, unclaimed groups as they seal.  With `until_idle`, ends once no group is open."""
+        seen: set[str] = set()
+        while True:
+            for group in self.sealed_unclaimed():
+                if group.group_id not in seen:
+                    seen.add(group.group_id)
+                    yield group
+            if self.journal.fenced is not None:
+                raise self.journal.fenced
+            idle = not self.open_groups() and all(t.done() for t in self._drivers.values())
+            if until_idle and idle and not any(g.group_id not in seen for g in self.sealed_unclaimed()):
+                return
+            async with self.journal.changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.journal.changed.wait(), 0.5)
+
+    async def claim_for_training(self, group_id: str, train_step: int) -> None:
+        self._check_alive()
+
+        def build(ledger: LedgerState) -> list[Event]:
+            group = ledger.groups.get(group_id)
+            if group is None:
+                if group_id in ledger.archived:
+                    raise AlreadyClaimed(f"group {group_id!r} was trained on and archived")
+                raise UnknownGroup(f"unknown group {group_id!r}")
+            if group.status != "sealed":
+                raise NotSealed(f"group {group_id!r} is {group.status}, not sealed")
+            if group.claims:
+                raise AlreadyClaimed(f"group {group_id!r} was claimed for step {group.claims[-1].train_step}")
+            return [GroupClaimedForTraining(group_id=group_id, train_step=train_step)]
+
+        await self.journal.append(group_stream(group_id), build)
+
+    # --- checkpoints and waiting ------------------------------------------------------------------------
+
+    async def checkpoint(self, checkpoint_id: str, participants: list[str] | None = None) -> CheckpointOutcome:
+        self._check_alive()
+        return await self.checkpointer.checkpoint(checkpoint_id, participants)
+
+    async def wait_idle(self, timeout_s: float | None = None) -> None:
+        """Until every group driver has finished and every debt is paid (or raises the first error)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                drivers = [t for t in self._drivers.values() if not t.done()]
+                if drivers:
+                    await asyncio.wait(drivers)
+                    continue
+                if self.errors:
+                    raise self.errors[0]
+                owed = self.relay.owed_agents()
+                if not owed:
+                    return
+                for agent in owed:
+                    await self.relay.flush(agent, 5.0)
+                await asyncio.sleep(0.05)
+
+
+def _retired_event(rollout_id: str, attempt_index: int, outcome: TryOutcome) -> list[Event]:
+    if outcome.kind != "retired" or outcome.recorded or outcome.retire_outcome is None:
+        return []
+    return [AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index, outcome=outcome.retire_outcome)]
+
+
+def _sealed(group: GroupState) -> SealedGroup:
+    siblings = sorted(group.siblings.values(), key=lambda s: s.generation_index)
+    refs, rewards, digests = [], [], []
+    for s in siblings:
+        index = s.sealed_attempt if s.sealed_attempt is not None else s.current_attempt
+        attempt = s.attempts[index]
+        refs.append(AttemptRef(rollout_id=s.rollout_id, attempt_index=index))
+        rewards.append(float(s.reward if s.reward is not None else 0.0))
+        digests.append(attempt.rollout_receipt.tokens_digest if attempt.rollout_receipt else "")
+    return SealedGroup(group.group_id, group.agent_name, refs, rewards, digests)
