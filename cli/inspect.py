@@ -1,9 +1,363 @@
-"""Top-level `ledger` commands of this module (placeholder until its issue lands)."""
+"""`ledger replay | snapshot | audit | show | status | tail`: reading the log back.
+
+Progress bars and tables go to stderr/stdout through rich; JSON output
+(`snapshot`, `audit --json`) is plain text on stdout so it can be piped.
+"""
 
 from __future__ import annotations
 
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.tree import Tree
+
+from cli.common import DbOption, clear_errors, console, db_url, err_console
+from eventstore import EventStore, open_store
+from eventstore.errors import EventStoreError
+from projections.audit import audit_log
+from projections.base import ReplayRefused
+from projections.checkpoints import CheckpointsState
+from projections.ledger import LedgerState
+from projections.recovery import RolloutRecoveryState
+from projections.runner import (
+    RUNNER_NAME,
+    Replay,
+    default_projections,
+    latest_common_checkpoint,
+    load_replay,
+    rebuild,
+    store_checkpoint,
+)
+from projections.sql import list_checkpoints, read_lean
+from projections.swimlane import render_html
+from projections.timeline import describe, timeline
 
 
 def register(app: typer.Typer) -> None:
     """Adds this module's commands to the `ledger` app."""
+    app.command("replay")(replay)
+    app.command("snapshot")(snapshot)
+    app.command("audit")(audit)
+    app.command("show")(show)
+    app.command("status")(status)
+    app.command("tail")(tail)
+
+
+@contextmanager
+def _store(db: str | None) -> Iterator[EventStore]:
+    with clear_errors():
+        store = open_store(db_url(db))
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+@contextmanager
+def _progress(description: str, total: int | None, quiet: bool = False) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr with an events/s column; yields its `advance`."""
+    if quiet:
+        yield lambda _n: None
+        return
+    started = time.perf_counter()
+    done = [0]
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task(description, total=total, rate="")
+
+        def advance(n: int) -> None:
+            done[0] += n
+            elapsed = time.perf_counter() - started
+            rate = f"{done[0] / elapsed:,.0f} events/s" if elapsed > 0 else ""
+            bar.update(task, advance=n, rate=rate)
+
+        yield advance
+
+
+def _rebuild(
+    store: EventStore, to: int | None, from_checkpoint: bool, quiet: bool = False, label: str = "replay"
+) -> tuple[Replay, float]:
+    head = store.head()
+    target = head if to is None else min(to, head)
+    start = latest_common_checkpoint(store, default_projections(), target) if from_checkpoint else None
+    started = time.perf_counter()
+    with _progress(label, target - (start or 0), quiet) as advance:
+        replay = rebuild(store, to_position=target, from_checkpoint=from_checkpoint, progress=advance)
+    return replay, time.perf_counter() - started
+
+
+def _hashes(replay: Replay) -> dict[str, str]:
+    hashes = replay.hashes()
+    hashes["recovery"] = RolloutRecoveryState.of(
+        replay.state("ledger"), replay.state("checkpoints")
+    ).state_hash()
+    return hashes
+
+
+def _refused(exc: ReplayRefused) -> typer.Exit:
+    err_console.print(f"[red]replay refused:[/red] {escape(str(exc))}")
+    return typer.Exit(1)
+
+
+# --- replay ------------------------------------------------------------------------
+
+
+def replay(
+    db: DbOption = None,
+    to: Annotated[
+        int | None, typer.Option("--to", min=0, help="Rebuild up to this position (default: the head).")
+    ] = None,
+    from_checkpoint: Annotated[
+        bool,
+        typer.Option(
+            "--from-checkpoint/--from-scratch",
+            help="Start from the nearest stored projection checkpoint, or from 0.",
+        ),
+    ] = True,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Rebuild from scratch and from the nearest checkpoint; compare with the live projection.",
+        ),
+    ] = False,
+    save: Annotated[
+        bool, typer.Option("--save", help="Store the rebuilt states as a projection checkpoint.")
+    ] = False,
+) -> None:
+    """Rebuild the projections up to a position and print their state hashes and the rate."""
+    with _store(db) as store:
+        try:
+            if verify:
+                _verify(store, to)
+                return
+            result, seconds = _rebuild(store, to, from_checkpoint)
+        except ReplayRefused as exc:
+            raise _refused(exc) from None
+        origin = (
+            f"checkpoint at {result.from_checkpoint}" if result.from_checkpoint is not None else "scratch"
+        )
+        rate = result.events / seconds if seconds > 0 else 0.0
+        console.print(
+            f"rebuilt to position [bold]{result.position}[/bold] from {origin}: "
+            f"{result.events:,} events in {seconds:.2f} s ({rate:,.0f} events/s)"
+        )
+        table = Table("projection", "state hash")
+        for name, digest in _hashes(result).items():
+            table.add_row(name, digest)
+        console.print(table)
+        if save:
+            store_checkpoint(store, result)
+            console.print(f"stored a projection checkpoint at position {result.position}")
+
+
+def _verify(store: EventStore, to: int | None) -> None:
+    """Scratch vs nearest checkpoint vs the live runner's stored checkpoint, at one position."""
+    projections = default_projections()
+    live_at = latest_common_checkpoint(store, projections, to)
+    target = to if to is not None else (live_at if live_at is not None else store.head())
+    scratch, _ = _rebuild(store, target, from_checkpoint=False, label="from scratch")
+    below = latest_common_checkpoint(store, projections, target - 1) if target > 0 else None
+    rows: list[tuple[str, Replay]] = [("from scratch", scratch)]
+    if below is not None:
+        from_below = load_replay(store, projections, below)
+        with _progress(f"from checkpoint {below}", target - below) as advance:
+            from_below.apply_batches(read_lean(store, below, target), advance)
+        rows.append((f"from checkpoint at {below}", from_below))
+    if live_at == target:
+        rows.append((f"live (stored at {target})", load_replay(store, projections, target)))
+    names = [p.name for p in projections]
+    table = Table("rebuild", *names, "position")
+    reference = rows[0][1].hashes()
+    same = True
+    for label, result in rows:
+        hashes = result.hashes()
+        cells = []
+        for name in names:
+            ok = hashes[name] == reference[name]
+            same &= ok
+            cells.append(f"{'[green]' if ok else '[red]'}{hashes[name][:16]}…")
+        table.add_row(label, *cells, str(result.position))
+    console.print(table)
+    if live_at != target:
+        console.print(
+            f"[yellow]no live projection checkpoint at {target}; compared the rebuilds only[/yellow]"
+        )
+    if not same:
+        console.print("[red]state hashes differ[/red]")
+        raise typer.Exit(1)
+    console.print(f"[green]{len(rows)} rebuilds agree at position {target}[/green]")
+
+
+# --- snapshot ----------------------------------------------------------------------
+
+
+def snapshot(
+    db: DbOption = None,
+    at: Annotated[int | None, typer.Option("--at", min=0, help="Position (default: the head).")] = None,
+) -> None:
+    """Print the RolloutRecoveryState as of a position, as JSON."""
+    with _store(db) as store:
+        try:
+            result, _ = _rebuild(store, at, from_checkpoint=True, quiet=True)
+        except ReplayRefused as exc:
+            raise _refused(exc) from None
+        state = RolloutRecoveryState.of(result.state("ledger"), result.state("checkpoints"))
+        typer.echo(json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True))
+
+
+# --- audit -------------------------------------------------------------------------
+
+
+def audit(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Replay the whole log and check every invariant of events.md; exit status 1 on any violation."""
+    with _store(db) as store:
+        started = time.perf_counter()
+        with _progress("audit", store.head(), quiet=as_json) as advance:
+            report = audit_log(store, advance)
+        seconds = time.perf_counter() - started
+    if as_json:
+        typer.echo(json.dumps(report.as_json(), indent=2))
+    else:
+        for v in report.violations:
+            positions = ", ".join(str(p) for p in v.positions)
+            console.print(f"[red]{v.rule}[/red] at [bold]{positions}[/bold]: {escape(v.message)}")
+        rate = report.events / seconds if seconds > 0 else 0.0
+        verdict = "[green]clean[/green]" if report.ok else f"[red]{len(report.violations)} violation(s)[/red]"
+        console.print(
+            f"{report.events:,} events, {len(report.rules_checked)} rules: {verdict} "
+            f"({seconds:.2f} s, {rate:,.0f} events/s)"
+        )
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+# --- show --------------------------------------------------------------------------
+
+
+def show(
+    rollout_id: Annotated[str, typer.Argument(help="The sibling, e.g. p7_g2.")],
+    db: DbOption = None,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write a swimlane page to this file.")
+    ] = None,
+) -> None:
+    """The whole history of one sibling across its tries."""
+    with _store(db) as store:
+        tl = timeline(store, rollout_id)
+    if not tl.entries:
+        err_console.print(f"no events about {escape(rollout_id)}")
+        raise typer.Exit(1)
+    tree = Tree(f"[bold]{escape(rollout_id)}[/bold] (group {escape(tl.group_id)})")
+    group_branch = tree.add("group")
+    branches = {a: tree.add(f"try #{a}") for a in tl.attempts()}
+    for e in tl.entries:
+        when = time.strftime("%H:%M:%S", time.gmtime(e.recorded_at)) if e.recorded_at else "-"
+        line = f"[dim]{e.position:>7}  {when}[/dim]  [bold]{e.type}[/bold]  {escape(e.summary)}"
+        (group_branch if e.attempt is None else branches[e.attempt]).add(line)
+    console.print(tree)
+    if html is not None:
+        html.write_text(render_html(tl), encoding="utf-8")
+        console.print(f"swimlane written to {html}")
+
+
+# --- status ------------------------------------------------------------------------
+
+
+def status(db: DbOption = None) -> None:
+    """Groups by status, unpaid debts per agent, the last checkpoint, the log head."""
+    with _store(db) as store:
+        try:
+            result, _ = _rebuild(store, None, from_checkpoint=True, quiet=True)
+        except ReplayRefused as exc:
+            raise _refused(exc) from None
+        stored = list_checkpoints(store)
+        runner_at = store.subscriber_position(RUNNER_NAME)
+        head = store.head()
+    ledger: LedgerState = result.state("ledger")
+    checkpoints: CheckpointsState = result.state("checkpoints")
+
+    counts: Counter[str] = Counter(g.status for g in ledger.groups.values())
+    archived: Counter[str] = Counter(g.status for g in ledger.archived.values())
+    groups = Table("status", "in play", "archived", title="groups")
+    for name in ("open", "sealed", "dead_lettered"):
+        groups.add_row(name, str(counts[name]), str(archived[name]))
+    console.print(groups)
+
+    debts = Table("agent", "unpaid ACK debts", "oldest", title="debts")
+    for agent, owed in sorted(ledger.debts.items()):
+        debts.add_row(agent, str(len(owed)), next(iter(owed), ""))
+    if not ledger.debts:
+        debts.add_row("-", "0", "")
+    console.print(debts)
+
+    last = checkpoints.last_committed()
+    if last is None:
+        console.print("last checkpoint: none committed")
+    else:
+        waits = ", ".join(f"{a} {s:.2f} s" for a, s in last.prepare_wait_s.items()) or "-"
+        console.print(
+            f"last checkpoint: [bold]{escape(last.checkpoint_id)}[/bold] {last.status}, cut at {last.cut_position}, "
+            f"prepare waited {waits}"
+        )
+    pending = [c.checkpoint_id for c in checkpoints.in_doubt()]
+    if pending:
+        console.print(f"checkpoints preparing (undecided): {', '.join(pending)}")
+    newest = max((c.position for c in stored), default=None)
+    console.print(
+        f"log head: [bold]{head}[/bold]; newest projection checkpoint: {newest if newest is not None else 'none'}; "
+        f"projection runner at {runner_at}"
+    )
+
+
+# --- tail --------------------------------------------------------------------------
+
+
+def tail(
+    db: DbOption = None,
+    from_position: Annotated[
+        int | None, typer.Option("--from", min=0, help="Start after this position (default: the head).")
+    ] = None,
+    idle_exit: Annotated[
+        float | None,
+        typer.Option("--idle-exit", min=0, help="Stop after this many seconds without a new event."),
+    ] = None,
+) -> None:
+    """One line per event as it is appended (follows the log)."""
+    with _store(db) as store:
+        start = store.head() if from_position is None else from_position
+        subscription = store.subscribe("ledger-tail", from_position=start)
+        try:
+            for ev in subscription.follow(idle_timeout_s=idle_exit):
+                console.print(_line(ev), highlight=False, soft_wrap=True)
+        except KeyboardInterrupt:
+            subscription.stop()
+
+
+def _line(ev: Any) -> str:
+    when = time.strftime("%H:%M:%S", time.gmtime(ev.recorded_at))
+    try:
+        summary = escape(describe(ev.decode()))
+    except EventStoreError as exc:
+        summary = f"[red]unreadable: {escape(str(exc))}[/red]"
+    return (
+        f"{ev.position:>8} {when} {escape(ev.stream_id)}@{ev.stream_version} [bold]{ev.type}[/bold] {summary}"
+    )

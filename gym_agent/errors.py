@@ -12,6 +12,7 @@ from gym_agent.wire import (
     STALE_CHECKPOINT,
     AgentStatus,
     AttemptRef,
+    ErrorResponse,
     NotReadyResponse,
 )
 
@@ -30,7 +31,7 @@ class AgentError(Exception):
         self.message = message
 
     def body(self) -> dict[str, object]:
-        return {"error": self.error, "message": self.message}
+        return ErrorResponse(error=self.error, message=self.message).model_dump(mode="json")
 
 
 class GoneError(AgentError):

@@ -35,7 +35,11 @@ async def test_prepare_lists_completed_unacknowledged_then_ready_after_ack(make_
             await c.prepare("ckpt-A", timeout_s=5)
         assert not_ready.value.attempts == [AttemptRef(rollout_id="rD", attempt_index=0)]
         status = not_ready.value.status
-        assert (status.phase, status.ready_to_commit, status.completed_unacknowledged) == ("preparing", False, 1)
+        assert (status.phase, status.ready_to_commit, status.completed_unacknowledged) == (
+            "preparing",
+            False,
+            1,
+        )
 
         # Adopt during prepare: the stored reply comes back before the admission check, without a rerun.
         reply = await asyncio.wait_for(c.run(run_request("rD")), 2)
@@ -56,7 +60,7 @@ async def test_prepare_lists_completed_unacknowledged_then_ready_after_ack(make_
 async def test_half_done_group_is_ready_once_the_finished_sibling_is_acked(make_agent: MakeAgent) -> None:
     async with connect(make_agent(turns=(3, 3))) as c:
         await c.run(run_request("p7_g0"))
-        await c.set_faults(TryFault(rollout_id="p7_g1", attempt_index=0, delay_s=0.1))
+        await c.set_faults(TryFault(rollout_id="p7_g1", attempt_index=0, delay_s=0.3))
         sibling = asyncio.create_task(c.run(run_request("p7_g1")))
         await wait_for(lambda: _running(c, 1))
         with pytest.raises(NotReadyError) as not_ready:
@@ -78,7 +82,7 @@ async def test_park_commit_resume_continues_the_runs(make_agent: MakeAgent) -> N
     ids = [f"p1_g{i}" for i in range(3)]
     async with connect(agent) as c:
         for rid in ids:
-            await c.set_faults(TryFault(rollout_id=rid, attempt_index=0, delay_s=0.1))
+            await c.set_faults(TryFault(rollout_id=rid, attempt_index=0, delay_s=0.3))
         runs = [asyncio.create_task(c.run(run_request(rid))) for rid in ids]
         await wait_for(lambda: _running(c, 3))
 
@@ -132,7 +136,7 @@ async def test_new_runs_wait_while_admission_is_closed(make_agent: MakeAgent) ->
 
 async def test_abort_resumes_parked_and_park_requested_tries(make_agent: MakeAgent) -> None:
     async with connect(make_agent(turns=(3, 3))) as c:
-        await c.set_faults(TryFault(rollout_id="slow", attempt_index=0, delay_s=0.1))
+        await c.set_faults(TryFault(rollout_id="slow", attempt_index=0, delay_s=0.3))
         await c.set_faults(TryFault(rollout_id="stuck", attempt_index=0, hang=True))
         slow = asyncio.create_task(c.run(run_request("slow")))
         stuck = asyncio.create_task(c.run(run_request("stuck")))

@@ -64,7 +64,9 @@ async def test_every_route_but_health_needs_the_token(
     assert await _snapshot(token_client) == before
 
 
-async def test_health_is_open_and_the_right_token_works(raw: httpx.AsyncClient, token_client: GymClient) -> None:
+async def test_health_is_open_and_the_right_token_works(
+    raw: httpx.AsyncClient, token_client: GymClient
+) -> None:
     assert (await raw.get("/health")).status_code == 200
     rid = fresh_id()
     reply = await token_client.run(run_request(rid))
@@ -107,7 +109,9 @@ BAD_RUN_BODIES: list[Any] = [
 
 
 @pytest.mark.parametrize("body", BAD_RUN_BODIES, ids=[json.dumps(b)[:40] for b in BAD_RUN_BODIES])
-async def test_malformed_run_bodies_are_422(raw: httpx.AsyncClient, token_client: GymClient, body: Any) -> None:
+async def test_malformed_run_bodies_are_422(
+    raw: httpx.AsyncClient, token_client: GymClient, body: Any
+) -> None:
     before = await _snapshot(token_client)
     answer = await raw.post("/run", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert answer.status_code == 422, answer.text
@@ -166,7 +170,9 @@ async def test_malformed_control_bodies_are_422(
 
 async def test_invalid_json_is_422(raw: httpx.AsyncClient) -> None:
     answer = await raw.post(
-        "/run", content=b"{not json", headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        "/run",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
     )
     assert answer.status_code == 422
 

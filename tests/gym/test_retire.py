@@ -66,7 +66,7 @@ async def test_retire_running_try_cancels_it(client: GymClient) -> None:
 async def test_retire_parked_try_cancels_it(make_agent: MakeAgent) -> None:
     agent = make_agent(turns=(3, 3))
     async with connect(agent) as c:
-        rid, task = await _running(c, delay_s=0.2)
+        rid, task = await _running(c, delay_s=0.3)
         await c.prepare("ckpt-A", timeout_s=10)
         assert (await c.status()).parked == 1
         assert await c.retire(rid, 0, checkpoint_id="ckpt-A") == RETIRED

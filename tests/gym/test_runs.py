@@ -46,7 +46,7 @@ async def test_same_seed_same_ids_same_episode(make_agent: MakeAgent) -> None:
             results.append((reply, [(t.prompt_token_ids, t.generation_token_ids) for t in tokens]))
             receipt = await c.completion_receipt("p1_g0", 0)
             assert receipt.result_digest == reply_digest(reply.model_dump(mode="json"))
-    (a, ta), (b, tb), (c_, tc) = results
+    (a, ta), (b, tb), (_, tc) = results
     assert a == b and ta == tb
     assert reply_digest(a.model_dump(mode="json")) == reply_digest(b.model_dump(mode="json"))
     assert tc != ta

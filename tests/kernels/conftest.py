@@ -12,8 +12,8 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 INTERPRET = os.environ["TRITON_INTERPRET"].lower() in ("1", "true", "on", "yes")
 DEVICE = torch.device("cpu") if INTERPRET else torch.device("cuda")

@@ -61,7 +61,7 @@ def _problem(
 
 @pytest.mark.parametrize("config", [None, SMALL], ids=["default", "small"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("shape", [(1, 16, 17), (37, 40, 1000), (53, 16, 5000)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 16, 17), (37, 40, 1000), (53, 16, 1500)], ids=str)
 def test_matches_reference_ragged(
     device: torch.device, shape: tuple[int, int, int], with_bias: bool, config: FusedConfig | None
 ) -> None:

@@ -38,11 +38,11 @@ class AllocationReport:
         return max((a.nbytes // a.dtype.itemsize for a in self.allocations), default=0)
 
 
-class AllocationTracker(TorchDispatchMode):
+class AllocationTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """``with AllocationTracker() as tracker: ...`` then read ``tracker.report``."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.report = AllocationReport()
         self._live: dict[int, int] = {}
 

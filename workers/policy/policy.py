@@ -8,7 +8,8 @@ same weights reproduces the generation-time logprobs up to float rounding.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+from dataclasses import fields
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,8 +47,9 @@ def _weights_digest(model: TinyCausalLM) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
-class SampleResult:
+class SampleResult(NamedTuple):
+    """`(token_ids, logprobs)`: unpacks like a tuple, reads like a record."""
+
     token_ids: list[int]
     logprobs: list[float]
 

@@ -157,7 +157,7 @@ class Checkpointer:
         now = time.monotonic()
         blocking = {(b.rollout_id, b.attempt_index) for b in exc.status.blocking_attempts}
         previous = progress.blocking
-        log.warning("prepare %s: blocking %d parked %d completed %d adopt %d", name, len(blocking), exc.status.parked, exc.status.completed_unacknowledged, len(to_adopt))
+        log.debug("prepare %s: blocking %d parked %d completed %d adopt %d", name, len(blocking), exc.status.parked, exc.status.completed_unacknowledged, len(to_adopt))
         if previous is None or not blocking or (blocking - previous) or len(blocking) < len(previous):
             progress.since = now
         progress.blocking = blocking

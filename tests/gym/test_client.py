@@ -1,0 +1,119 @@
+"""Client-side checks: garbage answers, unreachable agents, receipt verification."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from gym_agent.launcher import free_port
+from gym_agent.wire import CompletionReceipt, RunReply, reply_digest
+from tests.gym.conftest import fresh_id, run_request
+from workers.gym import (
+    AgentServerError,
+    AgentUnavailableError,
+    BadResponseError,
+    CheckpointConflictError,
+    GoneError,
+    GymClient,
+    NotReadyError,
+    ReceiptMismatchError,
+    verify_receipt,
+)
+
+
+def _with_transport(client: GymClient, handler: Callable[[httpx.Request], httpx.Response]) -> GymClient:
+    # Only the answers are faked here; the behaviour tests all talk to real agents.
+    transport = httpx.MockTransport(handler)
+    client._run = httpx.AsyncClient(base_url=client.base_url, transport=transport)
+    client._control = httpx.AsyncClient(base_url=client.base_url, transport=transport)
+    return client
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        httpx.Response(200, text="<html>oops</html>"),
+        httpx.Response(200, json={"phase": "idle"}),
+        httpx.Response(200, json={"results": "nope"}),
+        httpx.Response(409, json={"error": "not_ready", "status": {}}),
+        httpx.Response(418, json={"error": "teapot"}),
+    ],
+)
+async def test_garbage_answers_are_bad_responses(response: httpx.Response) -> None:
+    async with _with_transport(GymClient("http://agent", "a"), lambda _: response) as c:
+        with pytest.raises(BadResponseError):
+            await c.status()
+
+
+async def test_a_reply_for_another_try_is_refused() -> None:
+    other = {
+        "_ng_rollout_id": "other",
+        "_ng_attempt_index": 0,
+        "id": "r-other",
+        "response": {},
+        "reward": 1.0,
+        "mask_sample": False,
+    }
+    async with _with_transport(
+        GymClient("http://agent", "a"), lambda _: httpx.Response(200, json=other)
+    ) as c:
+        with pytest.raises(BadResponseError, match="instead of"):
+            await c.run(run_request("mine"))
+
+
+async def test_error_names_map_to_typed_errors() -> None:
+    answers = {
+        "/retire": httpx.Response(409, json={"error": "CheckpointConflictError", "message": "m"}),
+        "/run": httpx.Response(410, json={"error": "gone", "message": "m"}),
+        "/status": httpx.Response(503, json={"error": "shutting_down", "message": "m"}),
+    }
+    async with _with_transport(GymClient("http://agent", "a"), lambda r: answers[r.url.path]) as c:
+        with pytest.raises(CheckpointConflictError):
+            await c.retire("x", 0)
+        with pytest.raises(GoneError):
+            await c.run(run_request("x"))
+        with pytest.raises(AgentServerError):
+            await c.status()
+
+
+async def test_not_ready_carries_status_and_attempts(client: GymClient) -> None:
+    status = (await client.status()).model_dump(mode="json")
+    body = {
+        "error": "not_ready",
+        "status": status,
+        "completed_unacknowledged_attempts": [{"rollout_id": "rD", "attempt_index": 0}],
+    }
+    async with _with_transport(GymClient("http://agent", "a"), lambda _: httpx.Response(409, json=body)) as c:
+        with pytest.raises(NotReadyError) as err:
+            await c.prepare("ckpt-A", timeout_s=1)
+    assert [a.rollout_id for a in err.value.attempts] == ["rD"]
+    assert err.value.status.execution_generation == status["execution_generation"]
+
+
+async def test_unreachable_agent() -> None:
+    async with GymClient(f"http://127.0.0.1:{free_port()}", "gone", connect_timeout_s=2) as c:
+        with pytest.raises(AgentUnavailableError):
+            await c.status()
+        with pytest.raises(AgentUnavailableError):
+            await c.run(run_request("x"))
+
+
+async def test_verify_receipt(client: GymClient) -> None:
+    rid = fresh_id()
+    reply = await client.run(run_request(rid))
+    receipt = await client.completion_receipt(rid, 0)
+    verify_receipt(reply, receipt)
+    # The digest is the canonical JSON of exactly what came over the wire.
+    async with httpx.AsyncClient(base_url=client.base_url, verify=False) as raw:
+        wire = (await raw.post("/run", json=run_request(rid).model_dump(mode="json"))).content
+    assert reply_digest(json.loads(wire)) == receipt.result_digest
+
+    tampered = RunReply.model_validate({**reply.model_dump(mode="json"), "reward": reply.reward + 1})
+    with pytest.raises(ReceiptMismatchError, match="result_digest"):
+        verify_receipt(tampered, receipt)
+    foreign: CompletionReceipt = receipt.model_copy(update={"result_identity": "r-x"})
+    with pytest.raises(ReceiptMismatchError, match="result_identity"):
+        verify_receipt(reply, foreign)

@@ -1,0 +1,136 @@
+"""The coordinator against real agents over HTTP, on both log backends: the seeds' cases (a)-(f)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from eventstore import EventStore
+from gym_agent.wire import TryFault
+from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
+from workers.gym import GymClient
+
+
+def types(store: EventStore, stream: str) -> list[str]:
+    return [e.type for e in store.read_stream(stream)]
+
+
+async def _all_done(coord, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    await coord.wait_idle(timeout_s)
+
+
+async def test_sibling_mode_seals_and_acks(store: EventStore, make_agent: MakeAgent) -> None:
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(store, {"a": client}, mode="sibling")
+        async with coord:
+            g = gid()
+            await coord.submit(g, PROMPT, "a", 3, PAYLOAD)
+            sealed = [s async for s in coord.sealed_groups()]
+            assert [s.group_id for s in sealed] == [g]
+            await coord.claim_for_training(g, 0)
+            await _all_done(coord)
+            assert (await client.status()).completed_unacknowledged == 0
+        seq = types(store, f"group-{g}")
+        assert seq.count("SiblingSealed") == 3 and seq.count("AckAccepted") == 3
+        assert seq.count("GroupClaimedForTraining") == 1
+
+
+async def test_a_checkpoint_during_a_half_done_prompt_group_commits_at_once(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """(a) g0 finished (and is ACKed at once), g1 is slow: the checkpoint does not wait its deadline."""
+    agent = make_agent("a", turns=(3, 3))
+    async with GymClient(agent.url, "a") as client:
+        g = gid()
+        await client.set_faults(TryFault(rollout_id=f"{g}_g1", attempt_index=0, delay_s=0.3))
+        coord = coordinator(store, {"a": client}, mode="prompt_group", prepare_timeout_s=30)
+        async with coord:
+            await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
+            for _ in range(400):
+                if any(e.type == "AckAccepted" for e in store.read_stream(f"group-{g}")):
+                    break
+                await asyncio.sleep(0.01)
+            outcome = await coord.checkpoint(gid("ck"))
+            assert outcome.committed, outcome.reason
+            assert max(outcome.prepare_wait_s.values()) < 2.0
+            await _all_done(coord)
+        assert "GroupSealed" in types(store, f"group-{g}")
+
+
+async def test_a_group_failing_after_one_sibling_finished_blocks_no_checkpoint(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """(b) g1 fails (masked) after g0 finished: the group is abandoned, nothing strands."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        g = gid()
+        await client.set_faults(TryFault(rollout_id=f"{g}_g1", attempt_index=0, fail=True, delay_s=0.1))
+        coord = coordinator(store, {"a": client}, mode="prompt_group")
+        async with coord:
+            await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
+            await _all_done(coord)
+            for i in range(2):
+                outcome = await coord.checkpoint(gid("ck"))
+                assert outcome.committed, outcome.reason
+            assert (await client.status()).completed_unacknowledged == 0
+        seq = types(store, f"group-{g}")
+        assert "GroupAbandoned" in seq and seq.count("ReplacementMinted") == 2 and "GroupSealed" in seq
+
+
+async def test_a_lost_reply_is_adopted_not_rerun(store: EventStore, make_agent: MakeAgent) -> None:
+    """(c) the reply is dropped: retire answers completed_unacknowledged, the try is adopted; no try 1."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        g = gid()
+        await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, drop_reply=True))
+        coord = coordinator(store, {"a": client}, mode="sibling")
+        async with coord:
+            await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
+            await _all_done(coord)
+            assert (await client.debug_runs())[f"{g}_g0"] == 1
+        seq = types(store, f"group-{g}")
+        assert "AttemptAdopted" in seq and "ReplacementMinted" not in seq and "GroupSealed" in seq
+
+
+async def test_a_try_running_past_its_deadline_is_retired_and_replaced(store: EventStore, make_agent: MakeAgent) -> None:
+    """(d) a hung try: retired at its deadline (cancelled), try 1 minted and sealed."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        g = gid()
+        await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
+        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=3.0)
+        async with coord:
+            await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
+            await _all_done(coord)
+        events = list(store.read_stream(f"group-{g}"))
+        retired = [e.data for e in events if e.type == "AttemptRetired"]
+        assert retired[0] == {"rollout_id": f"{g}_g0", "attempt_index": 0, "outcome": "cancelled", "checkpoint_id": None}
+        sealed = [e.data["attempt_index"] for e in events if e.type == "SiblingSealed"]
+        assert len(sealed) == 1 and sealed[0] >= 1
+
+
+async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(store: EventStore, make_agent: MakeAgent) -> None:
+    """(e) the reply was dropped and the lease is long: prepare's 409 names it, it is adopted, prepare succeeds."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        g = gid()
+        await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, drop_reply=True))
+        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60)
+        # The try's own task would adopt it too; hold it back so the checkpoint is the one to find it.
+        coord.ctx.live_try(f"{g}_g0", 0)
+        async with coord:
+            live = coord.ctx.live_try(f"{g}_g0", 0)
+            async with live.lock:
+                await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
+                for _ in range(500):
+                    if (await client.status()).completed_unacknowledged:
+                        break
+                    await asyncio.sleep(0.01)
+                task = asyncio.create_task(coord.checkpoint(gid("ck")))
+                await asyncio.sleep(0.3)
+            outcome = await task
+            assert outcome.committed, outcome.reason
+            assert outcome.adopted == 1
+            await _all_done(coord)
+        seq = types(store, f"group-{g}")
+        assert "AttemptAdopted" in seq and "ReplacementMinted" not in seq

@@ -1,0 +1,142 @@
+"""(f) an agent crash, (g) a trainer SIGKILLed and recovered, (h) two coordinators on one PostgreSQL log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from eventstore import open_store, upgrade_database
+from gym_agent.launcher import AgentProcess
+from gym_agent.wire import CrashAfter, FaultRates, RateFaults
+from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
+from workers.gym import GymClient
+from workers.rollout import FencedOff, RolloutCoordinator
+
+
+async def test_a_stale_coordinator_is_fenced_off(pg_url: str, make_agent: MakeAgent) -> None:
+    """(h) B recovers the same log while A still runs: A's next append fails and A stops."""
+    upgrade_database(pg_url)
+    store_a, store_b = open_store(pg_url), open_store(pg_url)
+    agent = make_agent("a", delay_s=0.2)
+    try:
+        async with GymClient(agent.url, "a") as ca, GymClient(agent.url, "a") as cb:
+            a = coordinator(store_a, {"a": ca}, mode="sibling")
+            await a.start()
+            g = gid()
+            await a.submit(g, PROMPT, "a", 2, PAYLOAD)
+            await asyncio.sleep(0.1)
+            b = await RolloutCoordinator.recover(store_b, {"a": cb}, mode="sibling", rollout_timeout_s=10)
+            with pytest.raises(FencedOff):
+                await a.wait_idle(30)
+            with pytest.raises(FencedOff):
+                await a.claim_for_training(g, 0)
+            await b.wait_idle(30)
+            assert g not in b.open_groups()
+            assert (await cb.status()).completed_unacknowledged == 0
+            await a.close()
+            await b.close()
+    finally:
+        store_a.close()
+        store_b.close()
+
+
+async def test_an_agent_crash_reruns_the_lost_siblings_under_new_tries(sqlite_url: str, tmp_path: Path) -> None:
+    """(f) the agent dies after one completion: ACKs of lost results answer unknown_execution; new tries run."""
+    store = open_store(sqlite_url, migrate_schema=True)
+    with AgentProcess("crashy", turns=(2, 3), delay_s=0.05, state_dir=tmp_path / "agent") as proc:
+        async with GymClient(proc.url, "crashy") as client:
+            await client.set_faults(CrashAfter(crash_after=2))
+            coord = coordinator(store, {"crashy": client}, mode="sibling", rollout_timeout_s=10)
+            await coord.start()
+            g = gid()
+            await coord.submit(g, PROMPT, "crashy", 4, PAYLOAD)
+
+            async def restart() -> None:
+                while proc.is_running():
+                    await asyncio.sleep(0.05)
+                await asyncio.to_thread(proc.start)
+
+            await asyncio.wait_for(restart(), 30)
+            await coord.wait_idle(60)
+            await coord.close()
+            assert (await client.status()).completed_unacknowledged == 0
+    types = [e.type for e in store.read_stream(f"group-{g}")]
+    assert "GroupSealed" in types and "ReplacementMinted" in types
+    store.close()
+
+
+TRAINER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from eventstore import open_store
+    from eventstore.events import PromptRef
+    from workers.gym import GymClient
+    from workers.rollout import RolloutCoordinator
+
+    async def main(url, agent_url, first):
+        store = open_store(url, migrate_schema=True)
+        client = GymClient(agent_url, "a")
+        if first:
+            coord = RolloutCoordinator(store, {"a": client}, mode=sys.argv[4], rollout_timeout_s=5)
+            await coord.start()
+            for i in range(6):
+                await coord.submit(f"k{i}", PromptRef(sample_id="s", task_name="t"), "a", 3, {})
+        else:
+            coord = await RolloutCoordinator.recover(store, {"a": client}, mode=sys.argv[4], rollout_timeout_s=5)
+        k = 0
+        while coord.open_groups():
+            await coord.checkpoint(f"ck-{sys.argv[3]}-{k}")
+            k += 1
+            await asyncio.sleep(0.2)
+        await coord.wait_idle(60)
+        print("DONE", flush=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] == "0"))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sibling", "prompt_group"])
+async def test_a_trainer_killed_at_random_points_recovers(sqlite_url: str, make_agent: MakeAgent, tmp_path: Path, mode: str) -> None:
+    """(g) SIGKILL the trainer process mid-work, twice, then recover: all groups end, nothing strands."""
+    agent = make_agent("a", delay_s=0.03)
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    async with GymClient(agent.url, "a") as client:
+        await client.set_faults(RateFaults(rates=FaultRates(drop_reply=0.1, fail=0.1), seed=5))
+        env = dict(os.environ)
+        for run, kill_after in enumerate([0.8, 1.1, None]):
+            proc = subprocess.Popen(
+                [sys.executable, str(script), sqlite_url, agent.url, str(run), mode],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).parents[2],
+            )  # fmt: skip
+            if kill_after is not None:
+                await asyncio.sleep(kill_after)
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+            else:
+                out, _ = await asyncio.to_thread(proc.communicate, timeout=120)
+                assert b"DONE" in out, out.decode()[-3000:]
+        status = await client.status()
+        assert status.completed_unacknowledged == 0 and status.phase == "idle"
+        assert all(v == 1 for v in (await client.debug_runs()).values())
+    store = open_store(sqlite_url)
+    coord = RolloutCoordinator(store, {})
+    await coord.start()
+    assert not coord.open_groups()
+    assert not coord.ledger.unpaid_debts()
+    from projections.audit import audit_log
+
+    report = audit_log(store)
+    assert report.ok, report.as_json()
+    await coord.close()
+    store.close()

@@ -1,0 +1,255 @@
+"""`ledger simulate`: K reference agents, a faulty workload, checkpoints, and a summary of what happened.
+
+Used by `cli/simulate.py` and `benchmarks/checkpoint_stall.py`.  Counts come from the log (the
+events of this run's streams), the agents' /status (stranded results) and /debug/runs (duplicate
+executions), and the auditor when it is importable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from eventstore import EventStore
+from eventstore.events import PromptRef
+from gym_agent.launcher import AgentProcess
+from gym_agent.wire import CrashAfter, FaultRates, RateFaults
+from workers.gym import GymClient
+from workers.gym.errors import GymError
+from workers.rollout.coordinator import RolloutCoordinator
+from workers.rollout.context import log
+
+DEFAULT_FAULTS = "drop_reply=0.05,fail=0.05,hang=0.01"
+
+
+@dataclass
+class SimConfig:
+    agents: int = 2
+    agent_urls: dict[str, str] = field(default_factory=dict)
+    groups: int = 24
+    siblings: int = 4
+    mode: str = "prompt_group"
+    faults: str = DEFAULT_FAULTS
+    checkpoint_every_s: float = 2.0
+    prepare_timeout_s: float = 30.0
+    rollout_timeout_s: float = 10.0
+    seed: int = 0
+    # Groups open at once per agent: keeps the agents (one model thread each) responsive.
+    window_per_agent: int = 3
+    turns: tuple[int, int] = (1, 3)
+    agent_delay_s: float = 0.02
+    max_tries: int = 4
+    run_id: str = ""
+
+
+@dataclass
+class Fault:
+    rates: FaultRates
+    crash_after: int | None
+
+
+def parse_faults(text: str) -> Fault:
+    values: dict[str, float] = {}
+    crash: int | None = None
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"fault {part!r} is not NAME=VALUE")
+        if name == "crash_after":
+            crash = int(value)
+        elif name in ("drop_reply", "fail", "hang"):
+            values[name] = float(value)
+        else:
+            raise ValueError(f"unknown fault {name!r} (drop_reply, fail, hang, crash_after)")
+    return Fault(FaultRates(**values), crash)
+
+
+def summarize(store: EventStore, run_id: str) -> Counter[str]:
+    prefixes = (f"group-{run_id}", f"checkpoint-{run_id}")
+    return Counter(e.type for e in store.read_all(0) if e.stream_id.startswith(prefixes))
+
+
+async def run_simulation(
+    store: EventStore,
+    config: SimConfig,
+    *,
+    coordinator_factory: Callable[..., RolloutCoordinator] = RolloutCoordinator,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    run_id = config.run_id or f"s{uuid.uuid4().hex[:6]}"
+    fault = parse_faults(config.faults)
+    processes: list[AgentProcess] = []
+    urls = dict(config.agent_urls)
+    if not urls:
+        processes = [
+            AgentProcess(f"agent-{i}", seed=config.seed + i, turns=config.turns, delay_s=config.agent_delay_s)
+            for i in range(config.agents)
+        ]
+        await asyncio.gather(*(asyncio.to_thread(p.start) for p in processes))
+        urls = {p.name: p.url for p in processes}
+    clients = {name: GymClient(url, name) for name, url in urls.items()}
+    stop = asyncio.Event()
+    restarts = 0
+
+    async def supervise() -> None:
+        # crash_after ends an agent process; like a real deployment, it is started again.
+        nonlocal restarts
+        while not stop.is_set():
+            for p in processes:
+                if not p.is_running():
+                    restarts += 1
+                    await asyncio.to_thread(p.start)
+            await asyncio.sleep(0.1)
+
+    started = time.monotonic()
+    try:
+        for i, client in enumerate(clients.values()):
+            await client.set_faults(RateFaults(rates=fault.rates, seed=config.seed * 1000 + i))
+        if fault.crash_after is not None:
+            await next(iter(clients.values())).set_faults(CrashAfter(crash_after=fault.crash_after))
+        supervisor = asyncio.create_task(supervise())
+        coord = coordinator_factory(
+            store,
+            clients,
+            mode=config.mode,
+            rollout_timeout_s=config.rollout_timeout_s,
+            prepare_timeout_s=config.prepare_timeout_s,
+            max_tries=config.max_tries,
+        )
+        await coord.start()
+        names = sorted(clients)
+        window = max(1, config.window_per_agent * len(names))
+        outcomes: list[Any] = []
+        claimed = 0
+
+        async def feed() -> None:
+            for i in range(config.groups):
+                while len(coord.open_groups()) >= window:
+                    await asyncio.sleep(0.02)
+                await coord.submit(
+                    f"{run_id}-p{i}",
+                    PromptRef(sample_id=f"sample-{i}", task_name="arith"),
+                    names[i % len(names)],
+                    config.siblings,
+                    {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
+                )
+
+        async def checkpoints() -> None:
+            k = 0
+            while True:
+                await asyncio.sleep(config.checkpoint_every_s)
+                outcomes.append(await coord.checkpoint(f"{run_id}-ckpt-{k}"))
+                k += 1
+
+        async def train() -> None:
+            nonlocal claimed
+            step = 0
+            async for group in coord.sealed_groups(until_idle=False):
+                await coord.claim_for_training(group.group_id, step)
+                step += 1
+                claimed += 1
+
+        feeder = asyncio.create_task(feed())
+        ckpt_task = asyncio.create_task(checkpoints()) if config.checkpoint_every_s > 0 else None
+        trainer = asyncio.create_task(train())
+        await feeder
+        while coord.open_groups():
+            if coord.errors:
+                raise coord.errors[0]
+            if progress is not None:
+                progress(config.groups - len(coord.open_groups()), config.groups)
+            await asyncio.sleep(0.1)
+        if ckpt_task is not None:
+            ckpt_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ckpt_task
+            # Leave no agent paused: a checkpoint cancelled mid-flight is aborted (presumed abort).
+            await coord.checkpointer.recover()
+        await coord.wait_idle(60)
+        if progress is not None:
+            progress(config.groups, config.groups)
+        await asyncio.sleep(0.2)
+        trainer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await trainer
+        elapsed = time.monotonic() - started
+        stranded, duplicates = 0, 0
+        for name, client in clients.items():
+            try:
+                status = await client.status()
+                runs = await client.debug_runs()
+            except GymError as exc:
+                log.error("final status of %s unavailable: %s", name, exc)
+                continue
+            stranded += status.completed_unacknowledged
+            duplicates += sum(v - 1 for v in runs.values() if v > 1)
+        await coord.close()
+        stop.set()
+        supervisor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await supervisor
+    finally:
+        stop.set()
+        for client in clients.values():
+            await client.aclose()
+        await asyncio.gather(*(asyncio.to_thread(p.close) for p in processes))
+
+    counts = await asyncio.to_thread(summarize, store, run_id)
+    waits = [w for o in outcomes for w in o.prepare_wait_s.values()]
+    audit: int | None = None
+    try:
+        from projections.audit import audit_log
+
+        audit = len((await asyncio.to_thread(audit_log, store)).violations)
+    except ImportError:
+        audit = None
+    ledger = coord.ledger
+    return {
+        "run_id": run_id,
+        "mode": config.mode,
+        "agents": len(clients),
+        "groups": config.groups,
+        "siblings": config.siblings,
+        "wall_s": round(elapsed, 2),
+        "groups_sealed": counts["GroupSealed"],
+        "groups_claimed": claimed,
+        "groups_abandoned": counts["GroupAbandoned"],
+        "groups_dead_lettered": counts["GroupDeadLettered"],
+        "tries": counts["AttemptMinted"] + counts["ReplacementMinted"],
+        "replacements": counts["ReplacementMinted"],
+        "retired": counts["AttemptRetired"] - _completed_answers(store, run_id),
+        "adopted": counts["AttemptAdopted"],
+        "acks_accepted": counts["AckAccepted"],
+        "acks_rejected": counts["AckRejected"],
+        "debts_outstanding": sum(
+            1 for a, r in ledger.unpaid_debts() if r.rollout_id.startswith(run_id) and a in clients
+        ),
+        "checkpoints_committed": counts["CheckpointCommitted"],
+        "checkpoints_aborted": counts["CheckpointAborted"],
+        "prepare_wait_p50_s": round(statistics.median(waits), 3) if waits else None,
+        "prepare_wait_max_s": round(max(waits), 3) if waits else None,
+        "agent_restarts": restarts,
+        "stranded": stranded,
+        "duplicate_executions": duplicates,
+        "audit_violations": audit,
+        "events": sum(counts.values()),
+    }
+
+
+def _completed_answers(store: EventStore, run_id: str) -> int:
+    return sum(
+        1
+        for e in store.read_all(0, types=["AttemptRetired"])
+        if e.stream_id.startswith(f"group-{run_id}") and e.data.get("outcome") == "completed_unacknowledged"
+    )
+
+
+def failed(summary: dict[str, Any]) -> bool:
+    return bool(summary["stranded"] or summary["duplicate_executions"] or (summary["audit_violations"] or 0))
