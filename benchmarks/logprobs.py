@@ -17,7 +17,7 @@ How memory is measured:
   storage created during the call until it is freed; the peak of live bytes is reported. Triton's
   CPU interpreter keeps its tiles in numpy arrays (the stand-in for on-chip memory), which are not
   counted. On the CPU the Triton kernels run in that interpreter: their times are not meaningful
-  and are shown in grey; their errors and memory are.
+  and are shown in grey; their errors and memory are. CPU times come from a single run.
 """
 
 from __future__ import annotations
@@ -66,18 +66,16 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-def _measure_cpu(fn: Fn, reps: int) -> Timing:
+def _measure_cpu(fn: Fn) -> Timing:
     from workers.kernels.memory import AllocationTracker
 
-    # Memory from a tracked run (the dispatch mode slows ops down, so timing is a separate run).
+    # One run gives both numbers: the tracker costs microseconds per aten op, and these calls are a
+    # handful of large ops (or, for the interpreter, numpy work the tracker does not see).
     with AllocationTracker() as tracker:
-        out = fn()
-    times = []
-    for _ in range(reps):
         start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return Timing(out=out, time_ms=min(times), peak_bytes=tracker.report.peak_bytes)
+        out = fn()
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+    return Timing(out=out, time_ms=elapsed_ms, peak_bytes=tracker.report.peak_bytes)
 
 
 def _measure_cuda(fn: Fn, warmup: int, reps: int) -> Timing:
@@ -128,7 +126,7 @@ class Bench:
     def measure(self, fn: Fn) -> Timing:
         if self.device.type == "cuda":
             return _measure_cuda(fn, warmup=1 if self.quick else 2, reps=3 if self.quick else 5)
-        return _measure_cpu(fn, reps=1 if self.quick else 2)
+        return _measure_cpu(fn)
 
     def add(
         self,
@@ -149,16 +147,24 @@ class Bench:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             first_line = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
-            self.results.append(Result(kernel, impl, size, None, "-", None, None, "-", f"failed: {first_line}"))
+            self.results.append(
+                Result(kernel, impl, size, None, "-", None, None, "-", f"failed: {first_line}")
+            )
             return None
         err = (timing.out.float() - oracle.to(timing.out.device)).abs().max().item()
         seconds = timing.time_ms / 1e3
-        rate = f"{work / seconds / 1e12:.1f} TFLOP/s" if unit == "flop" else f"{work / seconds / 1e9:.1f} GB/s"
+        if unit == "flop":
+            tflops = work / seconds / 1e12
+            rate = f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.1f} GFLOP/s"
+        else:
+            rate = f"{work / seconds / 1e9:.1f} GB/s"
         vs = "1.00x" if eager_ms is None else f"{eager_ms / timing.time_ms:.2f}x"
         if not timing_meaningful:
             rate, vs = "-", "-"
         self.results.append(
-            Result(kernel, impl, size, timing.time_ms, rate, timing.peak_bytes, err, vs, note, timing_meaningful)
+            Result(
+                kernel, impl, size, timing.time_ms, rate, timing.peak_bytes, err, vs, note, timing_meaningful
+            )
         )
         return timing
 
@@ -207,7 +213,7 @@ def bench_logits_kernel(b: Bench, num_tokens: int, vocab: int, dtype: torch.dtyp
     if triton_ok:
         b.add(
             name,
-            "triton kernel (a)" + (" [interpreter]" if b.device.type == "cpu" else ""),
+            "triton kernel (a)" + (" (interpreter)" if b.device.type == "cpu" else ""),
             size,
             lambda: logprobs_from_logits(logits, targets, backend="triton"),
             oracle,
@@ -291,7 +297,7 @@ def bench_fused_kernel(
 
             b.add(
                 name,
-                "triton kernel (b) [interpreter]",
+                "triton kernel (b) (interpreter)",
                 size,
                 fused_interp,
                 oracle,
@@ -342,14 +348,18 @@ def render(b: Bench, command: str, title: str) -> None:
         if not r.timing_meaningful:
             time_s = f"[grey50]{time_s}[/grey50]"
         err = "-" if r.max_err is None else f"{r.max_err:.1e}"
-        table.add_row(r.kernel, r.impl, r.size, time_s, r.rate, _fmt_bytes(r.peak_bytes), err, r.vs_eager, r.note)
+        table.add_row(
+            r.kernel, r.impl, r.size, time_s, r.rate, _fmt_bytes(r.peak_bytes), err, r.vs_eager, r.note
+        )
     console.print(table)
     for note in b.notes:
         console.print(f"note: {note}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.logprobs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.logprobs", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--quick", action="store_true", help="smaller sizes / fewer repetitions")
     args = parser.parse_args(argv)
@@ -394,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         for num_tokens in sizes_t:
             bench_logits_kernel(b, num_tokens, vocab, torch.float32, triton_ok and num_tokens in interp_t)
         for num_tokens in sizes_t:
-            bench_fused_kernel(b, num_tokens, hidden_size, vocab, torch.float32, triton_ok and num_tokens in interp_t)
+            bench_fused_kernel(
+                b, num_tokens, hidden_size, vocab, torch.float32, triton_ok and num_tokens in interp_t
+            )
         title = "logprob kernels on CPU: correctness and peak extra memory (Triton via its interpreter)"
         b.notes.append(
             "CPU memory = peak live bytes of tensors allocated during the call (TorchDispatchMode tracker); "

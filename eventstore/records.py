@@ -126,7 +126,14 @@ class RecordedEvent(NamedTuple):
                     f"position {self.position}: {self.type} has schema version {self.schema_version}, "
                     f"newer than this reader's {cls.schema_version}; upgrade the reader"
                 )
-            return cls.model_validate(upcast(self.type, self.schema_version, cls.schema_version, self.data))
+            old = json.loads(self.data_json)
+            if not isinstance(old, dict):
+                raise InvalidEvent(f"position {self.position}: {self.type} payload is not a JSON object")
+            return cls.model_validate(upcast(self.type, self.schema_version, cls.schema_version, old))
+        except UnknownSchemaVersion as exc:
+            if str(exc).startswith("position"):
+                raise
+            raise UnknownSchemaVersion(f"position {self.position}: {exc}") from None
         except ValidationError as exc:
             raise InvalidEvent(
                 f"position {self.position}: {self.type} payload does not validate: {exc}"

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 
 from eventstore import RecordedEvent
 from eventstore.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
-from eventstore.events import Event
+from eventstore.events import EVENT_TYPES, Event
 
 S = TypeVar("S")
 
@@ -100,8 +100,24 @@ class TypedProjection(Projection[S]):
         return self.adapter().validate_json(text)  # type: ignore[no-any-return]
 
 
+# type name -> (schema version, the model's validator): `decode` calls pydantic-core directly on the
+# stored JSON text, skipping two layers of Python wrappers that cost a third of a decode.
+_FAST: dict[str, tuple[int, Any]] = {}
+
+
 def decode(event: RecordedEvent) -> Event:
     """The typed event, or ReplayRefused saying where and why it cannot be read."""
+    fast = _FAST.get(event.type)
+    if fast is None:
+        cls = EVENT_TYPES.get(event.type)
+        if cls is not None:
+            fast = _FAST[event.type] = (cls.schema_version, cls.__pydantic_validator__)
+    if fast is not None and fast[0] == event.schema_version:
+        try:
+            decoded: Event = fast[1].validate_json(event.data_json)
+            return decoded
+        except ValueError:
+            pass  # the full path below words the error
     try:
         return event.decode()
     except DECODE_ERRORS as exc:

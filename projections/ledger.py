@@ -17,9 +17,9 @@ unpaid (and blocks checkpoint-clean) until an operator looks at it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, with_config
+from pydantic import ConfigDict, Field, with_config
 
 from eventstore import RecordedEvent
 from eventstore.events import (
@@ -179,6 +179,11 @@ class LedgerState:
     archived: dict[str, ArchivedGroup] = field(default_factory=dict)
     # agent -> "rollout_id/attempt_index" -> the receipt owed an ACK.
     debts: dict[str, dict[str, CompletionReceipt]] = field(default_factory=dict)
+    # A cache, not state: rollout_id -> its sibling, filled as siblings are minted or first looked up.
+    # Excluded from dumps, hashes and equality; a loaded state starts with it empty.
+    by_rollout: Annotated[dict[str, SiblingState], Field(exclude=True)] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def unpaid_debts(self, agent_name: str | None = None) -> list[tuple[str, CompletionReceipt]]:
         """(agent_name, receipt) of every debt not yet paid, oldest first per agent."""
@@ -197,9 +202,17 @@ class LedgerState:
         head, sep, _ = rollout_id.rpartition("_g")
         return self.groups.get(head) if sep else None
 
+    def sibling(self, rollout_id: str, stream_id: str = "") -> SiblingState | None:
+        found = self.by_rollout.get(rollout_id)
+        if found is None:
+            group = self.group_of(rollout_id, stream_id)
+            found = group.sibling_of(rollout_id) if group is not None else None
+            if found is not None:
+                self.by_rollout[rollout_id] = found
+        return found
+
     def attempt(self, rollout_id: str, attempt_index: int, stream_id: str = "") -> AttemptState | None:
-        group = self.group_of(rollout_id, stream_id)
-        sibling = group.sibling_of(rollout_id) if group is not None else None
+        sibling = self.sibling(rollout_id, stream_id)
         return sibling.attempts.get(attempt_index) if sibling is not None else None
 
 
@@ -264,6 +277,7 @@ def _mint(
             rollout_id=rollout_id, generation_index=generation_index, current_attempt=attempt_index
         )
         group.siblings[generation_index] = sibling
+        state.by_rollout[rollout_id] = sibling
     elif sibling.rollout_id != rollout_id or attempt_index in sibling.attempts:
         return
     sibling.attempts[attempt_index] = AttemptState(
@@ -325,8 +339,7 @@ def _receipt(state: LedgerState, ev: RecordedEvent, e: ReceiptFetched) -> None:
 
 
 def _held(state: LedgerState, ev: RecordedEvent, e: SiblingHeld) -> None:
-    group = state.group_of(e.rollout_id, ev.stream_id)
-    sibling = group.sibling_of(e.rollout_id) if group is not None else None
+    sibling = state.sibling(e.rollout_id, ev.stream_id)
     attempt = sibling.attempts.get(e.attempt_index) if sibling is not None else None
     if sibling is None or attempt is None:
         return
@@ -338,8 +351,7 @@ def _held(state: LedgerState, ev: RecordedEvent, e: SiblingHeld) -> None:
 
 
 def _sealed(state: LedgerState, ev: RecordedEvent, e: SiblingSealed) -> None:
-    group = state.group_of(e.rollout_id, ev.stream_id)
-    sibling = group.sibling_of(e.rollout_id) if group is not None else None
+    sibling = state.sibling(e.rollout_id, ev.stream_id)
     attempt = sibling.attempts.get(e.attempt_index) if sibling is not None else None
     if sibling is None or attempt is None:
         return
@@ -419,6 +431,8 @@ def _archive(state: LedgerState, cut: int) -> None:
     ]
     for g in done:
         del state.groups[g.group_id]
+        for sibling in g.siblings.values():
+            state.by_rollout.pop(sibling.rollout_id, None)
         state.archived[g.group_id] = ArchivedGroup(
             group_id=g.group_id,
             agent_name=g.agent_name,

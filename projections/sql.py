@@ -20,7 +20,11 @@ from sqlalchemy import Engine, text
 
 from eventstore import EventStore, RecordedEvent
 
-_LEAN = "SELECT position, stream_id, stream_version, type, schema_version, {data}, hash FROM events"
+# Constants stand in for the columns left out, so each row is a RecordedEvent's fields in order.
+_LEAN = (
+    "SELECT position, stream_id, stream_version, '' AS event_id, type, schema_version, {data}, "
+    "'' AS metadata, {zero} AS recorded_at, '' AS prev_hash, hash FROM events"
+)
 
 
 def _reader(store: EventStore) -> Engine:
@@ -38,9 +42,11 @@ def read_lean(
 ) -> Iterator[list[RecordedEvent]]:
     """Batches of events with `after < position <= to`, in position order, without metadata."""
     mark = _marks(store)
-    data = "data" if store.backend.name == "sqlite" else "data::text"
+    sqlite = store.backend.name == "sqlite"
+    columns = _LEAN.format(data="data" if sqlite else "data::text", zero="0.0" if sqlite else "0.0::float8")
     where = f"position > {mark}" + (f" AND position <= {mark}" if to is not None else "")
-    query = f"{_LEAN.format(data=data)} WHERE {where} ORDER BY position LIMIT {int(batch_size)}"
+    query = f"{columns} WHERE {where} ORDER BY position LIMIT {int(batch_size)}"
+    make = RecordedEvent._make
     raw = _reader(store).raw_connection()
     try:
         cursor = raw.cursor()
@@ -49,7 +55,7 @@ def read_lean(
             rows = cursor.fetchall()
             if not rows:
                 return
-            yield [RecordedEvent(r[0], r[1], r[2], "", r[3], r[4], r[5], "", 0.0, "", r[6]) for r in rows]
+            yield list(map(make, rows))
             if len(rows) < batch_size:
                 return
             after = rows[-1][0]

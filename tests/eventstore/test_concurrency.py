@@ -137,3 +137,26 @@ def test_sigkill_mid_append_leaves_all_or_none(store_url: str, kill_after_s: flo
     assert store.verify_chain() is None
     # the log is still writable after the crash
     assert store.append("group-crash", [minted(count, "c")]).positions == [count + 1]
+
+
+def test_database_restart_and_outage_are_survived_without_a_manual_step() -> None:
+    from eventstore import DatabaseUnavailable, upgrade_database
+    from eventstore.pgcluster import PgCluster
+
+    with PgCluster() as cluster:
+        url = cluster.url(cluster.create_database("outage")).replace("postgres@", "postgres:pw@")
+        upgrade_database(url)
+        store = open_store(url)
+        store.append("group-o", [minted(0, "o")])
+        cluster.restart()  # every pooled connection is now dead
+        assert store.append("group-o", [minted(1, "o")]).positions == [2]
+        cluster.pg_ctl("stop", "-m", "fast")
+        with pytest.raises(DatabaseUnavailable) as err:
+            store.append("group-o", [minted(2, "o")])
+        assert "pw" not in str(err.value) and "***" in str(err.value)
+        with pytest.raises(DatabaseUnavailable):
+            list(store.read_all())
+        cluster.pg_ctl("start")
+        assert [e.stream_version for e in store.read_all()] == [0, 1]
+        assert store.append("group-o", [minted(2, "o")]).positions == [3]
+        assert store.verify_chain() is None

@@ -69,7 +69,7 @@ async def test_a_group_failing_after_one_sibling_finished_blocks_no_checkpoint(
         async with coord:
             await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
             await _all_done(coord)
-            for i in range(2):
+            for _ in range(2):
                 outcome = await coord.checkpoint(gid("ck"))
                 assert outcome.committed, outcome.reason
             assert (await client.status()).completed_unacknowledged == 0

@@ -96,6 +96,9 @@ TRAINER = textwrap.dedent(
             k += 1
             await asyncio.sleep(0.2)
         await coord.wait_idle(60)
+        await coord.close()
+        await client.aclose()
+        store.close()
         print("DONE", flush=True)
 
     asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] == "0"))

@@ -23,8 +23,8 @@ from gym_agent.launcher import AgentProcess
 from gym_agent.wire import CrashAfter, FaultRates, RateFaults
 from workers.gym import GymClient
 from workers.gym.errors import GymError
-from workers.rollout.coordinator import RolloutCoordinator
 from workers.rollout.context import log
+from workers.rollout.coordinator import RolloutCoordinator
 
 DEFAULT_FAULTS = "drop_reply=0.05,fail=0.05,hang=0.01"
 

@@ -1,0 +1,91 @@
+"""Checkpoint stall: the seeds' prompt_group ACK policy against ours, same workload, one process.
+
+Baseline (the seeds): a prompt_group sibling's ACK debt is recorded only when its whole group
+seals; a group abandoned part-way drops its held siblings' debts.  Ours: the debt is recorded in
+the same append as the hold.  Prints committed/aborted checkpoints, prepare wait p50/max and the
+results stranded in the agents for each.
+
+    python -m benchmarks.checkpoint_stall [--groups 40] [--prepare-timeout 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from eventstore import open_store
+from eventstore.events import AckOwed, Event, RolloutReceipt, SiblingHeld
+from gym_agent.wire import CompletionReceipt
+from projections.ledger import GroupState
+from workers.rollout import RolloutCoordinator
+from workers.rollout.attempts import Tries
+from workers.rollout.simulate import SimConfig, run_simulation
+
+
+class SealOnlyTries(Tries):
+    """The seeds' policy: hold without a debt; owe every sibling only when the group seals."""
+
+    def keep_events(self, group: GroupState, rollout_receipt: RolloutReceipt, receipt: CompletionReceipt) -> list[Event]:
+        if group.mode == "sibling":
+            return super().keep_events(group, rollout_receipt, receipt)
+        rid, n = rollout_receipt.rollout_id, rollout_receipt.attempt_index
+        seals = self.seal_if_complete(group, rid, rollout_receipt)
+        held: list[Event] = [SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt)]
+        if not seals:
+            return held
+        debts: list[Event] = []
+        for sibling in group.siblings.values():
+            attempt = sibling.attempts.get(sibling.current_attempt)
+            if sibling.rollout_id == rid:
+                debts.append(AckOwed(agent_name=group.agent_name, receipt=receipt))
+            elif attempt is not None and attempt.receipt is not None:
+                debts.append(AckOwed(agent_name=group.agent_name, receipt=attempt.receipt))
+        return [*held, *debts, *seals]
+
+
+class BaselineCoordinator(RolloutCoordinator):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tries = SealOnlyTries(self.ctx)
+        self.checkpointer.tries = self.tries
+
+
+async def main(args: argparse.Namespace) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, factory in (("seeds (debt at seal)", BaselineCoordinator), ("ours (debt on arrival)", RolloutCoordinator)):
+            store = open_store(f"sqlite:///{Path(tmp) / (name[:4] + '.db')}", migrate_schema=True)
+            config = SimConfig(
+                groups=args.groups,
+                siblings=args.siblings,
+                mode="prompt_group",
+                faults=args.faults,
+                checkpoint_every_s=args.checkpoint_every,
+                prepare_timeout_s=args.prepare_timeout,
+                rollout_timeout_s=args.rollout_timeout,
+                seed=args.seed,
+            )
+            try:
+                summary = await run_simulation(store, config, coordinator_factory=factory)
+            finally:
+                store.close()
+            rows.append((name, summary))
+    keys = ["checkpoints_committed", "checkpoints_aborted", "prepare_wait_p50_s", "prepare_wait_max_s", "stranded", "groups_sealed", "wall_s"]
+    print(f"{'policy':<24}" + "".join(f"{k:>24}" for k in keys))
+    for name, summary in rows:
+        print(f"{name:<24}" + "".join(f"{summary[k]!s:>24}" for k in keys))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=40)
+    parser.add_argument("--siblings", type=int, default=4)
+    parser.add_argument("--faults", default="fail=0.1,drop_reply=0.03")
+    parser.add_argument("--checkpoint-every", type=float, default=1.0)
+    parser.add_argument("--prepare-timeout", type=float, default=5.0)
+    parser.add_argument("--rollout-timeout", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=0)
+    asyncio.run(main(parser.parse_args()))
