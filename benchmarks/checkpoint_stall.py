@@ -28,7 +28,9 @@ from workers.rollout.simulate import SimConfig, run_simulation
 class SealOnlyTries(Tries):
     """The seeds' policy: hold without a debt; owe every sibling only when the group seals."""
 
-    def keep_events(self, group: GroupState, rollout_receipt: RolloutReceipt, receipt: CompletionReceipt) -> list[Event]:
+    def keep_events(
+        self, group: GroupState, rollout_receipt: RolloutReceipt, receipt: CompletionReceipt
+    ) -> list[Event]:
         if group.mode == "sibling":
             return super().keep_events(group, rollout_receipt, receipt)
         rid, n = rollout_receipt.rollout_id, rollout_receipt.attempt_index
@@ -56,7 +58,10 @@ class BaselineCoordinator(RolloutCoordinator):
 async def main(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, factory in (("seeds (debt at seal)", BaselineCoordinator), ("ours (debt on arrival)", RolloutCoordinator)):
+        for name, factory in (
+            ("seeds (debt at seal)", BaselineCoordinator),
+            ("ours (debt on arrival)", RolloutCoordinator),
+        ):
             store = open_store(f"sqlite:///{Path(tmp) / (name[:4] + '.db')}", migrate_schema=True)
             config = SimConfig(
                 groups=args.groups,
@@ -73,7 +78,15 @@ async def main(args: argparse.Namespace) -> None:
             finally:
                 store.close()
             rows.append((name, summary))
-    keys = ["checkpoints_committed", "checkpoints_aborted", "prepare_wait_p50_s", "prepare_wait_max_s", "stranded", "groups_sealed", "wall_s"]
+    keys = [
+        "checkpoints_committed",
+        "checkpoints_aborted",
+        "prepare_wait_p50_s",
+        "prepare_wait_max_s",
+        "stranded",
+        "groups_sealed",
+        "wall_s",
+    ]
     print(f"{'policy':<24}" + "".join(f"{k:>24}" for k in keys))
     for name, summary in rows:
         print(f"{name:<24}" + "".join(f"{summary[k]!s:>24}" for k in keys))

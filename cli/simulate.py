@@ -23,15 +23,22 @@ def register(app: typer.Typer) -> None:
 
 def simulate(
     db: DbOption = None,
-    agents: Annotated[int, typer.Option("--agents", min=1, help="Reference agents to start on loopback.")] = 2,
+    agents: Annotated[
+        int, typer.Option("--agents", min=1, help="Reference agents to start on loopback.")
+    ] = 2,
     agent_url: Annotated[
-        list[str] | None, typer.Option("--agent-url", help="NAME=URL of a running agent (repeatable); no agents are started.")
+        list[str] | None,
+        typer.Option("--agent-url", help="NAME=URL of a running agent (repeatable); no agents are started."),
     ] = None,
     groups: Annotated[int, typer.Option("--groups", min=1)] = 24,
     siblings: Annotated[int, typer.Option("--siblings", min=1)] = 4,
     mode: Annotated[str, typer.Option("--mode", help="sibling | prompt_group")] = "prompt_group",
-    faults: Annotated[str, typer.Option("--faults", help="drop_reply=P,fail=P,hang=P,crash_after=N")] = DEFAULT_FAULTS,
-    checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints (0: none).")] = 2.0,
+    faults: Annotated[
+        str, typer.Option("--faults", help="drop_reply=P,fail=P,hang=P,crash_after=N")
+    ] = DEFAULT_FAULTS,
+    checkpoint_every: Annotated[
+        float, typer.Option("--checkpoint-every", help="Seconds between checkpoints (0: none).")
+    ] = 2.0,
     prepare_timeout: Annotated[float, typer.Option("--prepare-timeout")] = 30.0,
     rollout_timeout: Annotated[float, typer.Option("--rollout-timeout")] = 10.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -75,11 +82,17 @@ def simulate(
                 summary = asyncio.run(run_simulation(store, config))
             else:
                 with Progress(
-                    TextColumn("groups"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console
+                    TextColumn("groups"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=err_console,
                 ) as bar:
                     task = bar.add_task("groups", total=groups)
                     summary = asyncio.run(
-                        run_simulation(store, config, progress=lambda done, total: bar.update(task, completed=done))
+                        run_simulation(
+                            store, config, progress=lambda done, total: bar.update(task, completed=done)
+                        )
                     )
         finally:
             store.close()

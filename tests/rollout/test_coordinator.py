@@ -92,7 +92,9 @@ async def test_a_lost_reply_is_adopted_not_rerun(store: EventStore, make_agent: 
         assert "AttemptAdopted" in seq and "ReplacementMinted" not in seq and "GroupSealed" in seq
 
 
-async def test_a_try_running_past_its_deadline_is_retired_and_replaced(store: EventStore, make_agent: MakeAgent) -> None:
+async def test_a_try_running_past_its_deadline_is_retired_and_replaced(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
     """(d) a hung try: retired at its deadline (cancelled), try 1 minted and sealed."""
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
@@ -104,12 +106,19 @@ async def test_a_try_running_past_its_deadline_is_retired_and_replaced(store: Ev
             await _all_done(coord)
         events = list(store.read_stream(f"group-{g}"))
         retired = [e.data for e in events if e.type == "AttemptRetired"]
-        assert retired[0] == {"rollout_id": f"{g}_g0", "attempt_index": 0, "outcome": "cancelled", "checkpoint_id": None}
+        assert retired[0] == {
+            "rollout_id": f"{g}_g0",
+            "attempt_index": 0,
+            "outcome": "cancelled",
+            "checkpoint_id": None,
+        }
         sealed = [e.data["attempt_index"] for e in events if e.type == "SiblingSealed"]
         assert len(sealed) == 1 and sealed[0] >= 1
 
 
-async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(store: EventStore, make_agent: MakeAgent) -> None:
+async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
     """(e) the reply was dropped and the lease is long: prepare's 409 names it, it is adopted, prepare succeeds."""
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:

@@ -47,7 +47,9 @@ async def test_a_stale_coordinator_is_fenced_off(pg_url: str, make_agent: MakeAg
         store_b.close()
 
 
-async def test_an_agent_crash_reruns_the_lost_siblings_under_new_tries(sqlite_url: str, tmp_path: Path) -> None:
+async def test_an_agent_crash_reruns_the_lost_siblings_under_new_tries(
+    sqlite_url: str, tmp_path: Path
+) -> None:
     """(f) the agent dies after one completion: ACKs of lost results answer unknown_execution; new tries run."""
     store = open_store(sqlite_url, migrate_schema=True)
     with AgentProcess("crashy", turns=(2, 3), delay_s=0.05, state_dir=tmp_path / "agent") as proc:
@@ -108,7 +110,9 @@ TRAINER = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sibling", "prompt_group"])
-async def test_a_trainer_killed_at_random_points_recovers(sqlite_url: str, make_agent: MakeAgent, tmp_path: Path, mode: str) -> None:
+async def test_a_trainer_killed_at_random_points_recovers(
+    sqlite_url: str, make_agent: MakeAgent, tmp_path: Path, mode: str
+) -> None:
     """(g) SIGKILL the trainer process mid-work, twice, then recover: all groups end, nothing strands."""
     agent = make_agent("a", delay_s=0.03)
     script = tmp_path / "trainer.py"

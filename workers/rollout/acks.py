@@ -86,7 +86,9 @@ class AckRelay:
                 delay = min(self._backoff.get(agent_name, 0.05) * 2, 2.0)
                 self._backoff[agent_name] = delay
                 self._not_before[agent_name] = time.monotonic() + delay
-                log.info("ACK to %s failed (%d receipts), retry in %.2f s: %s", agent_name, len(owed), delay, exc)
+                log.info(
+                    "ACK to %s failed (%d receipts), retry in %.2f s: %s", agent_name, len(owed), delay, exc
+                )
                 return False
             self._backoff.pop(agent_name, None)
             self._not_before.pop(agent_name, None)
@@ -95,14 +97,20 @@ class AckRelay:
                 event: Event
                 if result.acknowledged:
                     event = AckAccepted(
-                        rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, idempotent=result.idempotent
+                        rollout_id=receipt.rollout_id,
+                        attempt_index=receipt.attempt_index,
+                        idempotent=result.idempotent,
                     )
                 else:
                     error = result.error or RECEIPT_MISMATCH
-                    event = AckRejected(rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, error=error)
+                    event = AckRejected(
+                        rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, error=error
+                    )
                     if error == RECEIPT_MISMATCH:
                         self._mismatched.add(debt_key(receipt.rollout_id, receipt.attempt_index))
-                        log.error("agent %s refused the ACK of %s: receipt_mismatch", agent_name, receipt.attempt)
+                        log.error(
+                            "agent %s refused the ACK of %s: receipt_mismatch", agent_name, receipt.attempt
+                        )
                 by_group[group_id_of(receipt.rollout_id)].append((receipt, event))
             for group_id, items in by_group.items():
                 await self.ctx.journal.append(group_stream(group_id), _still_owed(agent_name, items))
@@ -123,7 +131,9 @@ class AckRelay:
             if time.monotonic() >= deadline:
                 return False
             if not await self.send(agent_name):
-                await asyncio.sleep(min(self._backoff.get(agent_name, 0.05), max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(
+                    min(self._backoff.get(agent_name, 0.05), max(0.0, deadline - time.monotonic()))
+                )
 
 
 def _still_owed(agent_name: str, items: list[tuple[CompletionReceipt, Event]]):  # type: ignore[no-untyped-def]

@@ -73,7 +73,9 @@ def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRe
         rollout_id=rollout_id,
         attempt_index=attempt_index,
         responses_create_params=payload.pop("responses_create_params", {}),
-        task=payload.pop("task", {"sample_id": group.prompt_ref.sample_id, "task_name": group.prompt_ref.task_name}),
+        task=payload.pop(
+            "task", {"sample_id": group.prompt_ref.sample_id, "task_name": group.prompt_ref.task_name}
+        ),
     )
 
 
@@ -206,7 +208,13 @@ class Tries:
                     group_id,
                     [
                         *adopted_events,
-                        RunReplied(rollout_id=rid, attempt_index=n, reward=reply.reward, mask_sample=True, reply_digest=digest),
+                        RunReplied(
+                            rollout_id=rid,
+                            attempt_index=n,
+                            reward=reply.reward,
+                            mask_sample=True,
+                            reply_digest=digest,
+                        ),
                         ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
                         AckOwed(agent_name=group.agent_name, receipt=receipt),
                     ],
@@ -235,7 +243,9 @@ class Tries:
         blob = canonical_json([t.model_dump(mode="json", by_alias=True) for t in tokens]).encode()
         head: list[Event] = [
             *adopted_events,
-            RunReplied(rollout_id=rid, attempt_index=n, reward=reply.reward, mask_sample=False, reply_digest=digest),
+            RunReplied(
+                rollout_id=rid, attempt_index=n, reward=reply.reward, mask_sample=False, reply_digest=digest
+            ),
             ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
         ]
 
@@ -257,7 +267,9 @@ class Tries:
         owed = AckOwed(agent_name=group.agent_name, receipt=receipt)
         if group.mode == "sibling":
             events: list[Event] = [
-                SiblingSealed(rollout_id=rid, attempt_index=n, reward=rollout_receipt.reward, receipt=rollout_receipt),
+                SiblingSealed(
+                    rollout_id=rid, attempt_index=n, reward=rollout_receipt.reward, receipt=rollout_receipt
+                ),
                 owed,
             ]
             others_sealed = all(s.status == "sealed" for s in group.siblings.values() if s.rollout_id != rid)
@@ -329,7 +341,14 @@ class Tries:
                 if not recorded_completed:
                     await self._append(
                         group_id,
-                        [AttemptRetired(rollout_id=rid, attempt_index=n, outcome="completed_unacknowledged", checkpoint_id=checkpoint_id)],
+                        [
+                            AttemptRetired(
+                                rollout_id=rid,
+                                attempt_index=n,
+                                outcome="completed_unacknowledged",
+                                checkpoint_id=checkpoint_id,
+                            )
+                        ],
                     )
                     recorded_completed = True
                 adopted = await self._adopt(group_id, client, rid, n)
@@ -368,10 +387,14 @@ async def _wait_idle(ctx: Context, poll_s: float) -> None:
     await asyncio.sleep(poll_s if ctx.checkpoint_idle.is_set() else 0)
 
 
-def build_rollout_receipt(reply: RunReply, receipt: CompletionReceipt, tokens: list[TokenEntry]) -> RolloutReceipt:
+def build_rollout_receipt(
+    reply: RunReply, receipt: CompletionReceipt, tokens: list[TokenEntry]
+) -> RolloutReceipt:
     key = capture_key(reply.rollout_id, reply.attempt_index)
     if receipt.manifest_capture_key != key:
-        raise _Unverifiable(f"receipt names capture key {receipt.manifest_capture_key!r}, the try's is {key!r}")
+        raise _Unverifiable(
+            f"receipt names capture key {receipt.manifest_capture_key!r}, the try's is {key!r}"
+        )
     if not tokens:
         raise _Unverifiable(f"no token records under {key!r}")
     if any(t.rollout_id != key for t in tokens):
@@ -399,7 +422,9 @@ def _sealed_refs(group: GroupState, rid: str, n: int) -> list[AttemptRef]:
     refs = []
     for sibling in sorted(group.siblings.values(), key=lambda s: s.generation_index):
         index = n if sibling.rollout_id == rid else sibling.sealed_attempt
-        refs.append(AttemptRef(rollout_id=sibling.rollout_id, attempt_index=index if index is not None else 0))
+        refs.append(
+            AttemptRef(rollout_id=sibling.rollout_id, attempt_index=index if index is not None else 0)
+        )
     return refs
 
 

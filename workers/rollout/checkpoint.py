@@ -74,12 +74,16 @@ class Checkpointer:
         self.relay = relay
         self._lock = asyncio.Lock()
 
-    async def checkpoint(self, checkpoint_id: str, participants: list[str] | None = None) -> CheckpointOutcome:
+    async def checkpoint(
+        self, checkpoint_id: str, participants: list[str] | None = None
+    ) -> CheckpointOutcome:
         ctx = self.ctx
         names = sorted(participants if participants is not None else ctx.agents)
         async with self._lock:
             stream = checkpoint_stream(checkpoint_id)
-            await ctx.journal.append(stream, [CheckpointPrepareStarted(checkpoint_id=checkpoint_id, participants=names)])
+            await ctx.journal.append(
+                stream, [CheckpointPrepareStarted(checkpoint_id=checkpoint_id, participants=names)]
+            )
             ctx.active_checkpoint = checkpoint_id
             ctx.checkpoint_idle.clear()
             try:
@@ -95,17 +99,49 @@ class Checkpointer:
                     reason = "; ".join(f"{a}: {r}" for a, r in sorted(state.failures.items()))
                     await ctx.journal.append(
                         stream,
-                        [CheckpointAborted(checkpoint_id=checkpoint_id, participants=names, reason=reason[:1000], prepare_wait_s=state.ready)],
+                        [
+                            CheckpointAborted(
+                                checkpoint_id=checkpoint_id,
+                                participants=names,
+                                reason=reason[:1000],
+                                prepare_wait_s=state.ready,
+                            )
+                        ],
                     )
                     await self.abort_agents(checkpoint_id, names)
-                    return CheckpointOutcome(checkpoint_id, "aborted", None, state.ready, reason, state.adopted, state.retired, state.acked)
+                    return CheckpointOutcome(
+                        checkpoint_id,
+                        "aborted",
+                        None,
+                        state.ready,
+                        reason,
+                        state.adopted,
+                        state.retired,
+                        state.acked,
+                    )
                 cut = await asyncio.to_thread(ctx.journal.store.head)
                 await ctx.journal.append(
                     stream,
-                    [CheckpointCommitted(checkpoint_id=checkpoint_id, participants=names, cut_position=cut, prepare_wait_s=state.ready)],
+                    [
+                        CheckpointCommitted(
+                            checkpoint_id=checkpoint_id,
+                            participants=names,
+                            cut_position=cut,
+                            prepare_wait_s=state.ready,
+                        )
+                    ],
                 )
                 await self.finish_commit(checkpoint_id, names)
-                return CheckpointOutcome(checkpoint_id, "committed", cut, state.ready, "", state.adopted, state.retired, state.acked)
+                return CheckpointOutcome(
+                    checkpoint_id,
+                    "committed",
+                    cut,
+                    state.ready,
+                    "",
+                    state.adopted,
+                    state.retired,
+                    state.acked,
+                )
             finally:
                 ctx.active_checkpoint = None
                 ctx.checkpoint_idle.set()
@@ -119,10 +155,14 @@ class Checkpointer:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                state.failures[name] = f"not ready within the {ctx.settings.prepare_timeout_s} s prepare deadline"
+                state.failures[name] = (
+                    f"not ready within the {ctx.settings.prepare_timeout_s} s prepare deadline"
+                )
                 return
             try:
-                await client.prepare(checkpoint_id, timeout_s=max(0.05, min(remaining, ctx.settings.prepare_poll_s)))
+                await client.prepare(
+                    checkpoint_id, timeout_s=max(0.05, min(remaining, ctx.settings.prepare_poll_s))
+                )
                 state.ready[name] = round(time.monotonic() - started, 4)
                 return
             except NotReadyError as exc:
@@ -135,9 +175,7 @@ class Checkpointer:
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 1.0)
 
-    async def _unblock(
-        self, name: str, exc: NotReadyError, progress: _Progress, state: _Prepare
-    ) -> None:
+    async def _unblock(self, name: str, exc: NotReadyError, progress: _Progress, state: _Prepare) -> None:
         ctx = self.ctx
         ledger = ctx.journal.ledger
         owed = ledger.debts.get(name, {})
@@ -157,7 +195,14 @@ class Checkpointer:
         now = time.monotonic()
         blocking = {(b.rollout_id, b.attempt_index) for b in exc.status.blocking_attempts}
         previous = progress.blocking
-        log.debug("prepare %s: blocking %d parked %d completed %d adopt %d", name, len(blocking), exc.status.parked, exc.status.completed_unacknowledged, len(to_adopt))
+        log.debug(
+            "prepare %s: blocking %d parked %d completed %d adopt %d",
+            name,
+            len(blocking),
+            exc.status.parked,
+            exc.status.completed_unacknowledged,
+            len(to_adopt),
+        )
         if previous is None or not blocking or (blocking - previous) or len(blocking) < len(previous):
             progress.since = now
         progress.blocking = blocking
@@ -171,7 +216,11 @@ class Checkpointer:
     async def _adopt(self, rollout_id: str, attempt_index: int) -> bool:
         attempt = self.ctx.journal.ledger.attempt(rollout_id, attempt_index)
         if attempt is None:
-            log.warning("prepare names (%s, %d), a try this log never minted: cannot adopt it", rollout_id, attempt_index)
+            log.warning(
+                "prepare names (%s, %d), a try this log never minted: cannot adopt it",
+                rollout_id,
+                attempt_index,
+            )
             return False
         outcome = await self.tries.resolve(group_id_of(rollout_id), rollout_id, attempt_index)
         return outcome.kind != "retired"
@@ -189,7 +238,8 @@ class Checkpointer:
         """Commit and resume every agent, then record the resume.  Safe to repeat (recovery)."""
         await asyncio.gather(*(self._commit_and_resume(checkpoint_id, n) for n in names))
         await self.ctx.journal.append(
-            checkpoint_stream(checkpoint_id), [CheckpointResumed(checkpoint_id=checkpoint_id, participants=names)]
+            checkpoint_stream(checkpoint_id),
+            [CheckpointResumed(checkpoint_id=checkpoint_id, participants=names)],
         )
 
     async def _commit_and_resume(self, checkpoint_id: str, name: str) -> None:
@@ -238,7 +288,13 @@ class Checkpointer:
         for c in ctx.journal.checkpoints.in_doubt():
             await ctx.journal.append(
                 checkpoint_stream(c.checkpoint_id),
-                [CheckpointAborted(checkpoint_id=c.checkpoint_id, participants=c.participants, reason="presumed abort: the coordinator died before deciding")],
+                [
+                    CheckpointAborted(
+                        checkpoint_id=c.checkpoint_id,
+                        participants=c.participants,
+                        reason="presumed abort: the coordinator died before deciding",
+                    )
+                ],
             )
             await self.abort_agents(c.checkpoint_id, [p for p in c.participants if p in ctx.agents])
             done["aborted"] += 1

@@ -124,7 +124,9 @@ class RolloutCoordinator:
         await self.relay.stop()
 
     @classmethod
-    async def recover(cls, store: EventStore, agents: dict[str, GymClient], **kwargs: Any) -> RolloutCoordinator:
+    async def recover(
+        cls, store: EventStore, agents: dict[str, GymClient], **kwargs: Any
+    ) -> RolloutCoordinator:
         from workers.rollout.recovery import recover
 
         return await recover(cls(store, agents, **kwargs))
@@ -167,7 +169,10 @@ class RolloutCoordinator:
                 max_tries=self.settings.max_tries,
                 payload=payload or {},
             ),
-            *(AttemptMinted(rollout_id=f"{group_id}_g{i}", generation_index=i) for i in range(expected_generations)),
+            *(
+                AttemptMinted(rollout_id=f"{group_id}_g{i}", generation_index=i)
+                for i in range(expected_generations)
+            ),
         ]
         await self.journal.append(group_stream(group_id), events)
         self._drive(group_id)
@@ -196,7 +201,9 @@ class RolloutCoordinator:
 
     async def _drive_siblings(self, group_id: str) -> None:
         group = self.ledger.groups[group_id]
-        exhausted = await asyncio.gather(*(self._drive_sibling(group_id, gi) for gi in sorted(group.siblings)))
+        exhausted = await asyncio.gather(
+            *(self._drive_sibling(group_id, gi) for gi in sorted(group.siblings))
+        )
         group = self.ledger.groups.get(group_id)  # type: ignore[assignment]
         if group is None or group.status != "open":
             return
@@ -223,7 +230,11 @@ class RolloutCoordinator:
                     await self.journal.append(group_stream(group_id), retired)
                 return True
             replacement = ReplacementMinted(
-                rollout_id=sibling.rollout_id, generation_index=gi, attempt_index=n + 1, replaces=n, reason=outcome.reason[:300] or outcome.kind
+                rollout_id=sibling.rollout_id,
+                generation_index=gi,
+                attempt_index=n + 1,
+                replaces=n,
+                reason=outcome.reason[:300] or outcome.kind,
             )
             await self.journal.append(group_stream(group_id), [*retired, replacement])
             self.stats["replacements"] += 1
@@ -245,7 +256,9 @@ class RolloutCoordinator:
                     await self.journal.append(group_stream(group_id), seals)
                     continue
             tasks = {
-                s.generation_index: asyncio.create_task(self.tries.settle(group_id, s.generation_index, s.current_attempt))
+                s.generation_index: asyncio.create_task(
+                    self.tries.settle(group_id, s.generation_index, s.current_attempt)
+                )
                 for s in siblings
             }
             outcomes = await self._round(group_id, tasks)
@@ -260,14 +273,21 @@ class RolloutCoordinator:
             for gi, o in outcomes.items():
                 retired += _retired_event(group.siblings[gi].rollout_id, current[gi], o)
             reason = "; ".join(f"g{gi}: {o.reason}" for gi, o in sorted(failed.items()))[:500]
-            refs = [AttemptRef(rollout_id=group.siblings[gi].rollout_id, attempt_index=n) for gi, n in sorted(current.items())]
+            refs = [
+                AttemptRef(rollout_id=group.siblings[gi].rollout_id, attempt_index=n)
+                for gi, n in sorted(current.items())
+            ]
             round_index = max(current.values())
             if round_index + 1 >= group.max_tries:
                 await self._dead_letter(group, retired, reason)
                 return
             replacements = [
                 ReplacementMinted(
-                    rollout_id=group.siblings[gi].rollout_id, generation_index=gi, attempt_index=n + 1, replaces=n, reason=f"group abandoned: {reason}"[:300]
+                    rollout_id=group.siblings[gi].rollout_id,
+                    generation_index=gi,
+                    attempt_index=n + 1,
+                    replaces=n,
+                    reason=f"group abandoned: {reason}"[:300],
                 )
                 for gi, n in sorted(current.items())
             ]
@@ -278,7 +298,9 @@ class RolloutCoordinator:
             self.stats["abandoned"] += 1
             self.stats["replacements"] += len(replacements)
 
-    async def _round(self, group_id: str, tasks: dict[int, asyncio.Task[TryOutcome]]) -> dict[int, TryOutcome]:
+    async def _round(
+        self, group_id: str, tasks: dict[int, asyncio.Task[TryOutcome]]
+    ) -> dict[int, TryOutcome]:
         """Waits for every sibling; at the first failure retires (or adopts) the ones still running."""
         pending = set(tasks.values())
         giving_up = False
@@ -293,7 +315,9 @@ class RolloutCoordinator:
                         if task in pending:
                             sibling = group.siblings[gi]
                             helpers.append(
-                                asyncio.create_task(self.tries.resolve(group_id, sibling.rollout_id, sibling.current_attempt))
+                                asyncio.create_task(
+                                    self.tries.resolve(group_id, sibling.rollout_id, sibling.current_attempt)
+                                )
                             )
             await asyncio.gather(*helpers)
         except BaseException:
@@ -316,7 +340,12 @@ class RolloutCoordinator:
         ] or [reason]
         await self.journal.append(
             group_stream(group.group_id),
-            [*retired, GroupDeadLettered(group_id=group.group_id, tries=tries, reasons=[r[:300] for r in reasons[:100]])],
+            [
+                *retired,
+                GroupDeadLettered(
+                    group_id=group.group_id, tries=tries, reasons=[r[:300] for r in reasons[:100]]
+                ),
+            ],
         )
         self.stats["dead_lettered"] += 1
 
@@ -364,7 +393,9 @@ class RolloutCoordinator:
 
     # --- checkpoints and waiting ------------------------------------------------------------------------
 
-    async def checkpoint(self, checkpoint_id: str, participants: list[str] | None = None) -> CheckpointOutcome:
+    async def checkpoint(
+        self, checkpoint_id: str, participants: list[str] | None = None
+    ) -> CheckpointOutcome:
         self._check_alive()
         return await self.checkpointer.checkpoint(checkpoint_id, participants)
 
@@ -389,7 +420,9 @@ class RolloutCoordinator:
 def _retired_event(rollout_id: str, attempt_index: int, outcome: TryOutcome) -> list[Event]:
     if outcome.kind != "retired" or outcome.recorded or outcome.retire_outcome is None:
         return []
-    return [AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index, outcome=outcome.retire_outcome)]
+    return [
+        AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index, outcome=outcome.retire_outcome)
+    ]
 
 
 def _sealed(group: GroupState) -> SealedGroup:

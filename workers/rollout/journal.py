@@ -143,9 +143,7 @@ class Journal:
 
     def _append_sync(self, stream: str, events: list[Event], blobs: Sequence[bytes], expected: int) -> int:
         start = expected + 1 if expected >= 0 else 0
-        news = [
-            NewEvent.of(e, event_id=_event_id(stream, start + i, e)) for i, e in enumerate(events)
-        ]
+        news = [NewEvent.of(e, event_id=_event_id(stream, start + i, e)) for i, e in enumerate(events)]
         with self.store.transaction() as tx:
             for blob in blobs:
                 tx.put_blob(blob)

@@ -32,7 +32,9 @@ async def recover(coord: RolloutCoordinator) -> RolloutCoordinator:
         1
         for gid in open_groups
         for s in ledger.groups[gid].siblings.values()
-        if s.status != "sealed" and (a := s.attempts.get(s.current_attempt)) is not None and a.status != "minted"
+        if s.status != "sealed"
+        and (a := s.attempts.get(s.current_attempt)) is not None
+        and a.status != "minted"
     )
     plan = {
         "open_groups": len(open_groups),
