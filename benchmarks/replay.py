@@ -31,8 +31,9 @@ import argparse
 import random
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -78,7 +79,9 @@ GENERATIONS = 4
 CHECKPOINT_EVERY_GROUPS = 50
 RESTORE_TAIL = 5_000
 
-console = Console()
+console = Console(width=132)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 Append = tuple[str, list[Event]]
 
@@ -341,7 +344,7 @@ def generate(store: EventStore, events: int) -> None:
             bar.update(task, completed=head)
 
 
-def _timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+def _timed(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> tuple[T, float]:
     started = time.perf_counter()
     value = fn(*args, **kwargs)
     return value, time.perf_counter() - started

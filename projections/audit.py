@@ -48,7 +48,7 @@ from eventstore.events import (
 )
 from eventstore.records import GENESIS_HASH
 from gym_agent.wire import CompletionReceipt
-from projections.base import DECODE_ERRORS, TypedProjection
+from projections.base import ReplayRefused, TypedProjection, decode
 from projections.digest import BLOCK, StoredDigest
 from projections.ledger import GROUP_STREAM_PREFIX
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
@@ -726,9 +726,9 @@ def audit_events(
         if stored is not None:
             _check_digests(st, stored, block_position, block_digest, _sha(block_digest + "".join(pending)))
         try:
-            decoded = ev.decode()
-        except DECODE_ERRORS as exc:
-            st.violate(EVENT_READABLE, [position], f"{exc}; the auditor skipped this event")
+            decoded = decode(ev)
+        except ReplayRefused as exc:
+            st.violate(EVENT_READABLE, [position], f"{exc.reason}; the auditor skipped this event")
         else:
             apply(st, ev, decoded)
         count += 1

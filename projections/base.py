@@ -86,7 +86,7 @@ class TypedProjection(Projection[S]):
         if found is None:
             found = TypeAdapter(cls.state_type)
             cls._adapter = found  # type: ignore[attr-defined]
-        return found  # type: ignore[no-any-return]
+        return found
 
     def dump(self, state: S) -> dict[str, Any]:
         data: dict[str, Any] = self.adapter().dump_python(state, mode="json")

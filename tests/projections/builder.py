@@ -114,7 +114,7 @@ class LogBuilder:
                     prompt_ref=PromptRef(sample_id=f"s-{group_id}", task_name="math"),
                     agent_name=self.agent,
                     expected_generations=generations,
-                    mode=mode,  # type: ignore[arg-type]
+                    mode=mode,
                     max_tries=max_tries,
                     payload={"prompt": f"prompt of {group_id}"},
                 )
@@ -135,7 +135,7 @@ class LogBuilder:
         if retire is not None:
             events.append(
                 AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index - 1, outcome=retire)
-            )  # type: ignore[arg-type]
+            )
         events.append(
             ReplacementMinted(
                 rollout_id=rollout_id,
@@ -183,7 +183,7 @@ class LogBuilder:
                 RunFailed(
                     rollout_id=rollout_id, attempt_index=attempt_index, reason=f"{kind} passed", kind=kind
                 )
-            ],  # type: ignore[arg-type]
+            ],
         )
 
     def seal(self, rollout_id: str, attempt_index: int = 0, reward: float = 1.0) -> list[int]:
@@ -260,13 +260,13 @@ class LogBuilder:
     def reject(self, rollout_id: str, attempt_index: int = 0, error: str = "unknown_execution") -> list[int]:
         return self.group(
             group_of(rollout_id),
-            [AckRejected(rollout_id=rollout_id, attempt_index=attempt_index, error=error)],  # type: ignore[arg-type]
+            [AckRejected(rollout_id=rollout_id, attempt_index=attempt_index, error=error)],
         )
 
     def retire(self, rollout_id: str, attempt_index: int, outcome: str) -> list[int]:
         return self.group(
             group_of(rollout_id),
-            [AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index, outcome=outcome)],  # type: ignore[arg-type]
+            [AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index, outcome=outcome)],
         )
 
     def adopt(self, rollout_id: str, attempt_index: int) -> list[int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from eventstore.events import AckAccepted, GroupAbandoned, ReplacementMinted
+from eventstore.events import AckAccepted, Event, GroupAbandoned, ReplacementMinted
 from gym_agent.wire import AttemptRef
 from tests.projections.builder import LogBuilder
 
@@ -159,7 +159,7 @@ class Simulator:
             self.log.abandon(gid, {s.index: s.attempt for s in group.sibs})
             self.dead_letter(group)
             return
-        events = [GroupAbandoned(group_id=gid, reason="a sibling failed", attempts=refs)]
+        events: list[Event] = [GroupAbandoned(group_id=gid, reason="a sibling failed", attempts=refs)]
         for s in group.sibs:
             s.attempt += 1
             events.append(

@@ -111,7 +111,9 @@ class LeaseBoard:
     def now(self, conn: Connection) -> float:
         """The lease clock: the database's on PostgreSQL (shared by every host), ours on SQLite (one host)."""
         if self._postgres:
-            return float(conn.execute(text("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")).scalar_one())
+            return float(
+                conn.execute(text("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")).scalar_one()
+            )
         return time.time()
 
     # --- filling -----------------------------------------------------------
@@ -165,7 +167,11 @@ class LeaseBoard:
                 if fresh:
                     conn.execute(
                         _TAKE,
-                        {"owner": self.owner, "expires": now + self.lease_s, "keys": [c.work_key for c in fresh]},
+                        {
+                            "owner": self.owner,
+                            "expires": now + self.lease_s,
+                            "keys": [c.work_key for c in fresh],
+                        },
                     )
             if fresh:
                 return sorted(fresh, key=lambda c: c.source_position)

@@ -137,7 +137,9 @@ def verify_token_records(
         )
     count = sum(len(r.generation_token_ids) for r in records)
     if count != receipt.token_count:
-        raise TokenRecordError(f"token records hold {count} generated tokens, the receipt says {receipt.token_count}")
+        raise TokenRecordError(
+            f"token records hold {count} generated tokens, the receipt says {receipt.token_count}"
+        )
     return records
 
 
@@ -152,7 +154,9 @@ def prepare_try(
         if not generation:
             continue  # a call that generated nothing has nothing to score
         if not prompt:
-            raise TokenRecordError(f"call {record.model_call_id!r} has an empty prompt: its first token has no prefix")
+            raise TokenRecordError(
+                f"call {record.model_call_id!r} has an empty prompt: its first token has no prefix"
+            )
         if len(prompt) + len(generation) > policy.max_seq_len:
             raise TokenRecordError(
                 f"call {record.model_call_id!r} spans {len(prompt) + len(generation)} tokens, more than the "
@@ -177,10 +181,14 @@ def prepare_try(
     return TryInput(rollout_id, attempt_index, calls)
 
 
-def check_rows(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, reference: torch.Tensor) -> None:
+def check_rows(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, reference: torch.Tensor
+) -> None:
     """Shapes of one launch, checked before the kernel sees them (a bad row count is a silent misalignment)."""
     if hidden.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"hidden and weight must be 2-D, got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden and weight must be 2-D, got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"hidden size {hidden.shape[1]} does not match the LM head's {weight.shape[1]} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,18 +51,22 @@ class Journal:
         self.ledger = self.ledger_projection.initial()
         self.checkpoints = self.checkpoints_projection.initial()
         self._lock = asyncio.Lock()
+        # The thread doing an append or a fold keeps running when its awaiting task is cancelled, so
+        # the versions and the fold are guarded by a thread lock, not only by the asyncio one.
+        self._thread_lock = threading.RLock()
         self.changed = asyncio.Condition()
 
     # --- reading --------------------------------------------------------------------------------
 
     def _catch_up_sync(self) -> None:
-        _, last = fold_many(
-            [self.ledger_projection, self.checkpoints_projection],
-            self.store.read_all(self.position),
-            [self.ledger, self.checkpoints],
-        )
-        if last:
-            self.position = last
+        with self._thread_lock:
+            _, last = fold_many(
+                [self.ledger_projection, self.checkpoints_projection],
+                self.store.read_all(self.position),
+                [self.ledger, self.checkpoints],
+            )
+            if last:
+                self.position = last
 
     async def catch_up(self) -> None:
         async with self._lock:
@@ -105,11 +110,10 @@ class Journal:
             if stream not in self.versions and not stream.startswith("group-"):
                 # Checkpoint and trainer streams are not fenced per group; start from what the log holds.
                 self.versions[stream] = await asyncio.to_thread(self.store.stream_version, stream)
-            expected = self.versions.get(stream, ExpectedVersion.NO_STREAM)
             delay = 0.05
             for attempt in range(APPEND_RETRIES):
                 try:
-                    version = await asyncio.to_thread(self._append_sync, stream, events, blobs, expected)
+                    await asyncio.to_thread(self._append_sync, stream, events, blobs)
                     break
                 except WrongExpectedVersion as exc:
                     self._fence(stream, exc)
@@ -121,7 +125,6 @@ class Journal:
                         ) from exc
                     await asyncio.sleep(delay)
                     delay = min(delay * 4, 2.0)
-            self.versions[stream] = version
             self.appends += 1
         await self._notify()
         return events
@@ -141,15 +144,17 @@ class Journal:
         )
         raise self.fenced from exc
 
-    def _append_sync(self, stream: str, events: list[Event], blobs: Sequence[bytes], expected: int) -> int:
-        start = expected + 1 if expected >= 0 else 0
-        news = [NewEvent.of(e, event_id=_event_id(stream, start + i, e)) for i, e in enumerate(events)]
-        with self.store.transaction() as tx:
-            for blob in blobs:
-                tx.put_blob(blob)
-            result = tx.append(stream, news, expected)
-        self._catch_up_sync()
-        return result.stream_version
+    def _append_sync(self, stream: str, events: list[Event], blobs: Sequence[bytes]) -> None:
+        with self._thread_lock:
+            expected = self.versions.get(stream, ExpectedVersion.NO_STREAM)
+            start = expected + 1 if expected >= 0 else 0
+            news = [NewEvent.of(e, event_id=_event_id(stream, start + i, e)) for i, e in enumerate(events)]
+            with self.store.transaction() as tx:
+                for blob in blobs:
+                    tx.put_blob(blob)
+                result = tx.append(stream, news, expected)
+            self.versions[stream] = result.stream_version
+            self._catch_up_sync()
 
 
 def _event_id(stream: str, version: int, event: Event) -> uuid.UUID:

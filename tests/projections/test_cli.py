@@ -1,0 +1,102 @@
+"""`ledger replay | snapshot | audit | show | status | tail` on a small log."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from eventstore import EventStore
+from projections.recovery import RECOVERY_SCHEMA_VERSION, RolloutRecoveryState
+from projections.runner import ProjectionRunner
+from tests.projections.builder import LogBuilder
+from tests.projections.simulator import Simulator
+from tests.projections.tamper import append_raw
+
+cli = CliRunner()
+
+
+@pytest.fixture
+def history(store: EventStore, log: LogBuilder) -> EventStore:
+    Simulator(log, random.Random(5)).run(40)
+    log.clean_sibling_group("shown", 2)
+    log.fail("shown_g0")  # a later failure: the show has a group event and a try event at least
+    return store
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = cli.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_replay_and_verify(history: EventStore, db_url: str) -> None:
+    code, out = run("replay", "--db", db_url, "--from-scratch")
+    assert code == 0 and f"rebuilt to position {history.head()} from scratch" in out and "ledger" in out
+    code, out = run("replay", "--db", db_url, "--to", "10", "--save")
+    assert (
+        code == 0
+        and "rebuilt to position 10" in out
+        and "stored a projection checkpoint at position 10" in out
+    )
+    runner = ProjectionRunner(history, checkpoint_every=25)
+    runner.catch_up()
+    runner.checkpoint()
+    code, out = run("replay", "--db", db_url, "--verify")
+    assert code == 0 and "rebuilds agree" in out and "live" in out, out
+    code, out = run("replay", "--db", db_url)
+    assert code == 0 and "from checkpoint" in out
+
+
+def test_replay_refuses_a_corrupted_event(history: EventStore, db_url: str) -> None:
+    bad = append_raw(history, db_url, "group-shown", "AckAccepted", 1, '{"rollout_id": 5}')
+    code, out = run("replay", "--db", db_url)
+    assert code == 1 and "replay refused" in out and f"position {bad}" in out
+
+
+def test_snapshot_is_the_recovery_state(history: EventStore, db_url: str) -> None:
+    code, out = run("snapshot", "--db", db_url, "--at", "30")
+    assert code == 0
+    data = json.loads(out)
+    assert data["schema_version"] == RECOVERY_SCHEMA_VERSION and data["position"] == 30
+    RolloutRecoveryState.model_validate(data)
+
+
+def test_audit_clean_and_broken(history: EventStore, log: LogBuilder, db_url: str) -> None:
+    code, out = run("audit", "--db", db_url)
+    assert code == 0 and "clean" in out
+    first = log.claim("shown", 1)[0]
+    second = log.claim("shown", 2)[0]
+    code, out = run("audit", "--db", db_url)
+    assert code == 1 and "trained-once" in out and f"{first}, {second}" in out
+    code, out = run("audit", "--db", db_url, "--json")
+    report = json.loads(out)
+    assert code == 1 and report["events"] == history.head() and "hash-chain" in report["rules_checked"]
+    assert report["violations"] == [
+        {"rule": "trained-once", "positions": [first, second], "message": report["violations"][0]["message"]}
+    ]
+
+
+def test_show_tree_and_swimlane(history: EventStore, db_url: str, tmp_path: Path) -> None:
+    page = tmp_path / "shown.html"
+    code, out = run("show", "shown_g0", "--db", db_url, "--html", str(page))
+    assert code == 0 and "try #0" in out and "RunFailed" in out and "GroupReserved" in out
+    html = page.read_text()
+    assert "<svg" in html and "Gym agent" in html and "<title>position" in html
+    assert "src=" not in html and "<link" not in html and "@import" not in html  # self-contained
+    code, out = run("show", "nobody_g0", "--db", db_url)
+    assert code == 1
+
+
+def test_status(history: EventStore, db_url: str) -> None:
+    code, out = run("status", "--db", db_url)
+    assert code == 0 and "groups" in out and "debts" in out and f"log head: {history.head()}" in out
+
+
+def test_tail_follows_and_stops_when_idle(history: EventStore, db_url: str) -> None:
+    code, out = run("tail", "--db", db_url, "--from", str(history.head() - 3), "--idle-exit", "0.2")
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert code == 0 and len(lines) == 3 and "RunFailed" in lines[-1]
