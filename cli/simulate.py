@@ -30,7 +30,7 @@ def simulate(
         list[str] | None,
         typer.Option("--agent-url", help="NAME=URL of a running agent (repeatable); no agents are started."),
     ] = None,
-    groups: Annotated[int, typer.Option("--groups", min=1)] = 24,
+    groups: Annotated[int, typer.Option("--groups", min=1)] = 48,
     siblings: Annotated[int, typer.Option("--siblings", min=1)] = 4,
     mode: Annotated[str, typer.Option("--mode", help="sibling | prompt_group")] = "prompt_group",
     faults: Annotated[
@@ -38,7 +38,7 @@ def simulate(
     ] = DEFAULT_FAULTS,
     checkpoint_every: Annotated[
         float, typer.Option("--checkpoint-every", help="Seconds between checkpoints (0: none).")
-    ] = 2.0,
+    ] = 1.5,
     prepare_timeout: Annotated[float, typer.Option("--prepare-timeout")] = 30.0,
     rollout_timeout: Annotated[float, typer.Option("--rollout-timeout")] = 10.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,

@@ -40,7 +40,7 @@ def logprobs(
     ] = 60.0,
     temperature: Annotated[
         float,
-        typer.Option("--temperature", min=0.0, min_open=True, help="The agents' sampling temperature."),
+        typer.Option("--temperature", min=1e-6, help="The agents' sampling temperature."),
     ] = 1.0,
     backend: Annotated[
         str, typer.Option("--backend", help="Kernel: auto (Triton on CUDA), triton, torch.")
