@@ -40,6 +40,12 @@ def serve(
         ),
     ] = None,
     policy: Annotated[str, typer.Option(help="Policy spec, e.g. 'tiny' or 'tiny:seed=1'.")] = "tiny",
+    zero_work: Annotated[
+        bool,
+        typer.Option(
+            "--zero-work", help="Benchmarks: no model calls, each turn a fixed tiny token record."
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn/agent log level.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request line.")] = False,
 ) -> None:
@@ -57,6 +63,7 @@ def serve(
             delay_s=delay_s,
             state_dir=state_dir,
             policy=policy,
+            zero_work=zero_work,
             log_level=log_level.lower(),
             access_log=access_log,
         )

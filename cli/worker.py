@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from collections.abc import Callable
 from typing import Annotated, cast
 
@@ -112,12 +113,16 @@ def _run(worker: LogprobWorker, once: bool, quiet: bool) -> WorkerStats:
 def _interruptible(
     worker: LogprobWorker, once: bool, show: Callable[[QueueCounts, WorkerStats], None] | None
 ) -> WorkerStats:
+    # SIGTERM (a supervisor stopping the worker) finishes the batch in hand, then exits cleanly.
+    previous = signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     try:
         return worker.run(once=once, on_progress=show)
     except KeyboardInterrupt:
         # Unfinished claims were given back by the worker; what finished is in the log.
         err_console.print("interrupted")
         return worker.stats
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _summary(worker: LogprobWorker, stats: WorkerStats, counts: QueueCounts, as_json: bool) -> None:

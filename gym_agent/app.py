@@ -87,6 +87,7 @@ def create_app(config: AgentConfig, generation: int) -> tuple[ASGIApp, Execution
         turns=config.turns,
         temperature=config.temperature,
         delay_s=config.delay_s,
+        zero_work=config.zero_work,
     )
     reg = ExecutionRegistry(
         agent_name=config.name,

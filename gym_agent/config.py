@@ -42,6 +42,8 @@ class AgentConfig(BaseModel):
     seed: int = 0
     turns: tuple[int, int] = (1, 3)
     delay_s: float = Field(default=0.0, ge=0)
+    # Benchmarks: skip the model, each model call is a fixed tiny token record (gym_agent.episode).
+    zero_work: bool = False
     state_dir: Path | None = None
     policy: str = "tiny"
     temperature: float = Field(default=1.0, gt=0)

@@ -25,6 +25,9 @@ MODEL_NAME = "policy"
 PROMPT_LEN = (8, 16)
 NEW_TOKENS = (3, 10)
 OBSERVATION_LEN = (2, 6)
+# Zero-work mode (benchmarks): each model call is two tokens drawn from the episode's rng, no torch call.
+ZERO_WORK_TOKENS = 2
+ZERO_WORK_LOGPROB = -1.0
 
 
 def episode_seed(agent_seed: int, rollout_id: str, attempt_index: int) -> int:
@@ -64,6 +67,7 @@ class Environment:
         turns: tuple[int, int],
         temperature: float = 1.0,
         delay_s: float = 0.0,
+        zero_work: bool = False,
     ) -> None:
         self.policy = policy
         self.executor = executor
@@ -71,6 +75,9 @@ class Environment:
         self.turns = turns
         self.temperature = temperature
         self.delay_s = delay_s
+        # The agent's own work set to zero: no model call, a fixed tiny token record per turn (what a
+        # throughput benchmark of the log needs; the protocol, faults and checkpoints are unchanged).
+        self.zero_work = zero_work
 
     async def play(
         self,
@@ -83,7 +90,7 @@ class Environment:
         key = capture_key(request.rollout_id, request.attempt_index)
         seed = episode_seed(self.seed, request.rollout_id, request.attempt_index)
         rng = random.Random(seed)
-        generator = torch.Generator().manual_seed(seed)
+        generator = None if self.zero_work else torch.Generator().manual_seed(seed)
         vocab = self.policy.vocab_size
         loop = asyncio.get_running_loop()
 
@@ -101,15 +108,20 @@ class Environment:
                 await asyncio.sleep(self.delay_s + fault.delay_s)
             max_new = rng.randint(*NEW_TOKENS)
             prompt = context[-(self.policy.max_seq_len - max_new) :]
-            sample = await loop.run_in_executor(
-                self.executor, self.policy.sample, prompt, max_new, generator, self.temperature
-            )
+            if generator is None:
+                token_ids = [rng.randrange(vocab) for _ in range(ZERO_WORK_TOKENS)]
+                logprobs = [ZERO_WORK_LOGPROB] * ZERO_WORK_TOKENS
+            else:
+                sample = await loop.run_in_executor(
+                    self.executor, self.policy.sample, prompt, max_new, generator, self.temperature
+                )
+                token_ids, logprobs = sample.token_ids, sample.logprobs
             item: dict[str, Any] = {
                 "type": "message",
                 "id": f"msg-{key}-{turn + 1}",
                 "role": "assistant",
                 "status": "completed",
-                "content": [{"type": "output_text", "text": _text(sample.token_ids), "annotations": []}],
+                "content": [{"type": "output_text", "text": _text(token_ids), "annotations": []}],
             }
             record(
                 TokenEntry(
@@ -117,16 +129,16 @@ class Environment:
                     model_call_id=call_id,
                     model=MODEL_NAME,
                     prompt_token_ids=prompt,
-                    generation_token_ids=sample.token_ids,
-                    generation_log_probs=sample.logprobs,
+                    generation_token_ids=token_ids,
+                    generation_log_probs=logprobs,
                     output_items=[item],
                     token_item_index=len(output),
                     created_at=time.time(),
                 )
             )
             output.append(item)
-            generated += sample.token_ids
-            context = context + sample.token_ids
+            generated += token_ids
+            context = context + token_ids
             if turn + 1 < n_turns:
                 observation = [rng.randrange(vocab) for _ in range(rng.randint(*OBSERVATION_LEN))]
                 output.append(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from eventstore.logsafety import install_log_masking
 from gym_agent.app import create_app
 from gym_agent.config import AgentConfig
 from gym_agent.executions import ExecutionRegistry
@@ -57,6 +58,7 @@ def run_server(config: AgentConfig) -> int:
     import torch
 
     torch.set_num_threads(config.model_threads)
+    install_log_masking()
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -164,7 +164,7 @@ class AuditState:
     violations: list[Violation] = field(default_factory=list)
 
     def violate(self, rule: str, positions: Iterable[int | None], message: str) -> None:
-        found = sorted({p for p in positions if p is not None})
+        found = sorted({p for p in positions if p is not None and p > 0})
         self.violations.append(Violation(rule=rule, positions=found[:_MAX_LISTED], message=message))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import TypeAdapter
@@ -45,6 +45,9 @@ def sha256_text(text: str) -> str:
 class Projection(ABC, Generic[S]):
     name: ClassVar[str]
     version: ClassVar[int]
+    # The event types `apply` reacts to; None: every event (e.g. to track the position).  A fold
+    # skips the call for the others, which is most of the log for a narrow projection.
+    handles: ClassVar[frozenset[type[Event]] | None] = None
 
     @abstractmethod
     def initial(self) -> S: ...
@@ -138,11 +141,28 @@ def fold_many(
 ) -> tuple[list[Any], int]:
     """Decodes each event once and feeds it to every projection; returns the states and the last position."""
     current = [p.initial() for p in projections] if states is None else states
-    appliers = list(zip([p.apply for p in projections], current, strict=True))
+    routes = Routes(projections, current)
     position = 0
     for event in events:
         decoded = decode(event)
-        for apply, state in appliers:
+        for apply, state in routes.get(decoded):
             apply(state, event, decoded)
         position = event.position
     return current, position
+
+
+class Routes:
+    """Which (apply, state) pairs each event type goes to, built once per type as the fold meets it."""
+
+    def __init__(self, projections: Sequence[Projection[Any]], states: Sequence[Any]) -> None:
+        self._pairs = list(zip(projections, states, strict=True))
+        self._routes: dict[type[Event], list[tuple[Callable[[Any, RecordedEvent, Event], None], Any]]] = {}
+
+    def get(self, decoded: Event) -> list[tuple[Callable[[Any, RecordedEvent, Event], None], Any]]:
+        kind = type(decoded)
+        found = self._routes.get(kind)
+        if found is None:
+            found = self._routes[kind] = [
+                (p.apply, s) for p, s in self._pairs if p.handles is None or kind in p.handles
+            ]
+        return found

@@ -49,7 +49,6 @@ class RestoreRecord:
 @with_config(_FORBID)
 @dataclass(slots=True, kw_only=True)
 class CheckpointsState:
-    position: int = 0
     checkpoints: dict[str, CheckpointState] = field(default_factory=dict)
     restores: list[RestoreRecord] = field(default_factory=list)
 
@@ -78,12 +77,14 @@ class CheckpointsProjection(TypedProjection[CheckpointsState]):
     name: ClassVar[str] = "checkpoints"
     version: ClassVar[int] = 1
     state_type: ClassVar[Any] = CheckpointsState
+    handles: ClassVar[frozenset[type[Event]] | None] = frozenset(
+        {CheckpointPrepareStarted, CheckpointCommitted, CheckpointResumed, CheckpointAborted, TrainerRestored}
+    )
 
     def initial(self) -> CheckpointsState:
         return CheckpointsState()
 
     def apply(self, state: CheckpointsState, event: RecordedEvent, decoded: Event) -> None:
-        state.position = event.position
         kind = type(decoded)
         if kind is CheckpointPrepareStarted:
             assert isinstance(decoded, CheckpointPrepareStarted)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventstore import EventStore, RecordedEvent
-from projections.base import Projection, ReplayRefused, decode, sha256_text
+from projections.base import Projection, ReplayRefused, Routes, decode, sha256_text
 from projections.checkpoints import CheckpointsProjection
 from projections.digest import BLOCK, LogDigest, StoredDigest
 from projections.ledger import LedgerProjection
@@ -45,6 +45,10 @@ class Replay:
     digest: LogDigest = field(default_factory=LogDigest)
     events: int = 0  # applied by this replay (not counting what a checkpoint brought)
     from_checkpoint: int | None = None
+    routes: Routes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.routes = Routes(self.projections, self.states)
 
     def state(self, name: str) -> Any:
         for projection, state in zip(self.projections, self.states, strict=True):
@@ -57,7 +61,7 @@ class Replay:
 
     def apply_batches(self, batches: Iterable[list[RecordedEvent]], progress: Progress | None = None) -> None:
         """Folds batches of consecutive events; stops (ReplayRefused) before a hole or an undecodable event."""
-        appliers = [(p.apply, s) for p, s in zip(self.projections, self.states, strict=True)]
+        routes = self.routes
         pending = self.digest.pending
         digest = self.digest
         expected = self.position + 1
@@ -74,7 +78,7 @@ class Replay:
                             else f"position {position} is out of order after {expected - 1}",
                         )
                     decoded = decode(event)
-                    for apply, state in appliers:
+                    for apply, state in routes.get(decoded):
                         apply(state, event, decoded)
                     pending.append(event.hash)
                     if position % BLOCK == 0:

@@ -10,13 +10,13 @@ from workers.kernels.fused_linear_logprobs import FusedConfig, fused_linear_logp
 
 # Small tiles: several vocabulary splits, several tiles per split and several K steps even at toy
 # sizes, so every merge path runs. TINY_WORKSPACE also forces many row chunks per call.
-SMALL = FusedConfig(block_t=16, block_v=64, block_h=16, split_v=256, num_warps=4, num_stages=1)
+SMALL = FusedConfig(block_t=16, block_v=128, block_h=32, split_v=512, num_warps=4, num_stages=1)
 TINY_WORKSPACE = FusedConfig(
-    block_t=16, block_v=64, block_h=16, split_v=256, num_warps=4, num_stages=1, max_workspace_bytes=1024
+    block_t=16, block_v=128, block_h=32, split_v=512, num_warps=4, num_stages=1, max_workspace_bytes=512
 )
 # tl.dot itself through the interpreter (numpy matmul) rather than the row-separable product.
 SMALL_DOT = FusedConfig(
-    block_t=16, block_v=64, block_h=16, split_v=256, num_warps=4, num_stages=1, separable_dot=False
+    block_t=16, block_v=128, block_h=32, split_v=512, num_warps=4, num_stages=1, separable_dot=False
 )
 
 

@@ -106,6 +106,7 @@ def _fused_partials_kernel(  # type: ignore[no-untyped-def]  # Triton values, no
     UPCAST_DOT: tl.constexpr,
     SEPARABLE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    EVEN_H: tl.constexpr,
 ):
     # Grouped launch order (Triton matmul tutorial): programs running at the same time share a few
     # token blocks and a few vocabulary splits, so hidden and weight tiles are reused from L2.
@@ -120,11 +121,17 @@ def _fused_partials_kernel(  # type: ignore[no-untyped-def]  # Triton values, no
 
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     row_mask = rows < num_tokens
-    rows64 = rows.to(tl.int64)  # int64: row * H and col * H overflow int32 at real sizes
-    temp = tl.load(temp_ptr + rows64, mask=row_mask, other=1.0)
-    tgt = tl.load(targets_ptr + rows64, mask=row_mask, other=-1).to(tl.int64)
+    temp = tl.load(temp_ptr + rows, mask=row_mask, other=1.0)
+    # int32 is enough for a token id and keeps the [BLOCK_T, BLOCK_V] comparison below in 32-bit regs.
+    tgt = tl.load(targets_ptr + rows, mask=row_mask, other=-1).to(tl.int32)
     offs_h = tl.arange(0, BLOCK_H)
     offs_v = tl.arange(0, BLOCK_V)
+    # Padding rows of the last token tile (and padding columns of the last vocabulary tile) read a
+    # clamped, real row instead of taking a masked load: unmasked loads vectorise and pipeline better,
+    # padding rows are never stored, padding columns are set to -inf below, and rows never mix in a
+    # dot product, so this cannot change any real row's result. int64: row * H overflows int32.
+    rows_ld = tl.minimum(rows, num_tokens - 1).to(tl.int64)
+    a_ptrs = hidden_ptr + rows_ld[:, None] * hidden_size + offs_h[None, :]
 
     # The running max starts at -inf, not 0: starting at 0 silently breaks on all-negative logits.
     m = tl.full((BLOCK_T,), float("-inf"), tl.float32)
@@ -138,21 +145,17 @@ def _fused_partials_kernel(  # type: ignore[no-untyped-def]  # Triton values, no
     for v0 in range(v_begin, v_end, BLOCK_V):
         cols = v0 + offs_v
         col_mask = cols < vocab_size
-        cols64 = cols.to(tl.int64)
+        cols_ld = tl.minimum(cols, vocab_size - 1).to(tl.int64)
+        b_ptrs = weight_ptr + cols_ld[None, :] * hidden_size + offs_h[:, None]
         acc = tl.zeros((BLOCK_T, BLOCK_V), tl.float32)
         for h0 in range(0, hidden_size, BLOCK_H):
-            hc = h0 + offs_h
-            h_mask = hc < hidden_size
-            a = tl.load(
-                hidden_ptr + rows64[:, None] * hidden_size + hc[None, :],
-                mask=row_mask[:, None] & h_mask[None, :],
-                other=0.0,
-            )
-            b = tl.load(
-                weight_ptr + cols64[None, :] * hidden_size + hc[:, None],
-                mask=h_mask[:, None] & col_mask[None, :],
-                other=0.0,
-            )
+            if EVEN_H:
+                a = tl.load(a_ptrs + h0)
+                b = tl.load(b_ptrs + h0)
+            else:
+                h_mask = h0 + offs_h < hidden_size
+                a = tl.load(a_ptrs + h0, mask=h_mask[None, :], other=0.0)
+                b = tl.load(b_ptrs + h0, mask=h_mask[:, None], other=0.0)
             if SEPARABLE_DOT:
                 # CPU interpreter only. tl.dot becomes numpy's matmul there, and OpenBLAS's small-matrix
                 # kernels round a row differently depending on its position in the tile, which would
@@ -167,11 +170,11 @@ def _fused_partials_kernel(  # type: ignore[no-untyped-def]  # Triton values, no
                     b = b.to(tl.float32)
                 acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols64, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         x = tl.where(col_mask[None, :], acc / temp[:, None], float("-inf"))
 
         # Exactly one tile of one split holds each target; adding zeros elsewhere keeps it exact.
-        x_t += tl.sum(tl.where(cols64[None, :] == tgt[:, None], x, 0.0), axis=1)
+        x_t += tl.sum(tl.where(cols[None, :] == tgt[:, None], x, 0.0), axis=1)
 
         m_new = tl.maximum(m, tl.max(x, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoid -inf - -inf = NaN
@@ -184,13 +187,13 @@ def _fused_partials_kernel(  # type: ignore[no-untyped-def]  # Triton values, no
         s = s * alpha + tl.sum(p, axis=1)
         m = m_new
 
-    part = rows64 * num_splits + pid_s
+    part = rows.to(tl.int64) * num_splits + pid_s
     tl.store(part_m_ptr + part, m, mask=row_mask)
     tl.store(part_s_ptr + part, s, mask=row_mask)
     if RETURN_ENTROPY:
         tl.store(part_e_ptr + part, e, mask=row_mask)
     # Only the split that holds the target writes x_t: one writer per token, no race.
-    tl.store(x_t_ptr + rows64, x_t, mask=row_mask & (tgt >= v_begin) & (tgt < v_end))
+    tl.store(x_t_ptr + rows, x_t, mask=row_mask & (tgt >= v_begin) & (tgt < v_end))
 
 
 def _fused_reduce_kernel(  # type: ignore[no-untyped-def]  # Triton values, not Python types
@@ -329,6 +332,7 @@ def fused_linear_logprobs_triton(
             GROUP_T=cfg.group_t,
             UPCAST_DOT=upcast,
             SEPARABLE_DOT=separable,
+            EVEN_H=hidden_size % cfg.block_h == 0,
             DOT_PRECISION=precision,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,

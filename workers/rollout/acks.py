@@ -12,10 +12,20 @@ import asyncio
 import contextlib
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
-from eventstore.events import AckAccepted, AckRejected, Event, group_stream
-from gym_agent.wire import RECEIPT_MISMATCH, CompletionReceipt
+from eventstore.events import (
+    AckAccepted,
+    AckOwed,
+    AckRejected,
+    Event,
+    ReceiptFetched,
+    RunFailed,
+    group_stream,
+)
+from gym_agent.wire import RECEIPT_MISMATCH, CompletionReceipt, capture_key
 from projections.ledger import LedgerState, debt_key
+from workers.gym import GymClient
 from workers.gym.errors import GymError
 from workers.rollout.attempts import group_id_of
 from workers.rollout.context import Context, log
@@ -23,6 +33,8 @@ from workers.rollout.errors import CoordinatorStopped, FencedOff
 
 IDLE_POLL_S = 0.5
 MAX_BATCH = 2000
+# A try whose receipt the agent keeps changing is re-fetched this often, then left unpaid and logged.
+MAX_REFETCHES = 3
 
 
 class AckRelay:
@@ -34,6 +46,7 @@ class AckRelay:
         # Receipts the agent called mismatched: kept as unpaid (the ledger keeps them) but not resent
         # in a loop by this process.
         self._mismatched: set[str] = set()
+        self._refetches: dict[str, int] = defaultdict(int)
         self.accepted = 0
         self.rejected = 0
         self.requests = 0
@@ -92,34 +105,101 @@ class AckRelay:
                 return False
             self._backoff.pop(agent_name, None)
             self._not_before.pop(agent_name, None)
-            by_group: dict[str, list[tuple[CompletionReceipt, Event]]] = defaultdict(list)
+            by_group: dict[str, list[tuple[CompletionReceipt, list[Event]]]] = defaultdict(list)
             for receipt, result in zip(owed, results, strict=True):
-                event: Event
+                events: list[Event]
                 if result.acknowledged:
-                    event = AckAccepted(
-                        rollout_id=receipt.rollout_id,
-                        attempt_index=receipt.attempt_index,
-                        idempotent=result.idempotent,
-                    )
+                    events = [
+                        AckAccepted(
+                            rollout_id=receipt.rollout_id,
+                            attempt_index=receipt.attempt_index,
+                            idempotent=result.idempotent,
+                        )
+                    ]
                 else:
                     error = result.error or RECEIPT_MISMATCH
-                    event = AckRejected(
-                        rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, error=error
-                    )
-                    if error == RECEIPT_MISMATCH:
-                        self._mismatched.add(debt_key(receipt.rollout_id, receipt.attempt_index))
-                        log.error(
-                            "agent %s refused the ACK of %s: receipt_mismatch", agent_name, receipt.attempt
+                    events = [
+                        AckRejected(
+                            rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, error=error
                         )
-                by_group[group_id_of(receipt.rollout_id)].append((receipt, event))
+                    ]
+                    if error == RECEIPT_MISMATCH:
+                        events += await self._refetch(agent_name, client, receipt)
+                by_group[group_id_of(receipt.rollout_id)].append((receipt, events))
             for group_id, items in by_group.items():
-                await self.ctx.journal.append(group_stream(group_id), _still_owed(agent_name, items))
-                for _, event in items:
+                written = await self.ctx.journal.append(
+                    group_stream(group_id), _still_owed(agent_name, items)
+                )
+                for event in written:
                     if isinstance(event, AckAccepted):
                         self.accepted += 1
-                    else:
+                    elif isinstance(event, AckRejected):
                         self.rejected += 1
             return True
+
+    async def _refetch(self, agent_name: str, client: GymClient, sent: CompletionReceipt) -> list[Event]:
+        """The agent refused the receipt we owe it: ask it for its current receipt of that try.
+
+        Owed again (ReceiptFetched + AckOwed, so the next pass ACKs it) only if it names the same try,
+        its token list and the very reply we recorded (identity and digest): then only our record of
+        the receipt was off (e.g. its execution generation or terminal call).  A receipt for another
+        reply is a verify failure, recorded as such; it is owed all the same, so the agent's copy is
+        released rather than stranded, but nothing new is sealed from it.  Anything else (the agent
+        repeats the receipt it refused, answers garbage, or keeps changing it) leaves the debt unpaid
+        in the log, not resent in a loop by this process, and logged.
+        """
+        rid, n = sent.rollout_id, sent.attempt_index
+        key = debt_key(rid, n)
+        self._refetches[key] += 1
+        if self._refetches[key] > MAX_REFETCHES:
+            self._mismatched.add(key)
+            log.error("agent %s keeps refusing the ACK of %s: left unpaid", agent_name, sent.attempt)
+            return []
+        try:
+            fresh = await client.completion_receipt(rid, n)
+        except GymError as exc:
+            self._mismatched.add(key)
+            log.error(
+                "agent %s refused the ACK of %s (receipt_mismatch) and its receipt is unavailable: %s",
+                agent_name,
+                sent.attempt,
+                exc,
+            )
+            return []
+        if fresh == sent or fresh.manifest_capture_key != capture_key(rid, n):
+            self._mismatched.add(key)
+            log.error(
+                "agent %s refused the ACK of %s (receipt_mismatch) but describes it as %s",
+                agent_name,
+                sent.attempt,
+                fresh,
+            )
+            return []
+        attempt = self.ctx.journal.ledger.attempt(rid, n)
+        recorded_digest = attempt.reply_digest if attempt is not None and attempt.reply_digest else None
+        same_reply = fresh.result_identity == sent.result_identity and fresh.result_digest == (
+            recorded_digest or sent.result_digest
+        )
+        events: list[Event] = []
+        if not same_reply:
+            events.append(
+                RunFailed(
+                    rollout_id=rid,
+                    attempt_index=n,
+                    kind="verify",
+                    reason=(
+                        f"the agent refused the ACK of a receipt for reply {sent.result_identity} "
+                        f"({sent.result_digest}) and now describes reply {fresh.result_identity} "
+                        f"({fresh.result_digest}); ACKed only to release its copy"
+                    )[:500],
+                )
+            )
+            log.error("agent %s changed the result of %s after it was recorded", agent_name, sent.attempt)
+        return [
+            *events,
+            ReceiptFetched(agent_name=agent_name, receipt=fresh),
+            AckOwed(agent_name=agent_name, receipt=fresh),
+        ]
 
     async def flush(self, agent_name: str, timeout_s: float) -> bool:
         """Sends until nothing is owed to `agent_name` (in the log); False if the time ran out."""
@@ -136,10 +216,14 @@ class AckRelay:
                 )
 
 
-def _still_owed(agent_name: str, items: list[tuple[CompletionReceipt, Event]]):  # type: ignore[no-untyped-def]
+def _still_owed(
+    agent_name: str, items: list[tuple[CompletionReceipt, list[Event]]]
+) -> Callable[[LedgerState], list[Event]]:
     def build(ledger: LedgerState) -> list[Event]:
         owed = ledger.debts.get(agent_name, {})
-        # Another relay pass (or coordinator) may have paid it meanwhile: pay each debt once.
-        return [e for r, e in items if debt_key(r.rollout_id, r.attempt_index) in owed]
+        # Another relay pass (or coordinator) may have paid or replaced it meanwhile: record each once.
+        return [
+            e for r, events in items if owed.get(debt_key(r.rollout_id, r.attempt_index)) == r for e in events
+        ]
 
     return build

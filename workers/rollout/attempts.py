@@ -16,6 +16,7 @@ from eventstore.events import (
     AttemptAdopted,
     AttemptRetired,
     Event,
+    FailureKind,
     GroupSealed,
     ReceiptFetched,
     RolloutReceipt,
@@ -42,6 +43,7 @@ from workers.gym.errors import (
     AgentServerError,
     AgentTimeoutError,
     AgentUnavailableError,
+    BadResponseError,
     CheckpointConflictError,
     ConnectionLostError,
     GoneError,
@@ -61,6 +63,15 @@ class _Unverifiable(Exception):
 
 class _FetchFailed(Exception):
     """The receipt or token fetch failed in transport: the try is lost and goes through retire."""
+
+
+class _Garbage(_FetchFailed):
+    """The agent answered, but not with a receipt of this try: nothing can be sealed or owed."""
+
+
+# Adoptions that fail because the agent answers garbage (not because it is away) before the try is
+# given up as stranded at the agent: recorded, and its group dead-lettered, never replaced.
+ADOPT_GARBAGE_LIMIT = 3
 
 
 def group_id_of(rollout_id: str) -> str:
@@ -90,7 +101,7 @@ def from_ledger(attempt: AttemptState) -> TryOutcome | None:
     return None
 
 
-def _failure_kind(exc: BaseException) -> tuple[str, str]:
+def _failure_kind(exc: BaseException) -> tuple[FailureKind, str]:
     if isinstance(exc, ConnectionLostError):
         return "stream_closed", str(exc)
     if isinstance(exc, AgentTimeoutError | TimeoutError):
@@ -182,7 +193,7 @@ class Tries:
             kind, reason = _failure_kind(failure)
             await self._append(
                 group.group_id,
-                [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind=kind)],  # type: ignore[arg-type]
+                [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind=kind)],
             )
             live.outcome = await self._resolve_locked(group.group_id, rid, n)
             return live.outcome
@@ -198,6 +209,8 @@ class Tries:
         digest = reply_digest(reply.model_dump(mode="json", by_alias=True))
         try:
             receipt = await client.completion_receipt(rid, n)
+        except BadResponseError as exc:
+            raise _Garbage(f"completion receipt of ({rid}, {n}): {exc}") from exc
         except GymError as exc:
             raise _FetchFailed(f"completion receipt of ({rid}, {n}): {exc}") from exc
         adopted_events: list[Event] = [AttemptAdopted(rollout_id=rid, attempt_index=n)] if adopted else []
@@ -223,6 +236,10 @@ class Tries:
                 return TryOutcome("owed", "mask_sample: the environment failed")
             try:
                 tokens = await client.token_capture(receipt.manifest_capture_key)
+            except BadResponseError as exc:
+                # The receipt verified against the reply, so it is the agent's own: owe and ACK it (the
+                # agent's copy is released), but a token list that does not parse is never sealed.
+                raise _Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens)
@@ -317,6 +334,7 @@ class Tries:
         client = ctx.client(group.agent_name)
         delay = 0.05
         recorded_completed = False
+        garbage: list[str] = []
         while True:
             if ctx.stopping:
                 raise asyncio.CancelledError
@@ -351,9 +369,19 @@ class Tries:
                         ],
                     )
                     recorded_completed = True
-                adopted = await self._adopt(group_id, client, rid, n)
+                adopted = await self._adopt(group_id, client, rid, n, garbage)
                 if adopted is not None:
                     return adopted
+                if len(garbage) >= ADOPT_GARBAGE_LIMIT:
+                    reason = (
+                        f"the agent holds a finished result it does not describe consistently "
+                        f"({len(garbage)} adoptions failed): {garbage[-1]}"
+                    )
+                    await self._append(
+                        group_id,
+                        [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind="receipt")],
+                    )
+                    return TryOutcome("stranded", reason)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
@@ -363,14 +391,19 @@ class Tries:
                 return TryOutcome("retired", "never started at the agent (tombstoned)", "tombstoned")
             return TryOutcome("retired", "already done for good at the agent", "done")
 
-    async def _adopt(self, group_id: str, client: GymClient, rid: str, n: int) -> TryOutcome | None:
+    async def _adopt(
+        self, group_id: str, client: GymClient, rid: str, n: int, garbage: list[str]
+    ) -> TryOutcome | None:
         """Re-POST /run: the agent replays the stored reply without running the try again."""
         group = self.ctx.journal.ledger.groups[group_id]
         try:
             reply = await client.run(run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s)
             return await self.finish(group_id, reply, adopted=True)
         except (GymError, _FetchFailed) as exc:
-            if isinstance(exc, GoneError):
+            if isinstance(exc, BadResponseError | _Garbage):
+                garbage.append(str(exc))
+                log.warning("adopting (%s, %d): the agent answered garbage: %s", rid, n, exc)
+            elif isinstance(exc, GoneError):
                 log.info("adopting (%s, %d): gone meanwhile: %s", rid, n, exc)
             else:
                 log.info("adopting (%s, %d) failed, will retire again: %s", rid, n, exc)

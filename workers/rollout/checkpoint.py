@@ -9,6 +9,7 @@ rest, then prepare is called again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -86,6 +87,7 @@ class Checkpointer:
             )
             ctx.active_checkpoint = checkpoint_id
             ctx.checkpoint_idle.clear()
+            decided = False
             try:
                 state = _Prepare()
                 deadline = time.monotonic() + ctx.settings.prepare_timeout_s
@@ -119,7 +121,9 @@ class Checkpointer:
                         state.retired,
                         state.acked,
                     )
-                cut = await asyncio.to_thread(ctx.journal.store.head)
+                cut = await ctx.journal.read(ctx.journal.store.head, "reading the head for the cut")
+                # From here the decision may be in the log even if the append raises: recovery decides.
+                decided = True
                 await ctx.journal.append(
                     stream,
                     [
@@ -142,6 +146,13 @@ class Checkpointer:
                     state.retired,
                     state.acked,
                 )
+            except BaseException:
+                if not decided:
+                    # No decision is in the log: presumed abort, so no agent stays prepared with its
+                    # admission closed because this coordinator failed (the log lost, a cancel).
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self.abort_agents(checkpoint_id, names))
+                raise
             finally:
                 ctx.active_checkpoint = None
                 ctx.checkpoint_idle.set()
@@ -281,11 +292,21 @@ class Checkpointer:
 
         await asyncio.gather(*(one(n) for n in names))
 
-    async def recover(self) -> dict[str, int]:
-        """Presumed abort for undecided checkpoints; finish committed ones; abort strays at agents."""
+    async def recover(
+        self, to_abort: list[str] | None = None, to_resume: list[str] | None = None
+    ) -> dict[str, int]:
+        """Presumed abort for undecided checkpoints; finish committed ones; abort strays at agents.
+
+        The ids come from the recovery plan; by default, from the checkpoints projection.
+        """
         ctx = self.ctx
         done = {"aborted": 0, "resumed": 0}
-        for c in ctx.journal.checkpoints.in_doubt():
+        known = ctx.journal.checkpoints.checkpoints
+        if to_abort is None:
+            to_abort = [c.checkpoint_id for c in ctx.journal.checkpoints.in_doubt()]
+        if to_resume is None:
+            to_resume = [c.checkpoint_id for c in ctx.journal.checkpoints.to_resume()]
+        for c in [known[i] for i in to_abort]:
             await ctx.journal.append(
                 checkpoint_stream(c.checkpoint_id),
                 [
@@ -298,7 +319,7 @@ class Checkpointer:
             )
             await self.abort_agents(c.checkpoint_id, [p for p in c.participants if p in ctx.agents])
             done["aborted"] += 1
-        for c in ctx.journal.checkpoints.to_resume():
+        for c in [known[i] for i in to_resume]:
             await self.finish_commit(c.checkpoint_id, [p for p in c.participants if p in ctx.agents])
             done["resumed"] += 1
         for name, client in ctx.agents.items():
@@ -310,8 +331,8 @@ class Checkpointer:
             active = status.active_checkpoint_id
             if active is None:
                 continue
-            known = ctx.journal.checkpoints.checkpoints.get(active)
-            if known is not None and known.status in ("committed", "resumed"):
+            decided = known.get(active)
+            if decided is not None and decided.status in ("committed", "resumed"):
                 await self._commit_and_resume(active, name)
             else:
                 await self.abort_agents(active, [name])

@@ -13,7 +13,7 @@ from workers.rollout.journal import Journal
 
 log = logging.getLogger("workers.rollout")
 
-OutcomeKind = Literal["finished", "owed", "retired"]
+OutcomeKind = Literal["finished", "owed", "retired", "stranded"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,9 @@ class TryOutcome:
 
     finished: held or sealed (debt recorded); owed: the agent finished it but it is not usable
     (masked, unverifiable, or adopted after its group gave up) and its debt is recorded;
-    retired: the agent cancelled or tombstoned it.  `recorded` says whether the AttemptRetired is
+    retired: the agent cancelled or tombstoned it; stranded: the agent holds a finished result that
+    answers garbage to every adoption, so it can be neither sealed, nor owed, nor replaced (the group
+    is dead-lettered).  `recorded` says whether the AttemptRetired is
     in the log already (the caller appends it together with the replacement otherwise).
     """
 

@@ -49,7 +49,7 @@ from workers.rollout.errors import (
     NotSealed,
     UnknownGroup,
 )
-from workers.rollout.journal import Journal
+from workers.rollout.journal import OUTAGE_BUDGET_S, Journal
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class RolloutCoordinator:
         prepare_timeout_s: float = 300.0,
         max_tries: int = 4,
         park_grace_s: float = 1.0,
+        outage_budget_s: float = OUTAGE_BUDGET_S,
     ) -> None:
         self.store = store
         self.mode: Mode = mode
@@ -83,7 +84,7 @@ class RolloutCoordinator:
             max_tries=max_tries,
             park_grace_s=park_grace_s,
         )
-        self.journal = Journal(store)
+        self.journal = Journal(store, outage_budget_s=outage_budget_s)
         self.ctx = Context(self.journal, dict(agents), self.settings)
         self.tries = Tries(self.ctx)
         self.relay = AckRelay(self.ctx)
@@ -134,6 +135,8 @@ class RolloutCoordinator:
     def _check_alive(self) -> None:
         if self.journal.fenced is not None:
             raise self.journal.fenced
+        if self.journal.stopped is not None:
+            raise self.journal.stopped
         if self.ctx.stopping:
             raise CoordinatorStopped("the coordinator is closed")
 
@@ -225,7 +228,8 @@ class RolloutCoordinator:
             if outcome.kind == "finished":
                 continue
             retired = _retired_event(sibling.rollout_id, n, outcome)
-            if n + 1 >= group.max_tries:
+            # A stranded try may still be finished at the agent: never replaced (retire-before-replace).
+            if n + 1 >= group.max_tries or outcome.kind == "stranded":
                 if retired:
                     await self.journal.append(group_stream(group_id), retired)
                 return True
@@ -278,7 +282,7 @@ class RolloutCoordinator:
                 for gi, n in sorted(current.items())
             ]
             round_index = max(current.values())
-            if round_index + 1 >= group.max_tries:
+            if round_index + 1 >= group.max_tries or any(o.kind == "stranded" for o in failed.values()):
                 await self._dead_letter(group, retired, reason)
                 return
             replacements = [
@@ -367,6 +371,8 @@ class RolloutCoordinator:
                     yield group
             if self.journal.fenced is not None:
                 raise self.journal.fenced
+            if self.journal.stopped is not None:
+                raise self.journal.stopped
             idle = not self.open_groups() and all(t.done() for t in self._drivers.values())
             if until_idle and idle and not any(g.group_id not in seen for g in self.sealed_unclaimed()):
                 return

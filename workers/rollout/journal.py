@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from eventstore import (
     DatabaseUnavailable,
@@ -24,14 +26,15 @@ from eventstore import (
 )
 from eventstore.events import Event
 from eventstore.records import canonical
-from projections.base import fold_many
+from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState
 from workers.rollout.errors import CoordinatorStopped, FencedOff
 
 # Deterministic event ids make a retried append (after the database went away mid-commit) a no-op.
 _EVENT_NS = uuid.UUID("6f1d7c1e-4d0e-4b55-9f0e-2b7a61c0a8d1")
-APPEND_RETRIES = 5
+# How long a database outage is ridden out (appends and reads retried) before the coordinator stops.
+OUTAGE_BUDGET_S = 30.0
 
 
 @dataclass
@@ -43,6 +46,11 @@ class Journal:
     checkpoints: CheckpointsState = field(init=False)
     position: int = 0
     fenced: FencedOff | None = None
+    # Set when the database stayed away longer than `outage_budget_s`: every later append raises it.
+    stopped: CoordinatorStopped | None = None
+    outage_budget_s: float = OUTAGE_BUDGET_S
+    # Database calls that failed with DatabaseUnavailable and were retried.
+    outage_retries: int = 0
     # Stream -> the version this process last saw (its fencing token).
     versions: dict[str, int] = field(default_factory=dict)
     appends: int = 0
@@ -59,19 +67,48 @@ class Journal:
     # --- reading --------------------------------------------------------------------------------
 
     def _catch_up_sync(self) -> None:
+        # The position moves with every event folded, so a read that breaks off half way (the database
+        # went away) resumes after the last event applied instead of folding it twice.
         with self._thread_lock:
-            _, last = fold_many(
-                [self.ledger_projection, self.checkpoints_projection],
-                self.store.read_all(self.position),
-                [self.ledger, self.checkpoints],
-            )
-            if last:
-                self.position = last
+            for event in self.store.read_all(self.position):
+                decoded = decode(event)
+                self.ledger_projection.apply(self.ledger, event, decoded)
+                self.checkpoints_projection.apply(self.checkpoints, event, decoded)
+                self.position = event.position
 
     async def catch_up(self) -> None:
         async with self._lock:
-            await asyncio.to_thread(self._catch_up_sync)
+            await self._ride_out(self._catch_up_sync, "reading the log")
         await self._notify()
+
+    async def read(self, fn: Callable[[], int], what: str) -> int:
+        """A read of the store (e.g. its head), retried through a database outage."""
+        return await self._ride_out(fn, what)
+
+    async def _ride_out(self, fn: Callable[[], _T], what: str) -> _T:
+        """Runs `fn` in a thread, retrying `DatabaseUnavailable` for up to `outage_budget_s`.
+
+        Past the budget the journal stops for good (`CoordinatorStopped`): a coordinator that cannot
+        record its decisions must not make any; its debts stay in the log for the next one.
+        """
+        if self.stopped is not None:
+            raise self.stopped
+        deadline = time.monotonic() + self.outage_budget_s
+        delay = 0.05
+        while True:
+            try:
+                return await asyncio.to_thread(fn)
+            except DatabaseUnavailable as exc:
+                self.outage_retries += 1
+                if time.monotonic() + delay > deadline:
+                    self.stopped = CoordinatorStopped(
+                        f"the log has been unavailable for more than {self.outage_budget_s:g} s while "
+                        f"{what}; the coordinator stopped (nothing it decided is lost: recover from the "
+                        f"log once the database is back): {exc}"
+                    )
+                    raise self.stopped from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def load(self) -> None:
         """Folds the whole log and adopts every stream's current version as this process's own."""
@@ -101,6 +138,8 @@ class Journal:
         async with self._lock:
             if self.fenced is not None:
                 raise self.fenced
+            if self.stopped is not None:
+                raise self.stopped
             events = list(build(self.ledger) if callable(build) else build)
             if not events:
                 return []
@@ -109,23 +148,18 @@ class Journal:
                 self._fence(stream, stream_stale)
             if stream not in self.versions and not stream.startswith("group-"):
                 # Checkpoint and trainer streams are not fenced per group; start from what the log holds.
-                self.versions[stream] = await asyncio.to_thread(self.store.stream_version, stream)
-            delay = 0.05
-            for attempt in range(APPEND_RETRIES):
-                try:
-                    await asyncio.to_thread(self._append_sync, stream, events, blobs)
-                    break
-                except WrongExpectedVersion as exc:
-                    self._fence(stream, exc)
-                except DatabaseUnavailable as exc:
-                    if attempt == APPEND_RETRIES - 1:
-                        raise CoordinatorStopped(
-                            f"the log is unavailable; {len(events)} event(s) for {stream!r} were not "
-                            f"written after {APPEND_RETRIES} tries: {exc}"
-                        ) from exc
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 4, 2.0)
+                self.versions[stream] = await self._ride_out(
+                    lambda: self.store.stream_version(stream), f"reading the version of {stream!r}"
+                )
+            what = f"appending {len(events)} event(s) to {stream!r}"
+            try:
+                # A retry after the database went away mid-commit names the same version and the same
+                # deterministic event ids: if the first try committed, the retry is a no-op.
+                await self._ride_out(lambda: self._append_sync(stream, events, blobs), what)
+            except WrongExpectedVersion as exc:
+                self._fence(stream, exc)
             self.appends += 1
+            await self._ride_out(self._catch_up_sync, f"reading the log after {what}")
         await self._notify()
         return events
 
@@ -154,7 +188,9 @@ class Journal:
                     tx.put_blob(blob)
                 result = tx.append(stream, news, expected)
             self.versions[stream] = result.stream_version
-            self._catch_up_sync()
+
+
+_T = TypeVar("_T")
 
 
 def _event_id(stream: str, version: int, event: Event) -> uuid.UUID:

@@ -1,10 +1,12 @@
 """Rebuilding a coordinator from the log and carrying on (protocol.md §9).
 
 Nothing is restored from a private file: the ledger and checkpoint projections are folded from the
-log; undecided checkpoints are aborted (presumed abort) and committed ones finished; claims after
-the last committed cut are rolled back with `TrainerRestored`; every open group gets its driver
-again, which retires or adopts each try left in flight before anything new is minted.  Unpaid debts
-are sent by the relay from the log.
+log and the restore plan is derived from them alone (`projections.recovery.plan_recovery`).  The
+plan is then carried out: undecided checkpoints are aborted (presumed abort) and committed ones
+finished; `TrainerRestored` records the cut and the plan's summary (claims after the cut roll back
+with it); every group the plan names gets its driver again, which retires or adopts each try left
+in flight before anything new is minted, or dead-letters what has spent its budget.  The unpaid
+debts of the plan are sent by the relay from the log.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from eventstore.events import TrainerRestored
+from projections.recovery import RecoveryPlan, plan_recovery
 from workers.rollout.context import log
 
 if TYPE_CHECKING:
@@ -20,36 +23,36 @@ if TYPE_CHECKING:
 TRAINER_STREAM = "trainer"
 
 
+def groups_to_drive(plan: RecoveryPlan) -> list[str]:
+    """Every group the plan has work for, in a stable order."""
+    named = {t.group_id for t in plan.tries_to_settle}
+    named |= {s.group_id for s in plan.siblings_to_replace}
+    named |= set(plan.groups_to_rerun) | set(plan.groups_to_dead_letter)
+    return sorted(named)
+
+
 async def recover(coord: RolloutCoordinator) -> RolloutCoordinator:
     await coord.start()
-    checkpoints = await coord.checkpointer.recover()
-    ledger = coord.ledger
-    last = coord.journal.checkpoints.last_committed()
-    cut = last.cut_position if last is not None else 0
-    rolled_back = sum(1 for g in ledger.groups.values() if g.claims and g.claims[-1].position > (cut or 0))
-    open_groups = coord.open_groups()
-    in_flight = sum(
-        1
-        for gid in open_groups
-        for s in ledger.groups[gid].siblings.values()
-        if s.status != "sealed"
-        and (a := s.attempts.get(s.current_attempt)) is not None
-        and a.status != "minted"
-    )
-    plan = {
-        "open_groups": len(open_groups),
-        "tries_to_settle": in_flight,
-        "unpaid_debts": len(ledger.unpaid_debts()),
-        "claims_rolled_back": rolled_back,
-        "checkpoints_aborted": checkpoints["aborted"],
-        "checkpoints_resumed": checkpoints["resumed"],
-    }
-    await coord.journal.append(
+    journal = coord.journal
+    plan = plan_recovery(journal.ledger, journal.checkpoints)
+    await coord.checkpointer.recover(plan.checkpoints_to_abort, plan.checkpoints_to_resume)
+    await journal.append(
         TRAINER_STREAM,
-        [TrainerRestored(cut_position=cut, checkpoint_id=last.checkpoint_id if last else None, plan=plan)],
+        [
+            TrainerRestored(
+                cut_position=plan.cut_position or 0,
+                checkpoint_id=plan.checkpoint_id,
+                plan=plan.summary(),
+            )
+        ],
     )
-    log.info("trainer restored from the log: %s", plan)
+    log.info("trainer restored from the log: %s", plan.summary())
     coord.ctx.ack_wakeup.set()
-    for gid in open_groups:
+    groups = groups_to_drive(plan)
+    # Every open group has work the plan names; one it missed would sit open for ever, so drive it too.
+    missed = sorted(set(coord.open_groups()) - set(groups))
+    if missed:
+        log.warning("recovery plan names no work for open groups %s; driving them anyway", missed)
+    for gid in [*groups, *missed]:
         coord._drive(gid)
     return coord

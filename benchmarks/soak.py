@@ -1,0 +1,316 @@
+"""Soak: `ledger simulate` on PostgreSQL, many groups, a fault mix, checkpoints every few seconds.
+
+The agents' own work is set to zero (`--zero-work`: no model call, one tiny token record per turn,
+one turn per episode), so what is measured is the hand-off through the log: coordinator, HTTP
+protocol, appends.  Reports throughput (sealed rollouts/s, events/s), prepare wait p50/p99, the
+resident memory of the trainer process and of every agent process over time (peak, and the mean of
+the first against the last quarter of the workload: flat or growing), and the auditor's verdict.
+
+    python -m benchmarks.soak                       # 2,000 groups x 8 siblings on a throwaway PostgreSQL
+    python -m benchmarks.soak --groups 200          # a quick run
+    python -m benchmarks.soak --db postgresql+psycopg://...   # an existing (migrated or empty) database
+    python -m benchmarks.soak --profile prof.out    # cProfile of the trainer process (pstats file)
+
+Memory is read from /proc/<pid>/status (VmRSS), sampled every `--sample-every` seconds by a thread of
+the trainer process; the trainer's samples after the workload (the auditor's full replay) are
+reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from eventstore import EventStore, open_store
+from eventstore.backends import mask_url
+from eventstore.pgcluster import PgCluster
+from gym_agent.launcher import AgentProcess
+from workers.rollout.simulate import SimConfig, run_simulation
+
+DEFAULT_FAULTS = "drop_reply=0.02,fail=0.02,hang=0.005"
+TRAINER = "trainer"
+
+
+def rss_kib(pid: int) -> int | None:
+    """Resident set size of `pid` in KiB (VmRSS), or None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass
+class MemorySampler:
+    """A thread that samples the RSS of named processes; `phase` tags each sample (workload/after)."""
+
+    pids: dict[str, int]
+    every_s: float = 0.5
+    samples: dict[str, list[tuple[float, str, int]]] = field(default_factory=dict)
+    phase: str = "workload"
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> MemorySampler:
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        started = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic() - started
+            for name, pid in self.pids.items():
+                kib = rss_kib(pid)
+                if kib is not None:
+                    self.samples.setdefault(name, []).append((now, self.phase, kib))
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def report(self, name: str) -> dict[str, Any]:
+        rows = self.samples.get(name, [])
+        work = [kib for _, phase, kib in rows if phase == "workload"]
+        after = [kib for _, phase, kib in rows if phase != "workload"]
+        if not work:
+            return {"process": name, "samples": 0}
+        q = max(1, len(work) // 4)
+        first, last = statistics.fmean(work[:q]), statistics.fmean(work[-q:])
+        growth = (last - first) / first if first else 0.0
+        return {
+            "process": name,
+            "samples": len(work),
+            "start_mib": round(work[0] / 1024, 1),
+            "peak_mib": round(max(work) / 1024, 1),
+            "first_quarter_mib": round(first / 1024, 1),
+            "last_quarter_mib": round(last / 1024, 1),
+            "growth_pct": round(100 * growth, 1),
+            # Flat: the last quarter within 10 % (or 16 MiB) of the first.
+            "flat": last - first <= max(0.10 * first, 16 * 1024),
+            "peak_after_mib": round(max(after) / 1024, 1) if after else None,
+        }
+
+
+def checkpoint_waits(store: EventStore, run_id: str) -> list[float]:
+    """Every participant's prepare wait of every finished checkpoint of this run, from the log."""
+    waits: list[float] = []
+    for event in store.read_all(0, types=["CheckpointCommitted", "CheckpointAborted"]):
+        if event.stream_id.startswith(f"checkpoint-{run_id}"):
+            waits.extend(float(v) for v in (event.data.get("prepare_wait_s") or {}).values())
+    return waits
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return round(ordered[k], 3)
+
+
+def count_run_events(store: EventStore, run_id: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for event in store.read_all(0):
+        if event.stream_id.startswith((f"group-{run_id}", f"checkpoint-{run_id}")):
+            counts[event.type] = counts.get(event.type, 0) + 1
+    return counts
+
+
+async def soak(store: EventStore, args: argparse.Namespace) -> dict[str, Any]:
+    run_id = f"soak{os.getpid()}x{int(time.time()) % 100000}"
+    agents = [
+        AgentProcess(
+            f"agent-{i}",
+            seed=args.seed + i,
+            turns=(1, 1),
+            delay_s=0.0,
+            extra_args=["--zero-work", "--log-level", "warning"],
+        )
+        for i in range(args.agents)
+    ]
+    await asyncio.gather(*(asyncio.to_thread(a.start) for a in agents))
+    pids = {TRAINER: os.getpid(), **{a.name: a.pid for a in agents if a.pid is not None}}
+    sampler = MemorySampler(pids, every_s=args.sample_every).start()
+    done = {"groups": 0, "last_print": 0.0}
+    started = time.monotonic()
+
+    def progress(finished: int, total: int) -> None:
+        done["groups"] = finished
+        now = time.monotonic()
+        if finished >= total:
+            sampler.phase = "after"  # the workload is over; next come the final status calls and the audit
+        if now - done["last_print"] >= 5 or finished >= total:
+            done["last_print"] = now
+            rss = rss_kib(os.getpid()) or 0
+            print(
+                f"  {now - started:7.1f} s  groups {finished}/{total}  trainer RSS {rss / 1024:.0f} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    config = SimConfig(
+        agents=args.agents,
+        agent_urls={a.name: a.url for a in agents},
+        groups=args.groups,
+        siblings=args.siblings,
+        mode=args.mode,
+        faults=args.faults,
+        checkpoint_every_s=args.checkpoint_every,
+        prepare_timeout_s=args.prepare_timeout,
+        rollout_timeout_s=args.rollout_timeout,
+        seed=args.seed,
+        window_per_agent=args.window,
+        turns=(1, 1),
+        agent_delay_s=0.0,
+        run_id=run_id,
+    )
+    profiler = cProfile.Profile() if args.profile else None
+    try:
+        if profiler is not None:
+            profiler.enable()
+        summary = await run_simulation(store, config, progress=progress)
+    finally:
+        if profiler is not None:
+            profiler.disable()
+        sampler.stop()
+        await asyncio.gather(*(asyncio.to_thread(a.close) for a in agents))
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+    counts = await asyncio.to_thread(count_run_events, store, run_id)
+    waits = await asyncio.to_thread(checkpoint_waits, store, run_id)
+    wall = summary["wall_s"] or 1e-9
+    sealed = counts.get("SiblingSealed", 0)
+    events = sum(counts.values())
+    return {
+        "summary": summary,
+        "throughput": {
+            "wall_s": wall,
+            "sealed_rollouts": sealed,
+            "sealed_rollouts_per_s": round(sealed / wall, 1),
+            "events": events,
+            "events_per_s": round(events / wall, 1),
+            "prepare_waits": len(waits),
+            "prepare_wait_p50_s": percentile(waits, 50),
+            "prepare_wait_p99_s": percentile(waits, 99),
+            "prepare_wait_max_s": percentile(waits, 100),
+        },
+        "memory": [sampler.report(name) for name in pids],
+    }
+
+
+def render(result: dict[str, Any], url: str, console: Console) -> None:
+    s, t = result["summary"], result["throughput"]
+    table = Table(title=f"soak {s['run_id']} on {mask_url(url)}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("groups x siblings", f"{s['groups']} x {s['siblings']} ({s['mode']}, {s['agents']} agents)"),
+        ("wall time (s)", t["wall_s"]),
+        ("sealed rollouts", t["sealed_rollouts"]),
+        ("sealed rollouts / s", t["sealed_rollouts_per_s"]),
+        ("events (this run)", t["events"]),
+        ("events / s", t["events_per_s"]),
+        ("tries / replacements", f"{s['tries']} / {s['replacements']}"),
+        ("retired / adopted", f"{s['retired']} / {s['adopted']}"),
+        ("groups sealed / abandoned / dead-lettered",
+         f"{s['groups_sealed']} / {s['groups_abandoned']} / {s['groups_dead_lettered']}"),
+        ("checkpoints committed / aborted", f"{s['checkpoints_committed']} / {s['checkpoints_aborted']}"),
+        ("prepare wait p50 / p99 / max (s)",
+         f"{t['prepare_wait_p50_s']} / {t['prepare_wait_p99_s']} / {t['prepare_wait_max_s']}"),
+        ("stranded / duplicate executions", f"{s['stranded']} / {s['duplicate_executions']}"),
+        ("debts outstanding", s["debts_outstanding"]),
+        ("audit violations", s["audit_violations"]),
+    ]  # fmt: skip
+    for key, value in rows:
+        table.add_row(key, "-" if value is None else str(value))
+    console.print(table)
+    mem = Table(title="resident memory (MiB) over the workload")
+    for col in ("process", "start", "peak", "first quarter", "last quarter", "growth %", "flat", "peak after"):
+        mem.add_column(col, justify="left" if col == "process" else "right")
+    for m in result["memory"]:
+        if not m.get("samples"):
+            mem.add_row(m["process"], *["-"] * 7)
+            continue
+        mem.add_row(
+            m["process"],
+            str(m["start_mib"]),
+            str(m["peak_mib"]),
+            str(m["first_quarter_mib"]),
+            str(m["last_quarter_mib"]),
+            str(m["growth_pct"]),
+            "yes" if m["flat"] else "NO",
+            "-" if m["peak_after_mib"] is None else str(m["peak_after_mib"]),
+        )
+    console.print(mem)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--groups", type=int, default=2000)
+    parser.add_argument("--siblings", type=int, default=8)
+    parser.add_argument("--agents", type=int, default=2)
+    parser.add_argument("--mode", choices=("sibling", "prompt_group"), default="prompt_group")
+    parser.add_argument("--faults", default=DEFAULT_FAULTS)
+    parser.add_argument("--checkpoint-every", type=float, default=3.0)
+    parser.add_argument("--prepare-timeout", type=float, default=30.0)
+    parser.add_argument("--rollout-timeout", type=float, default=5.0)
+    parser.add_argument("--window", type=int, default=8, help="Groups open at once per agent.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sample-every", type=float, default=0.5, help="Seconds between RSS samples.")
+    parser.add_argument("--db", default=None, help="PostgreSQL URL (default: a throwaway cluster).")
+    parser.add_argument("--pool-size", type=int, default=5)
+    parser.add_argument(
+        "--pg-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="postgresql.conf setting of the throwaway cluster (repeatable), e.g. synchronous_commit=off.",
+    )
+    parser.add_argument("--profile", default=None, help="Write a cProfile of the trainer process here.")
+    parser.add_argument("--json", dest="as_json", default=None, help="Also write the result as JSON here.")
+    args = parser.parse_args(argv)
+
+    console = Console()
+    with contextlib.ExitStack() as stack:
+        url = args.db
+        if url is None:
+            settings = dict(item.split("=", 1) for item in args.pg_setting)
+            cluster = stack.enter_context(PgCluster(settings))
+            url = cluster.url(cluster.create_database("soak"))
+        store = open_store(url, migrate_schema=True, pool_size=args.pool_size)
+        stack.callback(store.close)
+        result = asyncio.run(soak(store, args))
+    render(result, url, console)
+    if args.profile:
+        stats = pstats.Stats(args.profile)
+        stats.sort_stats("cumulative").print_stats(30)
+    if args.as_json:
+        Path(args.as_json).write_text(json.dumps(result, indent=2))
+    s = result["summary"]
+    bad = s["stranded"] or s["duplicate_executions"] or (s["audit_violations"] or 0)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,312 @@
+"""Bad input against real HTTP: lying agents, garbage, hang-ups, and the database going away.
+
+Every case ends in the log: a RunFailed / AckRejected with its reason (or a clear error raised),
+nothing sealed that did not verify, and no debt dropped.  Assertions are on the events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventstore import EventStore, RecordedEvent, open_store, upgrade_database
+from eventstore.pgcluster import PgCluster
+from gym_agent.config import AgentConfig
+from projections.audit import audit_log
+from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
+from tests.rollout.hostile_agent import Action, Rule, serve_hostile
+from workers.gym import GymClient
+from workers.rollout import CoordinatorStopped, RolloutCoordinator
+
+
+def _config(tmp_path: Path, name: str = "h", **overrides: Any) -> AgentConfig:
+    values: dict[str, Any] = {
+        "name": name,
+        "state_dir": tmp_path / name,
+        "log_level": "warning",
+        "turns": (2, 3),
+        "delay_s": 0.02,
+    }
+    values.update(overrides)
+    return AgentConfig(**values)
+
+
+def _events(store: EventStore, group: str) -> list[RecordedEvent]:
+    return list(store.read_stream(f"group-{group}"))
+
+
+def _of(
+    events: list[RecordedEvent], type_: str, attempt: int | None = None, rid: str | None = None
+) -> list[dict[str, Any]]:
+    out = []
+    for e in events:
+        if e.type != type_:
+            continue
+        data = e.data
+        about = data.get("receipt", data)
+        if (attempt is None or about.get("attempt_index") == attempt) and (
+            rid is None or about.get("rollout_id") == rid
+        ):
+            out.append(data)
+    return out
+
+
+def _try0(rid: str) -> Any:
+    """Matches answers about try 0 of `rid`: /run replies by body, receipts and token lists by path."""
+
+    def match(path: str, body: Any) -> bool:
+        if path == "/run":
+            return isinstance(body, dict) and (body.get("_ng_rollout_id"), body.get("_ng_attempt_index")) == (
+                rid,
+                0,
+            )
+        return path in (f"/completion_receipt/{rid}/0", f"/token_capture/{rid}")
+
+    return match
+
+
+async def _play(
+    tmp_path: Path, store: EventStore, rules_for: Any, *, generations: int = 1, **kwargs: Any
+) -> tuple[str, GymClient, RolloutCoordinator, list[RecordedEvent], int]:
+    g = gid("bad")
+    with serve_hostile(_config(tmp_path), rules_for(f"{g}_g0")) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(store, {"h": client}, mode="sibling", **kwargs)
+            async with coord:
+                await coord.submit(g, PROMPT, "h", generations, PAYLOAD)
+                await coord.wait_idle(30)
+            unacked = (await client.status()).completed_unacknowledged
+    return g, client, coord, _events(store, g), unacked
+
+
+async def test_a_reply_whose_digest_does_not_match_its_receipt_is_never_sealed(
+    sqlite_store: EventStore, tmp_path: Path
+) -> None:
+    def inflate(reply: dict[str, Any]) -> dict[str, Any]:
+        return {**reply, "reward": reply["reward"] + 100.0}
+
+    _, _, coord, events, unacked = await _play(
+        tmp_path, sqlite_store, lambda rid: [Rule("/run", _try0(rid), inflate)]
+    )
+    failed = _of(events, "RunFailed", 0)
+    assert [f["kind"] for f in failed] == ["verify"] and "result_digest" in failed[0]["reason"]
+    assert not _of(events, "SiblingSealed", 0) and not _of(events, "RunReplied", 0)
+    # The agent's own receipt is owed and ACKed: its copy is released, nothing strands.
+    assert _of(events, "AckOwed", 0) and _of(events, "AckAccepted", 0)
+    assert [r["attempt_index"] for r in _of(events, "ReplacementMinted")] == [1]
+    assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
+    assert all(s["reward"] < 100 for s in _of(events, "SiblingSealed"))
+    assert unacked == 0 and not coord.ledger.debts
+
+
+@pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
+async def test_a_receipt_for_another_try_is_never_owed(
+    sqlite_store: EventStore, tmp_path: Path, times: int | None
+) -> None:
+    def other_try(receipt: dict[str, Any]) -> dict[str, Any]:
+        return {**receipt, "attempt_index": 7}
+
+    _, _, coord, events, unacked = await _play(
+        tmp_path, sqlite_store, lambda rid: [Rule("/completion_receipt", _try0(rid), other_try, times)]
+    )
+    assert not [
+        e
+        for e in events
+        if e.type in ("AckOwed", "ReceiptFetched") and e.data["receipt"]["attempt_index"] == 7
+    ]
+    failed = _of(events, "RunFailed", 0)
+    assert failed and failed[0]["kind"] == "receipt" and "names" in failed[0]["reason"]
+    assert not _of(events, "ReplacementMinted")  # it finished at the agent: adopt, never replace
+    if times == 1:
+        # The next receipt is the agent's own: the try is adopted, sealed and ACKed.
+        assert _of(events, "AttemptAdopted", 0) and _of(events, "SiblingSealed", 0)
+        assert _of(events, "AckAccepted", 0) and unacked == 0
+    else:
+        # Never a usable receipt: nothing sealed, nothing owed that was not verified; the group is
+        # dead-lettered with the reason, and the result honestly stays stranded at the lying agent.
+        assert not _of(events, "SiblingSealed") and not _of(events, "AckOwed")
+        dead = _of(events, "GroupDeadLettered")
+        assert dead and any("does not describe" in r for r in dead[0]["reasons"])
+        assert unacked == 1
+    assert not coord.ledger.debts
+
+
+def _other_key(tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**t, "rollout_id": "someone-else"} for t in tokens]
+
+
+def _short_logprobs(tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**t, "generation_log_probs": t["generation_log_probs"][:-1]} for t in tokens]
+
+
+@pytest.mark.parametrize("action", [_other_key, _short_logprobs], ids=["other_capture_key", "lengths_differ"])
+async def test_a_token_list_that_does_not_match_the_receipt_is_never_sealed(
+    sqlite_store: EventStore, tmp_path: Path, action: Action
+) -> None:
+    _, _, coord, events, unacked = await _play(
+        tmp_path, sqlite_store, lambda rid: [Rule("/token_capture", _try0(rid), action)]
+    )
+    failed = _of(events, "RunFailed", 0)
+    assert [f["kind"] for f in failed] == ["verify"] and "token capture" in failed[0]["reason"]
+    assert not _of(events, "SiblingSealed", 0)
+    assert _of(events, "AckOwed", 0) and _of(events, "AckAccepted", 0)  # the verified receipt releases it
+    assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
+    assert unacked == 0 and not coord.ledger.debts
+
+
+@pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
+async def test_garbage_json_from_run(sqlite_store: EventStore, tmp_path: Path, times: int | None) -> None:
+    _, _, coord, events, unacked = await _play(
+        tmp_path, sqlite_store, lambda rid: [Rule("/run", _try0(rid), "garbage", times)]
+    )
+    failed = _of(events, "RunFailed", 0)
+    assert failed[0]["kind"] == "http" and "not JSON" in failed[0]["reason"]
+    assert _of(events, "AttemptRetired", 0)[0]["outcome"] == "completed_unacknowledged"
+    assert not _of(events, "ReplacementMinted")
+    if times == 1:
+        assert _of(events, "AttemptAdopted", 0) and _of(events, "SiblingSealed", 0)
+        assert _of(events, "AckAccepted", 0) and unacked == 0
+    else:
+        assert not _of(events, "SiblingSealed") and not _of(events, "AckOwed")
+        assert _of(events, "GroupDeadLettered") and unacked == 1
+    assert not coord.ledger.debts
+
+
+@pytest.mark.parametrize("route", ["/run", "/completion_receipt"])
+async def test_an_agent_hanging_up_mid_body_loses_nothing(
+    sqlite_store: EventStore, tmp_path: Path, route: str
+) -> None:
+    _, _, coord, events, unacked = await _play(
+        tmp_path, sqlite_store, lambda rid: [Rule(route, _try0(rid), "hang_up", 1)]
+    )
+    failed = _of(events, "RunFailed", 0)
+    assert failed[0]["kind"] == ("stream_closed" if route == "/run" else "receipt")
+    assert "connection lost" in failed[0]["reason"]
+    assert _of(events, "AttemptAdopted", 0) and _of(events, "SiblingSealed", 0)
+    assert not _of(events, "ReplacementMinted") and _of(events, "AckAccepted", 0)
+    assert unacked == 0 and not coord.ledger.debts
+
+
+async def test_a_receipt_mismatch_ack_is_refetched_and_paid(sqlite_store: EventStore, tmp_path: Path) -> None:
+    """Our record of the receipt was off (the first answer carried a wrong execution generation): the
+    ACK is refused with receipt_mismatch, the agent's receipt for the same reply is fetched, owed and
+    ACKed; the debt does not block the next checkpoint."""
+
+    def wrong_generation(receipt: dict[str, Any]) -> dict[str, Any]:
+        return {**receipt, "execution_generation": receipt["execution_generation"] + 5}
+
+    g = gid("bad")
+    with serve_hostile(
+        _config(tmp_path), [Rule("/completion_receipt", _try0(f"{g}_g0"), wrong_generation, 1)]
+    ) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(store := sqlite_store, {"h": client}, mode="sibling", prepare_timeout_s=10)
+            async with coord:
+                await coord.submit(g, PROMPT, "h", 2, PAYLOAD)
+                await coord.wait_idle(30)
+                outcome = await coord.checkpoint(gid("ck"))
+                assert outcome.committed, outcome.reason
+            assert (await client.status()).completed_unacknowledged == 0
+    events = _events(store, g)
+    assert [r["error"] for r in _of(events, "AckRejected", 0)] == ["receipt_mismatch"]
+    owed = _of(events, "AckOwed", 0, f"{g}_g0")
+    assert (
+        len(owed) == 2
+        and owed[1]["receipt"]["execution_generation"] == owed[0]["receipt"]["execution_generation"] - 5
+    )
+    assert owed[1]["receipt"]["result_digest"] == owed[0]["receipt"]["result_digest"]
+    assert _of(events, "AckAccepted", 0) and _of(events, "SiblingSealed", 0)
+    assert not _of(events, "RunFailed", 0) and not coord.ledger.debts
+
+
+# --- the database going away ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[PgCluster]:
+    """A cluster of this module's own, so stopping it disturbs no other test."""
+    with PgCluster() as cluster:
+        yield cluster
+
+
+def _fresh_db(cluster: PgCluster) -> str:
+    url = cluster.url(cluster.create_database())
+    upgrade_database(url)
+    return url
+
+
+def _clean(store: EventStore) -> None:
+    report = audit_log(store)
+    assert report.ok, report.as_json()["violations"]
+
+
+async def test_a_database_restart_mid_append_is_ridden_out(own_cluster: PgCluster, tmp_path: Path) -> None:
+    url = _fresh_db(own_cluster)
+    store = open_store(url)
+    groups = [gid("db"), gid("db")]
+    try:
+        with serve_hostile(_config(tmp_path, delay_s=0.1), []) as agent:
+            async with GymClient(agent.url, "h") as client:
+                coord = coordinator(store, {"h": client}, mode="sibling")
+                async with coord:
+                    for g in groups:
+                        await coord.submit(g, PROMPT, "h", 3, PAYLOAD)
+                    await asyncio.sleep(0.2)
+                    await asyncio.to_thread(own_cluster.pg_ctl, "stop", "-m", "immediate")
+                    await asyncio.sleep(1.0)
+                    await asyncio.to_thread(own_cluster.pg_ctl, "start")
+                    await coord.wait_idle(60)
+                    assert not coord.errors and not coord.ledger.debts
+                    assert coord.journal.outage_retries > 0  # the outage did hit the coordinator
+                assert (await client.status()).completed_unacknowledged == 0
+        for g in groups:
+            events = _events(store, g)
+            assert len(_of(events, "SiblingSealed")) == 3 and _of(events, "GroupSealed")
+        _clean(store)
+    finally:
+        store.close()
+
+
+async def test_a_database_gone_for_too_long_stops_the_coordinator_and_recovery_pays_every_debt(
+    own_cluster: PgCluster, tmp_path: Path
+) -> None:
+    url = _fresh_db(own_cluster)
+    store = open_store(url)
+    g = gid("db")
+    try:
+        with serve_hostile(_config(tmp_path, delay_s=0.1), []) as agent:
+            async with GymClient(agent.url, "h") as client:
+                coord = coordinator(store, {"h": client}, mode="sibling", outage_budget_s=0.5)
+                await coord.start()
+                await coord.submit(g, PROMPT, "h", 3, PAYLOAD)
+                await asyncio.sleep(0.2)
+                await asyncio.to_thread(own_cluster.pg_ctl, "stop", "-m", "immediate")
+                try:
+                    with pytest.raises(CoordinatorStopped, match=r"unavailable for more than 0\.5 s"):
+                        await coord.wait_idle(30)
+                    with pytest.raises(CoordinatorStopped):
+                        await coord.claim_for_training(g, 0)
+                finally:
+                    await coord.close()
+                    await asyncio.to_thread(own_cluster.pg_ctl, "start")
+                # The finished results wait at the agent; a coordinator recovered from the log adopts
+                # and ACKs them: nothing was decided that the log does not hold.
+                again = open_store(url)
+                try:
+                    coord2 = await RolloutCoordinator.recover(
+                        again, {"h": client}, mode="sibling", rollout_timeout_s=10
+                    )
+                    await coord2.wait_idle(60)
+                    assert not coord2.ledger.debts and g not in coord2.open_groups()
+                    await coord2.close()
+                    assert (await client.status()).completed_unacknowledged == 0
+                    assert len(_of(_events(again, g), "SiblingSealed")) == 3
+                    _clean(again)
+                finally:
+                    again.close()
+    finally:
+        store.close()
