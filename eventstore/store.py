@@ -188,6 +188,17 @@ class EventStore:
         """None, or the first position whose hash does not verify."""
         return next((b.position for b in self.chain_breaks()), None)
 
+    def listen_connection(self) -> Any:
+        """A dedicated driver connection LISTENing for appends (PostgreSQL with `notify=True`)."""
+        raw = self._reader.raw_connection()
+        raw.detach()  # it lives as long as its subscription, outside the pool
+        conn = raw.driver_connection
+        assert conn is not None
+        conn.rollback()
+        conn.autocommit = True
+        conn.execute("LISTEN ledger_events")
+        return conn
+
     def close(self) -> None:
         self._writer.dispose()
         self._reader.dispose()

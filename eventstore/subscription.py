@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eventstore.records import RecordedEvent
 
@@ -26,6 +26,7 @@ class Subscription:
         self.position = position
         self.poll_interval_s = poll_interval_s
         self._stopped = False
+        self._listener: Any = None
 
     def poll(self, max_events: int = 5000) -> list[RecordedEvent]:
         """The next events already committed, without waiting."""
@@ -62,7 +63,22 @@ class Subscription:
 
     def stop(self) -> None:
         self._stopped = True
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
     def _wait(self, delay: float) -> None:
-        # A short poll: with NOTIFY off (the default) there is nothing else to wait on.
-        time.sleep(delay)
+        """Sleeps until the next poll; with NOTIFY on (PostgreSQL), wakes up as soon as an append commits."""
+        if not self.store.notify:
+            time.sleep(delay)
+            return
+        try:
+            if self._listener is None:
+                # Poll once more after LISTEN: an append committed before it sent no notification to us.
+                self._listener = self.store.listen_connection()
+                return
+            for _ in self._listener.notifies(timeout=self.poll_interval_s, stop_after=1):
+                pass
+        except Exception:  # a broken listener degrades to polling; the next poll reconnects
+            self._listener = None
+            time.sleep(delay)

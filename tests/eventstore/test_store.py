@@ -277,3 +277,29 @@ def test_append_rejects_empty_and_bad_arguments(store_url: str) -> None:
     with pytest.raises(ValueError):
         store.append("group-p1", [minted(0)], -7)
     assert store.head() == 0
+
+
+def test_notify_subscription_follows_appends(pg_url: str) -> None:
+    """With NOTIFY on, a follower waits on LISTEN instead of sleeping, and sees every append once."""
+    import threading
+
+    from eventstore import upgrade_database
+
+    upgrade_database(pg_url)
+    store = open_store(pg_url, notify=True)
+    sub = store.subscribe("listener", from_position=0, poll_interval_s=5.0)
+    seen: list[int] = []
+
+    def follow() -> None:
+        for ev in sub.follow(idle_timeout_s=8.0):
+            seen.append(ev.position)
+            if len(seen) == 3:
+                sub.stop()
+
+    t = threading.Thread(target=follow)
+    t.start()
+    for i in range(3):
+        store.append("group-n", [minted(i, "n")])
+    t.join(20)
+    assert not t.is_alive()
+    assert seen == [1, 2, 3]

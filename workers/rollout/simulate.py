@@ -141,10 +141,15 @@ async def run_simulation(
                     {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
                 )
 
+        no_more_checkpoints = asyncio.Event()
+
         async def checkpoints() -> None:
             k = 0
             while True:
-                await asyncio.sleep(config.checkpoint_every_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(no_more_checkpoints.wait(), config.checkpoint_every_s)
+                if no_more_checkpoints.is_set():
+                    return
                 outcomes.append(await coord.checkpoint(f"{run_id}-ckpt-{k}"))
                 k += 1
 
@@ -167,10 +172,11 @@ async def run_simulation(
                 progress(config.groups - len(coord.open_groups()), config.groups)
             await asyncio.sleep(0.1)
         if ckpt_task is not None:
-            ckpt_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ckpt_task
-            # Leave no agent paused: a checkpoint cancelled mid-flight is aborted (presumed abort).
+            # The checkpoint in flight (if any) is let finish: cancelling it would leave it undecided,
+            # and recovery would presume it aborted (a CheckpointAborted the workload did not cause).
+            no_more_checkpoints.set()
+            await ckpt_task
+            # Leave no agent paused in any case (a no-op when every checkpoint was decided).
             await coord.checkpointer.recover()
         await coord.wait_idle(60)
         if progress is not None:
