@@ -179,9 +179,13 @@ class LedgerState:
     archived: dict[str, ArchivedGroup] = field(default_factory=dict)
     # agent -> "rollout_id/attempt_index" -> the receipt owed an ACK.
     debts: dict[str, dict[str, CompletionReceipt]] = field(default_factory=dict)
-    # A cache, not state: rollout_id -> its sibling, filled as siblings are minted or first looked up.
-    # Excluded from dumps, hashes and equality; a loaded state starts with it empty.
+    # Caches, not state: rollout_id -> its sibling, stream -> its group, filled as they are first
+    # looked up and emptied of archived groups.  Excluded from dumps, hashes and equality; a loaded
+    # state starts with them empty.
     by_rollout: Annotated[dict[str, SiblingState], Field(exclude=True)] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    by_stream: Annotated[dict[str, GroupState], Field(exclude=True)] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -231,15 +235,20 @@ class LedgerProjection(TypedProjection[LedgerState]):
 
     def apply(self, state: LedgerState, event: RecordedEvent, decoded: Event) -> None:
         state.position = event.position
-        handler = _HANDLERS.get(type(decoded))
+        handler = _HANDLERS.get(decoded.__class__)
         if handler is not None:
             handler(state, event, decoded)
-        stream = event.stream_id
-        if stream.startswith(GROUP_STREAM_PREFIX):
+        group = state.by_stream.get(event.stream_id)
+        if group is None:
+            stream = event.stream_id
+            if not stream.startswith(GROUP_STREAM_PREFIX):
+                return
             group = state.groups.get(stream[len(GROUP_STREAM_PREFIX) :])
-            if group is not None:
-                group.stream_version = event.stream_version
-                group.last_position = event.position
+            if group is None:
+                return
+            state.by_stream[stream] = group
+        group.stream_version = event.stream_version
+        group.last_position = event.position
 
 
 # --- handlers: (state, recorded event, decoded payload) -> None -----------------------
@@ -431,6 +440,7 @@ def _archive(state: LedgerState, cut: int) -> None:
     ]
     for g in done:
         del state.groups[g.group_id]
+        state.by_stream.pop(GROUP_STREAM_PREFIX + g.group_id, None)
         for sibling in g.siblings.values():
             state.by_rollout.pop(sibling.rollout_id, None)
         state.archived[g.group_id] = ArchivedGroup(

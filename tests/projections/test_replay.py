@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,17 @@ def test_tampered_checkpoint_is_refused(store: EventStore, log: LogBuilder) -> N
         load_replay(store, default_projections(), position)
     # A rebuild from scratch does not need the checkpoint.
     assert rebuild(store, from_checkpoint=False).position == store.head()
+
+
+def test_runner_follows_live_appends(store: EventStore, log: LogBuilder) -> None:
+    runner = ProjectionRunner(store, checkpoint_every=10)
+    thread = threading.Thread(target=runner.run, kwargs={"idle_exit_s": 1.0, "poll_interval_s": 0.01})
+    thread.start()
+    simulator = Simulator(log, random.Random(3))
+    for _ in range(5):
+        simulator.run(5)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert runner.position == store.head()
+    assert runner.replay.hashes() == rebuild(store, from_checkpoint=False).hashes()
+    assert store.subscriber_position(runner.name) == store.head()  # the final checkpoint stored its position

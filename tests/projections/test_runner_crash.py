@@ -40,9 +40,9 @@ def start(db_url: str, every: int) -> subprocess.Popen[bytes]:
 def test_runner_killed_at_random_points_ends_like_a_rebuild(store: EventStore, db_url: str) -> None:
     rng = random.Random(20240611)
     simulator = Simulator(LogBuilder(store), rng)
-    simulator.run(150)
+    simulator.run(100)
     interrupted = 0
-    for _ in range(4):
+    for _ in range(3):
         before = store.subscriber_position(RUNNER_NAME)
         proc = start(db_url, every=5)
         deadline = time.monotonic() + 60

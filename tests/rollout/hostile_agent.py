@@ -99,7 +99,7 @@ def serve_hostile(
     """Like `gym_agent.server.serve_in_thread`, with `Tamper(rules)` wrapped around the agent's app."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, 0))
+    sock.bind((config.host, config.port))
     sock.listen(256)
     port = sock.getsockname()[1]
     config = config.model_copy(update={"port": port})

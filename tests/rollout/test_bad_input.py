@@ -16,6 +16,7 @@ import pytest
 from eventstore import EventStore, RecordedEvent, open_store, upgrade_database
 from eventstore.pgcluster import PgCluster
 from gym_agent.config import AgentConfig
+from gym_agent.wire import TryFault
 from projections.audit import audit_log
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
 from tests.rollout.hostile_agent import Action, Rule, serve_hostile
@@ -101,6 +102,7 @@ async def test_a_reply_whose_digest_does_not_match_its_receipt_is_never_sealed(
     assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
     assert all(s["reward"] < 100 for s in _of(events, "SiblingSealed"))
     assert unacked == 0 and not coord.ledger.debts
+    _clean(sqlite_store)
 
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
@@ -125,6 +127,7 @@ async def test_a_receipt_for_another_try_is_never_owed(
         # The next receipt is the agent's own: the try is adopted, sealed and ACKed.
         assert _of(events, "AttemptAdopted", 0) and _of(events, "SiblingSealed", 0)
         assert _of(events, "AckAccepted", 0) and unacked == 0
+        _clean(sqlite_store)
     else:
         # Never a usable receipt: nothing sealed, nothing owed that was not verified; the group is
         # dead-lettered with the reason, and the result honestly stays stranded at the lying agent.
@@ -132,6 +135,8 @@ async def test_a_receipt_for_another_try_is_never_owed(
         dead = _of(events, "GroupDeadLettered")
         assert dead and any("does not describe" in r for r in dead[0]["reasons"])
         assert unacked == 1
+        # The auditor names the result stranded at the agent (and nothing else).
+        assert {v.rule for v in audit_log(sqlite_store).violations} == {"no-stranded-result"}
     assert not coord.ledger.debts
 
 
@@ -156,6 +161,7 @@ async def test_a_token_list_that_does_not_match_the_receipt_is_never_sealed(
     assert _of(events, "AckOwed", 0) and _of(events, "AckAccepted", 0)  # the verified receipt releases it
     assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
     assert unacked == 0 and not coord.ledger.debts
+    _clean(sqlite_store)
 
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
@@ -170,9 +176,11 @@ async def test_garbage_json_from_run(sqlite_store: EventStore, tmp_path: Path, t
     if times == 1:
         assert _of(events, "AttemptAdopted", 0) and _of(events, "SiblingSealed", 0)
         assert _of(events, "AckAccepted", 0) and unacked == 0
+        _clean(sqlite_store)
     else:
         assert not _of(events, "SiblingSealed") and not _of(events, "AckOwed")
         assert _of(events, "GroupDeadLettered") and unacked == 1
+        assert {v.rule for v in audit_log(sqlite_store).violations} == {"no-stranded-result"}
     assert not coord.ledger.debts
 
 
@@ -189,6 +197,7 @@ async def test_an_agent_hanging_up_mid_body_loses_nothing(
     assert _of(events, "AttemptAdopted", 0) and _of(events, "SiblingSealed", 0)
     assert not _of(events, "ReplacementMinted") and _of(events, "AckAccepted", 0)
     assert unacked == 0 and not coord.ledger.debts
+    _clean(sqlite_store)
 
 
 async def test_a_receipt_mismatch_ack_is_refetched_and_paid(sqlite_store: EventStore, tmp_path: Path) -> None:
@@ -221,6 +230,73 @@ async def test_a_receipt_mismatch_ack_is_refetched_and_paid(sqlite_store: EventS
     assert owed[1]["receipt"]["result_digest"] == owed[0]["receipt"]["result_digest"]
     assert _of(events, "AckAccepted", 0) and _of(events, "SiblingSealed", 0)
     assert not _of(events, "RunFailed", 0) and not coord.ledger.debts
+    _clean(store)
+
+
+async def test_a_refetched_receipt_for_another_reply_is_a_verify_failure(
+    sqlite_store: EventStore, tmp_path: Path
+) -> None:
+    """After the refused ACK the agent describes another reply: recorded as a verify failure, owed only
+    to release the agent's copy; the auditor names the receipt that does not match the sealed reply."""
+
+    def wrong_generation(receipt: dict[str, Any]) -> dict[str, Any]:
+        return {**receipt, "execution_generation": receipt["execution_generation"] + 5}
+
+    def other_reply(receipt: dict[str, Any]) -> dict[str, Any]:
+        return {**receipt, "result_digest": "sha256:" + "0" * 64}
+
+    g = gid("bad")
+    rules = [
+        Rule("/completion_receipt", _try0(f"{g}_g0"), wrong_generation, 1),
+        Rule("/completion_receipt", _try0(f"{g}_g0"), other_reply, 1),
+    ]
+    with serve_hostile(_config(tmp_path), rules) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(sqlite_store, {"h": client}, mode="sibling")
+            async with coord:
+                await coord.submit(g, PROMPT, "h", 1, PAYLOAD)
+                await coord.wait_idle(30)
+            assert (await client.status()).completed_unacknowledged == 0
+    events = _events(sqlite_store, g)
+    failed = _of(events, "RunFailed", 0)
+    assert [f["kind"] for f in failed] == ["verify"] and "now describes reply" in failed[0]["reason"]
+    assert [r["error"] for r in _of(events, "AckRejected", 0)] == ["receipt_mismatch"] * 2
+    assert [o["receipt"]["result_digest"] == "sha256:" + "0" * 64 for o in _of(events, "AckOwed", 0)] == [
+        False,
+        True,
+        False,
+    ]
+    assert _of(events, "AckAccepted", 0) and not coord.ledger.debts
+    assert {v.rule for v in audit_log(sqlite_store).violations} == {"receipt-matches"}
+
+
+async def test_an_agent_going_away_mid_call_is_retired_at_its_successor(
+    sqlite_store: EventStore, tmp_path: Path
+) -> None:
+    """The agent stops while try 0 runs and a new one (next execution generation) takes its port:
+    try 0 is recorded failed, retire at the new agent tombstones it, and try 1 is sealed there."""
+    g = gid("gone")
+    config = _config(tmp_path)
+    with serve_hostile(config, []) as first:
+        config = config.model_copy(update={"port": first.port})
+        async with GymClient(first.url, "h") as client:
+            await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
+            coord = coordinator(sqlite_store, {"h": client}, mode="sibling")
+            async with coord:
+                await coord.submit(g, PROMPT, "h", 1, PAYLOAD)
+                while (await client.status()).running == 0:
+                    await asyncio.sleep(0.02)
+                await asyncio.to_thread(first.stop)
+                with serve_hostile(config, []):
+                    await coord.wait_idle(30)
+                    assert (await client.status()).completed_unacknowledged == 0
+    events = _events(sqlite_store, g)
+    failed = _of(events, "RunFailed", 0)
+    assert failed and failed[0]["kind"] in ("env", "stream_closed", "agent_lost"), failed
+    assert [r["outcome"] for r in _of(events, "AttemptRetired", 0)] == ["tombstoned"]
+    assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
+    assert not coord.ledger.debts
+    _clean(sqlite_store)
 
 
 # --- the database going away ---------------------------------------------------------------------

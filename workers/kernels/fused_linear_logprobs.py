@@ -14,10 +14,17 @@
 
 Determinism and batch invariance: the configuration (tile sizes, split width, warps) depends on the
 dtype only, never on ``T``; a token's logits come from tiles whose shapes, K order and reduction trees
-are the same wherever the token sits in its tile; padded rows are zeros that never mix into other rows
-(a dot product is row-separable); and splits are merged in a fixed order. So a token's result is
-bit-identical whatever else is in the batch and however the batch is chunked. The wrapper may launch
-over several row chunks (to cap the workspace); that is harmless for the same reason.
+are the same wherever the token sits in its tile; rows never mix (a dot product is row-separable, and
+the padding rows of a ragged last tile are never stored); and splits are merged in a fixed order. So a
+token's result is bit-identical whatever else is in the batch and however the batch is chunked. The
+wrapper may launch over several row chunks (to cap the workspace); that is harmless for the same
+reason. No ``tl.atomic_*`` anywhere.
+
+Under Triton's CPU interpreter the tile product is a broadcast multiply + fixed-order sum instead of
+``tl.dot`` (numpy's matmul is not row-position-invariant; see the kernel), unless a config asks for
+``separable_dot=False``. ``tests/kernels/test_gpu_compile.py`` compiles the GPU path for sm_90 on a
+CPU-only machine: at the default bf16 tiles the K loop is software-pipelined (3 stages) with wgmma and
+no register spills.
 
 Compared with the anchors: Cut Cross-Entropy merges vocabulary blocks under a spin lock (order depends
 on scheduling, so sums are not reproducible); Liger's fused linear cross-entropy still materialises a

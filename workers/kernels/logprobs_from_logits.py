@@ -35,8 +35,9 @@ class LogitsConfig:
 
 
 def default_logits_config(vocab_size: int, interpreted: bool) -> LogitsConfig:
-    """GPU: 4K-wide chunks (16 bytes per thread per load at 8 warps for bf16). Interpreter: very wide
-    chunks, because each interpreted op has a fixed Python overhead and numpy is fast on big arrays."""
+    """GPU: 4K-wide chunks (16 elements per thread at 8 warps, i.e. two 16-byte loads in bf16; a
+    starting point, not tuned on hardware). Interpreter: very wide chunks, because each interpreted op
+    has a fixed Python overhead and numpy is fast on big arrays."""
     cap = 32768 if interpreted else 4096
     return LogitsConfig(block_v=min(cap, triton.next_power_of_2(vocab_size)))
 
