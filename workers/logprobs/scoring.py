@@ -12,8 +12,8 @@ mismatch raises `TokenRecordError`, which the worker records as `LogprobsRefused
 Scoring one model call: `sequence = prompt + generation`, `hidden = final_hidden(sequence[:-1])`, and
 the rows at the generated positions (`len(prompt) - 1 ...`) go through the fused kernel with the
 generated ids as targets.  Rows of many calls (of many tries) are concatenated into kernel launches of at
-most `batch_tokens` rows; the kernels are batch-invariant, so a token's logprob does not depend on what
-else shares its launch.
+most `batch_tokens` rows; the Triton kernels are batch-invariant, so a token's logprob does not depend
+on what else shares its launch (the torch fallback is not, so there each try gets launches of its own).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from eventstore.events import RolloutReceipt
 from gym_agent.wire import TokenEntry, capture_key
-from workers.kernels import Backend, fused_linear_logprobs
+from workers.kernels import Backend, fused_linear_logprobs, resolve_backend
 from workers.policy import Policy
 
 LOGPROBS_MEDIA_TYPE = "application/vnd.rollout-ledger.logprobs+float32-le"
@@ -202,6 +202,26 @@ def check_rows(
         )
 
 
+def _launches(
+    tries: Sequence[TryInput], total: int, batch_tokens: int, backend: str
+) -> list[tuple[int, int]]:
+    """Row ranges of the kernel launches.
+
+    The Triton kernels are batch-invariant, so their launches are fixed-size slices of all rows.  The
+    torch fallback is not (BLAS picks other code paths for other shapes), so there each try is launched
+    on its own: a try's logprobs then never depend on what else was claimed with it.
+    """
+    if backend == "triton":
+        return [(i, min(i + batch_tokens, total)) for i in range(0, total, batch_tokens)]
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    for attempt in tries:
+        end = start + attempt.token_count
+        ranges.extend((i, min(i + batch_tokens, end)) for i in range(start, end, batch_tokens))
+        start = end
+    return ranges
+
+
 def score_tries(
     tries: Sequence[TryInput],
     policy: Policy,
@@ -243,19 +263,20 @@ def score_tries(
     if rows:
         all_rows = torch.cat(rows)
         all_targets = torch.cat(targets)
-        # Fixed-size launches: the kernels are batch-invariant, so the split does not change any value.
         outputs = [
             fused_linear_logprobs(
-                all_rows[i : i + batch_tokens].contiguous(),
+                all_rows[i:j].contiguous(),
                 weight,
-                all_targets[i : i + batch_tokens].contiguous(),
+                all_targets[i:j].contiguous(),
                 temperature=temperature,
                 bias=bias,
                 backend=backend,
             )
             .float()
             .cpu()
-            for i in range(0, all_rows.shape[0], batch_tokens)
+            for i, j in _launches(
+                tries, all_rows.shape[0], batch_tokens, resolve_backend(backend, weight.device)
+            )
         ]
         flat = torch.cat(outputs)
     reference_all = torch.cat(references) if references else torch.empty(0, dtype=torch.float64)
