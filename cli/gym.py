@@ -42,9 +42,7 @@ def serve(
     policy: Annotated[str, typer.Option(help="Policy spec, e.g. 'tiny' or 'tiny:seed=1'.")] = "tiny",
     zero_work: Annotated[
         bool,
-        typer.Option(
-            "--zero-work", help="Benchmarks: no model calls, each turn a fixed tiny token record."
-        ),
+        typer.Option("--zero-work", help="Benchmarks: no model calls, each turn a fixed tiny token record."),
     ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn/agent log level.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request line.")] = False,

@@ -34,10 +34,11 @@ from projections.runner import (
     default_projections,
     latest_common_checkpoint,
     load_replay,
+    read_batches,
     rebuild,
     store_checkpoint,
 )
-from projections.sql import list_checkpoints, read_lean
+from projections.sql import list_checkpoints
 from projections.swimlane import render_html
 from projections.timeline import describe, timeline
 
@@ -177,7 +178,7 @@ def _verify(store: EventStore, to: int | None) -> None:
     if below is not None:
         from_below = load_replay(store, projections, below)
         with _progress(f"from checkpoint {below}", target - below) as advance:
-            from_below.apply_batches(read_lean(store, below, target), advance)
+            from_below.apply_batches(read_batches(store, below, target), advance)
         rows.append((f"from checkpoint at {below}", from_below))
     if live_at == target:
         rows.append((f"live (stored at {target})", load_replay(store, projections, target)))

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 GYM_SCHEMA_VERSION: Final = 1
 GymSchemaVersion = Literal[1]
@@ -44,6 +44,9 @@ MAX_ID_LENGTH: Final = 200
 # Caps that keep one request from exhausting an agent or a trainer.
 MAX_LIST_ITEMS: Final = 10_000
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+# Nesting of the free-form task payload: deeper JSON parses but cannot be serialised back (pydantic and
+# json stop near a few hundred levels), so it is refused at the door with a 422, never run.
+MAX_JSON_DEPTH: Final = 64
 
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID_LENGTH)]
 AttemptIndex = Annotated[int, Field(ge=0, le=1_000_000)]
@@ -67,6 +70,23 @@ def reply_digest(reply: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(reply).encode()).hexdigest()
 
 
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> Any:
+    """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            raise ValueError(f"nested deeper than {limit} levels")
+        stack.extend((child, depth + 1) for child in children)
+    return value
+
+
 class WireModel(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
@@ -84,6 +104,11 @@ class RunRequest(WireModel):
     responses_create_params: dict[str, Any] = Field(default_factory=dict)
     # Environment fields of the task (prompt, sample id, ...), echoed back in the reply.
     task: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("responses_create_params", "task")
+    @classmethod
+    def _not_too_deep(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_depth(value)
 
 
 class RunReply(RunRequest):

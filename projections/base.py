@@ -105,16 +105,16 @@ class TypedProjection(Projection[S]):
 
 # type name -> (schema version, the model's validator): `decode` calls pydantic-core directly on the
 # stored JSON text, skipping two layers of Python wrappers that cost a third of a decode.
-_FAST: dict[str, tuple[int, Any]] = {}
+FAST_DECODERS: dict[str, tuple[int, Any]] = {}
 
 
 def decode(event: RecordedEvent) -> Event:
     """The typed event, or ReplayRefused saying where and why it cannot be read."""
-    fast = _FAST.get(event.type)
+    fast = FAST_DECODERS.get(event.type)
     if fast is None:
         cls = EVENT_TYPES.get(event.type)
         if cls is not None:
-            fast = _FAST[event.type] = (cls.schema_version, cls.__pydantic_validator__)
+            fast = FAST_DECODERS[event.type] = (cls.schema_version, cls.__pydantic_validator__)
     if fast is not None and fast[0] == event.schema_version:
         try:
             decoded: Event = fast[1].validate_json(event.data_json)
@@ -156,13 +156,13 @@ class Routes:
 
     def __init__(self, projections: Sequence[Projection[Any]], states: Sequence[Any]) -> None:
         self._pairs = list(zip(projections, states, strict=True))
-        self._routes: dict[type[Event], list[tuple[Callable[[Any, RecordedEvent, Event], None], Any]]] = {}
+        self.by_type: dict[type[Event], list[tuple[Callable[[Any, RecordedEvent, Event], None], Any]]] = {}
 
     def get(self, decoded: Event) -> list[tuple[Callable[[Any, RecordedEvent, Event], None], Any]]:
         kind = type(decoded)
-        found = self._routes.get(kind)
+        found = self.by_type.get(kind)
         if found is None:
-            found = self._routes[kind] = [
+            found = self.by_type[kind] = [
                 (p.apply, s) for p, s in self._pairs if p.handles is None or kind in p.handles
             ]
         return found

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-BLOCK = 1024
+BLOCK = 1024  # a power of two
 GENESIS = "0" * 64
 
 

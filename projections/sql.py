@@ -1,67 +1,25 @@
-"""The projections' own reads and writes: lean event rows, projection checkpoints, subscriber positions.
-
-Folding reads only the columns a projection uses (position, stream, version,
-type, schema version, data, hash).  Skipping the metadata JSON and the ids
-roughly halves the cost of a row, which is most of a replay's budget; the
-rows come straight from the driver's cursor for the same reason.  Rows read
-this way carry blank `event_id`, `metadata_json`, `recorded_at` and
-`prev_hash`: a projection must not read them (the auditor, which does,
-reads full rows through `EventStore.read_all`).
-"""
+"""The projections' own tables: projection checkpoints and subscriber positions, and the hashes of a range."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
 
-from eventstore import EventStore, RecordedEvent
-
-# Constants stand in for the columns left out, so each row is a RecordedEvent's fields in order.
-_LEAN = (
-    "SELECT position, stream_id, stream_version, '' AS event_id, type, schema_version, {data}, "
-    "'' AS metadata, {zero} AS recorded_at, '' AS prev_hash, hash FROM events"
-)
+from eventstore import EventStore
 
 
 def _reader(store: EventStore) -> Engine:
-    # The store keeps its read-only engine private; projections are its one other reader.
+    # The store keeps its read-only engine private; reading these tables through the writer would
+    # take the append lock (`BEGIN IMMEDIATE` on SQLite) for a read.
     engine: Engine = store._reader
     return engine
 
 
 def _marks(store: EventStore) -> str:
     return "?" if store.backend.name == "sqlite" else "%s"
-
-
-def read_lean(
-    store: EventStore, after: int = 0, to: int | None = None, batch_size: int = 5000
-) -> Iterator[list[RecordedEvent]]:
-    """Batches of events with `after < position <= to`, in position order, without metadata."""
-    mark = _marks(store)
-    sqlite = store.backend.name == "sqlite"
-    columns = _LEAN.format(data="data" if sqlite else "data::text", zero="0.0" if sqlite else "0.0::float8")
-    where = f"position > {mark}" + (f" AND position <= {mark}" if to is not None else "")
-    query = f"{columns} WHERE {where} ORDER BY position LIMIT {int(batch_size)}"
-    make = RecordedEvent._make
-    raw = _reader(store).raw_connection()
-    try:
-        cursor = raw.cursor()
-        while True:
-            cursor.execute(query, (after, to) if to is not None else (after,))
-            rows = cursor.fetchall()
-            if not rows:
-                return
-            yield list(map(make, rows))
-            if len(rows) < batch_size:
-                return
-            after = rows[-1][0]
-            raw.commit()  # end the read transaction between batches: no snapshot pinned for a whole replay
-    finally:
-        raw.close()
 
 
 def read_hashes(store: EventStore, after: int, to: int) -> list[str]:

@@ -63,8 +63,8 @@ _GROUP_EVENTS: Final = (
     GroupDeadLettered,
     GroupClaimedForTraining,
 )
-# Event types that may be appended outside the group's streams (the ACK relay's own stream, for one).
-_ELSEWHERE: Final = ("AckAccepted", "AckRejected", "AckOwed", "ReceiptFetched")
+# Event types that may be appended outside the group's streams (by an ACK relay with its own stream).
+_ELSEWHERE: Final = ("AckAccepted", "AckRejected")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +134,9 @@ def timeline(store: EventStore, rollout_id: str) -> Timeline:
     for stream in (group_stream(group_id), logprobs_stream(group_id)):
         for ev in store.read_stream(stream):
             candidates[ev.position] = ev
-    for ev in store.read_all(types=_ELSEWHERE):
-        candidates.setdefault(ev.position, ev)
+    if candidates:  # nothing about a group comes before its first event
+        for ev in store.read_all(min(candidates) - 1, types=_ELSEWHERE):
+            candidates.setdefault(ev.position, ev)
     return build_timeline(rollout_id, group_id, (candidates[p] for p in sorted(candidates)))
 
 

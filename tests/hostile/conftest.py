@@ -43,9 +43,10 @@ def two_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Threa
 @pytest.fixture
 async def clients(two_agents: tuple[ThreadAgent, ThreadAgent]) -> AsyncIterator[tuple[GymClient, GymClient]]:
     a, b = two_agents
-    async with GymClient(a.url, a.config.name, token=TOKEN) as ca, GymClient(
-        b.url, b.config.name, token=TOKEN
-    ) as cb:
+    async with (
+        GymClient(a.url, a.config.name, token=TOKEN) as ca,
+        GymClient(b.url, b.config.name, token=TOKEN) as cb,
+    ):
         yield ca, cb
 
 

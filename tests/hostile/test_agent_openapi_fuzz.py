@@ -86,7 +86,9 @@ def _document(agent: ThreadAgent) -> dict[str, Any]:
     doc = {**doc, "paths": {k: v for k, v in doc["paths"].items() if k not in FUZZ_EXCLUDED}}
     # The agent answers a refused body with its own error shape ({"error", "message"}), not FastAPI's
     # default `HTTPValidationError`; document that, so schemathesis checks the shape actually sent.
-    doc.setdefault("components", {}).setdefault("schemas", {})["AgentError"] = ErrorResponse.model_json_schema()
+    doc.setdefault("components", {}).setdefault("schemas", {})["AgentError"] = (
+        ErrorResponse.model_json_schema()
+    )
     for item in doc["paths"].values():
         for operation in item.values():
             if "422" in operation.get("responses", {}):

@@ -6,6 +6,7 @@ and real-execution counters) is exactly what it was before.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -17,7 +18,6 @@ from pydantic import ValidationError
 
 from gym_agent.faults import FaultRequest
 from gym_agent.wire import MAX_BODY_BYTES, MAX_LIST_ITEMS, CompletionReceipt, RunRequest
-from tests.hostile.conftest import AUTH
 from workers.gym import GymClient
 
 RECEIPT = {
@@ -37,7 +37,12 @@ def ack(receipt: dict[str, Any], agent: str = "agent-a") -> dict[str, Any]:
 
 
 RUN = {"_ng_rollout_id": "hostile", "_ng_attempt_index": 0}
-DEEP = b'{"_ng_rollout_id": "deep", "_ng_attempt_index": 0, "task": {"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+DEEP = (
+    b'{"_ng_rollout_id": "deep", "_ng_attempt_index": 0, "task": {"x": '
+    + b"[" * 100_000
+    + b"]" * 100_000
+    + b"}}"
+)
 
 # (name, path, raw body, expected status)
 CASES: list[tuple[str, str, bytes, int]] = [
@@ -60,6 +65,10 @@ CASES: list[tuple[str, str, bytes, int]] = [
     ("attempt index 10**100", "/run", b'{"_ng_rollout_id": "big", "_ng_attempt_index": 1' + b"0" * 100 + b"}", 422),
     ("attempt index as float", "/retire", b'{"rollout_id": "x", "attempt_index": 1e400}', 422),
     ("100,000-deep nesting", "/run", DEEP, 400),
+    ("500-deep nesting in the task", "/run", b'{"_ng_rollout_id": "d500", "_ng_attempt_index": 0, "task": {"x": '
+     + b"[" * 500 + b"]" * 500 + b"}}", 422),
+    ("65-deep nesting in the params", "/run", b'{"_ng_rollout_id": "d65", "_ng_attempt_index": 0, '
+     b'"responses_create_params": {"x": ' + b"[" * 64 + b"]" * 64 + b"}}", 422),
     ("list over the cap", "/acknowledge", json.dumps({"executions": [{"agent_name": "agent-a", "receipt": RECEIPT}] * (MAX_LIST_ITEMS + 1)}).encode(), 422),
     ("body over the cap", "/run",
      json.dumps({**RUN, "task": {"blob": "x" * (MAX_BODY_BYTES + 1)}}).encode(), 413),
@@ -88,7 +97,9 @@ async def test_bad_payload_is_refused_and_changes_nothing(
         assert answer.json()["results"][0]["error"] == "unknown_execution"
     else:
         error = answer.json()
-        assert error["error"] in ("invalid_request", "payload_too_large", "http_error") and error["message"], error
+        assert (
+            error["error"] in ("invalid_request", "payload_too_large", "http_error") and error["message"]
+        ), error
         assert len(answer.content) < 10_000  # the refusal does not echo the payload back
     assert await _state(client) == before
 
@@ -116,7 +127,9 @@ def test_receipt_model_refuses_other_versions() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
     max_leaves=10,
 )
 
@@ -128,7 +141,5 @@ def test_fault_bodies_parse_or_refuse_cleanly(value: Any) -> None:
     from pydantic import TypeAdapter
 
     adapter: TypeAdapter[Any] = TypeAdapter(FaultRequest)
-    try:
+    with contextlib.suppress(ValidationError):
         adapter.validate_python(value)
-    except ValidationError:
-        pass

@@ -15,13 +15,17 @@ import pytest
 from eventstore import open_store, upgrade_database
 from gym_agent.launcher import AgentProcess
 from gym_agent.wire import CrashAfter, FaultRates, RateFaults
+from projections.audit import audit_log
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from workers.gym import GymClient
 from workers.rollout import FencedOff, RolloutCoordinator
 
 
 async def test_a_stale_coordinator_is_fenced_off(pg_url: str, make_agent: MakeAgent) -> None:
-    """(h) B recovers the same log while A still runs: A's next append fails and A stops."""
+    """(h) B recovers the same log while A still runs: both act on the same group, and the one whose
+    append comes second is fenced off and stops (usually A; A wins when its own next append, e.g.
+    the failure of a run B just retired, reaches the log first).  Never both: the survivor finishes
+    the group, nothing strands, and the log audits clean."""
     upgrade_database(pg_url)
     store_a, store_b = open_store(pg_url), open_store(pg_url)
     agent = make_agent("a", delay_s=0.2)
@@ -33,15 +37,20 @@ async def test_a_stale_coordinator_is_fenced_off(pg_url: str, make_agent: MakeAg
             await a.submit(g, PROMPT, "a", 2, PAYLOAD)
             await asyncio.sleep(0.1)
             b = await RolloutCoordinator.recover(store_b, {"a": cb}, mode="sibling", rollout_timeout_s=10)
+            outcomes = await asyncio.gather(a.wait_idle(30), b.wait_idle(30), return_exceptions=True)
+            fenced = [c for c, o in zip((a, b), outcomes, strict=True) if isinstance(o, FencedOff)]
+            assert len(fenced) == 1, outcomes
+            survivor = b if fenced[0] is a else a
+            assert outcomes[(a, b).index(survivor)] is None
             with pytest.raises(FencedOff):
-                await a.wait_idle(30)
-            with pytest.raises(FencedOff):
-                await a.claim_for_training(g, 0)
-            await b.wait_idle(30)
-            assert g not in b.open_groups()
+                await fenced[0].claim_for_training(g, 0)
+            await survivor.journal.catch_up()
+            assert g not in survivor.open_groups()
             assert (await cb.status()).completed_unacknowledged == 0
             await a.close()
             await b.close()
+        report = audit_log(store_b)
+        assert report.ok, report.as_json()["violations"]
     finally:
         store_a.close()
         store_b.close()

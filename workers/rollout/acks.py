@@ -26,7 +26,12 @@ from eventstore.events import (
 from gym_agent.wire import RECEIPT_MISMATCH, CompletionReceipt, capture_key
 from projections.ledger import LedgerState, debt_key
 from workers.gym import GymClient
-from workers.gym.errors import GymError
+from workers.gym.errors import (
+    AgentTimeoutError,
+    AgentUnavailableError,
+    ConnectionLostError,
+    GymError,
+)
 from workers.rollout.attempts import group_id_of
 from workers.rollout.context import Context, log
 from workers.rollout.errors import CoordinatorStopped, FencedOff
@@ -158,7 +163,10 @@ class AckRelay:
         try:
             fresh = await client.completion_receipt(rid, n)
         except GymError as exc:
-            self._mismatched.add(key)
+            # Away for now (transport): the next pass resends, is refused again and re-fetches, within
+            # MAX_REFETCHES.  Anything else (garbage, gone, unknown) is left unpaid for good.
+            if not isinstance(exc, AgentTimeoutError | AgentUnavailableError | ConnectionLostError):
+                self._mismatched.add(key)
             log.error(
                 "agent %s refused the ACK of %s (receipt_mismatch) and its receipt is unavailable: %s",
                 agent_name,

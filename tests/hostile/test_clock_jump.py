@@ -1,0 +1,81 @@
+"""A wall clock that jumps an hour forwards and backwards during a run breaks nothing.
+
+Deadlines (rollout leases, prepare deadlines, ACK back-off) run on `time.monotonic` / the event loop's
+clock; wall time is only written down (event metadata, `recorded_at`, token records).  With a
+`time.time` that swings by +-1 h on every call and 3 s leases, a run with dropped replies and
+checkpoints ends exactly as with a steady clock: every group sealed, no lease fired (nothing retired,
+no replacement), no result stranded, nothing run twice, and the auditor finds nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from eventstore import open_store
+from gym_agent.server import ThreadAgent, serve_in_thread
+from tests.hostile.conftest import TOKEN, agent_config
+from workers.rollout.simulate import SimConfig, run_simulation
+
+JUMPS = (0.0, 3600.0, -3600.0, 86_400.0, -86_400.0, 1e9)
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[dict[str, ThreadAgent]]:
+    with ExitStack() as stack:
+        yield {
+            name: stack.enter_context(serve_in_thread(agent_config(tmp_path, name, token=None)))
+            for name in ("clock-a", "clock-b")
+        }
+
+
+def _jumpy_clock(real: object) -> object:
+    offsets = itertools.cycle(JUMPS)
+    calls = {"n": 0}
+
+    def jumpy() -> float:
+        calls["n"] += 1
+        return real() + next(offsets)  # type: ignore[operator]
+
+    jumpy.calls = calls  # type: ignore[attr-defined]
+    return jumpy
+
+
+async def test_a_jumping_wall_clock_changes_nothing(
+    agents: dict[str, ThreadAgent], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert TOKEN  # the agents here run without a token: the clock is the only hostile input
+    store = open_store(f"sqlite:///{tmp_path / 'clock.db'}", migrate_schema=True)
+    clock = _jumpy_clock(time.time)
+    monkeypatch.setattr(time, "time", clock)
+    config = SimConfig(
+        agent_urls={name: agent.url for name, agent in agents.items()},
+        groups=10,
+        siblings=4,
+        mode="prompt_group",
+        faults="drop_reply=0.15",
+        checkpoint_every_s=0.4,
+        prepare_timeout_s=10.0,
+        rollout_timeout_s=3.0,
+        turns=(1, 1),
+        agent_delay_s=0.0,
+        run_id="clock",
+    )
+    try:
+        summary = await run_simulation(store, config)
+    finally:
+        monkeypatch.undo()
+        store.close()
+    assert clock.calls["n"] > 100  # type: ignore[attr-defined]
+    assert summary["groups_sealed"] == 10
+    assert summary["adopted"] > 0  # dropped replies were adopted, not rerun
+    assert summary["retired"] == 0 and summary["replacements"] == 0  # no lease fired
+    assert summary["checkpoints_committed"] > 0
+    assert summary["stranded"] == 0 and summary["duplicate_executions"] == 0
+    assert summary["debts_outstanding"] == 0
+    assert summary["audit_violations"] == 0
