@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -38,7 +39,11 @@ CREATE TABLE IF NOT EXISTS raw_events (
 
 def payload(i: int) -> RunReplied:
     return RunReplied(
-        rollout_id=f"p{i}_g{i % 8}", attempt_index=0, reward=0.5, mask_sample=False, reply_digest="sha256:" + "ab" * 32
+        rollout_id=f"p{i}_g{i % 8}",
+        attempt_index=0,
+        reward=0.5,
+        mask_sample=False,
+        reply_digest="sha256:" + "ab" * 32,
     )
 
 
@@ -64,7 +69,9 @@ class Ours:
 
     def load(self, events: int) -> None:
         for start in range(0, events, 1000):
-            self.store.append(f"group-load-{start // 1000}", [payload(start + i) for i in range(min(1000, events - start))])
+            self.store.append(
+                f"group-load-{start // 1000}", [payload(start + i) for i in range(min(1000, events - start))]
+            )
 
     def replay(self) -> int:
         n = 0
@@ -93,7 +100,13 @@ class Raw:
                 stream = f"raw-{run}-w{writer}-{a % 64}"
                 base = self.versions.get(stream, -1)
                 rows = [
-                    (stream, base + 1 + i, str(uuid.uuid4()), "RunReplied", canonical(payload(i).model_dump(mode="json")))
+                    (
+                        stream,
+                        base + 1 + i,
+                        str(uuid.uuid4()),
+                        "RunReplied",
+                        canonical(payload(i).model_dump(mode="json")),
+                    )
                     for i in range(per_append)
                 ]
                 self.versions[stream] = base + per_append
@@ -109,7 +122,9 @@ class Raw:
     def load(self, events: int) -> None:
         with psycopg.connect(self.dsn) as conn, conn.cursor() as cur:
             data = canonical(payload(0).model_dump(mode="json"))
-            with cur.copy("COPY raw_events (stream_id, stream_version, event_id, type, data) FROM STDIN") as copy:
+            with cur.copy(
+                "COPY raw_events (stream_id, stream_version, event_id, type, data) FROM STDIN"
+            ) as copy:
                 for i in range(events):
                     copy.write_row((f"load-{i // 1000}", i % 1000, str(uuid.uuid4()), "RunReplied", data))
             conn.commit()
@@ -138,7 +153,13 @@ class EventSourcing:
         from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 
         self.datastore = PostgresDatastore(
-            dbname=dbname, host=host, port=port, user=user, password=password, pool_size=writers, max_overflow=writers
+            dbname=dbname,
+            host=host,
+            port=port,
+            user=user,
+            password=password,
+            pool_size=writers,
+            max_overflow=writers,
         )
         self.recorder = PostgresApplicationRecorder(self.datastore, events_table_name="es_events")
         self.recorder.create_table()
@@ -188,7 +209,9 @@ def concurrent(system: Any, writers: int, appends: int, per_append: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--db", help="PostgreSQL URL of an empty database (default: a throwaway cluster)")
     parser.add_argument("--appends", type=int, default=2000, help="appends per append case")
     parser.add_argument("--replay-events", type=int, default=1_000_000)
@@ -217,21 +240,31 @@ def run(url: str, appends: int, replay_events: int, writers: int) -> None:
         dsn += f" password={parsed.password}"
     upgrade_database(url)
     ours, raw = Ours(url), Raw(dsn)
-    es = EventSourcing(parsed.host or "127.0.0.1", parsed.port or 5432, parsed.database or "postgres",
-                       parsed.username or "postgres", parsed.password or "", writers)
+    es = EventSourcing(
+        parsed.host or "127.0.0.1",
+        parsed.port or 5432,
+        parsed.database or "postgres",
+        parsed.username or "postgres",
+        parsed.password or "",
+        writers,
+    )
     rows: list[tuple[str, float, float, float]] = []
     per_writer = max(appends // writers, 50)
     cases: list[tuple[str, Callable[[Any], int]]] = [
         ("append, 1 event per append", lambda s: s.append(appends, 1)),
         ("append, 10 events per append", lambda s: s.append(appends // 2, 10)),
         (f"append, {writers} concurrent writers x 1 event", lambda s: concurrent(s, writers, per_writer, 1)),
-        (f"append, {writers} concurrent writers x 10 events", lambda s: concurrent(s, writers, per_writer // 2, 10)),
+        (
+            f"append, {writers} concurrent writers x 10 events",
+            lambda s: concurrent(s, writers, per_writer // 2, 10),
+        ),
     ]
     for label, case in cases:
         with console.status(label):
             for system in (ours, raw, es):  # warm up connections and plans
                 system.append(20, 1)
-            rows.append((label, timed(lambda: case(ours)), timed(lambda: case(raw)), timed(lambda: case(es))))
+            rates = [timed(partial(case, system)) for system in (ours, raw, es)]
+            rows.append((label, rates[0], rates[1], rates[2]))
     with console.status("NOTIFY on the append path"):
         notifying = Ours(url, notify=True)
         notify_rate = timed(lambda: notifying.append(appends, 1))
@@ -249,8 +282,17 @@ def run(url: str, appends: int, replay_events: int, writers: int) -> None:
             )
         )
 
-    table = Table(title=f"benchmarks.eventstore on PostgreSQL ({replay_events:,}-event replay, {appends} appends)")
-    for col in ("case", "ledger ev/s", "raw psycopg ev/s", "eventsourcing ev/s", "ledger / raw", "ledger / eventsourcing"):
+    table = Table(
+        title=f"benchmarks.eventstore on PostgreSQL ({replay_events:,}-event replay, {appends} appends)"
+    )
+    for col in (
+        "case",
+        "ledger ev/s",
+        "raw psycopg ev/s",
+        "eventsourcing ev/s",
+        "ledger / raw",
+        "ledger / eventsourcing",
+    ):
         table.add_column(col, justify="right" if col != "case" else "left")
     for label, a, b, c in rows:
         table.add_row(label, f"{a:,.0f}", f"{b:,.0f}", f"{c:,.0f}", f"{a / b:.2f}x", f"{a / c:.2f}x")

@@ -225,4 +225,6 @@ def downgrade() -> None:
         op.execute(f"DROP TABLE {table}")
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP FUNCTION events_append_only()")
-        op.execute("DROP FUNCTION ledger_append(text, bigint, text[], text[], int[], text[], text[], double precision, boolean)")
+        op.execute(
+            "DROP FUNCTION ledger_append(text, bigint, text[], text[], int[], text[], text[], double precision, boolean)"
+        )
