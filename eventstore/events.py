@@ -83,6 +83,16 @@ class GroupReserved(Event):
     max_tries: int = Field(default=4, ge=1)
     # Kept so that a recovered trainer can dispatch the group again.
     payload: dict[str, Any] = Field(default_factory=dict)
+    # The trainer process that owns the group; several trainers share one log, each with its own groups.
+    trainer_id: Identifier | None = None
+
+
+class GroupTakenOver(Event):
+    """A recovering trainer took an open group over: the previous owner's next append fails (fencing)."""
+
+    group_id: Identifier
+    trainer_id: Identifier | None
+    reason: str
 
 
 class AttemptMinted(Event):
@@ -204,6 +214,7 @@ class GroupClaimedForTraining(Event):
 class CheckpointPrepareStarted(Event):
     checkpoint_id: Identifier
     participants: list[Identifier]
+    trainer_id: Identifier | None = None
 
 
 class CheckpointCommitted(Event):
@@ -229,6 +240,7 @@ class TrainerRestored(Event):
     cut_position: int | None
     checkpoint_id: Identifier | None
     plan: dict[str, int]
+    trainer_id: Identifier | None = None
 
 
 # --- workers -----------------------------------------------------------------

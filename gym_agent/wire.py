@@ -70,7 +70,7 @@ def reply_digest(reply: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(reply).encode()).hexdigest()
 
 
-def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> Any:
+def check_depth(value: dict[str, Any], limit: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:

@@ -38,6 +38,7 @@ from eventstore.events import (
     GroupDeadLettered,
     GroupReserved,
     GroupSealed,
+    GroupTakenOver,
     ReceiptFetched,
     ReplacementMinted,
     RunDispatched,
@@ -132,6 +133,7 @@ class GroupFacts:
     sealed: int | None = None
     dead: int | None = None
     abandoned: int | None = None
+    trainer_id: str | None = None
     # generation index -> rollout id, from the mints
     siblings: dict[int, str] = field(default_factory=dict)
 
@@ -224,7 +226,14 @@ def _reserved(st: AuditState, ev: RecordedEvent, e: GroupReserved) -> None:
             max_tries=e.max_tries,
             expected_generations=e.expected_generations,
             reserved=ev.position,
+            trainer_id=e.trainer_id,
         )
+
+
+def _taken_over(st: AuditState, ev: RecordedEvent, e: GroupTakenOver) -> None:
+    group = st.groups.get(e.group_id)
+    if group is not None:
+        group.trainer_id = e.trainer_id
 
 
 def _mint(
@@ -527,12 +536,19 @@ def _claimed(st: AuditState, ev: RecordedEvent, e: GroupClaimedForTraining) -> N
 
 
 def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
+    # A trainer rolls back its own claims only; other trainers sharing the log keep theirs.
     cut = e.cut_position if e.cut_position is not None else 0
+    kept: list[tuple[int, str]] = []
     while st.claim_log and st.claim_log[-1][0] > cut:
         position, group_id = st.claim_log.pop()
+        group = st.groups.get(group_id)
+        if group is not None and group.trainer_id != e.trainer_id:
+            kept.append((position, group_id))
+            continue
         standing = st.claims.get(group_id, [])
         if position in standing:
             standing.remove(position)
+    st.claim_log.extend(reversed(kept))
     planned = next((e.plan[k] for k in PLAN_DEBTS_KEYS if k in e.plan), None)
     if planned is not None and planned < len(st.unpaid):
         st.violate(
@@ -627,6 +643,7 @@ _HANDLERS: dict[type[Event], Callable[[AuditState, RecordedEvent, Any], None]] =
     GroupDeadLettered: _dead,
     GroupClaimedForTraining: _claimed,
     TrainerRestored: _restored,
+    GroupTakenOver: _taken_over,
     CheckpointPrepareStarted: _prepare,
     CheckpointCommitted: _committed,
     CheckpointResumed: _resumed,

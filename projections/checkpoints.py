@@ -18,6 +18,7 @@ from eventstore.events import (
 )
 from projections.base import TypedProjection
 
+ANY_TRAINER = object()
 CheckpointStatus = Literal["preparing", "committed", "resumed", "aborted"]
 _FORBID = ConfigDict(extra="forbid")
 
@@ -28,6 +29,7 @@ class CheckpointState:
     checkpoint_id: str
     status: CheckpointStatus = "preparing"
     participants: list[str] = field(default_factory=list)
+    trainer_id: str | None = None
     cut_position: int | None = None
     prepare_wait_s: dict[str, float] = field(default_factory=dict)
     abort_reason: str | None = None
@@ -52,11 +54,16 @@ class CheckpointsState:
     checkpoints: dict[str, CheckpointState] = field(default_factory=dict)
     restores: list[RestoreRecord] = field(default_factory=list)
 
-    def last_committed(self, at_or_before: int | None = None) -> CheckpointState | None:
-        """The committed (or resumed) checkpoint with the highest cut, optionally no later than a position."""
+    def last_committed(
+        self, at_or_before: int | None = None, trainer_id: str | object | None = ANY_TRAINER
+    ) -> CheckpointState | None:
+        """The committed (or resumed) checkpoint with the highest cut, optionally no later than a position
+        and of one trainer only."""
         best: CheckpointState | None = None
         for c in self.checkpoints.values():
             if c.cut_position is None or c.status not in ("committed", "resumed"):
+                continue
+            if trainer_id is not ANY_TRAINER and c.trainer_id != trainer_id:
                 continue
             if at_or_before is not None and (c.committed_position or 0) > at_or_before:
                 continue
@@ -92,6 +99,7 @@ class CheckpointsProjection(TypedProjection[CheckpointsState]):
                 state.checkpoints[decoded.checkpoint_id] = CheckpointState(
                     checkpoint_id=decoded.checkpoint_id,
                     participants=list(decoded.participants),
+                    trainer_id=decoded.trainer_id,
                     started_position=event.position,
                 )
         elif kind is CheckpointCommitted:

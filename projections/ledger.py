@@ -36,6 +36,7 @@ from eventstore.events import (
     GroupDeadLettered,
     GroupReserved,
     GroupSealed,
+    GroupTakenOver,
     Mode,
     PromptRef,
     ReceiptFetched,
@@ -122,6 +123,8 @@ class GroupState:
     payload: dict[str, Any] = field(default_factory=dict)
     prompt_ref: PromptRef
     target_level: TargetLevel = "sibling"
+    # The trainer that owns the group (set at reservation, moved by a take-over).
+    trainer_id: str | None = None
     status: GroupStatus = "open"
     # The group stream's last version seen: what a coordinator names as its expected version (fencing).
     stream_version: int = -1
@@ -164,6 +167,7 @@ class ArchivedGroup:
     tries_used: int
     claims: list[ClaimState]
     last_position: int
+    trainer_id: str | None = None
 
     @property
     def claimed_steps(self) -> list[int]:
@@ -268,6 +272,7 @@ def _reserved(state: LedgerState, ev: RecordedEvent, e: GroupReserved) -> None:
         payload=dict(e.payload),
         prompt_ref=e.prompt_ref,
         target_level=e.target_level,
+        trainer_id=e.trainer_id,
         stream_version=ev.stream_version,
         reserved_position=ev.position,
         last_position=ev.position,
@@ -412,6 +417,8 @@ def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None
     cut = e.cut_position if e.cut_position is not None else 0
     holders: list[GroupState | ArchivedGroup] = [*state.groups.values(), *state.archived.values()]
     for group in holders:
+        if group.trainer_id != e.trainer_id:  # another trainer sharing the log keeps its claims
+            continue
         if group.claims and group.claims[-1].position > cut:
             group.claims = [c for c in group.claims if c.position <= cut]
 
@@ -452,6 +459,7 @@ def _archive(state: LedgerState, cut: int) -> None:
             tries_used=g.tries_used,
             claims=g.claims,
             last_position=g.last_position,
+            trainer_id=g.trainer_id,
         )
 
 
@@ -494,8 +502,15 @@ def _adopted(state: LedgerState, ev: RecordedEvent, e: AttemptAdopted) -> None:
         attempt.adopted = True
 
 
+def _taken_over(state: LedgerState, ev: RecordedEvent, e: GroupTakenOver) -> None:
+    group = state.groups.get(e.group_id)
+    if group is not None:
+        group.trainer_id = e.trainer_id
+
+
 _HANDLERS: dict[type[Event], Any] = {
     GroupReserved: _reserved,
+    GroupTakenOver: _taken_over,
     AttemptMinted: _minted,
     ReplacementMinted: _replacement,
     RunDispatched: _dispatched,

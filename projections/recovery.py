@@ -152,13 +152,18 @@ def _settle_action(attempt: AttemptState) -> TryAction | None:
     return None  # held/sealed (owned), retired/discarded (settled)
 
 
-def plan_recovery(ledger: LedgerState, checkpoints: CheckpointsState) -> RecoveryPlan:
+def plan_recovery(
+    ledger: LedgerState, checkpoints: CheckpointsState, trainer_id: str | None = None
+) -> RecoveryPlan:
+    """The restore plan of one trainer: only its own groups and checkpoints (`trainer_id`)."""
     settle: list[TryToSettle] = []
     replace: list[SiblingToReplace] = []
     rerun: list[str] = []
     dead: list[str] = []
     sealed: list[str] = []
     for group in ledger.groups.values():
+        if group.trainer_id != trainer_id:
+            continue
         if group.status == "sealed":
             sealed.append(group.group_id)
             continue
@@ -169,10 +174,11 @@ def plan_recovery(ledger: LedgerState, checkpoints: CheckpointsState) -> Recover
         else:
             _plan_prompt_group(group, settle, rerun, dead)
 
-    last = checkpoints.last_committed()
+    last = checkpoints.last_committed(trainer_id=trainer_id)
     cut = last.cut_position if last is not None else None
     bound = cut if cut is not None else 0
-    holders: list[GroupState | ArchivedGroup] = [*ledger.groups.values(), *ledger.archived.values()]
+    every: list[GroupState | ArchivedGroup] = [*ledger.groups.values(), *ledger.archived.values()]
+    holders = [g for g in every if g.trainer_id == trainer_id]
     rollback = [
         ClaimToRollBack(group_id=g.group_id, train_step=c.train_step, position=c.position)
         for g in holders
@@ -187,8 +193,10 @@ def plan_recovery(ledger: LedgerState, checkpoints: CheckpointsState) -> Recover
         groups_to_rerun=rerun,
         groups_to_dead_letter=dead,
         sealed_kept=sealed,
-        checkpoints_to_abort=[c.checkpoint_id for c in checkpoints.in_doubt()],
-        checkpoints_to_resume=[c.checkpoint_id for c in checkpoints.to_resume()],
+        checkpoints_to_abort=[c.checkpoint_id for c in checkpoints.in_doubt() if c.trainer_id == trainer_id],
+        checkpoints_to_resume=[
+            c.checkpoint_id for c in checkpoints.to_resume() if c.trainer_id == trainer_id
+        ],
         claims_to_roll_back=sorted(rollback, key=lambda c: c.position),
         cut_position=cut,
         checkpoint_id=last.checkpoint_id if last is not None else None,

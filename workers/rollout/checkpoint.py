@@ -83,7 +83,12 @@ class Checkpointer:
         async with self._lock:
             stream = checkpoint_stream(checkpoint_id)
             await ctx.journal.append(
-                stream, [CheckpointPrepareStarted(checkpoint_id=checkpoint_id, participants=names)]
+                stream,
+                [
+                    CheckpointPrepareStarted(
+                        checkpoint_id=checkpoint_id, participants=names, trainer_id=ctx.settings.trainer_id
+                    )
+                ],
             )
             ctx.active_checkpoint = checkpoint_id
             ctx.checkpoint_idle.clear()

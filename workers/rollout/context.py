@@ -26,6 +26,8 @@ class Settings:
     # Server-side wait of one prepare call before it answers 409 and the coordinator acts on it.
     prepare_poll_s: float = 0.5
     adopt_timeout_s: float = 60.0
+    # Several trainers may share one log; each owns the groups and checkpoints it started.
+    trainer_id: str | None = None
 
 
 @dataclass(frozen=True)

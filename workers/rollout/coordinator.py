@@ -75,6 +75,7 @@ class RolloutCoordinator:
         max_tries: int = 4,
         park_grace_s: float = 1.0,
         outage_budget_s: float = OUTAGE_BUDGET_S,
+        trainer_id: str | None = None,
     ) -> None:
         self.store = store
         self.mode: Mode = mode
@@ -83,6 +84,7 @@ class RolloutCoordinator:
             prepare_timeout_s=prepare_timeout_s,
             max_tries=max_tries,
             park_grace_s=park_grace_s,
+            trainer_id=trainer_id,
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)
         self.ctx = Context(self.journal, dict(agents), self.settings)
@@ -171,6 +173,7 @@ class RolloutCoordinator:
                 target_step=target_step,
                 max_tries=self.settings.max_tries,
                 payload=payload or {},
+                trainer_id=self.settings.trainer_id,
             ),
             *(
                 AttemptMinted(rollout_id=f"{group_id}_g{i}", generation_index=i)
@@ -355,11 +358,19 @@ class RolloutCoordinator:
 
     # --- training -------------------------------------------------------------------------------------
 
+    def owns(self, group: GroupState) -> bool:
+        """Other trainers' groups share the log (and the fold) but are never driven or trained here."""
+        return group.trainer_id == self.settings.trainer_id
+
     def sealed_unclaimed(self) -> list[SealedGroup]:
-        return [_sealed(g) for g in self.ledger.groups.values() if g.status == "sealed" and not g.claims]
+        return [
+            _sealed(g)
+            for g in self.ledger.groups.values()
+            if g.status == "sealed" and not g.claims and self.owns(g)
+        ]
 
     def open_groups(self) -> list[str]:
-        return [g.group_id for g in self.ledger.groups.values() if g.status == "open"]
+        return [g.group_id for g in self.ledger.groups.values() if g.status == "open" and self.owns(g)]
 
     async def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
         """Sealed, unclaimed groups as they seal.  With `until_idle`, ends once no group is open."""
@@ -389,6 +400,8 @@ class RolloutCoordinator:
                 if group_id in ledger.archived:
                     raise AlreadyClaimed(f"group {group_id!r} was trained on and archived")
                 raise UnknownGroup(f"unknown group {group_id!r}")
+            if not self.owns(group):
+                raise UnknownGroup(f"group {group_id!r} belongs to trainer {group.trainer_id!r}, not this one")
             if group.status != "sealed":
                 raise NotSealed(f"group {group_id!r} is {group.status}, not sealed")
             if group.claims:

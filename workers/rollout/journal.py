@@ -56,6 +56,7 @@ class Journal:
     appends: int = 0
 
     def __post_init__(self) -> None:
+        self._nonce = uuid.uuid4()  # one per coordinator instance: its take-overs are its own
         self.ledger = self.ledger_projection.initial()
         self.checkpoints = self.checkpoints_projection.initial()
         self._lock = asyncio.Lock()
@@ -162,6 +163,27 @@ class Journal:
             await self._ride_out(self._catch_up_sync, f"reading the log after {what}")
         await self._notify()
         return events
+
+    async def take_over(self, stream: str, event: Event) -> None:
+        """Appends at whatever version `stream` is at, and adopts the result as this process's version.
+
+        A recovering coordinator does this on every open group it owns before it acts on it: the
+        previous owner of the stream (a process presumed dead, maybe still alive) then fails its next
+        append on the version and stops, however the two race.
+        """
+        event_id = uuid.uuid5(_EVENT_NS, f"take-over/{self._nonce}/{stream}")
+
+        def write() -> None:
+            with self._thread_lock:
+                result = self.store.append(
+                    stream, [NewEvent.of(event, event_id=event_id)], ExpectedVersion.ANY
+                )
+                self.versions[stream] = result.stream_version
+
+        async with self._lock:
+            await self._ride_out(write, f"taking over {stream!r}")
+            await self._ride_out(self._catch_up_sync, f"reading the log after taking over {stream!r}")
+        await self._notify()
 
     def _stream_moved(self, stream: str) -> WrongExpectedVersion | None:
         # The fold may already hold another writer's events on this stream: then this process is stale.

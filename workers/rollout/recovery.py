@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eventstore.events import TrainerRestored
+from eventstore.events import GroupTakenOver, TrainerRestored, group_stream
 from projections.recovery import RecoveryPlan, plan_recovery
 from workers.rollout.context import log
 
 if TYPE_CHECKING:
     from workers.rollout.coordinator import RolloutCoordinator
 
-TRAINER_STREAM = "trainer"
+
+def trainer_stream(trainer_id: str | None) -> str:
+    return "trainer" if trainer_id is None else f"trainer-{trainer_id}"
 
 
 def groups_to_drive(plan: RecoveryPlan) -> list[str]:
@@ -34,25 +36,32 @@ def groups_to_drive(plan: RecoveryPlan) -> list[str]:
 async def recover(coord: RolloutCoordinator) -> RolloutCoordinator:
     await coord.start()
     journal = coord.journal
-    plan = plan_recovery(journal.ledger, journal.checkpoints)
-    await coord.checkpointer.recover(plan.checkpoints_to_abort, plan.checkpoints_to_resume)
-    await journal.append(
-        TRAINER_STREAM,
-        [
-            TrainerRestored(
-                cut_position=plan.cut_position or 0,
-                checkpoint_id=plan.checkpoint_id,
-                plan=plan.summary(),
-            )
-        ],
-    )
-    log.info("trainer restored from the log: %s", plan.summary())
-    coord.ctx.ack_wakeup.set()
+    trainer_id = coord.settings.trainer_id
+    plan = plan_recovery(journal.ledger, journal.checkpoints, trainer_id)
     groups = groups_to_drive(plan)
     # Every open group has work the plan names; one it missed would sit open for ever, so drive it too.
     missed = sorted(set(coord.open_groups()) - set(groups))
     if missed:
         log.warning("recovery plan names no work for open groups %s; driving them anyway", missed)
+    # Fence the previous owner off every group before acting on any of them.
+    for gid in [*groups, *missed]:
+        await journal.take_over(
+            group_stream(gid), GroupTakenOver(group_id=gid, trainer_id=trainer_id, reason="trainer recovery")
+        )
+    await coord.checkpointer.recover(plan.checkpoints_to_abort, plan.checkpoints_to_resume)
+    await journal.append(
+        trainer_stream(trainer_id),
+        [
+            TrainerRestored(
+                cut_position=plan.cut_position or 0,
+                checkpoint_id=plan.checkpoint_id,
+                plan=plan.summary(),
+                trainer_id=trainer_id,
+            )
+        ],
+    )
+    log.info("trainer %s restored from the log: %s", trainer_id or "(default)", plan.summary())
+    coord.ctx.ack_wakeup.set()
     for gid in [*groups, *missed]:
         coord._drive(gid)
     return coord
