@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.tree import Tree
 
-from cli.common import DbOption, clear_errors, console, db_url, err_console
+from cli.common import DbOption, Role, clear_errors, console, db_url, err_console
 from eventstore import EventStore, open_store
 from eventstore.errors import EventStoreError
 from projections.audit import audit_log
@@ -54,9 +54,10 @@ def register(app: typer.Typer) -> None:
 
 
 @contextmanager
-def _store(db: str | None) -> Iterator[EventStore]:
+def _store(db: str | None, role: Role = "auditor") -> Iterator[EventStore]:
+    """Read-only commands connect as the auditor role when `$LEDGER_AUDITOR_DB` is set."""
     with clear_errors():
-        store = open_store(db_url(db))
+        store = open_store(db_url(db, role))
         try:
             yield store
         finally:
@@ -142,7 +143,7 @@ def replay(
     ] = False,
 ) -> None:
     """Rebuild the projections up to a position and print their state hashes and the rate."""
-    with _store(db) as store:
+    with _store(db, "writer") as store:
         try:
             if verify:
                 _verify(store, to)

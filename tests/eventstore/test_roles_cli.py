@@ -56,3 +56,25 @@ def test_writer_cannot_update_or_delete_and_auditor_cannot_insert(pg_url: str) -
     with pytest.raises(Exception, match="permission denied"):
         auditor.append("group-p1", [AttemptMinted(rollout_id="p1_g1", generation_index=1)])
     assert writer.head() == 1
+
+
+def test_read_only_commands_run_as_the_auditor_role(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runner.invoke(app, ["db", "upgrade", "--db", pg_url]).exit_code == 0
+    args = ["db", "roles", "--db", pg_url, "--writer-password", "wpw", "--auditor-password", "apw"]
+    assert runner.invoke(app, args).exit_code == 0
+    base = make_url(pg_url)
+    writer_url = base.set(username="ledger_writer", password="wpw").render_as_string(hide_password=False)
+    auditor_url = base.set(username="ledger_auditor", password="apw").render_as_string(hide_password=False)
+    open_store(writer_url).append("group-p1", [AttemptMinted(rollout_id="p1_g0", generation_index=0)])
+
+    # The writer's URL is LEDGER_DB; read-only commands take LEDGER_AUDITOR_DB when it is set.
+    monkeypatch.setenv("LEDGER_DB", "postgresql+psycopg://nobody:x@127.0.0.1:1/none")
+    monkeypatch.setenv("LEDGER_AUDITOR_DB", auditor_url)
+    for command in (["audit", "--json"], ["status"], ["snapshot"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 0, (command, result.output)
+    assert '"events": 1' in runner.invoke(app, ["audit", "--json"]).output
+    # ...and a writer command does not: it goes to LEDGER_DB, which is unreachable here.
+    assert runner.invoke(app, ["replay"]).exit_code != 0
+    monkeypatch.setenv("LEDGER_DB", writer_url)
+    assert runner.invoke(app, ["replay"]).exit_code == 0
