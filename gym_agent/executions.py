@@ -266,7 +266,10 @@ class ExecutionRegistry:
         owner = self._by_capture_key.get(key)
         if owner is None:
             raise NotFoundError(f"no token capture under key '{key}'")
-        return list(self._executions[owner].tokens)
+        ex = self._executions[owner]
+        if ex.state is ExecState.ACKNOWLEDGED:
+            raise GoneError(f"the token records of '{key}' were released when the try was acknowledged")
+        return list(ex.tokens)
 
     def debug_runs(self) -> dict[str, int]:
         return dict(self._runs)
@@ -303,7 +306,9 @@ class ExecutionRegistry:
             elif ex.receipt != receipt:
                 result.error = RECEIPT_MISMATCH
             elif ex.state is ExecState.COMPLETED:
-                ex.state, ex.reply = ExecState.ACKNOWLEDGED, None
+                # The trainer sealed its own copy of the reply and the token records before it ACKed:
+                # both are released here, so a long-running agent's memory does not grow with its history.
+                ex.state, ex.reply, ex.tokens = ExecState.ACKNOWLEDGED, None, []
                 result.acknowledged = True
             else:  # ACKNOWLEDGED: only completed tries ever carry a receipt
                 result.acknowledged, result.idempotent = True, True

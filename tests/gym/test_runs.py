@@ -133,8 +133,9 @@ async def test_acknowledged_try_is_gone(client: GymClient) -> None:
         await client.run(run_request(rid))
     with pytest.raises(GoneError):
         await client.completion_receipt(rid, 0)
-    # The token records stay readable after the ACK.
-    assert await client.token_capture(rid)
+    # The token records are released with the reply: the trainer keeps its copy in the log.
+    with pytest.raises(GoneError):
+        await client.token_capture(rid)
 
 
 async def test_capabilities_and_health(client: GymClient, shared_agent: ThreadAgent) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eventstore import EventIdConflict, EventStore, NewEvent
+from eventstore import DatabaseUnavailable, EventIdConflict, EventStore, NewEvent
 from eventstore.events import (
     LogprobsComputed,
     LogprobsRefused,
@@ -43,6 +43,10 @@ from workers.logprobs.scoring import (
 from workers.policy import Policy
 
 log = logging.getLogger(__name__)
+
+# Backoff while the database is unavailable (a restart, a failover): doubled per failure, capped.
+OUTAGE_BACKOFF_S = 0.1
+OUTAGE_BACKOFF_MAX_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -145,10 +149,24 @@ class LogprobWorker:
         A `once` worker also waits out leases other workers hold, so a try whose worker died is still
         finished before it exits.
         """
+        outage: float | None = None  # the current backoff while the database is away
         while not self._stop:
-            self.board.enqueue()
-            processed = self.run_batch()
-            counts = self.board.counts()
+            try:
+                self.board.enqueue()
+                processed = self.run_batch()
+                counts = self.board.counts()
+            except DatabaseUnavailable as exc:
+                # Ride out a database restart: what finished is in the log, unfinished claims were
+                # given back (or return at lease expiry), so the next round simply claims again.
+                outage = OUTAGE_BACKOFF_S if outage is None else min(outage * 2, OUTAGE_BACKOFF_MAX_S)
+                log.warning(
+                    "worker %s: database unavailable, reconnecting in %.2f s: %s", self.worker_id, outage, exc
+                )
+                time.sleep(outage)
+                continue
+            if outage is not None:
+                log.warning("worker %s: database reachable again, resuming", self.worker_id)
+                outage = None
             if on_progress is not None:
                 on_progress(counts, self.stats)
             if processed:

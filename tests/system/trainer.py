@@ -1,0 +1,176 @@
+"""One trainer process of the multi-process system test (`python -m tests.system.trainer ...`).
+
+    python -m tests.system.trainer --db URL --trainer-id A --agent agent-1=http://... --agent agent-2=...
+           --groups 16 --siblings 4 --mode prompt_group [--resume]
+
+Drives groups `<trainer-id>-p0 .. -p<N-1>` through its own agents only (a checkpoint is a cut across
+one trainer and the agents it drives: two trainers never checkpoint the same agent), checkpoints
+every `--checkpoint-every` seconds, claims sealed groups for training, and prints `DONE <json>` once
+every group of its own is sealed or dead-lettered and every debt is paid.
+
+With `--resume` it first recovers from the log (`RolloutCoordinator.recover`, which takes over this
+trainer's open groups and fences any stale owner), then submits whatever groups of the workload the
+log does not know yet, and finishes like a fresh run.  Group ids are deterministic, so a resumed
+trainer never submits a group twice.
+
+Database outages are ridden out by the coordinator's journal (retried with backoff); this process
+says so on stderr each time the journal's retry counter moves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+import uuid
+
+from eventstore import open_store
+from eventstore.events import PromptRef
+from workers.gym import GymClient
+from workers.rollout import RolloutCoordinator
+
+log = logging.getLogger("trainer")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.system.trainer")
+    p.add_argument("--db", required=True)
+    p.add_argument("--trainer-id", required=True)
+    p.add_argument("--agent", action="append", required=True, help="NAME=URL (repeatable)")
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--siblings", type=int, default=4)
+    p.add_argument("--mode", choices=["sibling", "prompt_group"], default="prompt_group")
+    p.add_argument("--window", type=int, default=6, help="groups open at once")
+    p.add_argument("--checkpoint-every", type=float, default=1.0)
+    p.add_argument("--rollout-timeout", type=float, default=8.0)
+    p.add_argument("--prepare-timeout", type=float, default=20.0)
+    p.add_argument("--outage-budget", type=float, default=60.0)
+    p.add_argument("--resume", action="store_true", help="recover this trainer's groups from the log first")
+    return p.parse_args(argv)
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    agents: dict[str, str] = {}
+    for item in args.agent:
+        name, _, url = item.partition("=")
+        agents[name] = url
+    tid = args.trainer_id
+    store = open_store(args.db)
+    clients = {name: GymClient(url, name) for name, url in agents.items()}
+    kwargs = {
+        "mode": args.mode,
+        "trainer_id": tid,
+        "rollout_timeout_s": args.rollout_timeout,
+        "prepare_timeout_s": args.prepare_timeout,
+        "outage_budget_s": args.outage_budget,
+    }
+    started = time.monotonic()
+    try:
+        if args.resume:
+            coord = await RolloutCoordinator.recover(store, clients, **kwargs)  # type: ignore[arg-type]
+            log.info("trainer %s recovered; open groups: %s", tid, coord.open_groups())
+        else:
+            coord = RolloutCoordinator(store, clients, **kwargs)  # type: ignore[arg-type]
+            await coord.start()
+        print(f"READY {tid}", flush=True)
+        names = sorted(clients)
+        nonce = uuid.uuid4().hex[:6]
+        claimed = 0
+        checkpoints: list[str] = []
+
+        async def watch_outages() -> None:
+            # The journal retries DatabaseUnavailable silently; surface each retry burst here.
+            seen = 0
+            while True:
+                n = coord.journal.outage_retries
+                if n != seen:
+                    log.warning(
+                        "trainer %s: the log is unavailable, retrying with backoff (%d retries)", tid, n
+                    )
+                    seen = n
+                await asyncio.sleep(0.1)
+
+        async def feed() -> None:
+            for i in range(args.groups):
+                group_id = f"{tid}-p{i}"
+                if coord.ledger.knows_group(group_id):
+                    continue  # submitted before a crash: recovery drives it
+                while len(coord.open_groups()) >= args.window:
+                    await asyncio.sleep(0.02)
+                await coord.submit(
+                    group_id,
+                    PromptRef(sample_id=f"{tid}-s{i}", task_name="arith"),
+                    names[i % len(names)],
+                    args.siblings,
+                    {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
+                )
+
+        stop_checkpoints = asyncio.Event()
+
+        async def checkpoint_loop() -> None:
+            k = 0
+            while not stop_checkpoints.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop_checkpoints.wait(), args.checkpoint_every)
+                if stop_checkpoints.is_set():
+                    return
+                ckpt = f"{tid}-{nonce}-ck{k}"
+                outcome = await coord.checkpoint(ckpt)
+                checkpoints.append(outcome.outcome)
+                k += 1
+
+        async def train() -> None:
+            nonlocal claimed
+            step = 0
+            async for group in coord.sealed_groups(until_idle=False):
+                await coord.claim_for_training(group.group_id, step)
+                step += 1
+                claimed += 1
+
+        watcher = asyncio.create_task(watch_outages())
+        ckpt_task = asyncio.create_task(checkpoint_loop()) if args.checkpoint_every > 0 else None
+        trainer = asyncio.create_task(train())
+        await feed()
+        while coord.open_groups():
+            if coord.errors:
+                raise coord.errors[0]
+            await asyncio.sleep(0.1)
+        if ckpt_task is not None:
+            stop_checkpoints.set()
+            await ckpt_task
+            await coord.checkpointer.recover()
+        await coord.wait_idle(60)
+        await asyncio.sleep(0.3)
+        for task in (trainer, watcher):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await coord.close()
+        return {
+            "trainer_id": tid,
+            "resumed": args.resume,
+            "claimed": claimed,
+            "checkpoints_committed": checkpoints.count("committed"),
+            "checkpoints_aborted": checkpoints.count("aborted"),
+            "outage_retries": coord.journal.outage_retries,
+            "wall_s": round(time.monotonic() - started, 2),
+            "stats": coord.stats,
+        }
+    finally:
+        for client in clients.values():
+            await client.aclose()
+        store.close()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    logging.getLogger("workers.rollout").setLevel(logging.INFO)
+    logging.getLogger("trainer").setLevel(logging.INFO)
+    summary = asyncio.run(main(parse_args()))
+    print("DONE " + json.dumps(summary), flush=True)
