@@ -37,6 +37,7 @@ from eventstore.records import (
     RecordedEvent,
     canonical,
     chain_hash,
+    from_row,
 )
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class EventStore:
             params.update({f"t{i}": n for i, n in enumerate(names)})
         query = f"SELECT {self.backend.select_columns} FROM events WHERE {where} ORDER BY position LIMIT {p('limit')}"
         after = from_position
-        make = RecordedEvent._make
+        make = from_row
         while True:
             rows = self._fetch(query, {**params, "after": after})
             yield from map(make, rows)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import json
 import logging
+import signal
 import sys
 import time
 import uuid
@@ -77,6 +79,20 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             coord = RolloutCoordinator(store, clients, **kwargs)  # type: ignore[arg-type]
             await coord.start()
         print(f"READY {tid}", flush=True)
+
+        def dump() -> None:
+            # `kill -USR1 <pid>`: what every task waits on, and what this trainer believes.
+            for task in asyncio.all_tasks():
+                print(f"--- task {task.get_name()}", file=sys.stderr)
+                task.print_stack(limit=12, file=sys.stderr)
+            print(
+                f"open groups {coord.open_groups()} active checkpoint {coord.ctx.active_checkpoint} "
+                f"owed {coord.relay.owed_agents()} position {coord.journal.position} errors {coord.errors}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
         names = sorted(clients)
         nonce = uuid.uuid4().hex[:6]
         claimed = 0
@@ -143,7 +159,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             stop_checkpoints.set()
             await ckpt_task
             await coord.checkpointer.recover()
-        await coord.wait_idle(60)
+        await wait_own_idle(coord, set(clients), 60)
         await asyncio.sleep(0.3)
         for task in (trainer, watcher):
             task.cancel()
@@ -166,11 +182,37 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         store.close()
 
 
+async def wait_own_idle(coord: RolloutCoordinator, agents: set[str], timeout_s: float) -> None:
+    """`coord.wait_idle`, but only for the debts owed to this trainer's own agents.
+
+    `RolloutCoordinator.wait_idle` waits for every debt in the shared log, including another trainer's
+    (which this one cannot pay: it has no client for that agent), and its fold does not move while it
+    waits; so this catches up with the log and looks only at its own agents.
+    """
+    async with asyncio.timeout(timeout_s):
+        while True:
+            drivers = [t for t in coord._drivers.values() if not t.done()]
+            if drivers:
+                await asyncio.wait(drivers)
+                continue
+            if coord.errors:
+                raise coord.errors[0]
+            await coord.journal.catch_up()
+            owed = [a for a in coord.relay.owed_agents() if a in agents]
+            if not owed:
+                return
+            for agent in owed:
+                await coord.relay.flush(agent, 5.0)
+            await asyncio.sleep(0.05)
+
+
 if __name__ == "__main__":
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     logging.getLogger("workers.rollout").setLevel(logging.INFO)
+    # `kill -QUIT <pid>` prints every thread's stack; USR1 every asyncio task's (see main).
+    faulthandler.register(signal.SIGQUIT, file=sys.stderr, all_threads=True)
     logging.getLogger("trainer").setLevel(logging.INFO)
     summary = asyncio.run(main(parse_args()))
     print("DONE " + json.dumps(summary), flush=True)

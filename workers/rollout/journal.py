@@ -9,10 +9,12 @@ coordinator knows is always what the log says, including other writers' events.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -35,6 +37,8 @@ from workers.rollout.errors import CoordinatorStopped, FencedOff
 _EVENT_NS = uuid.UUID("6f1d7c1e-4d0e-4b55-9f0e-2b7a61c0a8d1")
 # How long a database outage is ridden out (appends and reads retried) before the coordinator stops.
 OUTAGE_BUDGET_S = 30.0
+# Appends written together in one transaction at most (group commit).
+MAX_BATCH = 256
 
 
 @dataclass
@@ -60,6 +64,8 @@ class Journal:
         self.ledger = self.ledger_projection.initial()
         self.checkpoints = self.checkpoints_projection.initial()
         self._lock = asyncio.Lock()
+        self._queue: deque[_Request] = deque()
+        self._writer: asyncio.Task[None] | None = None
         # The thread doing an append or a fold keeps running when its awaiting task is cancelled, so
         # the versions and the fold are guarded by a thread lock, not only by the asyncio one.
         self._thread_lock = threading.RLock()
@@ -135,34 +141,188 @@ class Journal:
         """Appends to `stream` at the version last seen; `build` may look at the current ledger first.
 
         Returns the events written (empty if `build` decided there was nothing to write).
+
+        Group commit: the call is queued and one writer task writes every append queued meanwhile
+        in one store transaction, then folds the log once (see `_write_batches`).  A batch holds at
+        most one append per stream, so `build` always sees its own stream folded up to the previous
+        append to it; every build looks only at its own stream's part of the ledger.
         """
-        async with self._lock:
-            if self.fenced is not None:
-                raise self.fenced
-            if self.stopped is not None:
-                raise self.stopped
-            events = list(build(self.ledger) if callable(build) else build)
-            if not events:
-                return []
-            stream_stale = self._stream_moved(stream)
-            if stream_stale:
-                self._fence(stream, stream_stale)
-            if stream not in self.versions and not stream.startswith("group-"):
-                # Checkpoint and trainer streams are not fenced per group; start from what the log holds.
-                self.versions[stream] = await self._ride_out(
-                    lambda: self.store.stream_version(stream), f"reading the version of {stream!r}"
-                )
-            what = f"appending {len(events)} event(s) to {stream!r}"
+        if self.fenced is not None:
+            raise self.fenced
+        if self.stopped is not None:
+            raise self.stopped
+        request = _Request(stream, build, blobs, asyncio.get_running_loop().create_future())
+        self._queue.append(request)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_batches(), name="journal-writer")
+        return await request.future
+
+    async def _write_batches(self) -> None:
+        """The writer: while appends are queued, writes them a batch (one transaction) at a time."""
+        batch: list[_Request] = []
+        try:
+            while self._queue:
+                batch = self._next_batch()
+                if batch:
+                    async with self._lock:
+                        await self._write_batch(batch)
+                    await self._notify()
+        except BaseException as exc:  # cancelled (the loop is closing), or a bug: nobody waits for ever
+            for request in [*batch, *self._queue]:
+                if isinstance(exc, Exception):
+                    _fail(request, exc)
+                elif not request.future.done():
+                    request.future.cancel()
+            self._queue.clear()
+            if not isinstance(exc, Exception):
+                raise
+
+    def _next_batch(self) -> list[_Request]:
+        """The queued appends, oldest first, at most one per stream (the others wait their turn)."""
+        batch: list[_Request] = []
+        streams: set[str] = set()
+        waiting: deque[_Request] = deque()
+        while self._queue:
+            request = self._queue.popleft()
+            if request.future.done():  # its caller was cancelled before it was written
+                continue
+            if request.stream in streams or len(batch) >= MAX_BATCH:
+                waiting.append(request)
+                continue
+            streams.add(request.stream)
+            batch.append(request)
+        self._queue = waiting
+        return batch
+
+    async def _write_batch(self, batch: list[_Request]) -> None:
+        # Builds run in queue order against the ledger as folded after the previous batch; a fence
+        # found before the write fails that append and every later one, as one at a time did.
+        ready: list[_Request] = []
+        for i, request in enumerate(batch):
             try:
-                # A retry after the database went away mid-commit names the same version and the same
-                # deterministic event ids: if the first try committed, the retry is a no-op.
-                await self._ride_out(lambda: self._append_sync(stream, events, blobs), what)
-            except WrongExpectedVersion as exc:
-                self._fence(stream, exc)
+                if self.fenced is not None:
+                    raise self.fenced
+                if self.stopped is not None:
+                    raise self.stopped
+                build = request.build
+                request.events = list(build(self.ledger) if callable(build) else build)
+                if not request.events:
+                    _resolve(request, [])
+                    continue
+                stream_stale = self._stream_moved(request.stream)
+                if stream_stale:
+                    self._fence(request.stream, stream_stale)
+            except Exception as exc:
+                _fail(request, exc)
+                if self.fenced is not None or self.stopped is not None:
+                    for later in batch[i + 1 :]:
+                        _fail(later, self.fenced or self.stopped or exc)
+                    break
+                continue
+            ready.append(request)
+        if not ready:
+            return
+        what = (
+            f"appending {len(ready[0].events)} event(s) to {ready[0].stream!r}"
+            if len(ready) == 1
+            else f"appending {sum(len(r.events) for r in ready)} event(s) to {len(ready)} streams"
+        )
+        state = _BatchState()
+        try:
+            # A retry after the database went away mid-commit names the same versions and the same
+            # deterministic event ids: if the first try committed, the retry is a no-op.
+            await self._ride_out(lambda: self._write_sync(ready, state), what)
+        except (CoordinatorStopped, FencedOff) as exc:
+            for request in ready:
+                _fail(request, exc)
+            return
+        except Exception as exc:
+            if state.committed:  # folding the log failed after the commit: as after one append
+                for request in ready:
+                    _fail(request, exc)
+                return
+            if len(ready) == 1:
+                self._settle_alone(ready[0], exc)
+                return
+            # One append of the batch was refused (and the transaction rolled back): one transaction
+            # per append, in order, so each caller gets its own answer and a fence stops exactly the
+            # appends it stopped when they were written one at a time.
+            await self._write_one_by_one(ready)
+            return
+        self.appends += len(ready)
+        for request in ready:
+            _resolve(request, request.events)
+
+    async def _write_one_by_one(self, ready: list[_Request]) -> None:
+        written: list[_Request] = []
+        failed: BaseException | None = None
+        for i, request in enumerate(ready):
+            state = _BatchState()
+            try:
+                await self._ride_out(
+                    functools.partial(self._write_sync, [request], state, fold=False),
+                    f"appending {len(request.events)} event(s) to {request.stream!r}",
+                )
+            except Exception as exc:
+                self._settle_alone(request, exc)
+                if self.fenced is not None or self.stopped is not None:
+                    for later in ready[i + 1 :]:
+                        _fail(later, self.fenced or self.stopped or exc)
+                    break
+                continue
             self.appends += 1
-            await self._ride_out(self._catch_up_sync, f"reading the log after {what}")
-        await self._notify()
-        return events
+            written.append(request)
+        if written:
+            try:
+                await self._ride_out(self._catch_up_sync, "reading the log after appending")
+            except Exception as exc:
+                failed = exc
+        for request in written:
+            if failed is not None:
+                _fail(request, failed)
+            else:
+                _resolve(request, request.events)
+
+    def _settle_alone(self, request: _Request, exc: BaseException) -> None:
+        """The answer of one append that failed on its own, as `append` gave it one at a time."""
+        if isinstance(exc, WrongExpectedVersion):
+            try:
+                self._fence(request.stream, exc)
+            except FencedOff as fenced:
+                exc = fenced
+        _fail(request, exc)
+
+    def _write_sync(self, batch: list[_Request], state: _BatchState, fold: bool = True) -> None:
+        """One transaction holding every append of `batch` (and their blobs), then one fold."""
+        with self._thread_lock:
+            if not state.committed:
+                for request in batch:
+                    if request.prepared is None:
+                        request.prepared = self._prepare_sync(request)
+                results = []
+                with self.store.transaction() as tx:
+                    for request in batch:
+                        for blob in request.blobs:
+                            tx.put_blob(blob)
+                    for request in batch:
+                        assert request.prepared is not None
+                        expected, news = request.prepared
+                        results.append(tx.append(request.stream, news, expected))
+                state.committed = True
+                for request, result in zip(batch, results, strict=True):
+                    self.versions[request.stream] = result.stream_version
+            if fold:
+                self._catch_up_sync()
+
+    def _prepare_sync(self, request: _Request) -> tuple[int, list[NewEvent]]:
+        """The version `request` expects and its events with their deterministic ids (kept for retries)."""
+        stream = request.stream
+        if stream not in self.versions and not stream.startswith("group-"):
+            # Checkpoint and trainer streams are not fenced per group; start from what the log holds.
+            self.versions[stream] = self.store.stream_version(stream)
+        expected = self.versions.get(stream, ExpectedVersion.NO_STREAM)
+        start = expected + 1 if expected >= 0 else 0
+        return expected, [_new_event(stream, start + i, e) for i, e in enumerate(request.events)]
 
     async def take_over(self, stream: str, event: Event) -> None:
         """Appends at whatever version `stream` is at, and adopts the result as this process's version.
@@ -200,22 +360,55 @@ class Journal:
         )
         raise self.fenced from exc
 
-    def _append_sync(self, stream: str, events: list[Event], blobs: Sequence[bytes]) -> None:
-        with self._thread_lock:
-            expected = self.versions.get(stream, ExpectedVersion.NO_STREAM)
-            start = expected + 1 if expected >= 0 else 0
-            news = [NewEvent.of(e, event_id=_event_id(stream, start + i, e)) for i, e in enumerate(events)]
-            with self.store.transaction() as tx:
-                for blob in blobs:
-                    tx.put_blob(blob)
-                result = tx.append(stream, news, expected)
-            self.versions[stream] = result.stream_version
-
 
 _T = TypeVar("_T")
 
 
 def _event_id(stream: str, version: int, event: Event) -> uuid.UUID:
-    body = canonical(event.model_dump(mode="json"))
-    digest = hashlib.sha256(f"{stream}\x1f{version}\x1f{event.event_type()}\x1f{body}".encode()).hexdigest()
+    return _id_of(stream, version, event.event_type(), canonical(event.model_dump(mode="json")))
+
+
+def _id_of(stream: str, version: int, type_: str, body: str) -> uuid.UUID:
+    digest = hashlib.sha256(f"{stream}\x1f{version}\x1f{type_}\x1f{body}".encode()).hexdigest()
     return uuid.uuid5(_EVENT_NS, digest)
+
+
+def _new_event(stream: str, version: int, event: Event) -> NewEvent:
+    """`NewEvent.of(event, event_id=_event_id(stream, version, event))`, dumping the event once."""
+    data = event.model_dump(mode="json")
+    type_ = event.event_type()
+    return NewEvent(
+        type=type_,
+        data=data,
+        event_id=str(_id_of(stream, version, type_, canonical(data))),
+        schema_version=event.schema_version,
+        validated_json=event.model_dump_json(),
+    )
+
+
+@dataclass(eq=False)
+class _Request:
+    """One queued `append`: what its caller asked for and the future it awaits."""
+
+    stream: str
+    build: Sequence[Event] | Callable[[LedgerState], Sequence[Event]]
+    blobs: Sequence[bytes]
+    future: asyncio.Future[list[Event]]
+    events: list[Event] = field(default_factory=list)
+    # (expected version, events with their ids), fixed on the first try so that retries repeat it.
+    prepared: tuple[int, list[NewEvent]] | None = None
+
+
+@dataclass
+class _BatchState:
+    committed: bool = False
+
+
+def _resolve(request: _Request, events: list[Event]) -> None:
+    if not request.future.done():
+        request.future.set_result(events)
+
+
+def _fail(request: _Request, exc: BaseException) -> None:
+    if not request.future.done():
+        request.future.set_exception(exc)
