@@ -238,8 +238,12 @@ class EventStore:
             if exc.connection_invalidated:
                 raise DatabaseUnavailable(f"database {self.url} went away: {_first_line(exc.orig)}") from None
             raise EventStoreError(f"database error, nothing was written: {_first_line(exc.orig)}") from None
-        except Exception as exc:  # raised by the driver itself on the raw read path
+        except Exception as exc:  # raised by the driver itself on the raw read and append paths
             dbapi = self._reader.dialect.dbapi
+            if dbapi is not None and isinstance(exc, dbapi.Error) and "append-only" in str(exc):
+                raise AppendOnlyViolation(_first_line(exc)) from None
+            if dbapi is not None and isinstance(exc, dbapi.IntegrityError):
+                raise EventStoreError(f"integrity error, nothing was written: {_first_line(exc)}") from None
             if dbapi is not None and isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
                 raise DatabaseUnavailable(f"database {self.url} unavailable: {_first_line(exc)}") from None
             if dbapi is not None and isinstance(exc, dbapi.Error):
@@ -279,26 +283,29 @@ class UnitOfWork:
         return result
 
     def _append_in_postgres(self, stream_id: str, rows: list[dict[str, Any]], expected: int) -> AppendResult:
-        """One call of the `ledger_append` function: a single round trip under the append lock."""
+        """One call of the `ledger_append` function: a single round trip under the append lock.
+
+        Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call).
+        """
+        params = {
+            "stream_id": stream_id,
+            "expected": int(expected),
+            "ids": [r["event_id"] for r in rows],
+            "types": [r["type"] for r in rows],
+            "versions": [r["schema_version"] for r in rows],
+            "data": [r["data"] for r in rows],
+            "metadata": [r["metadata"] for r in rows],
+            "recorded_at": rows[0]["recorded_at"],
+            "check_ids": any(r["chosen_id"] for r in rows),
+        }
+        cursor = self.connection.connection.cursor()
         try:
-            out = self.connection.execute(
-                _PG_APPEND,
-                {
-                    "stream_id": stream_id,
-                    "expected": int(expected),
-                    "ids": [r["event_id"] for r in rows],
-                    "types": [r["type"] for r in rows],
-                    "versions": [r["schema_version"] for r in rows],
-                    "data": [r["data"] for r in rows],
-                    "metadata": [r["metadata"] for r in rows],
-                    "recorded_at": rows[0]["recorded_at"],
-                    "check_ids": any(r["chosen_id"] for r in rows),
-                },
-            ).all()
-        except DBAPIError as exc:
-            state = getattr(exc.orig, "sqlstate", None)
+            cursor.execute(_PG_APPEND, params)
+            out = cursor.fetchall()
+        except Exception as exc:
+            state = getattr(exc, "sqlstate", None)
             if state == "LE001":
-                actual = int(getattr(getattr(exc.orig, "diag", None), "message_detail", -1) or -1)
+                actual = int(getattr(getattr(exc, "diag", None), "message_detail", -1) or -1)
                 raise WrongExpectedVersion(stream_id, int(expected), actual) from None
             if state == "LE002":
                 raise EventIdConflict(
@@ -306,6 +313,8 @@ class UnitOfWork:
                     "stream; nothing was written"
                 ) from None
             raise
+        finally:
+            cursor.close()
         return AppendResult(
             positions=[int(r[0]) for r in out], stream_version=int(out[-1][1]), idempotent=bool(out[0][2])
         )
@@ -355,10 +364,15 @@ class UnitOfWork:
     def put_blob(self, content: bytes, media_type: str = "application/json") -> str:
         """Stores content under its sha256; storing the same content twice is a no-op."""
         digest = "sha256:" + hashlib.sha256(content).hexdigest()
-        self.connection.execute(
-            text(self.store.backend.blob_insert),
-            {"digest": digest, "media_type": media_type, "content": content, "now": time.time()},
-        )
+        params = {"digest": digest, "media_type": media_type, "content": content, "now": time.time()}
+        if self.store.backend.name == "postgresql":
+            cursor = self.connection.connection.cursor()
+            try:
+                cursor.execute(_PG_BLOB_INSERT, params)
+            finally:
+                cursor.close()
+        else:
+            self.connection.execute(text(self.store.backend.blob_insert), params)
         return digest
 
     def save_position(self, name: str, position: int) -> None:
@@ -416,10 +430,15 @@ def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[s
     }
 
 
-_PG_APPEND = text(
-    "SELECT out_position, out_stream_version, out_idempotent FROM ledger_append(:stream_id, :expected, "
-    "CAST(:ids AS text[]), CAST(:types AS text[]), CAST(:versions AS int[]), CAST(:data AS text[]), "
-    "CAST(:metadata AS text[]), :recorded_at, :check_ids)"
+# Driver (psycopg) parameter markers: run on the DBAPI cursor, not through SQLAlchemy.
+_PG_APPEND = (
+    "SELECT out_position, out_stream_version, out_idempotent FROM ledger_append(%(stream_id)s::text, "
+    "%(expected)s::bigint, %(ids)s::text[], %(types)s::text[], %(versions)s::int[], %(data)s::text[], "
+    "%(metadata)s::text[], %(recorded_at)s::double precision, %(check_ids)s::boolean)"
+)
+_PG_BLOB_INSERT = (
+    "INSERT INTO blobs (digest, media_type, content, created_at) "
+    "VALUES (%(digest)s, %(media_type)s, %(content)s, %(now)s) ON CONFLICT (digest) DO NOTHING"
 )
 _SQLITE_INSERT = text(
     "INSERT INTO events (position, stream_id, stream_version, event_id, type, schema_version, data, metadata, "

@@ -16,6 +16,7 @@ component that lost the database or an agent logged that it retried.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -102,7 +103,7 @@ def worker_cmd(url: str, *extra: str) -> list[str]:
     # The torch backend: TRITON_INTERPRET=1 (set for the kernel tests) would make `auto` interpret Triton.
     return ledger(
         "worker", "logprobs", "--db", url, "--backend", "torch", "--lease-seconds", "10",
-        "--poll-interval", "0.2", "--json", *extra,
+        "--poll-interval", "0.2", "--claim-size", "4", "--json", *extra,
     )  # fmt: skip
 
 
@@ -121,11 +122,11 @@ def group_ends(store: EventStore) -> tuple[Counter[str], dict[str, str]]:
     return types, verdict
 
 
-async def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+async def wait_for(predicate, timeout: float, what: str, diag) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not await asyncio.to_thread(predicate):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{await diag()}")
         await asyncio.sleep(0.1)
 
 
@@ -162,25 +163,33 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
             assert store is not None
             return sum(1 for e in store.read_all(0, types=[kind]) if e.stream_id.startswith(prefix))
 
-        def diag() -> str:
-            return "\n".join(f"--- {p.name} (rc={p.popen.poll()})\n{p.err()[-2500:]}" for p in procs)
+        async def diag() -> str:
+            # Live trainers print their asyncio tasks and their view of the log on SIGUSR1.
+            for p in procs:
+                if p.name.startswith("trainer") and p.alive():
+                    p.signal(signal.SIGUSR1)
+            await asyncio.sleep(1.0)
+            return "\n".join(f"--- {p.name} (rc={p.popen.poll()})\n{p.err()[-4000:]}" for p in procs)
 
         # 1. Work is flowing on both trainers: restart PostgreSQL under everyone.
         await wait_for(
             lambda: count("SiblingSealed", "group-A") >= 4 and count("SiblingSealed", "group-B") >= 4,
             60,
-            "first seals\n" + diag(),
+            "first seals",
+            diag,
         )
         await asyncio.to_thread(cluster.restart)
+        restarted_at = await asyncio.to_thread(store.head)
         # 2. SIGKILL trainer A mid-work (groups open) and start it again from the log.
         sealed_a = count("GroupSealed", "group-A")
-        await wait_for(lambda: count("GroupSealed", "group-A") > sealed_a, 60, "trainer A's seals\n" + diag())
-        assert a1.alive(), diag()
+        await wait_for(lambda: count("GroupSealed", "group-A") > sealed_a, 60, "trainer A's seals", diag)
+        assert a1.alive(), await diag()
         a1.signal(signal.SIGKILL)
         await asyncio.to_thread(a1.wait, 10)
         a2 = start(
             "trainer-A-resumed", trainer_cmd(url, "A", agents[:2], GROUPS_A, "prompt_group", resume=True)
         )
+
         # 3. Kill agent-3 (trainer B's only agent), bring it back on the same port and state dir.
         async with GymClient(agents[2].url, agents[2].name) as c:
             generation_before = (await c.status()).execution_generation
@@ -189,16 +198,13 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
         await asyncio.to_thread(agents[2].start)
         async with GymClient(agents[2].url, agents[2].name) as c:
             assert (await c.status()).execution_generation == generation_before + 1
-
         # Both trainers finish their workload.
         for p in (a2, b):
             try:
                 rc = await asyncio.to_thread(p.wait, 100)
             except subprocess.TimeoutExpired:
-                p.signal(signal.SIGUSR1)  # the trainer prints its tasks' stacks and its view
-                await asyncio.sleep(1.0)
-                raise AssertionError(f"{p.name} did not finish\n{diag()}\n{p.err()[-6000:]}") from None
-            assert rc == 0 and "DONE" in p.out(), diag()
+                raise AssertionError(f"{p.name} did not finish\n{await diag()}") from None
+            assert rc == 0 and "DONE" in p.out(), await diag()
         # The workers followed the log across the restart; stop them, then drain what is left.
         for w in workers:
             assert w.alive(), f"{w.name} died:\n{w.err()[-3000:]}"
@@ -210,7 +216,7 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
 
         # --- the verdict -------------------------------------------------------------------------------
         report = await asyncio.to_thread(audit_log, store)
-        assert report.ok, report.as_json()["violations"]
+        assert report.ok, json.dumps(report.as_json()["violations"], indent=1)[:6000]
 
         types, verdict = await asyncio.to_thread(group_ends, store)
         expected = {f"A-p{i}" for i in range(GROUPS_A)} | {f"B-p{i}" for i in range(GROUPS_B)}
@@ -246,10 +252,22 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
             "twice": {k for k, n in scored.items() if n > 1},
         }
 
-        # Every component that lost something logged that it retried.
+        # Every component came back by itself.  The workers kept scoring after the restart (each appended
+        # results past it); a worker whose call failed during the outage logged its reconnect, one that
+        # was between polls reconnected silently (pool_pre_ping) and is only seen to carry on.
+        by_worker = Counter(
+            e.metadata.get("worker")
+            for e in store.read_all(restarted_at, types=["LogprobsComputed"])
+            if e.stream_id.startswith("logprobs-")
+        )
         for w in workers:
-            assert WORKER_RECONNECT.search(w.err()) or "reconnect" in w.err(), f"{w.name}:\n{w.err()[-2000:]}"
-        assert TRAINER_DB_RETRY.search(b.err()), b.err()[-3000:]
+            worker_id = re.search(r"worker (\S+) scoring", w.err())
+            assert worker_id and by_worker[worker_id.group(1)] > 0, (w.name, by_worker, w.err()[-2000:])
+            print(w.name, "reconnect logged:", bool(WORKER_RECONNECT.search(w.err())))
+        # Trainers: the journal rode out the restart (logged by tests/system/trainer.py from the journal's
+        # retry counter, since the journal itself logs nothing); B retried its lost agent with backoff.
+        trainer_logs = a1.err() + b.err()
+        assert TRAINER_DB_RETRY.search(trainer_logs), trainer_logs[-3000:]
         assert TRAINER_AGENT_RETRY.search(b.err()), b.err()[-3000:]
         print(dict(types))
     finally:

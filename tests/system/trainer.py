@@ -158,7 +158,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         if ckpt_task is not None:
             stop_checkpoints.set()
             await ckpt_task
-            await coord.checkpointer.recover()
+            # Only this trainer's agents, no checkpoint ids: `recover()` with no ids would presume-abort
+            # every undecided checkpoint in the shared log, another trainer's in-flight one included.
+            await coord.checkpointer.recover([], [])
         await wait_own_idle(coord, set(clients), 60)
         await asyncio.sleep(0.3)
         for task in (trainer, watcher):

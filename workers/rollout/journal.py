@@ -4,6 +4,18 @@ Every append names the version this process last saw of its stream (fencing, pro
 second coordinator's write makes this one's next append fail, and this one stops for good.  After
 each append the projections catch up from the log (not from the events in hand), so what the
 coordinator knows is always what the log says, including other writers' events.
+
+Group commit: concurrent appends are queued and one writer task writes all those pending in one
+store transaction (one thread hop, one commit), folds the log once, then answers every caller.  A
+batch never holds two appends to the same stream (the second waits for the next batch), so a
+`build` sees its own stream folded up to and including every earlier append to it, exactly as when
+appends were written one at a time.  Builds of one batch see the other streams of that batch as
+they were before it; every build reads only its own group's part of the ledger (its group, its
+group's debts; a `CheckpointCommitted` in the same batch archives only groups whose claim is
+already in the log, which such a build treats the same either way), so that changes no decision.
+If the transaction is refused (a version conflict or any other error), it is rolled back and the
+batch is written again one append per transaction, in queue order, so each caller gets its own
+answer and a fence fails exactly the appends it failed before.
 """
 
 from __future__ import annotations
@@ -58,6 +70,8 @@ class Journal:
     # Stream -> the version this process last saw (its fencing token).
     versions: dict[str, int] = field(default_factory=dict)
     appends: int = 0
+    # Store transactions that wrote appends (group commit: one per batch, `appends / batches` per batch).
+    batches: int = 0
 
     def __post_init__(self) -> None:
         self._nonce = uuid.uuid4()  # one per coordinator instance: its take-overs are its own
@@ -250,6 +264,7 @@ class Journal:
             await self._write_one_by_one(ready)
             return
         self.appends += len(ready)
+        self.batches += 1
         for request in ready:
             _resolve(request, request.events)
 
@@ -271,6 +286,7 @@ class Journal:
                     break
                 continue
             self.appends += 1
+            self.batches += 1
             written.append(request)
         if written:
             try:

@@ -1,0 +1,120 @@
+"""Two trainers on one log (fast): each drives, checkpoints, recovers and trains only its own groups."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from eventstore import open_store, upgrade_database
+from eventstore.events import PromptRef
+from gym_agent.config import AgentConfig
+from gym_agent.server import ThreadAgent, serve_in_thread
+from projections.audit import audit_log
+from workers.gym import GymClient
+from workers.rollout import RolloutCoordinator
+from workers.rollout.errors import UnknownGroup
+
+PROMPT = PromptRef(sample_id="s1", task_name="math")
+PAYLOAD = {"responses_create_params": {"input": [{"role": "user", "content": "2+2?"}]}}
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[dict[str, ThreadAgent]]:
+    with ExitStack() as stack:
+        yield {
+            name: stack.enter_context(
+                serve_in_thread(
+                    AgentConfig(
+                        name=name, state_dir=tmp_path / name, log_level="warning", turns=(2, 3), delay_s=0.05
+                    )
+                )
+            )
+            for name in ("agent-a", "agent-b")
+        }
+
+
+async def settle(coord: RolloutCoordinator, agent: str, timeout_s: float = 30.0) -> None:
+    """Until this trainer's own groups are done and its own agent is paid (see docs/multi-process.md)."""
+    async with asyncio.timeout(timeout_s):
+        while coord.open_groups():
+            if coord.errors:
+                raise coord.errors[0]
+            await asyncio.sleep(0.05)
+        assert await coord.relay.flush(agent, timeout_s)
+
+
+def group_events(url: str, group_id: str) -> list[str]:
+    store = open_store(url)
+    try:
+        return [e.type for e in store.read_stream(f"group-{group_id}")]
+    finally:
+        store.close()
+
+
+async def test_two_trainers_share_a_log_and_each_recovers_only_its_own_groups(
+    sqlite_url: str, agents: dict[str, ThreadAgent]
+) -> None:
+    upgrade_database(sqlite_url)
+    stores = [open_store(sqlite_url) for _ in range(4)]
+    kw = {"mode": "sibling", "rollout_timeout_s": 10.0, "prepare_timeout_s": 20.0}
+    try:
+        async with (
+            GymClient(agents["agent-a"].url, "agent-a") as ca,
+            GymClient(agents["agent-b"].url, "agent-b") as cb,
+        ):
+            a = RolloutCoordinator(stores[0], {"agent-a": ca}, trainer_id="A", **kw)  # type: ignore[arg-type]
+            b = RolloutCoordinator(stores[1], {"agent-b": cb}, trainer_id="B", **kw)  # type: ignore[arg-type]
+            await a.start()
+            await b.start()
+            await a.submit("A-1", PROMPT, "agent-a", 2, PAYLOAD)
+            await b.submit("B-1", PROMPT, "agent-b", 2, PAYLOAD)
+            await asyncio.gather(settle(a, "agent-a"), settle(b, "agent-b"))
+            # Each checkpoint is a cut across one trainer and its own agent.
+            assert (await a.checkpoint("A-ck0")).committed
+            assert (await b.checkpoint("B-ck0")).committed
+            # A second group each, left in flight when both trainers "crash".
+            await a.submit("A-2", PROMPT, "agent-a", 3, PAYLOAD)
+            await b.submit("B-2", PROMPT, "agent-b", 3, PAYLOAD)
+            await asyncio.sleep(0.05)
+            await a.close()
+            await b.close()
+
+            # A recovers: it takes over its own open group only, and never drives B's.
+            a2 = await RolloutCoordinator.recover(stores[2], {"agent-a": ca}, trainer_id="A", **kw)  # type: ignore[arg-type]
+            assert a2.open_groups() in (["A-2"], [])
+            assert "GroupTakenOver" not in group_events(sqlite_url, "B-2")
+            await settle(a2, "agent-a")
+            assert "GroupSealed" in group_events(sqlite_url, "A-2")
+            assert "GroupSealed" not in group_events(sqlite_url, "B-2")
+
+            # A trainer cannot claim another trainer's group.
+            await a2.journal.catch_up()
+            with pytest.raises(UnknownGroup, match="belongs to trainer 'B'"):
+                await a2.claim_for_training("B-1", 0)
+            await a2.claim_for_training("A-1", 0)
+
+            b2 = await RolloutCoordinator.recover(stores[3], {"agent-b": cb}, trainer_id="B", **kw)  # type: ignore[arg-type]
+            await settle(b2, "agent-b")
+            assert "GroupSealed" in group_events(sqlite_url, "B-2")
+            assert "GroupTakenOver" in group_events(sqlite_url, "B-2")
+            assert "GroupTakenOver" not in group_events(sqlite_url, "A-1")
+            await b2.journal.catch_up()
+            with pytest.raises(UnknownGroup):
+                await b2.claim_for_training("A-2", 1)
+            await b2.claim_for_training("B-1", 0)
+            await b2.claim_for_training("B-2", 1)
+            await a2.close()
+            await b2.close()
+            for client in (ca, cb):
+                status = await client.status()
+                assert status.completed_unacknowledged == 0 and status.phase == "idle"
+                assert all(v == 1 for v in (await client.debug_runs()).values())
+        report = audit_log(stores[0])
+        assert report.ok, report.as_json()["violations"]
+    finally:
+        for s in stores:
+            s.close()
