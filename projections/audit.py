@@ -58,6 +58,9 @@ NO_REUSED_TRY: Final = "no-reused-try"
 SEAL_BEFORE_ACK: Final = "seal-before-ack"
 DEBT_UNTIL_ACCEPTED: Final = "debt-until-accepted"
 NO_STRANDED_RESULT: Final = "no-stranded-result"
+# A retire answer of `tombstoned` for a try the agent had finished: it no longer knows the try at all
+# (it restarted and lost its stored replies), so it holds nothing that could strand.
+_AGENT_HOLDS_NOTHING: Final = frozenset({"tombstoned"})
 RETIRE_BEFORE_REPLACE: Final = "retire-before-replace"
 RECEIPT_MATCHES: Final = "receipt-matches"
 GROUP_SEAL_COMPLETE: Final = "group-seal-complete"
@@ -200,6 +203,8 @@ class AuditProjection(TypedProjection[AuditState]):
         """The checks that need the whole log: finished tries that nothing ever owed."""
         for key, t in state.tries.items():
             if t.finished is None or t.owed is not None or t.paid is not None:
+                continue
+            if t.retire in _AGENT_HOLDS_NOTHING and (t.retired_at or 0) > t.finished:
                 continue
             rollout_id, _, index = key.rpartition("/")
             later = state.tries.get(_key(rollout_id, int(index) + 1))

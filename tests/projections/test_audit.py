@@ -373,3 +373,15 @@ def test_ack_in_another_stream_is_followed(store: EventStore, log: LogBuilder) -
     log.prepare("c1")
     log.commit("c1")
     assert audit(store).ok
+
+
+def test_a_result_lost_with_its_agent_is_not_stranded(store: EventStore, log: LogBuilder) -> None:
+    """The agent restarted after replying: retire answers tombstoned (never seen); replacing is right."""
+    log.reserve("r", 1)
+    log.mint("r", 1)
+    log.dispatch("r_g0")
+    log.reply("r_g0")
+    log.fail("r_g0", kind="receipt")
+    log.retire("r_g0", 0, "tombstoned")
+    log.replace("r_g0", 1)
+    assert audit(store)["violations"] == []

@@ -67,8 +67,14 @@ class AckRelay:
                 await self._task
 
     def owed_agents(self) -> list[str]:
+        """Agents this trainer owes an ACK.  Debts to agents it does not drive belong to another
+        trainer sharing the log (each trainer drives its own agents) and are that trainer's to pay."""
         ledger = self.ctx.journal.ledger
-        return [a for a, owed in ledger.debts.items() if any(k not in self._mismatched for k in owed)]
+        return [
+            a
+            for a, owed in ledger.debts.items()
+            if a in self.ctx.agents and any(k not in self._mismatched for k in owed)
+        ]
 
     async def _run(self) -> None:
         ctx = self.ctx

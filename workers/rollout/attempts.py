@@ -335,17 +335,27 @@ class Tries:
         delay = 0.05
         recorded_completed = False
         garbage: list[str] = []
+        unknown_at_agent: str | None = None
         while True:
             if ctx.stopping:
                 raise asyncio.CancelledError
             checkpoint_id = ctx.active_checkpoint
+            if checkpoint_id is not None and checkpoint_id == unknown_at_agent:
+                checkpoint_id = None
             try:
                 answer = await client.retire(rid, n, checkpoint_id)
             except InvalidPhaseError:
                 # committing / committed_paused: wait until the checkpoint is over, then retire again.
                 await _wait_idle(ctx, 0.2)
                 continue
-            except (CheckpointConflictError, StaleCheckpointError):
+            except StaleCheckpointError as exc:
+                # The agent does not know our active checkpoint (it restarted mid-prepare and lost it,
+                # or already finished it): it is idle for that id, so retire without one.
+                log.info("retire (%s, %d): the agent has no checkpoint %s: %s", rid, n, checkpoint_id, exc)
+                unknown_at_agent = checkpoint_id
+                await asyncio.sleep(0.05)
+                continue
+            except CheckpointConflictError:
                 # Our view of the active checkpoint moved under the call (or another coordinator's is
                 # active): look again shortly.
                 await asyncio.sleep(0.05)

@@ -307,10 +307,11 @@ class Checkpointer:
         ctx = self.ctx
         done = {"aborted": 0, "resumed": 0}
         known = ctx.journal.checkpoints.checkpoints
-        if to_abort is None:
-            to_abort = [c.checkpoint_id for c in ctx.journal.checkpoints.in_doubt()]
+        mine = ctx.settings.trainer_id
+        if to_abort is None:  # only this trainer's: another trainer's checkpoint may be in flight
+            to_abort = [c.checkpoint_id for c in ctx.journal.checkpoints.in_doubt() if c.trainer_id == mine]
         if to_resume is None:
-            to_resume = [c.checkpoint_id for c in ctx.journal.checkpoints.to_resume()]
+            to_resume = [c.checkpoint_id for c in ctx.journal.checkpoints.to_resume() if c.trainer_id == mine]
         for c in [known[i] for i in to_abort]:
             await ctx.journal.append(
                 checkpoint_stream(c.checkpoint_id),
