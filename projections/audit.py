@@ -555,11 +555,14 @@ def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
             standing.remove(position)
     st.claim_log.extend(reversed(kept))
     planned = next((e.plan[k] for k in PLAN_DEBTS_KEYS if k in e.plan), None)
-    if planned is not None and planned < len(st.unpaid):
+    # Debts owed by the time the plan was made (other trainers may append between plan and record).
+    as_of = e.plan.get("as_of_position", ev.position)
+    unpaid = {k: v for k, v in st.unpaid.items() if v[0] <= as_of}
+    if planned is not None and planned < len(unpaid):
         st.violate(
             DEBT_UNTIL_ACCEPTED,
-            [*(p for p, _ in st.unpaid.values()), ev.position],
-            f"the restored trainer plans to flush {planned} ACK debts, but {len(st.unpaid)} were unpaid: "
+            [*(p for p, _ in unpaid.values()), ev.position],
+            f"the restored trainer plans to flush {planned} ACK debts, but {len(unpaid)} were unpaid: "
             "a debt was dropped without an AckAccepted",
         )
 

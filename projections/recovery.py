@@ -126,6 +126,8 @@ class RecoveryPlan(_Model):
     def summary(self) -> dict[str, int]:
         """Counts for the `TrainerRestored.plan` field."""
         return {
+            # The log position the plan was made at: other writers may append before it is recorded.
+            "as_of_position": self.position,
             "debts_to_flush": sum(len(v) for v in self.debts_to_flush.values()),
             "tries_to_settle": len(self.tries_to_settle),
             "siblings_to_replace": len(self.siblings_to_replace),
