@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import logging
 import threading
 import time
 import uuid
@@ -44,6 +45,8 @@ from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState
 from workers.rollout.errors import CoordinatorStopped, FencedOff
+
+log = logging.getLogger("workers.rollout")
 
 # Deterministic event ids make a retried append (after the database went away mid-commit) a no-op.
 _EVENT_NS = uuid.UUID("6f1d7c1e-4d0e-4b55-9f0e-2b7a61c0a8d1")
@@ -116,11 +119,18 @@ class Journal:
             raise self.stopped
         deadline = time.monotonic() + self.outage_budget_s
         delay = 0.05
+        failures = 0
         while True:
             try:
-                return await asyncio.to_thread(fn)
+                result = await asyncio.to_thread(fn)
+                if failures:
+                    log.warning("the log is reachable again after %d retries while %s", failures, what)
+                return result
             except DatabaseUnavailable as exc:
                 self.outage_retries += 1
+                failures += 1
+                if failures == 1:
+                    log.warning("the log is unavailable while %s; reconnecting with backoff: %s", what, exc)
                 if time.monotonic() + delay > deadline:
                     self.stopped = CoordinatorStopped(
                         f"the log has been unavailable for more than {self.outage_budget_s:g} s while "
