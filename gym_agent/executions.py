@@ -95,6 +95,17 @@ class Execution:
     def __post_init__(self) -> None:
         self.may_run.set()
 
+    def compact(self) -> None:
+        """A try done for good keeps only what answers later calls (its ids, state and receipt)."""
+        self.task = None
+        if self.request.task or self.request.responses_create_params:
+            self.request = RunRequest.model_construct(
+                rollout_id=self.request.rollout_id,
+                attempt_index=self.request.attempt_index,
+                responses_create_params={},
+                task={},
+            )
+
     @property
     def key(self) -> TryKey:
         return (self.request.rollout_id, self.request.attempt_index)
@@ -241,7 +252,8 @@ class ExecutionRegistry:
             if self.faults.count_completion():
                 self._crash()
         except asyncio.CancelledError:
-            ex.state = ExecState.CANCELLED
+            ex.state, ex.tokens = ExecState.CANCELLED, []
+            ex.compact()
             raise
         except Exception as exc:
             log.exception("try %s failed", ex.key)
@@ -309,6 +321,7 @@ class ExecutionRegistry:
                 # The trainer sealed its own copy of the reply and the token records before it ACKed:
                 # both are released here, so a long-running agent's memory does not grow with its history.
                 ex.state, ex.reply, ex.tokens = ExecState.ACKNOWLEDGED, None, []
+                ex.compact()
                 result.acknowledged = True
             else:  # ACKNOWLEDGED: only completed tries ever carry a receipt
                 result.acknowledged, result.idempotent = True, True
