@@ -7,11 +7,12 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from eventstore.logsafety import install_log_masking
 from gym_agent.app import create_app
@@ -100,7 +101,11 @@ class ThreadAgent:
 
 
 @contextmanager
-def serve_in_thread(config: AgentConfig, startup_timeout_s: float = 30.0) -> Iterator[ThreadAgent]:
+def serve_in_thread(
+    config: AgentConfig,
+    startup_timeout_s: float = 30.0,
+    wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+) -> Iterator[ThreadAgent]:
     """Serves `config` in a thread on a socket bound here (port 0 picks a free one); stops on exit.
 
     `crash_after` faults end the whole process, so crash tests use `gym_agent.launcher.AgentProcess`.
@@ -112,6 +117,8 @@ def serve_in_thread(config: AgentConfig, startup_timeout_s: float = 30.0) -> Ite
     port = sock.getsockname()[1]
     config = config.model_copy(update={"port": port})
     server = build_server(config)
+    if wrap is not None:  # e.g. a test's hostile layer around the real agent
+        server.config.app = wrap(server.config.app)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"agent-{config.name}", daemon=True
     )

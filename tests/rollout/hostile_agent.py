@@ -7,9 +7,6 @@ selected answers are changed on their way out, as a broken or malicious agent wo
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +15,7 @@ from typing import Any, Literal
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_agent.config import AgentConfig
-from gym_agent.server import ThreadAgent, build_server
+from gym_agent.server import ThreadAgent, serve_in_thread
 
 Action = Callable[[Any], Any] | Literal["garbage", "hang_up"]
 
@@ -96,29 +93,6 @@ class Tamper:
 def serve_hostile(
     config: AgentConfig, rules: list[Rule], startup_timeout_s: float = 30.0
 ) -> Iterator[ThreadAgent]:
-    """Like `gym_agent.server.serve_in_thread`, with `Tamper(rules)` wrapped around the agent's app."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))
-    sock.listen(256)
-    port = sock.getsockname()[1]
-    config = config.model_copy(update={"port": port})
-    server = build_server(config)
-    server.config.app = Tamper(server.config.app, rules)
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name=f"hostile-{config.name}", daemon=True
-    )
-    thread.start()
-    agent = ThreadAgent(config=config, server=server, thread=thread, port=port)
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            sock.close()
-            raise RuntimeError(f"hostile agent {config.name} failed to start")
-        time.sleep(0.005)
-    try:
+    """`gym_agent.server.serve_in_thread` with `Tamper(rules)` wrapped around the agent's app."""
+    with serve_in_thread(config, startup_timeout_s, wrap=lambda app: Tamper(app, rules)) as agent:
         yield agent
-    finally:
-        agent.stop()
-        sock.close()
