@@ -401,7 +401,9 @@ class RolloutCoordinator:
                     raise AlreadyClaimed(f"group {group_id!r} was trained on and archived")
                 raise UnknownGroup(f"unknown group {group_id!r}")
             if not self.owns(group):
-                raise UnknownGroup(f"group {group_id!r} belongs to trainer {group.trainer_id!r}, not this one")
+                raise UnknownGroup(
+                    f"group {group_id!r} belongs to trainer {group.trainer_id!r}, not this one"
+                )
             if group.status != "sealed":
                 raise NotSealed(f"group {group_id!r} is {group.status}, not sealed")
             if group.claims:
