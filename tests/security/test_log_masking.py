@@ -22,7 +22,7 @@ URL = f"postgresql+psycopg://ledger:{SECRET}@db.example:5432/ledger"
     [
         URL,
         f"connecting to {URL} now",
-        f"postgresql://writer:{SECRET}@10.0.0.1/ledger?sslmode=require",
+        f"postgresql://writer:{SECRET}@dbhost/ledger?sslmode=require",
         f"postgres://u:{SECRET}@h",
         f"host=db port=5432 user=ledger password={SECRET} dbname=ledger",
         f"host=db password='{SECRET} with space' dbname=ledger",
