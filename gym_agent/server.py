@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -118,7 +119,7 @@ def serve_in_thread(
     config = config.model_copy(update={"port": port})
     server = build_server(config)
     if wrap is not None:  # e.g. a test's hostile layer around the real agent
-        server.config.app = wrap(server.config.app)
+        server.config.app = wrap(cast(ASGIApp, server.config.app))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"agent-{config.name}", daemon=True
     )
