@@ -77,6 +77,10 @@ BLOCKING_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED}
 TryKey = tuple[str, int]
 
 
+# States no `_in_state` query asks for: a try in one of them has left play for good.
+_DONE_STATES = frozenset({ExecState.ACKNOWLEDGED, ExecState.CANCELLED, ExecState.FAILED})
+
+
 @dataclass(eq=False)
 class Execution:
     request: RunRequest
@@ -145,6 +149,9 @@ class ExecutionRegistry:
         self.faults = FaultTable()
         self._crash = crash
         self._executions: dict[TryKey, Execution] = {}
+        # Tries not yet done for good: what status and checkpoints look at, so their cost follows the
+        # tries in play, not every try the agent ever ran.  Pruned lazily by `_in_state`.
+        self._active: dict[TryKey, Execution] = {}
         self._by_capture_key: dict[str, TryKey] = {}
         self._tombstones: set[TryKey] = set()
         self._runs: dict[str, int] = {}
@@ -167,7 +174,10 @@ class ExecutionRegistry:
             await self._changed.wait()
 
     def _in_state(self, *states: ExecState) -> list[Execution]:
-        return sorted((e for e in self._executions.values() if e.state in states), key=lambda e: e.key)
+        done = [k for k, e in self._active.items() if e.state in _DONE_STATES]
+        for key in done:
+            del self._active[key]
+        return sorted((e for e in self._active.values() if e.state in states), key=lambda e: e.key)
 
     def _is_done_for_good(self, key: TryKey) -> bool:
         ex = self._executions.get(key)
@@ -204,6 +214,7 @@ class ExecutionRegistry:
             raise InvalidRequestError(f"capture key '{ck}' of try {key} collides with try {owner}")
         ex = Execution(request=request, capture_key=ck, fault=self.faults.for_try(*key))
         self._executions[key] = ex
+        self._active[key] = ex
         self._by_capture_key[ck] = key
         self._runs[ck] = self._runs.get(ck, 0) + 1
         ex.task = asyncio.create_task(self._execute(ex), name=f"run:{ck}")
