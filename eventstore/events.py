@@ -266,6 +266,16 @@ class LogprobsRefused(Event):
     reason: str
 
 
+def rollout_id_of(group_id: str, generation_index: int) -> str:
+    """A sibling's stable id (protocol.md §1): `<group_id>_g<generation_index>`."""
+    return f"{group_id}_g{generation_index}"
+
+
+def group_id_of(rollout_id: str) -> str:
+    """The group of a rollout id, or "" when it is not of the form `<group_id>_g<index>`."""
+    return rollout_id.rpartition("_g")[0]
+
+
 def group_stream(group_id: str) -> str:
     return f"group-{group_id}"
 

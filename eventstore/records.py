@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from eventstore.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
 from eventstore.events import EVENT_TYPES, Event
 from eventstore.upcasting import upcast
+from gym_agent.wire import canonical_json
 
 GENESIS_HASH = "0" * 64
 # The unit separator never occurs unescaped in JSON text nor in a valid stream id or event type.
@@ -29,8 +30,8 @@ class ExpectedVersion(IntEnum):
     NO_STREAM = -1
 
 
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# The one canonical JSON of protocol.md §2, defined beside the wire models that hash with it.
+canonical = canonical_json
 
 
 def chain_hash(

@@ -46,6 +46,8 @@ from eventstore.events import (
     SiblingHeld,
     SiblingSealed,
     TrainerRestored,
+    group_id_of,
+    rollout_id_of,
 )
 from eventstore.records import GENESIS_HASH, chain_hash
 from gym_agent.wire import CompletionReceipt
@@ -180,7 +182,7 @@ def _key(rollout_id: str, attempt_index: int) -> str:
 def _group_id(event: RecordedEvent, rollout_id: str) -> str:
     if event.stream_id.startswith(GROUP_STREAM_PREFIX):
         return event.stream_id[len(GROUP_STREAM_PREFIX) :]
-    return rollout_id.rpartition("_g")[0]
+    return group_id_of(rollout_id)
 
 
 class AuditProjection(TypedProjection[AuditState]):
@@ -488,7 +490,7 @@ def _group_sealed(st: AuditState, ev: RecordedEvent, e: GroupSealed) -> None:
     group.sealed = ev.position
     missing = []
     for index in range(group.expected_generations):
-        rid = group.siblings.get(index, f"{e.group_id}_g{index}")
+        rid = group.siblings.get(index, rollout_id_of(e.group_id, index))
         if rid not in st.seals:
             missing.append(rid)
     if missing:

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 from eventstore import RecordedEvent
 from eventstore.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
 from eventstore.events import EVENT_TYPES, Event
+from gym_agent.wire import canonical_json
 
 S = TypeVar("S")
 
@@ -34,8 +35,7 @@ class ReplayRefused(Exception):
         super().__init__(f"replay stopped before position {position}: {reason}")
 
 
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+canonical = canonical_json  # the one canonical JSON (protocol.md §2)
 
 
 def sha256_text(text: str) -> str:

@@ -49,6 +49,7 @@ from eventstore.events import (
     SiblingSealed,
     TargetLevel,
     TrainerRestored,
+    group_id_of,
 )
 from gym_agent.wire import CompletionReceipt
 from projections.base import TypedProjection
@@ -207,8 +208,8 @@ class LedgerState:
             group = self.groups.get(stream_id[len(GROUP_STREAM_PREFIX) :])
             if group is not None:
                 return group
-        head, sep, _ = rollout_id.rpartition("_g")
-        return self.groups.get(head) if sep else None
+        head = group_id_of(rollout_id)
+        return self.groups.get(head) if head else None
 
     def sibling(self, rollout_id: str, stream_id: str = "") -> SiblingState | None:
         found = self.by_rollout.get(rollout_id)
@@ -434,7 +435,7 @@ def _archive(state: LedgerState, cut: int) -> None:
     of its tries, and everything about it at or before a committed cut, so a
     restore to that cut or a later one keeps it as it is.
     """
-    indebted = {key.rpartition("/")[0].rpartition("_g")[0] for owed in state.debts.values() for key in owed}
+    indebted = {group_id_of(key.rpartition("/")[0]) for owed in state.debts.values() for key in owed}
     done = [
         g
         for g in state.groups.values()

@@ -21,6 +21,7 @@ from typing import ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eventstore.events import rollout_id_of
 from gym_agent.wire import AcknowledgeItem, CompletionReceipt
 from projections.base import canonical, sha256_text
 from projections.checkpoints import CheckpointsState, CheckpointState
@@ -227,7 +228,7 @@ def _plan_sibling_group(
             replace.append(
                 SiblingToReplace(
                     group_id=group.group_id,
-                    rollout_id=f"{group.group_id}_g{index}",
+                    rollout_id=rollout_id_of(group.group_id, index),
                     generation_index=index,
                     replaces=None,
                     next_attempt=0,

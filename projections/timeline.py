@@ -35,6 +35,7 @@ from eventstore.events import (
     RunReplied,
     SiblingHeld,
     SiblingSealed,
+    group_id_of,
     group_stream,
     logprobs_stream,
 )
@@ -129,7 +130,7 @@ def _short(value: Any) -> str:
 
 def timeline(store: EventStore, rollout_id: str) -> Timeline:
     """Every event about `rollout_id` or its whole group, in log order."""
-    group_id = rollout_id.rpartition("_g")[0] or rollout_id
+    group_id = group_id_of(rollout_id) or rollout_id
     candidates: dict[int, RecordedEvent] = {}
     for stream in (group_stream(group_id), logprobs_stream(group_id)):
         for ev in store.read_stream(stream):

@@ -25,6 +25,7 @@ from eventstore.events import (
     RunReplied,
     SiblingHeld,
     SiblingSealed,
+    group_id_of,
     group_stream,
 )
 from gym_agent.wire import (
@@ -72,10 +73,6 @@ class _Garbage(_FetchFailed):
 # Adoptions that fail because the agent answers garbage (not because it is away) before the try is
 # given up as stranded at the agent: recorded, and its group dead-lettered, never replaced.
 ADOPT_GARBAGE_LIMIT = 3
-
-
-def group_id_of(rollout_id: str) -> str:
-    return rollout_id.rpartition("_g")[0]
 
 
 def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRequest:

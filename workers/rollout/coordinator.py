@@ -34,6 +34,7 @@ from eventstore.events import (
     ReplacementMinted,
     TargetLevel,
     group_stream,
+    rollout_id_of,
 )
 from gym_agent.wire import AttemptRef
 from projections.ledger import GroupState, LedgerState
@@ -176,7 +177,7 @@ class RolloutCoordinator:
                 trainer_id=self.settings.trainer_id,
             ),
             *(
-                AttemptMinted(rollout_id=f"{group_id}_g{i}", generation_index=i)
+                AttemptMinted(rollout_id=rollout_id_of(group_id, i), generation_index=i)
                 for i in range(expected_generations)
             ),
         ]
