@@ -158,10 +158,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         if ckpt_task is not None:
             stop_checkpoints.set()
             await ckpt_task
-            # Only this trainer's agents, no checkpoint ids: `recover()` with no ids would presume-abort
-            # every undecided checkpoint in the shared log, another trainer's in-flight one included.
-            await coord.checkpointer.recover([], [])
-        await wait_own_idle(coord, set(clients), 60)
+            # Leaves none of this trainer's agents paused; another trainer's checkpoints are not its own.
+            await coord.checkpointer.recover()
+        await coord.wait_idle(60)
         await asyncio.sleep(0.3)
         for task in (trainer, watcher):
             task.cancel()
@@ -182,30 +181,6 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for client in clients.values():
             await client.aclose()
         store.close()
-
-
-async def wait_own_idle(coord: RolloutCoordinator, agents: set[str], timeout_s: float) -> None:
-    """`coord.wait_idle`, but only for the debts owed to this trainer's own agents.
-
-    `RolloutCoordinator.wait_idle` waits for every debt in the shared log, including another trainer's
-    (which this one cannot pay: it has no client for that agent), and its fold does not move while it
-    waits; so this catches up with the log and looks only at its own agents.
-    """
-    async with asyncio.timeout(timeout_s):
-        while True:
-            drivers = [t for t in coord._drivers.values() if not t.done()]
-            if drivers:
-                await asyncio.wait(drivers)
-                continue
-            if coord.errors:
-                raise coord.errors[0]
-            await coord.journal.catch_up()
-            owed = [a for a in coord.relay.owed_agents() if a in agents]
-            if not owed:
-                return
-            for agent in owed:
-                await coord.relay.flush(agent, 5.0)
-            await asyncio.sleep(0.05)
 
 
 if __name__ == "__main__":
