@@ -53,6 +53,14 @@ class CheckpointOutcome:
         return self.outcome == "committed"
 
 
+PREPARE_GRACE_S = 2.0
+
+
+def _loop_time_at(monotonic_deadline: float) -> float:
+    """A `time.monotonic()` deadline on the event loop's clock."""
+    return asyncio.get_running_loop().time() + (monotonic_deadline - time.monotonic())
+
+
 @dataclass
 class _Prepare:
     ready: dict[str, float] = field(default_factory=dict)
@@ -96,7 +104,17 @@ class Checkpointer:
             try:
                 state = _Prepare()
                 deadline = time.monotonic() + ctx.settings.prepare_timeout_s
-                await asyncio.gather(*(self._prepare(checkpoint_id, n, deadline, state) for n in names))
+                try:
+                    # The deadline bounds everything prepare does, adoptions included: an adoption
+                    # whose replay waits on a try parked by this very checkpoint must not hold it open.
+                    async with asyncio.timeout_at(_loop_time_at(deadline) + PREPARE_GRACE_S):
+                        await asyncio.gather(
+                            *(self._prepare(checkpoint_id, n, deadline, state) for n in names)
+                        )
+                except TimeoutError:
+                    for name in names:
+                        if name not in state.ready:
+                            state.failures.setdefault(name, "prepare deadline passed")
                 if not state.failures:
                     # Every ACK the agents accepted must be in the log before the cut is taken.
                     for name in names:
