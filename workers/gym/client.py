@@ -49,6 +49,7 @@ from gym_agent.wire import (
     capture_key,
     reply_digest,
 )
+from workers.gym.transport import LeanTransport
 from workers.gym.errors import (
     AgentServerError,
     AgentTimeoutError,
@@ -126,20 +127,14 @@ class GymClient:
         self._run = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
-            verify=verify,
             timeout=httpx.Timeout(run_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=max_run_connections, max_keepalive_connections=max_run_connections
-            ),
+            transport=LeanTransport(ssl_context=verify, max_connections=max_run_connections),
         )
         self._control = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
-            verify=verify,
             timeout=httpx.Timeout(control_timeout_s, connect=min(connect_timeout_s, control_timeout_s)),
-            limits=httpx.Limits(
-                max_connections=max_control_connections, max_keepalive_connections=max_control_connections
-            ),
+            transport=LeanTransport(ssl_context=verify, max_connections=max_control_connections),
         )
 
     def __repr__(self) -> str:  # the token stays out of reprs

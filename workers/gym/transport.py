@@ -1,0 +1,288 @@
+"""An HTTP/1.1 keep-alive transport for httpx, lean enough for thousands of calls a second.
+
+httpx's default pool (httpcore) walks every connection of the pool on every request and polls each
+idle socket for readability; with the hundred-odd `/run` calls a trainer keeps open that walk cost
+more than the rest of the hand-off together (`benchmarks/gym_client.py` measures both side by side).
+This transport keeps, per origin, a stack of idle connections and checks only the one it reuses.
+
+It is a plain `httpx.AsyncBaseTransport`: the client still speaks httpx (requests, responses,
+timeouts, exceptions), so every caller and every error mapping stays as it was.  What it implements
+of HTTP/1.1 is what a JSON API needs: keep-alive, `Content-Length` and chunked bodies, a body read to
+EOF when the server closes, `Connection: close`, TLS through an `ssl.SSLContext`.  A connection whose
+request was cancelled or failed half-way is closed, never reused: its state is unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import httpx
+
+# uvicorn closes idle keep-alive connections after 5 s; reusing one at that instant loses the request
+# to a race, so this side gives them up first.
+DEFAULT_KEEPALIVE_EXPIRY_S = 4.0
+# Header block and body caps: a misbehaving agent cannot make the trainer buffer without bound.
+MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+
+_NO_BODY_STATUS = frozenset({204, 304})
+_CHUNK_LINE_MAX = 1024
+
+Origin = tuple[str, str, int]
+
+
+@dataclass
+class _Connection:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since: float = field(default_factory=time.monotonic)
+
+    def reusable(self, expiry_s: float) -> bool:
+        # An idle connection the server closed has seen EOF (the loop reads it as it arrives).
+        return (
+            not self.reader.at_eof()
+            and not self.writer.is_closing()
+            and time.monotonic() - self.idle_since < expiry_s
+        )
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+def _timeouts(request: httpx.Request) -> dict[str, float | None]:
+    value = request.extensions.get("timeout") or {}
+    return {k: value.get(k) for k in ("connect", "read", "write", "pool")}
+
+
+class LeanTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over asyncio streams; at most `max_connections` open (idle or busy) per transport."""
+
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_connections: int = 1024,
+        max_idle_per_origin: int | None = None,
+        keepalive_expiry_s: float = DEFAULT_KEEPALIVE_EXPIRY_S,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self._ssl_context = ssl_context
+        self._slots = asyncio.Semaphore(max_connections)
+        self._max_idle = max_idle_per_origin if max_idle_per_origin is not None else max_connections
+        self._expiry_s = keepalive_expiry_s
+        self._max_body = max_body_bytes
+        self._idle: dict[Origin, deque[_Connection]] = {}
+        self._closed = False
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for stack in self._idle.values():
+            while stack:
+                stack.pop().close()
+        self._idle.clear()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("the transport is closed")
+        timeouts = _timeouts(request)
+        try:
+            async with asyncio.timeout(timeouts["pool"]):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise httpx.PoolTimeout("no connection slot free in time", request=request) from None
+        try:
+            return await self._exchange(request, timeouts)
+        finally:
+            self._slots.release()
+
+    # -- one request/response on one connection --------------------------------------------------
+
+    async def _exchange(self, request: httpx.Request, timeouts: dict[str, float | None]) -> httpx.Response:
+        url = request.url
+        origin: Origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        conn = self._reuse(origin) or await self._connect(origin, request, timeouts["connect"])
+        keep = False
+        try:
+            body = await request.aread()
+            await self._write(conn, request, body, timeouts["write"])
+            response, keep = await self._read_response(conn, request, timeouts["read"])
+            return response
+        finally:
+            # Anything but a complete exchange (an error, a cancellation) leaves the stream mid-message.
+            if keep and not self._closed:
+                self._park(origin, conn)
+            else:
+                conn.close()
+
+    def _reuse(self, origin: Origin) -> _Connection | None:
+        stack = self._idle.get(origin)
+        while stack:
+            conn = stack.pop()  # the most recently used: the least likely to have expired
+            if conn.reusable(self._expiry_s):
+                return conn
+            conn.close()
+        return None
+
+    def _park(self, origin: Origin, conn: _Connection) -> None:
+        stack = self._idle.setdefault(origin, deque())
+        if len(stack) >= self._max_idle:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        stack.append(conn)
+
+    async def _connect(self, origin: Origin, request: httpx.Request, timeout: float | None) -> _Connection:
+        scheme, host, port = origin
+        tls: ssl.SSLContext | None = None
+        if scheme == "https":
+            tls = self._ssl_context or ssl.create_default_context()
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=tls, server_hostname=host if tls else None, limit=MAX_HEADER_BYTES
+                )
+        except TimeoutError:
+            raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out", request=request) from None
+        except (OSError, ssl.SSLError) as exc:
+            raise httpx.ConnectError(f"{host}:{port}: {exc}", request=request) from exc
+        return _Connection(reader, writer)
+
+    @staticmethod
+    async def _write(conn: _Connection, request: httpx.Request, body: bytes, timeout: float | None) -> None:
+        target = request.url.raw_path
+        head = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+        for name, value in request.headers.raw:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"\r\n")
+        try:
+            conn.writer.write(b"".join(head) + body)
+            async with asyncio.timeout(timeout):
+                await conn.writer.drain()
+        except TimeoutError:
+            raise httpx.WriteTimeout("sending the request timed out", request=request) from None
+        except OSError as exc:
+            raise httpx.WriteError(f"sending the request failed: {exc}", request=request) from exc
+
+    async def _read_response(
+        self, conn: _Connection, request: httpx.Request, timeout: float | None
+    ) -> tuple[httpx.Response, bool]:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._read_message(conn, request)
+        except TimeoutError:
+            raise httpx.ReadTimeout("no complete response in time", request=request) from None
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial and not getattr(exc, "_head_seen", False):
+                raise httpx.RemoteProtocolError(
+                    "Server disconnected without sending a response.", request=request
+                ) from None
+            raise httpx.RemoteProtocolError(
+                "peer closed connection without sending complete message body", request=request
+            ) from None
+        except asyncio.LimitOverrunError:
+            raise httpx.RemoteProtocolError("response header block too large", request=request) from None
+        except OSError as exc:
+            raise httpx.ReadError(f"reading the response failed: {exc}", request=request) from exc
+
+    async def _read_message(self, conn: _Connection, request: httpx.Request) -> tuple[httpx.Response, bool]:
+        reader = conn.reader
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head[:-4].split(b"\r\n")
+        try:
+            version, status_text, *reason = lines[0].split(b" ", 2)
+            status = int(status_text)
+        except ValueError:
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request) from None
+        if not version.startswith(b"HTTP/1.") or not 100 <= status <= 999:
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request)
+        headers: list[tuple[bytes, bytes]] = []
+        length: int | None = None
+        chunked = False
+        close = version == b"HTTP/1.0"
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise httpx.RemoteProtocolError(f"malformed header line {line[:100]!r}", request=request)
+            value = value.strip()
+            headers.append((name, value))
+            lower = name.lower()
+            if lower == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise httpx.RemoteProtocolError("malformed Content-Length", request=request) from None
+            elif lower == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif lower == b"connection":
+                token = value.lower()
+                close = close or b"close" in token
+                if version == b"HTTP/1.0" and b"keep-alive" in token:
+                    close = False
+        if 100 <= status < 200:
+            raise httpx.RemoteProtocolError(f"unexpected interim response {status}", request=request)
+        if request.method == "HEAD" or status in _NO_BODY_STATUS:
+            body = b""
+        elif chunked:
+            body = await self._read_chunked(reader, request)
+        elif length is not None:
+            if length < 0 or length > self._max_body:
+                raise httpx.RemoteProtocolError(f"response body of {length} bytes refused", request=request)
+            try:
+                body = await reader.readexactly(length)
+            except asyncio.IncompleteReadError as exc:
+                exc._head_seen = True  # type: ignore[attr-defined]
+                raise
+        else:
+            body = await self._read_to_eof(reader, request)
+            close = True
+        response = httpx.Response(
+            status,
+            headers=headers,
+            stream=httpx.ByteStream(body),
+            extensions={"http_version": version, "reason_phrase": reason[0] if reason else b""},
+            request=request,
+        )
+        return response, not close
+
+    async def _read_chunked(self, reader: asyncio.StreamReader, request: httpx.Request) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        try:
+            while True:
+                line = await reader.readuntil(b"\r\n")
+                if len(line) > _CHUNK_LINE_MAX:
+                    raise httpx.RemoteProtocolError("chunk size line too long", request=request)
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise httpx.RemoteProtocolError("malformed chunk size", request=request) from None
+                if size == 0:
+                    while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, ignored
+                        pass
+                    return b"".join(parts)
+                total += size
+                if total > self._max_body:
+                    raise httpx.RemoteProtocolError("chunked response body too large", request=request)
+                chunk = await reader.readexactly(size + 2)
+                if chunk[-2:] != b"\r\n":
+                    raise httpx.RemoteProtocolError("malformed chunk terminator", request=request)
+                parts.append(chunk[:-2])
+        except asyncio.IncompleteReadError as exc:
+            exc._head_seen = True  # type: ignore[attr-defined]
+            raise
+
+    async def _read_to_eof(self, reader: asyncio.StreamReader, request: httpx.Request) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while chunk := await reader.read(65536):
+            total += len(chunk)
+            if total > self._max_body:
+                raise httpx.RemoteProtocolError("response body too large", request=request)
+            parts.append(chunk)
+        return b"".join(parts)
