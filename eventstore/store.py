@@ -266,58 +266,82 @@ class UnitOfWork:
         expected_version: int = ExpectedVersion.ANY,
         metadata: dict[str, Any] | None = None,
     ) -> AppendResult:
-        if not events:
-            raise ValueError("append needs at least one event")
-        if not stream_id or len(stream_id) > _STREAM_ID_MAX or "\x1f" in stream_id:
-            raise ValueError(f"invalid stream id {stream_id!r}")
-        if expected_version < ExpectedVersion.ANY:
-            raise ValueError(f"invalid expected version {expected_version}")
-        rows = [_prepare(e, metadata) for e in events]
+        rows = _checked(stream_id, events, expected_version, metadata)
         if self.store.backend.name == "postgresql":
-            result = self._append_in_postgres(stream_id, rows, expected_version)
+            [result] = self._append_in_postgres([(stream_id, rows, expected_version)], ())
         else:
             result = self._append_in_python(stream_id, rows, expected_version)
-        if self.store.notify and not self._notified and not result.idempotent:
-            self.connection.exec_driver_sql("NOTIFY ledger_events")
-            self._notified = True
+        self._notify([result])
         return result
 
-    def _append_in_postgres(self, stream_id: str, rows: list[dict[str, Any]], expected: int) -> AppendResult:
-        """One call of the `ledger_append` function: a single round trip under the append lock.
+    def append_batch(
+        self, appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]], blobs: Sequence[bytes] = ()
+    ) -> list[AppendResult]:
+        """Several appends `(stream_id, events, expected_version)` and blobs, in order, in this transaction.
 
-        Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call).
+        The same as `put_blob` for each blob then `append` for each append, but on PostgreSQL sent as
+        one pipeline: a single network round trip however many streams it writes.  Appends to the same
+        stream chain (the second expects the version the first leaves).  A refused append raises as
+        `append` would, and the transaction is then unusable (roll it back).
         """
-        params = {
-            "stream_id": stream_id,
-            "expected": int(expected),
-            "ids": [r["event_id"] for r in rows],
-            "types": [r["type"] for r in rows],
-            "versions": [r["schema_version"] for r in rows],
-            "data": [r["data"] for r in rows],
-            "metadata": [r["metadata"] for r in rows],
-            "recorded_at": rows[0]["recorded_at"],
-            "check_ids": any(r["chosen_id"] for r in rows),
-        }
-        cursor = self.connection.connection.cursor()
+        checked = [
+            (stream, _checked(stream, events, expected, None), expected)
+            for stream, events, expected in appends
+        ]
+        if self.store.backend.name == "postgresql":
+            results = self._append_in_postgres(checked, blobs)
+        else:
+            for blob in blobs:
+                self.put_blob(blob)
+            results = [self._append_in_python(stream, rows, expected) for stream, rows, expected in checked]
+        self._notify(results)
+        return results
+
+    def _notify(self, results: list[AppendResult]) -> None:
+        if self.store.notify and not self._notified and not all(r.idempotent for r in results):
+            self.connection.exec_driver_sql("NOTIFY ledger_events")
+            self._notified = True
+
+    def _append_in_postgres(
+        self, appends: list[tuple[str, list[dict[str, Any]], int]], blobs: Sequence[bytes]
+    ) -> list[AppendResult]:
+        """One call of the `ledger_append` function per append, all pipelined with the blob inserts.
+
+        Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call); a
+        lone append without blobs skips the pipeline's own bookkeeping.
+        """
+        driver = self.connection.connection.driver_connection
+        assert driver is not None
+        statements = [(_PG_BLOB_INSERT, _blob_params(b)) for b in blobs]
+        statements += [
+            (_PG_APPEND, _append_params(stream, rows, expected)) for stream, rows, expected in appends
+        ]
+        cursors = [driver.cursor() for _ in statements]
         try:
-            cursor.execute(_PG_APPEND, params)
-            out = cursor.fetchall()
+            if len(statements) == 1:
+                cursors[0].execute(*statements[0])
+            else:
+                with driver.pipeline() as pipeline:
+                    for cursor, (sql, params) in zip(cursors, statements, strict=True):
+                        cursor.execute(sql, params)
+                    pipeline.sync()
+            outs = [cursor.fetchall() for cursor in cursors[len(blobs) :]]
         except Exception as exc:
-            state = getattr(exc, "sqlstate", None)
-            if state == "LE001":
-                actual = int(getattr(getattr(exc, "diag", None), "message_detail", -1) or -1)
-                raise WrongExpectedVersion(stream_id, int(expected), actual) from None
-            if state == "LE002":
-                raise EventIdConflict(
-                    f"append to {stream_id!r}: event ids already recorded with other content or in another "
-                    "stream; nothing was written"
-                ) from None
+            # The refused statement is the first whose result never came (the pipeline stops there).
+            failed = next((i for i, c in enumerate(cursors) if c.pgresult is None), len(cursors) - 1)
+            if failed >= len(blobs):
+                stream, _, expected = appends[failed - len(blobs)]
+                _raise_refusal(exc, stream, expected)
             raise
         finally:
-            cursor.close()
-        return AppendResult(
-            positions=[int(r[0]) for r in out], stream_version=int(out[-1][1]), idempotent=bool(out[0][2])
-        )
+            for cursor in cursors:
+                cursor.close()
+        return [
+            AppendResult(
+                positions=[int(r[0]) for r in out], stream_version=int(out[-1][1]), idempotent=bool(out[0][2])
+            )
+            for out in outs
+        ]
 
     def _append_in_python(self, stream_id: str, rows: list[dict[str, Any]], expected: int) -> AppendResult:
         """The same algorithm as `ledger_append`, for SQLite (whose `BEGIN IMMEDIATE` is the append lock)."""
@@ -363,8 +387,8 @@ class UnitOfWork:
 
     def put_blob(self, content: bytes, media_type: str = "application/json") -> str:
         """Stores content under its sha256; storing the same content twice is a no-op."""
-        digest = "sha256:" + hashlib.sha256(content).hexdigest()
-        params = {"digest": digest, "media_type": media_type, "content": content, "now": time.time()}
+        params = _blob_params(content, media_type)
+        digest = str(params["digest"])
         if self.store.backend.name == "postgresql":
             cursor = self.connection.connection.cursor()
             try:
@@ -379,6 +403,50 @@ class UnitOfWork:
         self.connection.execute(
             text(self.store.backend.position_upsert), {"name": name, "position": position, "now": time.time()}
         )
+
+
+def _checked(
+    stream_id: str, events: Sequence[Event | NewEvent], expected_version: int, metadata: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    if not events:
+        raise ValueError("append needs at least one event")
+    if not stream_id or len(stream_id) > _STREAM_ID_MAX or "\x1f" in stream_id:
+        raise ValueError(f"invalid stream id {stream_id!r}")
+    if expected_version < ExpectedVersion.ANY:
+        raise ValueError(f"invalid expected version {expected_version}")
+    return [_prepare(e, metadata) for e in events]
+
+
+def _append_params(stream_id: str, rows: list[dict[str, Any]], expected: int) -> dict[str, Any]:
+    return {
+        "stream_id": stream_id,
+        "expected": int(expected),
+        "ids": [r["event_id"] for r in rows],
+        "types": [r["type"] for r in rows],
+        "versions": [r["schema_version"] for r in rows],
+        "data": [r["data"] for r in rows],
+        "metadata": [r["metadata"] for r in rows],
+        "recorded_at": rows[0]["recorded_at"],
+        "check_ids": any(r["chosen_id"] for r in rows),
+    }
+
+
+def _blob_params(content: bytes, media_type: str = "application/json") -> dict[str, Any]:
+    digest = "sha256:" + hashlib.sha256(content).hexdigest()
+    return {"digest": digest, "media_type": media_type, "content": content, "now": time.time()}
+
+
+def _raise_refusal(exc: Exception, stream_id: str, expected: int) -> None:
+    """`ledger_append`'s own refusals (SQLSTATE LE001/LE002) as the store's typed errors."""
+    state = getattr(exc, "sqlstate", None)
+    if state == "LE001":
+        actual = int(getattr(getattr(exc, "diag", None), "message_detail", -1) or -1)
+        raise WrongExpectedVersion(stream_id, int(expected), actual) from None
+    if state == "LE002":
+        raise EventIdConflict(
+            f"append to {stream_id!r}: event ids already recorded with other content or in another "
+            "stream; nothing was written"
+        ) from None
 
 
 def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[str, Any]:

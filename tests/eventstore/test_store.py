@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 import pytest
@@ -23,6 +24,10 @@ from eventstore.events import AttemptMinted, GroupReserved, PromptRef, RunFailed
 from eventstore.records import GENESIS_HASH
 
 TAMPER = """UPDATE events SET data = '{"rollout_id":"p1_g7","generation_index":7,"attempt_index":0}' WHERE position = 2"""
+
+
+def tx_digest(content: bytes) -> str:
+    return "sha256:" + hashlib.sha256(content).hexdigest()
 
 
 def minted(i: int, group: str = "p1") -> AttemptMinted:
@@ -219,6 +224,40 @@ def test_failed_transaction_rolls_back_blobs_positions_and_events(store_url: str
     assert store.head() == 1
     # the next append takes the next contiguous position: a rollback leaves no hole
     assert store.append("group-p1", [minted(0)]).positions == [2]
+
+
+def test_append_batch_chains_streams_and_writes_blobs_in_one_go(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [reserved()])
+    with store.transaction() as tx:
+        results = tx.append_batch(
+            [
+                ("group-p1", [minted(0)], 0),
+                ("group-p2", [reserved("p2"), minted(0, "p2")], ExpectedVersion.NO_STREAM),
+                ("group-p1", [minted(1)], 1),  # chains behind the batch's first append to p1
+            ],
+            [b"tokens-a", b"tokens-b"],
+        )
+    assert [(r.positions, r.stream_version) for r in results] == [([2], 1), ([3, 4], 1), ([5], 2)]
+    assert [e.stream_version for e in store.read_stream("group-p1")] == [0, 1, 2]
+    assert store.get_blob(tx_digest(b"tokens-b")) == b"tokens-b"
+    assert store.verify_chain() is None
+
+
+def test_append_batch_refusal_names_its_stream_and_writes_nothing(store_url: str) -> None:
+    store = open_store(store_url)
+    store.append("group-p1", [reserved()])
+    with pytest.raises(WrongExpectedVersion) as refused, store.transaction() as tx:
+        tx.append_batch(
+            [
+                ("group-p2", [reserved("p2")], ExpectedVersion.NO_STREAM),
+                ("group-p1", [minted(0)], 5),
+                ("group-p3", [reserved("p3")], ExpectedVersion.NO_STREAM),
+            ],
+            [b"never-kept"],
+        )
+    assert (refused.value.stream_id, refused.value.expected, refused.value.actual) == ("group-p1", 5, 0)
+    assert store.head() == 1 and store.get_blob(tx_digest(b"never-kept")) is None
 
 
 def test_subscription_catches_up_follows_and_resumes(store_url: str) -> None:

@@ -81,3 +81,32 @@ async def test_a_refused_append_fails_alone_and_a_fence_stops_what_follows_it(st
     assert [e.stream_version for e in store.read_stream(f"group-{after}")] == [0, 1]
     with pytest.raises(FencedOff):
         await journal.append(f"group-{before}", [minted(before, 2)])
+
+
+async def test_fixed_appends_to_one_stream_chain_in_one_batch_and_a_build_waits_for_them(
+    store: EventStore,
+) -> None:
+    journal = Journal(store)
+    await journal.load()
+    g = gid("gc")
+    await journal.append(f"group-{g}", reserved(g))
+    seen: list[int] = []
+
+    def after_them(ledger: LedgerState) -> list[Event]:
+        seen.append(len(ledger.groups[g].siblings))
+        return [minted(g, 7)]
+
+    batches = journal.batches
+    await asyncio.gather(
+        *(journal.append(f"group-{g}", [minted(g, i)]) for i in range(1, 6)),
+        journal.append(f"group-{g}", after_them),
+    )
+    # Five fixed appends went out together (the siblings' dispatches of a group); the build could
+    # not join them, since it must see them folded, and did see all five.
+    assert journal.batches - batches == 2
+    assert seen == [6]
+    assert [e.stream_version for e in store.read_stream(f"group-{g}")] == list(range(8))
+    assert [e.data["generation_index"] for e in store.read_stream(f"group-{g}", from_version=2)] == [
+        1, 2, 3, 4, 5, 7
+    ]  # fmt: skip
+    assert store.verify_chain() is None

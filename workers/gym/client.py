@@ -49,7 +49,6 @@ from gym_agent.wire import (
     capture_key,
     reply_digest,
 )
-from workers.gym.transport import LeanTransport
 from workers.gym.errors import (
     AgentServerError,
     AgentTimeoutError,
@@ -67,6 +66,7 @@ from workers.gym.errors import (
     StaleCheckpointError,
     UnauthorizedError,
 )
+from workers.gym.transport import LeanTransport
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -198,7 +198,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
             version, status_text, *reason = lines[0].split(b" ", 2)
             status = int(status_text)
         except ValueError:
-            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request) from None
+            raise httpx.RemoteProtocolError(
+                f"malformed status line {lines[0][:100]!r}", request=request
+            ) from None
         if not version.startswith(b"HTTP/1.") or not 100 <= status <= 999:
             raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request)
         headers: list[tuple[bytes, bytes]] = []

@@ -6,10 +6,12 @@ each append the projections catch up from the log (not from the events in hand),
 coordinator knows is always what the log says, including other writers' events.
 
 Group commit: concurrent appends are queued and one writer task writes all those pending in one
-store transaction (one thread hop, one commit), folds the log once, then answers every caller.  A
-batch never holds two appends to the same stream (the second waits for the next batch), so a
-`build` sees its own stream folded up to and including every earlier append to it, exactly as when
-appends were written one at a time.  Builds of one batch see the other streams of that batch as
+store transaction (one thread hop, one pipelined round trip, one commit), folds the log once, then
+answers every caller.  An append whose events depend on the ledger (a `build`) joins a batch only as
+the first append of its stream there (otherwise it waits for the next batch), so it sees its own
+stream folded up to and including every earlier append to it, exactly as when appends were written
+one at a time; appends of fixed events need no fold and chain behind it (the dispatches of a group's
+siblings go out together), always in queue order per stream.  Builds of one batch see the other streams of that batch as
 they were before it; every build reads only its own group's part of the ledger (its group, its
 group's debts; a `CheckpointCommitted` in the same batch archives only groups whose claim is
 already in the log, which such a build treats the same either way), so that changes no decision.
@@ -202,18 +204,22 @@ class Journal:
                 raise
 
     def _next_batch(self) -> list[_Request]:
-        """The queued appends, oldest first, at most one per stream (the others wait their turn)."""
+        """The queued appends, oldest first; a build only as the first of its stream (see the module doc)."""
         batch: list[_Request] = []
         streams: set[str] = set()
+        deferred: set[str] = set()  # a stream with an append left waiting keeps its order: all wait
         waiting: deque[_Request] = deque()
         while self._queue:
             request = self._queue.popleft()
             if request.future.done():  # its caller was cancelled before it was written
                 continue
-            if request.stream in streams or len(batch) >= MAX_BATCH:
+            stream = request.stream
+            needs_fold = callable(request.build) and stream in streams
+            if stream in deferred or needs_fold or len(batch) >= MAX_BATCH:
+                deferred.add(stream)
                 waiting.append(request)
                 continue
-            streams.add(request.stream)
+            streams.add(stream)
             batch.append(request)
         self._queue = waiting
         return batch
@@ -281,6 +287,9 @@ class Journal:
     async def _write_one_by_one(self, ready: list[_Request]) -> None:
         written: list[_Request] = []
         failed: BaseException | None = None
+        for request in ready:
+            # Nothing of the batch was written: each expects what the appends before it really left.
+            request.prepared = None
         for i, request in enumerate(ready):
             state = _BatchState()
             try:
@@ -322,31 +331,32 @@ class Journal:
         """One transaction holding every append of `batch` (and their blobs), then one fold."""
         with self._thread_lock:
             if not state.committed:
+                chain: dict[str, int] = {}  # a stream's version after the batch's earlier appends to it
+                appends: list[tuple[str, Sequence[NewEvent], int]] = []
                 for request in batch:
                     if request.prepared is None:
-                        request.prepared = self._prepare_sync(request)
-                results = []
+                        request.prepared = self._prepare_sync(request, chain.get(request.stream))
+                    expected, news = request.prepared
+                    chain[request.stream] = (
+                        expected + len(news) if expected >= ExpectedVersion.NO_STREAM else expected
+                    )
+                    appends.append((request.stream, news, expected))
                 with self.store.transaction() as tx:
-                    for request in batch:
-                        for blob in request.blobs:
-                            tx.put_blob(blob)
-                    for request in batch:
-                        assert request.prepared is not None
-                        expected, news = request.prepared
-                        results.append(tx.append(request.stream, news, expected))
+                    results = tx.append_batch(appends, [blob for r in batch for blob in r.blobs])
                 state.committed = True
                 for request, result in zip(batch, results, strict=True):
                     self.versions[request.stream] = result.stream_version
             if fold:
                 self._catch_up_sync()
 
-    def _prepare_sync(self, request: _Request) -> tuple[int, list[NewEvent]]:
-        """The version `request` expects and its events with their deterministic ids (kept for retries)."""
+    def _prepare_sync(self, request: _Request, after: int | None = None) -> tuple[int, list[NewEvent]]:
+        """The version `request` expects (`after`: what an earlier append of its batch leaves) and its
+        events with their deterministic ids (kept for retries)."""
         stream = request.stream
         if stream not in self.versions and not stream.startswith("group-"):
             # Checkpoint and trainer streams are not fenced per group; start from what the log holds.
             self.versions[stream] = self.store.stream_version(stream)
-        expected = self.versions.get(stream, ExpectedVersion.NO_STREAM)
+        expected = after if after is not None else self.versions.get(stream, ExpectedVersion.NO_STREAM)
         start = expected + 1 if expected >= 0 else 0
         return expected, [_new_event(stream, start + i, e) for i, e in enumerate(request.events)]
 
