@@ -58,6 +58,64 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
+def cpu_s(pid: int, children: bool = False) -> float | None:
+    """CPU seconds (user + system) `pid` has used; with `children`, also its reaped children's."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_s(data_dir: Path) -> float | None:
+    """CPU seconds of a PostgreSQL cluster: the postmaster, its reaped children and its live ones."""
+    try:
+        postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    total = cpu_s(postmaster, children=True)
+    if total is None:
+        return None
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == postmaster:
+                total += cpu_s(int(entry.name)) or 0.0
+    return total
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds each process spent between `start()` and `stop()` (trainer, agents, PostgreSQL)."""
+
+    pids: dict[str, int]
+    pg_data: Path | None = None
+    used: dict[str, float] = field(default_factory=dict)
+    _start: dict[str, float] = field(default_factory=dict)
+
+    def _read(self) -> dict[str, float]:
+        now = {name: cpu_s(pid) for name, pid in self.pids.items()}
+        if self.pg_data is not None:
+            now["postgresql"] = postgres_cpu_s(self.pg_data)
+        return {k: v for k, v in now.items() if v is not None}
+
+    def start(self) -> CpuMeter:
+        self._start = self._read()
+        return self
+
+    def stop(self) -> None:
+        end = self._read()
+        self.used = {k: round(end[k] - self._start[k], 2) for k in end if k in self._start}
+
+
 @dataclass
 class MemorySampler:
     """A thread that samples the RSS of named processes; `phase` tags each sample (workload/after)."""
@@ -137,7 +195,7 @@ def count_run_events(store: EventStore, run_id: str) -> dict[str, int]:
     return counts
 
 
-async def soak(store: EventStore, args: argparse.Namespace) -> dict[str, Any]:
+async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None = None) -> dict[str, Any]:
     run_id = f"soak{os.getpid()}x{int(time.time()) % 100000}"
     agents = [
         AgentProcess(
@@ -152,6 +210,7 @@ async def soak(store: EventStore, args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.gather(*(asyncio.to_thread(a.start) for a in agents))
     pids = {TRAINER: os.getpid(), **{a.name: a.pid for a in agents if a.pid is not None}}
     sampler = MemorySampler(pids, every_s=args.sample_every).start()
+    cpu = CpuMeter(pids, pg_data).start()
     done = {"groups": 0, "last_print": 0.0}
     started = time.monotonic()
 
@@ -159,6 +218,8 @@ async def soak(store: EventStore, args: argparse.Namespace) -> dict[str, Any]:
         done["groups"] = finished
         now = time.monotonic()
         if finished >= total:
+            if sampler.phase == "workload":
+                cpu.stop()
             sampler.phase = "after"  # the workload is over; next come the final status calls and the audit
         if now - done["last_print"] >= 5 or finished >= total:
             done["last_print"] = now
@@ -179,6 +240,7 @@ async def soak(store: EventStore, args: argparse.Namespace) -> dict[str, Any]:
         checkpoint_every_s=args.checkpoint_every,
         prepare_timeout_s=args.prepare_timeout,
         rollout_timeout_s=args.rollout_timeout,
+        park_grace_s=args.park_grace,
         seed=args.seed,
         window_per_agent=args.window,
         turns=(1, 1),
@@ -218,6 +280,7 @@ async def soak(store: EventStore, args: argparse.Namespace) -> dict[str, Any]:
         },
         "audit": audit,
         "memory": [sampler.report(name) for name in pids],
+        "cpu_s": cpu.used,
     }
 
 
@@ -295,6 +358,13 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
             "-" if m["peak_after_mib"] is None else str(m["peak_after_mib"]),
         )
     console.print(mem)
+    cpu = Table(title=f"CPU over the workload ({os.cpu_count()} cores, {t['wall_s']} s wall)")
+    for col in ("process", "CPU s", "cores busy", "ms per sealed rollout"):
+        cpu.add_column(col, justify="left" if col == "process" else "right")
+    for name, seconds in result["cpu_s"].items():
+        per = 1000 * seconds / t["sealed_rollouts"] if t["sealed_rollouts"] else 0.0
+        cpu.add_row(name, f"{seconds:.1f}", f"{seconds / t['wall_s']:.2f}", f"{per:.2f}")
+    console.print(cpu)
     for line in result["audit"]["first"]:
         console.print(f"[red]audit:[/red] {line}")
 
@@ -309,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=float, default=3.0)
     parser.add_argument("--prepare-timeout", type=float, default=30.0)
     parser.add_argument("--rollout-timeout", type=float, default=5.0)
+    parser.add_argument(
+        "--park-grace",
+        type=float,
+        default=0.25,
+        help="Seconds a try may block a prepare without progress before it is retired (the zero-work "
+        "agents' model calls take microseconds; the hang fault's tries never park).",
+    )
     parser.add_argument("--window", type=int, default=8, help="Groups open at once per agent.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample-every", type=float, default=0.5, help="Seconds between RSS samples.")
@@ -328,13 +405,15 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     with contextlib.ExitStack() as stack:
         url = args.db
+        pg_data: Path | None = None
         if url is None:
             settings = dict(item.split("=", 1) for item in args.pg_setting)
             cluster = stack.enter_context(PgCluster(settings))
+            pg_data = cluster.data
             url = cluster.url(cluster.create_database("soak"))
         store = open_store(url, migrate_schema=True, pool_size=args.pool_size)
         stack.callback(store.close)
-        result = asyncio.run(soak(store, args))
+        result = asyncio.run(soak(store, args, pg_data))
     render(result, url, console)
     if args.profile:
         stats = pstats.Stats(args.profile)

@@ -41,6 +41,14 @@ def simulate(
     ] = 1.5,
     prepare_timeout: Annotated[float, typer.Option("--prepare-timeout")] = 30.0,
     rollout_timeout: Annotated[float, typer.Option("--rollout-timeout")] = 10.0,
+    park_grace: Annotated[
+        float,
+        typer.Option(
+            "--park-grace",
+            help="Seconds a try may block a prepare without progress before it is retired as stuck "
+            "(above the agents' longest model call).",
+        ),
+    ] = 1.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -73,6 +81,7 @@ def simulate(
         checkpoint_every_s=checkpoint_every,
         prepare_timeout_s=prepare_timeout,
         rollout_timeout_s=rollout_timeout,
+        park_grace_s=park_grace,
         seed=seed,
     )
     with clear_errors():

@@ -195,7 +195,11 @@ class Checkpointer:
                 return
             try:
                 await client.prepare(
-                    checkpoint_id, timeout_s=max(0.05, min(remaining, ctx.settings.prepare_poll_s))
+                    checkpoint_id,
+                    # Back at least once per grace period, so a stuck try is retired on time.
+                    timeout_s=max(
+                        0.05, min(remaining, ctx.settings.prepare_poll_s, ctx.settings.park_grace_s)
+                    ),
                 )
                 state.ready[name] = round(time.monotonic() - started, 4)
                 return
@@ -237,7 +241,9 @@ class Checkpointer:
             exc.status.completed_unacknowledged,
             len(to_adopt),
         )
-        if previous is None or not blocking or (blocking - previous) or len(blocking) < len(previous):
+        # The grace runs from the prepare's start: a try blocking from the first answer on has had
+        # the whole wait to park.
+        if previous is not None and (not blocking or (blocking - previous) or len(blocking) < len(previous)):
             progress.since = now
         progress.blocking = blocking
         if blocking and now - progress.since >= ctx.settings.park_grace_s:

@@ -40,6 +40,7 @@ class SimConfig:
     checkpoint_every_s: float = 2.0
     prepare_timeout_s: float = 30.0
     rollout_timeout_s: float = 10.0
+    park_grace_s: float = 1.0
     seed: int = 0
     # Groups open at once per agent: keeps the agents (one model thread each) responsive.
     window_per_agent: int = 3
@@ -121,6 +122,7 @@ async def run_simulation(
             mode=config.mode,
             rollout_timeout_s=config.rollout_timeout_s,
             prepare_timeout_s=config.prepare_timeout_s,
+            park_grace_s=config.park_grace_s,
             max_tries=config.max_tries,
         )
         await coord.start()
