@@ -498,11 +498,13 @@ def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[s
     }
 
 
-# Driver (psycopg) parameter markers: run on the DBAPI cursor, not through SQLAlchemy.
+# Driver (psycopg) parameter markers: run on the DBAPI cursor, not through SQLAlchemy.  The arrays go
+# in binary (`%(x)b`): the text format escapes every quote of every JSON document with a regex, which
+# cost the trainer more CPU than anything else it did (4.5x slower per append, measured).
 _PG_APPEND = (
     "SELECT out_position, out_stream_version, out_idempotent FROM ledger_append(%(stream_id)s::text, "
-    "%(expected)s::bigint, %(ids)s::text[], %(types)s::text[], %(versions)s::int[], %(data)s::text[], "
-    "%(metadata)s::text[], %(recorded_at)s::double precision, %(check_ids)s::boolean)"
+    "%(expected)s::bigint, %(ids)b::text[], %(types)b::text[], %(versions)b::int[], %(data)b::text[], "
+    "%(metadata)b::text[], %(recorded_at)s::double precision, %(check_ids)s::boolean)"
 )
 _PG_BLOB_INSERT = (
     "INSERT INTO blobs (digest, media_type, content, created_at) "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -22,13 +23,32 @@ from workers.gym import (
     ReceiptMismatchError,
     verify_receipt,
 )
+from workers.gym.transport import Origin, Reply, Timeouts
+
+
+class _Canned:
+    """A stand-in for the client's connection pools that answers from `handler` (no socket)."""
+
+    def __init__(self, handler: Callable[[httpx.Request], httpx.Response]) -> None:
+        self.handler = handler
+
+    async def exchange(
+        self, method: str, origin: Origin, target: bytes, headers: Any, body: bytes, timeouts: Timeouts
+    ) -> Reply:
+        scheme, host, port = origin
+        request = httpx.Request(
+            method, f"{scheme}://{host}:{port}{target.decode()}", headers=headers, content=body
+        )
+        response = self.handler(request)
+        return Reply(response.status_code, response.headers.raw, response.read())
+
+    async def aclose(self) -> None:
+        pass
 
 
 def _with_transport(client: GymClient, handler: Callable[[httpx.Request], httpx.Response]) -> GymClient:
     # Only the answers are faked here; the behaviour tests all talk to real agents.
-    transport = httpx.MockTransport(handler)
-    client._run = httpx.AsyncClient(base_url=client.base_url, transport=transport)
-    client._control = httpx.AsyncClient(base_url=client.base_url, transport=transport)
+    client._run = client._control = _Canned(handler)  # type: ignore[assignment]
     return client
 
 

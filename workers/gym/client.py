@@ -14,6 +14,7 @@ import ssl
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -66,7 +67,7 @@ from workers.gym.errors import (
     StaleCheckpointError,
     UnauthorizedError,
 )
-from workers.gym.transport import LeanTransport
+from workers.gym.transport import LeanTransport, Timeouts
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -83,6 +84,11 @@ _FENCE_ERRORS: dict[str, type[GymError]] = {
 
 
 @functools.cache
+def _timeouts(total_s: float | None, connect_s: float) -> Timeouts:
+    connect = connect_s if total_s is None else min(total_s, connect_s)
+    return Timeouts(connect=connect, read=total_s, write=total_s, pool=total_s)
+
+
 def _default_ssl_context() -> ssl.SSLContext:
     # Loading the CA bundle costs tens of milliseconds; one context serves every client of the process.
     return httpx.create_ssl_context()
@@ -121,21 +127,26 @@ class GymClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.agent_name = agent_name
-        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        url = httpx.URL(self.base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"agent URL {base_url!r} is not an http(s) URL")
+        self._origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        self._prefix = url.raw_path.rstrip(b"/")
+        default_port = url.port is None or url.port == (443 if url.scheme == "https" else 80)
+        host = url.raw_host if default_port else url.raw_host + b":" + str(url.port).encode()
+        self._headers: list[tuple[bytes, bytes]] = [
+            (b"Host", host),
+            (b"Accept", b"application/json"),
+            (b"User-Agent", b"ledger-gym-client"),
+        ]
+        if token is not None:
+            self._headers.append((b"Authorization", f"Bearer {token}".encode()))
         self.control_timeout_s = control_timeout_s
-        verify = ssl_context if ssl_context is not None else _default_ssl_context()
-        self._run = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(run_timeout_s, connect=connect_timeout_s),
-            transport=LeanTransport(ssl_context=verify, max_connections=max_run_connections),
-        )
-        self._control = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(control_timeout_s, connect=min(connect_timeout_s, control_timeout_s)),
-            transport=LeanTransport(ssl_context=verify, max_connections=max_control_connections),
-        )
+        verify = ssl_context if ssl_context is not None or url.scheme != "https" else _default_ssl_context()
+        self._run_timeouts = Timeouts(connect_timeout_s, run_timeout_s, run_timeout_s, run_timeout_s)
+        self._control_timeouts = _timeouts(control_timeout_s, connect_timeout_s)
+        self._run = LeanTransport(ssl_context=verify, max_connections=max_run_connections)
+        self._control = LeanTransport(ssl_context=verify, max_connections=max_control_connections)
 
     def __repr__(self) -> str:  # the token stays out of reprs
         return f"GymClient({self.base_url!r}, agent_name={self.agent_name!r})"
@@ -156,7 +167,7 @@ class GymClient:
 
     async def _send(
         self,
-        pool: httpx.AsyncClient,
+        pool: LeanTransport,
         method: str,
         path: str,
         *,
@@ -165,14 +176,17 @@ class GymClient:
     ) -> Any:
         """One call; returns the decoded JSON of a 200, raises a typed error otherwise."""
         what = f"{method} {self.base_url}{path}"
-        kwargs: dict[str, Any] = {}
+        content = b"" if body is None else json.dumps(body.model_dump(mode="json", by_alias=True)).encode()
+        headers = [*self._headers, (b"Content-Length", str(len(content)).encode())]
         if body is not None:
-            kwargs["content"] = json.dumps(body.model_dump(mode="json", by_alias=True)).encode()
-            kwargs["headers"] = {"Content-Type": "application/json"}
+            headers.append((b"Content-Type", b"application/json"))
         if timeout_s is not None:
-            kwargs["timeout"] = httpx.Timeout(timeout_s, connect=min(timeout_s, DEFAULT_CONNECT_TIMEOUT_S))
+            timeouts = _timeouts(timeout_s, DEFAULT_CONNECT_TIMEOUT_S)
+        else:
+            timeouts = self._run_timeouts if pool is self._run else self._control_timeouts
+        target = self._prefix + quote(path, safe="/").encode()
         try:
-            response = await pool.request(method, path, **kwargs)
+            reply = await pool.exchange(method, self._origin, target, headers, content, timeouts)
         except httpx.TimeoutException as exc:
             raise AgentTimeoutError(f"{what}: timed out ({type(exc).__name__})") from exc
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
@@ -180,15 +194,15 @@ class GymClient:
         except httpx.TransportError as exc:
             raise AgentUnavailableError(f"{what}: agent unreachable ({type(exc).__name__}: {exc})") from exc
         try:
-            payload = response.json()
+            payload = json.loads(reply.body)
         except ValueError:
             raise BadResponseError(
-                f"{what}: HTTP {response.status_code} with a body that is not JSON: {response.text[:200]!r}",
-                status_code=response.status_code,
+                f"{what}: HTTP {reply.status} with a body that is not JSON: {reply.body[:200]!r}",
+                status_code=reply.status,
             ) from None
-        if response.status_code == 200:
+        if reply.status == 200:
             return payload
-        self._raise_refusal(what, response.status_code, payload)
+        self._raise_refusal(what, reply.status, payload)
 
     @staticmethod
     def _raise_refusal(what: str, code: int, payload: Any) -> None:

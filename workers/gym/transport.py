@@ -19,6 +19,7 @@ import contextlib
 import ssl
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -55,9 +56,28 @@ class _Connection:
             self.writer.close()
 
 
-def _timeouts(request: httpx.Request) -> dict[str, float | None]:
-    value = request.extensions.get("timeout") or {}
-    return {k: value.get(k) for k in ("connect", "read", "write", "pool")}
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds (None: no limit) for each phase of an exchange, as httpx names them."""
+
+    connect: float | None = None
+    read: float | None = None
+    write: float | None = None
+    pool: float | None = None
+
+    @classmethod
+    def of(cls, request: httpx.Request) -> Timeouts:
+        value = request.extensions.get("timeout") or {}
+        return cls(value.get("connect"), value.get("read"), value.get("write"), value.get("pool"))
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    http_version: bytes = b"HTTP/1.1"
+    reason: bytes = b""
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
@@ -88,37 +108,66 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self._closed:
-            raise RuntimeError("the transport is closed")
-        timeouts = _timeouts(request)
-        try:
-            async with asyncio.timeout(timeouts["pool"]):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise httpx.PoolTimeout("no connection slot free in time", request=request) from None
-        try:
-            return await self._exchange(request, timeouts)
-        finally:
-            self._slots.release()
-
-    # -- one request/response on one connection --------------------------------------------------
-
-    async def _exchange(self, request: httpx.Request, timeouts: dict[str, float | None]) -> httpx.Response:
+        """The httpx transport interface: any `httpx.AsyncClient` can run on this pool."""
         url = request.url
         origin: Origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
-        conn = self._reuse(origin) or await self._connect(origin, request, timeouts["connect"])
-        keep = False
         try:
-            body = await request.aread()
-            await self._write(conn, request, body, timeouts["write"])
-            response, keep = await self._read_response(conn, request, timeouts["read"])
-            return response
+            reply = await self.exchange(
+                request.method,
+                origin,
+                url.raw_path,
+                request.headers.raw,
+                await request.aread(),
+                Timeouts.of(request),
+            )
+        except httpx.TransportError as exc:
+            exc.request = request
+            raise
+        return httpx.Response(
+            reply.status,
+            headers=reply.headers,
+            stream=httpx.ByteStream(reply.body),
+            extensions={"http_version": reply.http_version, "reason_phrase": reply.reason},
+            request=request,
+        )
+
+    async def exchange(
+        self,
+        method: str,
+        origin: Origin,
+        target: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        timeouts: Timeouts,
+    ) -> Reply:
+        """One request and its complete response, without building httpx request/response objects.
+
+        `headers` are sent as given (the caller includes Host and Content-Length); errors are httpx's
+        transport exceptions.  This is what `GymClient` calls: httpx's client layer (URL merging,
+        cookies, auth and redirect hooks) cost twice the exchange itself per call.
+        """
+        if self._closed:
+            raise RuntimeError("the transport is closed")
+        try:
+            async with asyncio.timeout(timeouts.pool):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise httpx.PoolTimeout("no connection slot free in time") from None
+        try:
+            conn = self._reuse(origin) or await self._connect(origin, timeouts.connect)
+            keep = False
+            try:
+                await self._write(conn, method, target, headers, body, timeouts.write)
+                reply, keep = await self._read_response(conn, method, timeouts.read)
+                return reply
+            finally:
+                # Anything but a complete exchange (an error, a cancellation) leaves the stream mid-message.
+                if keep and not self._closed:
+                    self._park(origin, conn)
+                else:
+                    conn.close()
         finally:
-            # Anything but a complete exchange (an error, a cancellation) leaves the stream mid-message.
-            if keep and not self._closed:
-                self._park(origin, conn)
-            else:
-                conn.close()
+            self._slots.release()
 
     def _reuse(self, origin: Origin) -> _Connection | None:
         stack = self._idle.get(origin)
@@ -137,7 +186,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         conn.idle_since = time.monotonic()
         stack.append(conn)
 
-    async def _connect(self, origin: Origin, request: httpx.Request, timeout: float | None) -> _Connection:
+    async def _connect(self, origin: Origin, timeout: float | None) -> _Connection:
         scheme, host, port = origin
         tls: ssl.SSLContext | None = None
         if scheme == "https":
@@ -148,16 +197,22 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     host, port, ssl=tls, server_hostname=host if tls else None, limit=MAX_HEADER_BYTES
                 )
         except TimeoutError:
-            raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out", request=request) from None
+            raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out") from None
         except (OSError, ssl.SSLError) as exc:
-            raise httpx.ConnectError(f"{host}:{port}: {exc}", request=request) from exc
+            raise httpx.ConnectError(f"{host}:{port}: {exc}") from exc
         return _Connection(reader, writer)
 
     @staticmethod
-    async def _write(conn: _Connection, request: httpx.Request, body: bytes, timeout: float | None) -> None:
-        target = request.url.raw_path
-        head = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
-        for name, value in request.headers.raw:
+    async def _write(
+        conn: _Connection,
+        method: str,
+        target: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        timeout: float | None,
+    ) -> None:
+        head = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+        for name, value in headers:
             head += [name, b": ", value, b"\r\n"]
         head.append(b"\r\n")
         try:
@@ -165,32 +220,30 @@ class LeanTransport(httpx.AsyncBaseTransport):
             async with asyncio.timeout(timeout):
                 await conn.writer.drain()
         except TimeoutError:
-            raise httpx.WriteTimeout("sending the request timed out", request=request) from None
+            raise httpx.WriteTimeout("sending the request timed out") from None
         except OSError as exc:
-            raise httpx.WriteError(f"sending the request failed: {exc}", request=request) from exc
+            raise httpx.WriteError(f"sending the request failed: {exc}") from exc
 
     async def _read_response(
-        self, conn: _Connection, request: httpx.Request, timeout: float | None
-    ) -> tuple[httpx.Response, bool]:
+        self, conn: _Connection, method: str, timeout: float | None
+    ) -> tuple[Reply, bool]:
         try:
             async with asyncio.timeout(timeout):
-                return await self._read_message(conn, request)
+                return await self._read_message(conn, method)
         except TimeoutError:
-            raise httpx.ReadTimeout("no complete response in time", request=request) from None
+            raise httpx.ReadTimeout("no complete response in time") from None
         except asyncio.IncompleteReadError as exc:
             if not exc.partial and not getattr(exc, "_head_seen", False):
-                raise httpx.RemoteProtocolError(
-                    "Server disconnected without sending a response.", request=request
-                ) from None
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.") from None
             raise httpx.RemoteProtocolError(
-                "peer closed connection without sending complete message body", request=request
+                "peer closed connection without sending complete message body"
             ) from None
         except asyncio.LimitOverrunError:
-            raise httpx.RemoteProtocolError("response header block too large", request=request) from None
+            raise httpx.RemoteProtocolError("response header block too large") from None
         except OSError as exc:
-            raise httpx.ReadError(f"reading the response failed: {exc}", request=request) from exc
+            raise httpx.ReadError(f"reading the response failed: {exc}") from exc
 
-    async def _read_message(self, conn: _Connection, request: httpx.Request) -> tuple[httpx.Response, bool]:
+    async def _read_message(self, conn: _Connection, method: str) -> tuple[Reply, bool]:
         reader = conn.reader
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head[:-4].split(b"\r\n")
@@ -198,11 +251,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
             version, status_text, *reason = lines[0].split(b" ", 2)
             status = int(status_text)
         except ValueError:
-            raise httpx.RemoteProtocolError(
-                f"malformed status line {lines[0][:100]!r}", request=request
-            ) from None
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}") from None
         if not version.startswith(b"HTTP/1.") or not 100 <= status <= 999:
-            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request)
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}")
         headers: list[tuple[bytes, bytes]] = []
         length: int | None = None
         chunked = False
@@ -210,7 +261,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
             if not sep:
-                raise httpx.RemoteProtocolError(f"malformed header line {line[:100]!r}", request=request)
+                raise httpx.RemoteProtocolError(f"malformed header line {line[:100]!r}")
             value = value.strip()
             headers.append((name, value))
             lower = name.lower()
@@ -218,7 +269,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 try:
                     length = int(value)
                 except ValueError:
-                    raise httpx.RemoteProtocolError("malformed Content-Length", request=request) from None
+                    raise httpx.RemoteProtocolError("malformed Content-Length") from None
             elif lower == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
             elif lower == b"connection":
@@ -227,64 +278,57 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 if version == b"HTTP/1.0" and b"keep-alive" in token:
                     close = False
         if 100 <= status < 200:
-            raise httpx.RemoteProtocolError(f"unexpected interim response {status}", request=request)
-        if request.method == "HEAD" or status in _NO_BODY_STATUS:
+            raise httpx.RemoteProtocolError(f"unexpected interim response {status}")
+        if method == "HEAD" or status in _NO_BODY_STATUS:
             body = b""
         elif chunked:
-            body = await self._read_chunked(reader, request)
+            body = await self._read_chunked(reader)
         elif length is not None:
             if length < 0 or length > self._max_body:
-                raise httpx.RemoteProtocolError(f"response body of {length} bytes refused", request=request)
+                raise httpx.RemoteProtocolError(f"response body of {length} bytes refused")
             try:
                 body = await reader.readexactly(length)
             except asyncio.IncompleteReadError as exc:
                 exc._head_seen = True  # type: ignore[attr-defined]
                 raise
         else:
-            body = await self._read_to_eof(reader, request)
+            body = await self._read_to_eof(reader)
             close = True
-        response = httpx.Response(
-            status,
-            headers=headers,
-            stream=httpx.ByteStream(body),
-            extensions={"http_version": version, "reason_phrase": reason[0] if reason else b""},
-            request=request,
-        )
-        return response, not close
+        return Reply(status, headers, body, version, reason[0] if reason else b""), not close
 
-    async def _read_chunked(self, reader: asyncio.StreamReader, request: httpx.Request) -> bytes:
+    async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
         parts: list[bytes] = []
         total = 0
         try:
             while True:
                 line = await reader.readuntil(b"\r\n")
                 if len(line) > _CHUNK_LINE_MAX:
-                    raise httpx.RemoteProtocolError("chunk size line too long", request=request)
+                    raise httpx.RemoteProtocolError("chunk size line too long")
                 try:
                     size = int(line.split(b";", 1)[0].strip(), 16)
                 except ValueError:
-                    raise httpx.RemoteProtocolError("malformed chunk size", request=request) from None
+                    raise httpx.RemoteProtocolError("malformed chunk size") from None
                 if size == 0:
                     while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, ignored
                         pass
                     return b"".join(parts)
                 total += size
                 if total > self._max_body:
-                    raise httpx.RemoteProtocolError("chunked response body too large", request=request)
+                    raise httpx.RemoteProtocolError("chunked response body too large")
                 chunk = await reader.readexactly(size + 2)
                 if chunk[-2:] != b"\r\n":
-                    raise httpx.RemoteProtocolError("malformed chunk terminator", request=request)
+                    raise httpx.RemoteProtocolError("malformed chunk terminator")
                 parts.append(chunk[:-2])
         except asyncio.IncompleteReadError as exc:
             exc._head_seen = True  # type: ignore[attr-defined]
             raise
 
-    async def _read_to_eof(self, reader: asyncio.StreamReader, request: httpx.Request) -> bytes:
+    async def _read_to_eof(self, reader: asyncio.StreamReader) -> bytes:
         parts: list[bytes] = []
         total = 0
         while chunk := await reader.read(65536):
             total += len(chunk)
             if total > self._max_body:
-                raise httpx.RemoteProtocolError("response body too large", request=request)
+                raise httpx.RemoteProtocolError("response body too large")
             parts.append(chunk)
         return b"".join(parts)
