@@ -170,13 +170,16 @@ class MemorySampler:
         }
 
 
-def checkpoint_waits(store: EventStore, run_id: str) -> list[float]:
-    """Every participant's prepare wait of every finished checkpoint of this run, from the log."""
+def checkpoint_waits(store: EventStore, run_id: str) -> tuple[list[float], list[str]]:
+    """Every participant's prepare wait of every finished checkpoint of this run, and why any aborted."""
     waits: list[float] = []
+    aborts: list[str] = []
     for event in store.read_all(0, types=["CheckpointCommitted", "CheckpointAborted"]):
         if event.stream_id.startswith(f"checkpoint-{run_id}"):
             waits.extend(float(v) for v in (event.data.get("prepare_wait_s") or {}).values())
-    return waits
+            if event.type == "CheckpointAborted":
+                aborts.append(f"{event.data['checkpoint_id']}: {event.data['reason']}")
+    return waits, aborts
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -260,7 +263,7 @@ async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None
     if profiler is not None:
         profiler.dump_stats(args.profile)
     counts = await asyncio.to_thread(count_run_events, store, run_id)
-    waits = await asyncio.to_thread(checkpoint_waits, store, run_id)
+    waits, aborts = await asyncio.to_thread(checkpoint_waits, store, run_id)
     audit = await asyncio.to_thread(run_audit, store)
     wall = summary["wall_s"] or 1e-9
     sealed = counts.get("SiblingSealed", 0)
@@ -278,6 +281,7 @@ async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None
             "prepare_wait_p99_s": percentile(waits, 99),
             "prepare_wait_max_s": percentile(waits, 100),
         },
+        "checkpoint_aborts": aborts,
         "audit": audit,
         "memory": [sampler.report(name) for name in pids],
         "cpu_s": cpu.used,
@@ -365,6 +369,8 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
         per = 1000 * seconds / t["sealed_rollouts"] if t["sealed_rollouts"] else 0.0
         cpu.add_row(name, f"{seconds:.1f}", f"{seconds / t['wall_s']:.2f}", f"{per:.2f}")
     console.print(cpu)
+    for line in result["checkpoint_aborts"]:
+        console.print(f"[yellow]checkpoint aborted:[/yellow] {line}")
     for line in result["audit"]["first"]:
         console.print(f"[red]audit:[/red] {line}")
 

@@ -42,7 +42,6 @@ from eventstore import (
     WrongExpectedVersion,
 )
 from eventstore.events import Event
-from eventstore.records import canonical
 from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState
@@ -400,25 +399,21 @@ class Journal:
 _T = TypeVar("_T")
 
 
-def _event_id(stream: str, version: int, event: Event) -> uuid.UUID:
-    return _id_of(stream, version, event.event_type(), canonical(event.model_dump(mode="json")))
-
-
-def _id_of(stream: str, version: int, type_: str, body: str) -> uuid.UUID:
-    digest = hashlib.sha256(f"{stream}\x1f{version}\x1f{type_}\x1f{body}".encode()).hexdigest()
-    return uuid.uuid5(_EVENT_NS, digest)
-
-
 def _new_event(stream: str, version: int, event: Event) -> NewEvent:
-    """`NewEvent.of(event, event_id=_event_id(stream, version, event))`, dumping the event once."""
-    data = event.model_dump(mode="json")
+    """The event as stored, with an id derived from where it goes and what it says.
+
+    The id hashes the event's own JSON (pydantic writes fields in declaration order, so equal events
+    give equal text): a retry of the same append names the same ids and is a no-op.
+    """
+    text = event.model_dump_json()
     type_ = event.event_type()
+    digest = hashlib.sha256(f"{stream}\x1f{version}\x1f{type_}\x1f{text}".encode()).hexdigest()
     return NewEvent(
         type=type_,
-        data=data,
-        event_id=str(_id_of(stream, version, type_, canonical(data))),
+        data=event.model_dump(mode="json"),
+        event_id=str(uuid.uuid5(_EVENT_NS, digest)),
         schema_version=event.schema_version,
-        validated_json=event.model_dump_json(),
+        validated_json=text,
     )
 
 
