@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any
 
 from eventstore import EventStore
 from gym_agent.wire import TryFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
-from workers.gym import GymClient
+from workers.gym import GymClient, NotReadyError, StaleCheckpointError
 
 
 def types(store: EventStore, stream: str) -> list[str]:
@@ -114,6 +116,41 @@ async def test_a_try_running_past_its_deadline_is_retired_and_replaced(
         }
         sealed = [e.data["attempt_index"] for e in events if e.type == "SiblingSealed"]
         assert len(sealed) == 1 and sealed[0] >= 1
+
+
+async def test_a_retire_that_overtakes_its_checkpoints_prepare_still_retires(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """The retire names the checkpoint before the agent has its prepare: called unknown, the retire
+    goes out without it and meets the prepare.  It must name the checkpoint again, not loop until the
+    checkpoint's deadline (seen in the soak as aborted checkpoints and 30 s stalls)."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        g = gid()
+        await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
+        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60)
+        async with coord:
+            await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
+            while (await client.status()).running == 0:
+                await asyncio.sleep(0.02)
+            retire = client.retire
+
+            async def overtaken(rollout_id: str, attempt_index: int, checkpoint_id: str | None = None) -> Any:
+                try:
+                    return await retire(rollout_id, attempt_index, checkpoint_id)
+                except StaleCheckpointError:
+                    with contextlib.suppress(NotReadyError):  # the prepare lands right after
+                        await client.prepare("ck-race", timeout_s=0.05)
+                    raise
+
+            client.retire = overtaken  # type: ignore[method-assign]
+            coord.ctx.active_checkpoint = "ck-race"
+            outcome = await asyncio.wait_for(coord.tries.resolve(g, f"{g}_g0", 0), 10)
+            assert (outcome.kind, outcome.retire_outcome) == ("retired", "cancelled")
+            status = await client.status()
+            assert (status.phase, status.running, status.park_requested) == ("preparing", 0, 0)
+            coord.ctx.active_checkpoint = None
+            await client.abort("ck-race")
 
 
 async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(

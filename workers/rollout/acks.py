@@ -137,15 +137,18 @@ class AckRelay:
                     if error == RECEIPT_MISMATCH:
                         events += await self._refetch(agent_name, client, receipt)
                 by_group[group_id_of(receipt.rollout_id)].append((receipt, events))
-            for group_id, items in by_group.items():
-                written = await self.ctx.journal.append(
-                    group_stream(group_id), _still_owed(agent_name, items)
+            # Concurrently, so the journal writes them all in one batch.
+            appended = await asyncio.gather(
+                *(
+                    self.ctx.journal.append(group_stream(group_id), _still_owed(agent_name, items))
+                    for group_id, items in by_group.items()
                 )
-                for event in written:
-                    if isinstance(event, AckAccepted):
-                        self.accepted += 1
-                    elif isinstance(event, AckRejected):
-                        self.rejected += 1
+            )
+            for event in (e for written in appended for e in written):
+                if isinstance(event, AckAccepted):
+                    self.accepted += 1
+                elif isinstance(event, AckRejected):
+                    self.rejected += 1
             return True
 
     async def _refetch(self, agent_name: str, client: GymClient, sent: CompletionReceipt) -> list[Event]:

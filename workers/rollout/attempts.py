@@ -354,7 +354,9 @@ class Tries:
                 continue
             except CheckpointConflictError:
                 # Our view of the active checkpoint moved under the call (or another coordinator's is
-                # active): look again shortly.
+                # active): look again shortly.  An agent that called our checkpoint unknown may have
+                # just received its prepare (the retire overtook it): name it again.
+                unknown_at_agent = None
                 await asyncio.sleep(0.05)
                 continue
             except GymError as exc:
