@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -81,6 +82,19 @@ TryKey = tuple[str, int]
 _DONE_STATES = frozenset({ExecState.ACKNOWLEDGED, ExecState.CANCELLED, ExecState.FAILED})
 
 
+@dataclass(frozen=True, slots=True)
+class _DoneTry:
+    """All that is kept of a try done for good (ACKNOWLEDGED or CANCELLED): enough to answer 410, an
+    idempotent ACK (the receipt's digest) and its token capture key; about a tenth of an Execution."""
+
+    state: ExecState
+    receipt_digest: bytes | None
+
+
+def _receipt_digest(receipt: CompletionReceipt) -> bytes:
+    return hashlib.sha256(receipt.model_dump_json().encode()).digest()
+
+
 @dataclass(eq=False)
 class Execution:
     request: RunRequest
@@ -98,17 +112,6 @@ class Execution:
 
     def __post_init__(self) -> None:
         self.may_run.set()
-
-    def compact(self) -> None:
-        """A try done for good keeps only what answers later calls (its ids, state and receipt)."""
-        self.task = None
-        if self.request.task or self.request.responses_create_params:
-            self.request = RunRequest.model_construct(
-                rollout_id=self.request.rollout_id,
-                attempt_index=self.request.attempt_index,
-                responses_create_params={},
-                task={},
-            )
 
     @property
     def key(self) -> TryKey:
@@ -152,7 +155,9 @@ class ExecutionRegistry:
         # Tries not yet done for good: what status and checkpoints look at, so their cost follows the
         # tries in play, not every try the agent ever ran.  Pruned lazily by `_in_state`.
         self._active: dict[TryKey, Execution] = {}
-        self._by_capture_key: dict[str, TryKey] = {}
+        self._by_capture_key: dict[str, TryKey] = {}  # every try ever started (capture keys never reused)
+        # Tries done for good, compacted: the agent's memory per finished try stays small.
+        self._done: dict[TryKey, _DoneTry] = {}
         self._tombstones: set[TryKey] = set()
         self._runs: dict[str, int] = {}
         self.phase: Phase = "idle"
@@ -180,10 +185,17 @@ class ExecutionRegistry:
         return sorted((e for e in self._active.values() if e.state in states), key=lambda e: e.key)
 
     def _is_done_for_good(self, key: TryKey) -> bool:
-        ex = self._executions.get(key)
-        return key in self._tombstones or (
-            ex is not None and ex.state in (ExecState.ACKNOWLEDGED, ExecState.CANCELLED)
-        )
+        return key in self._tombstones or key in self._done
+
+    def _forget(self, ex: Execution, state: ExecState) -> None:
+        """`ex` is done for good: keep only its compact record (a task still running it holds its own)."""
+        ex.state = state
+        ex.reply, ex.tokens = None, []
+        if self._executions.get(ex.key) is ex:
+            del self._executions[ex.key]
+            self._active.pop(ex.key, None)
+            digest = _receipt_digest(ex.receipt) if ex.receipt is not None else None
+            self._done[ex.key] = _DoneTry(state, digest)
 
     def _check_open(self) -> None:
         if self._closing:
@@ -263,8 +275,7 @@ class ExecutionRegistry:
             if self.faults.count_completion():
                 self._crash()
         except asyncio.CancelledError:
-            ex.state, ex.tokens = ExecState.CANCELLED, []
-            ex.compact()
+            self._forget(ex, ExecState.CANCELLED)
             raise
         except Exception as exc:
             log.exception("try %s failed", ex.key)
@@ -289,9 +300,11 @@ class ExecutionRegistry:
         owner = self._by_capture_key.get(key)
         if owner is None:
             raise NotFoundError(f"no token capture under key '{key}'")
-        ex = self._executions[owner]
-        if ex.state is ExecState.ACKNOWLEDGED:
-            raise GoneError(f"the token records of '{key}' were released when the try was acknowledged")
+        ex = self._executions.get(owner)
+        if ex is None:
+            if self._done[owner].state is ExecState.ACKNOWLEDGED:
+                raise GoneError(f"the token records of '{key}' were released when the try was acknowledged")
+            return []  # cancelled: its records were dropped with it
         return list(ex.tokens)
 
     def debug_runs(self) -> dict[str, int]:
@@ -321,21 +334,26 @@ class ExecutionRegistry:
         for item in request.executions:
             receipt = item.receipt
             ex = self._executions.get(receipt.attempt)
+            done = self._done.get(receipt.attempt)
             result = AcknowledgeResult(
                 rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, acknowledged=False
             )
-            if item.agent_name != self.agent_name or ex is None or ex.receipt is None:
+            if item.agent_name != self.agent_name:
+                result.error = UNKNOWN_EXECUTION
+            elif done is not None and done.receipt_digest is not None:  # ACKNOWLEDGED before
+                if done.receipt_digest == _receipt_digest(receipt):
+                    result.acknowledged, result.idempotent = True, True
+                else:
+                    result.error = RECEIPT_MISMATCH
+            elif ex is None or ex.receipt is None:
                 result.error = UNKNOWN_EXECUTION
             elif ex.receipt != receipt:
                 result.error = RECEIPT_MISMATCH
-            elif ex.state is ExecState.COMPLETED:
+            else:
                 # The trainer sealed its own copy of the reply and the token records before it ACKed:
                 # both are released here, so a long-running agent's memory does not grow with its history.
-                ex.state, ex.reply, ex.tokens = ExecState.ACKNOWLEDGED, None, []
-                ex.compact()
+                self._forget(ex, ExecState.ACKNOWLEDGED)
                 result.acknowledged = True
-            else:  # ACKNOWLEDGED: only completed tries ever carry a receipt
-                result.acknowledged, result.idempotent = True, True
             results.append(result)
         self._notify()
         return results
@@ -365,9 +383,10 @@ class ExecutionRegistry:
         self._tombstones.add(key)
         retired = ex is not None and ex.state in LIVE_STATES
         if ex is not None and retired:
-            ex.state = ExecState.CANCELLED
-            if ex.task is not None:
-                ex.task.cancel()
+            task = ex.task
+            self._forget(ex, ExecState.CANCELLED)
+            if task is not None:
+                task.cancel()
             log.info("retired running try %s", key)
         self._notify()
         # A FAILED try is tombstoned like a never-started one: it produced nothing to adopt.

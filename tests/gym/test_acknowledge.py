@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from typing import Any
 
 import httpx
@@ -25,6 +27,38 @@ async def test_ack_accepted_then_idempotent(client: GymClient) -> None:
     assert (first.acknowledged, first.idempotent, first.error) == (True, False, None)
     [second] = await client.acknowledge([receipt])
     assert (second.acknowledged, second.idempotent, second.error) == (True, True, None)
+
+
+async def test_a_mismatched_receipt_after_the_ack_is_still_refused(client: GymClient) -> None:
+    receipt = await _finished(client)
+    assert (await client.acknowledge([receipt]))[0].acknowledged
+    [late] = await client.acknowledge([receipt.model_copy(update={"execution_generation": 999})])
+    assert (late.acknowledged, late.error) == (False, "receipt_mismatch")
+    [again] = await client.acknowledge([receipt])
+    assert (again.acknowledged, again.idempotent) == (True, True)
+    with pytest.raises(GoneError):
+        await client.token_capture(receipt.manifest_capture_key)
+
+
+async def test_memory_kept_per_finished_try_is_small(client: GymClient) -> None:
+    """A long-running agent remembers every try done for good (to answer 410), compacted."""
+    for _ in range(20):  # warm up: pools, caches, first-call allocations
+        await client.acknowledge([await _finished(client)])
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        tries = 300
+        for _ in range(tries):
+            await client.acknowledge([await _finished(client)])
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    # An Execution with its request, receipt, events and reply is several KiB; what is kept is ids,
+    # the receipt's digest and the capture key.
+    assert grown / tries < 1024, f"{grown / tries:.0f} bytes kept per finished try"
 
 
 @pytest.mark.parametrize(
