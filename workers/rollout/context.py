@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from eventstore.events import group_id_of
 from workers.gym import GymClient
 from workers.rollout.journal import Journal
 
@@ -67,6 +68,7 @@ class Context:
         self.agents = agents
         self.settings = settings
         self.live: dict[tuple[str, int], LiveTry] = {}
+        self._live_by_group: dict[str, list[tuple[str, int]]] = {}
         self.active_checkpoint: str | None = None
         self.checkpoint_idle = asyncio.Event()
         self.checkpoint_idle.set()
@@ -78,7 +80,16 @@ class Context:
         found = self.live.get(key)
         if found is None:
             found = self.live[key] = LiveTry()
+            self._live_by_group.setdefault(group_id_of(rollout_id), []).append(key)
         return found
+
+    def forget_group(self, group_id: str) -> None:
+        """Drops the settled tries of a group that left play (the log holds their outcomes), so the
+        trainer's memory follows the groups in play, not its history; a try still held stays."""
+        for key in self._live_by_group.pop(group_id, []):
+            live = self.live.get(key)
+            if live is not None and not live.lock.locked():
+                del self.live[key]
 
     def client(self, agent_name: str) -> GymClient:
         try:

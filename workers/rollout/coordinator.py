@@ -120,9 +120,10 @@ class RolloutCoordinator:
     async def close(self) -> None:
         """Stops the drivers and the relay (tries in flight stay at the agents, for recovery)."""
         self.ctx.stopping = True
-        for task in self._drivers.values():
+        drivers = list(self._drivers.values())  # a driver that ends removes itself
+        for task in drivers:
             task.cancel()
-        for task in self._drivers.values():
+        for task in drivers:
             with contextlib.suppress(BaseException):
                 await task
         await self.relay.stop()
@@ -203,6 +204,12 @@ class RolloutCoordinator:
         except Exception as exc:
             log.exception("group %s failed", group_id)
             self.errors.append(exc)
+        else:
+            left = self.ledger.groups.get(group_id)
+            if left is None or left.status != "open":
+                self.ctx.forget_group(group_id)
+                if self._drivers.get(group_id) is asyncio.current_task():
+                    del self._drivers[group_id]
 
     # --- sibling mode --------------------------------------------------------------------------------
 
@@ -425,7 +432,7 @@ class RolloutCoordinator:
         """Until every group driver has finished and every debt is paid (or raises the first error)."""
         async with asyncio.timeout(timeout_s):
             while True:
-                drivers = [t for t in self._drivers.values() if not t.done()]
+                drivers = [t for t in list(self._drivers.values()) if not t.done()]
                 if drivers:
                     await asyncio.wait(drivers)
                     continue
