@@ -4,6 +4,10 @@ Two connection pools: `/run` calls are long and many, so they get their own pool
 timeout (the trainer's lease deadline governs them); control calls go through a second pool with a 60 s
 default timeout, so they never queue behind open runs (protocol.md §8).  Every reply is checked
 against its wire model; every refusal becomes a typed exception from `workers.gym.errors`.
+
+The pools are `LeanTransport`s (httpx transports) called through their `exchange` method: the
+requests are the same bytes, the transport errors httpx's own, without httpx's client layer per call
+(`benchmarks/gym_client.py` measures the difference).
 """
 
 from __future__ import annotations
