@@ -305,17 +305,18 @@ class UnitOfWork:
     def _append_in_postgres(
         self, appends: list[tuple[str, list[dict[str, Any]], int]], blobs: Sequence[bytes]
     ) -> list[AppendResult]:
-        """One call of the `ledger_append` function per append, all pipelined with the blob inserts.
+        """`ledger_append` for one append; `ledger_append_batch` (one JSON document) for several.
 
-        Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call); a
-        lone append without blobs skips the pipeline's own bookkeeping.
+        Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call);
+        blob inserts are pipelined with it, so a batch is one network round trip.
         """
         driver = self.connection.connection.driver_connection
         assert driver is not None
         statements = [(_PG_BLOB_INSERT, _blob_params(b)) for b in blobs]
-        statements += [
-            (_PG_APPEND, _append_params(stream, rows, expected)) for stream, rows, expected in appends
-        ]
+        if len(appends) == 1:
+            statements.append((_PG_APPEND, _append_params(*appends[0])))
+        else:
+            statements.append((_PG_APPEND_BATCH, _batch_params(appends)))
         cursors = [driver.cursor() for _ in statements]
         try:
             if len(statements) == 1:
@@ -325,22 +326,27 @@ class UnitOfWork:
                     for cursor, (sql, params) in zip(cursors, statements, strict=True):
                         cursor.execute(sql, params)
                     pipeline.sync()
-            outs = [cursor.fetchall() for cursor in cursors[len(blobs) :]]
+            rows = cursors[-1].fetchall()
         except Exception as exc:
-            # The refused statement is the first whose result never came (the pipeline stops there).
-            failed = next((i for i, c in enumerate(cursors) if c.pgresult is None), len(cursors) - 1)
-            if failed >= len(blobs):
-                stream, _, expected = appends[failed - len(blobs)]
+            hint = getattr(getattr(exc, "diag", None), "message_hint", None)
+            index = int(hint) if len(appends) > 1 and hint is not None and hint.isdigit() else 0
+            if index < len(appends):
+                stream, _, expected = appends[index]
                 _raise_refusal(exc, stream, expected)
             raise
         finally:
             for cursor in cursors:
                 cursor.close()
+        if len(appends) == 1:
+            rows = [(0, *row) for row in rows]
+        by_append: list[list[tuple[Any, ...]]] = [[] for _ in appends]
+        for row in rows:
+            by_append[int(row[0])].append(row)
         return [
             AppendResult(
-                positions=[int(r[0]) for r in out], stream_version=int(out[-1][1]), idempotent=bool(out[0][2])
+                positions=[int(r[1]) for r in out], stream_version=int(out[-1][2]), idempotent=bool(out[0][3])
             )
-            for out in outs
+            for out in by_append
         ]
 
     def _append_in_python(self, stream_id: str, rows: list[dict[str, Any]], expected: int) -> AppendResult:
@@ -431,6 +437,24 @@ def _append_params(stream_id: str, rows: list[dict[str, Any]], expected: int) ->
     }
 
 
+def _batch_params(appends: list[tuple[str, list[dict[str, Any]], int]]) -> dict[str, Any]:
+    """The batch as `ledger_append_batch` reads it: one JSON text, no per-array encoding."""
+    batch = [
+        {
+            "s": stream_id,
+            "e": int(expected),
+            "c": any(r["chosen_id"] for r in rows),
+            "ids": [r["event_id"] for r in rows],
+            "types": [r["type"] for r in rows],
+            "versions": [r["schema_version"] for r in rows],
+            "data": [r["data"] for r in rows],
+            "metadata": [r["metadata"] for r in rows],
+        }
+        for stream_id, rows, expected in appends
+    ]
+    return {"batch": json.dumps(batch, ensure_ascii=False), "recorded_at": appends[0][1][0]["recorded_at"]}
+
+
 def _blob_params(content: bytes, media_type: str = "application/json") -> dict[str, Any]:
     digest = "sha256:" + hashlib.sha256(content).hexdigest()
     return {"digest": digest, "media_type": media_type, "content": content, "now": time.time()}
@@ -505,6 +529,10 @@ _PG_APPEND = (
     "SELECT out_position, out_stream_version, out_idempotent FROM ledger_append(%(stream_id)s::text, "
     "%(expected)s::bigint, %(ids)b::text[], %(types)b::text[], %(versions)b::int[], %(data)b::text[], "
     "%(metadata)b::text[], %(recorded_at)s::double precision, %(check_ids)s::boolean)"
+)
+_PG_APPEND_BATCH = (
+    "SELECT out_append, out_position, out_stream_version, out_idempotent "
+    "FROM ledger_append_batch(%(batch)s::json, %(recorded_at)s::double precision)"
 )
 _PG_BLOB_INSERT = (
     "INSERT INTO blobs (digest, media_type, content, created_at) "

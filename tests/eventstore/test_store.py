@@ -20,7 +20,7 @@ from eventstore import (
     WrongExpectedVersion,
     open_store,
 )
-from eventstore.events import AttemptMinted, GroupReserved, PromptRef, RunFailed
+from eventstore.events import AttemptMinted, GroupAbandoned, GroupReserved, PromptRef, RunFailed
 from eventstore.records import GENESIS_HASH
 
 TAMPER = """UPDATE events SET data = '{"rollout_id":"p1_g7","generation_index":7,"attempt_index":0}' WHERE position = 2"""
@@ -241,6 +241,16 @@ def test_append_batch_chains_streams_and_writes_blobs_in_one_go(store_url: str) 
     assert [(r.positions, r.stream_version) for r in results] == [([2], 1), ([3, 4], 1), ([5], 2)]
     assert [e.stream_version for e in store.read_stream("group-p1")] == [0, 1, 2]
     assert store.get_blob(tx_digest(b"tokens-b")) == b"tokens-b"
+    assert store.verify_chain() is None
+
+
+def test_append_batch_keeps_every_character_of_the_payload(store_url: str) -> None:
+    store = open_store(store_url)
+    tricky = 'quote " backslash \\ newline \n tab \t é ß 中文 😀 \u2028 {"json": [1]}'
+    events = [GroupAbandoned(group_id=f"g{i}", reason=tricky + str(i)) for i in range(2)]
+    with store.transaction() as tx:
+        tx.append_batch([("group-g0", [events[0]], -1), ("group-g1", [events[1]], -1)])
+    assert [e.decode() for e in store.read_all()] == events
     assert store.verify_chain() is None
 
 
