@@ -132,35 +132,16 @@ async def run_simulation(
         claimed = 0
 
         async def feed() -> None:
-            # Submits go out concurrently (each is an append): one at a time, the window refilled
-            # at the journal's commit rate, not at the rate groups finished.
-            submitting: set[asyncio.Task[None]] = set()
-            failures: list[BaseException] = []
-
-            def settled(task: asyncio.Task[None]) -> None:
-                submitting.discard(task)
-                if not task.cancelled() and task.exception() is not None:
-                    failures.append(task.exception())  # type: ignore[arg-type]
-
             for i in range(config.groups):
-                while len(coord.open_groups()) + len(submitting) >= window and not failures:
-                    await asyncio.sleep(0.01)
-                if failures:
-                    break
-                task = asyncio.create_task(
-                    coord.submit(
-                        f"{run_id}-p{i}",
-                        PromptRef(sample_id=f"sample-{i}", task_name="arith"),
-                        names[i % len(names)],
-                        config.siblings,
-                        {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
-                    )
+                while len(coord.open_groups()) >= window:
+                    await asyncio.sleep(0.02)
+                await coord.submit(
+                    f"{run_id}-p{i}",
+                    PromptRef(sample_id=f"sample-{i}", task_name="arith"),
+                    names[i % len(names)],
+                    config.siblings,
+                    {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
                 )
-                submitting.add(task)
-                task.add_done_callback(settled)
-            await asyncio.gather(*submitting, return_exceptions=True)
-            if failures:
-                raise failures[0]
 
         no_more_checkpoints = asyncio.Event()
 
