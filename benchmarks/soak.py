@@ -324,6 +324,8 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
         ("groups sealed / abandoned / dead-lettered",
          f"{s['groups_sealed']} / {s['groups_abandoned']} / {s['groups_dead_lettered']}"),
         ("checkpoints committed / aborted", f"{s['checkpoints_committed']} / {s['checkpoints_aborted']}"),
+        ("journal appends / transactions (per s)",
+         f"{s['journal_appends']} / {s['journal_batches']} ({s['journal_batches'] / t['wall_s']:.0f}/s)"),
         ("prepare wait p50 / p99 / max (s)",
          f"{t['prepare_wait_p50_s']} / {t['prepare_wait_p99_s']} / {t['prepare_wait_max_s']}"),
         ("stranded / duplicate executions", f"{s['stranded']} / {s['duplicate_executions']}"),

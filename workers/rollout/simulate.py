@@ -248,6 +248,9 @@ async def run_simulation(
         "duplicate_executions": duplicates,
         "audit_violations": audit,
         "events": sum(counts.values()),
+        # Group commit: appends written, and the store transactions (append-lock holds) they took.
+        "journal_appends": coord.journal.appends,
+        "journal_batches": coord.journal.batches,
     }
 
 
