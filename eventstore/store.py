@@ -438,21 +438,13 @@ def _append_params(stream_id: str, rows: list[dict[str, Any]], expected: int) ->
 
 
 def _batch_params(appends: list[tuple[str, list[dict[str, Any]], int]]) -> dict[str, Any]:
-    """The batch as `ledger_append_batch` reads it: one JSON text, no per-array encoding."""
-    batch = [
-        {
-            "s": stream_id,
-            "e": int(expected),
-            "c": any(r["chosen_id"] for r in rows),
-            "ids": [r["event_id"] for r in rows],
-            "types": [r["type"] for r in rows],
-            "versions": [r["schema_version"] for r in rows],
-            "data": [r["data"] for r in rows],
-            "metadata": [r["metadata"] for r in rows],
-        }
-        for stream_id, rows, expected in appends
-    ]
-    return {"batch": json.dumps(batch, ensure_ascii=False), "recorded_at": appends[0][1][0]["recorded_at"]}
+    """The batch as `ledger_append_batch` reads it: one JSON text (no per-array encoding) holding each
+    append's `ledger_append` arguments under the same names."""
+    batch = [_append_params(*append) for append in appends]
+    recorded_at = batch[0]["recorded_at"]
+    for params in batch:
+        del params["recorded_at"]
+    return {"batch": json.dumps(batch, ensure_ascii=False), "recorded_at": recorded_at}
 
 
 def _blob_params(content: bytes, media_type: str = "application/json") -> dict[str, Any]:

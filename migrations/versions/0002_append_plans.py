@@ -27,8 +27,8 @@ depends_on = None
 _SIGNATURE = "ledger_append(text, bigint, text[], text[], int[], text[], text[], double precision, boolean)"
 
 
-# Each element: {"s": stream, "e": expected version, "c": check ids, "ids": [...], "types": [...],
-# "versions": [...], "data": [event JSON text, ...], "metadata": [metadata JSON text, ...]}.
+# Each element names `ledger_append`'s arguments: {"stream_id", "expected", "check_ids", "ids": [...],
+# "types": [...], "versions": [...], "data": [event JSON text, ...], "metadata": [JSON text, ...]}.
 _BATCH = """
 CREATE FUNCTION ledger_append_batch(p_batch json, p_recorded_at double precision)
 RETURNS TABLE (out_append int, out_position bigint, out_stream_version bigint, out_idempotent boolean)
@@ -42,13 +42,13 @@ DECLARE
 BEGIN
     FOR a IN SELECT value FROM json_array_elements(p_batch) LOOP
         RETURN QUERY SELECT i, r.out_position, r.out_stream_version, r.out_idempotent FROM ledger_append(
-            a->>'s', (a->>'e')::bigint,
+            a->>'stream_id', (a->>'expected')::bigint,
             ARRAY(SELECT x FROM json_array_elements_text(a->'ids') WITH ORDINALITY t(x, n) ORDER BY n),
             ARRAY(SELECT x FROM json_array_elements_text(a->'types') WITH ORDINALITY t(x, n) ORDER BY n),
             ARRAY(SELECT x::int FROM json_array_elements_text(a->'versions') WITH ORDINALITY t(x, n) ORDER BY n),
             ARRAY(SELECT x FROM json_array_elements_text(a->'data') WITH ORDINALITY t(x, n) ORDER BY n),
             ARRAY(SELECT x FROM json_array_elements_text(a->'metadata') WITH ORDINALITY t(x, n) ORDER BY n),
-            p_recorded_at, (a->>'c')::boolean) r;
+            p_recorded_at, (a->>'check_ids')::boolean) r;
         i := i + 1;
     END LOOP;
 EXCEPTION WHEN SQLSTATE 'LE001' OR SQLSTATE 'LE002' THEN

@@ -71,7 +71,7 @@ from workers.gym.errors import (
     StaleCheckpointError,
     UnauthorizedError,
 )
-from workers.gym.transport import LeanTransport, Timeouts
+from workers.gym.transport import LeanTransport, Timeouts, origin_of
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -93,6 +93,7 @@ def _timeouts(total_s: float | None, connect_s: float) -> Timeouts:
     return Timeouts(connect=connect, read=total_s, write=total_s, pool=total_s)
 
 
+@functools.cache
 def _default_ssl_context() -> ssl.SSLContext:
     # Loading the CA bundle costs tens of milliseconds; one context serves every client of the process.
     return httpx.create_ssl_context()
@@ -134,10 +135,13 @@ class GymClient:
         url = httpx.URL(self.base_url)
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"agent URL {base_url!r} is not an http(s) URL")
-        self._origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        self._origin = origin_of(url)
         self._prefix = url.raw_path.rstrip(b"/")
-        default_port = url.port is None or url.port == (443 if url.scheme == "https" else 80)
-        host = url.raw_host if default_port else url.raw_host + b":" + str(url.port).encode()
+        host = (
+            url.raw_host
+            if url.port in (None, self._origin[2])
+            else url.raw_host + b":" + str(url.port).encode()
+        )
         self._headers: list[tuple[bytes, bytes]] = [
             (b"Host", host),
             (b"Accept", b"application/json"),

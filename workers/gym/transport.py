@@ -56,6 +56,11 @@ class _Connection:
             self.writer.close()
 
 
+def origin_of(url: httpx.URL) -> Origin:
+    """(scheme, host, port) of `url`, the port defaulted by scheme."""
+    return (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """Seconds (None: no limit) for each phase of an exchange, as httpx names them."""
@@ -109,13 +114,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """The httpx transport interface: any `httpx.AsyncClient` can run on this pool."""
-        url = request.url
-        origin: Origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         try:
             reply = await self.exchange(
                 request.method,
-                origin,
-                url.raw_path,
+                origin_of(request.url),
+                request.url.raw_path,
                 request.headers.raw,
                 await request.aread(),
                 Timeouts.of(request),

@@ -6,15 +6,16 @@ each append the projections catch up from the log (not from the events in hand),
 coordinator knows is always what the log says, including other writers' events.
 
 Group commit: concurrent appends are queued and one writer task writes all those pending in one
-store transaction (one thread hop, one pipelined round trip, one commit), folds the log once, then
+store transaction (one thread hop, one `ledger_append_batch` statement, one commit), folds the log once, then
 answers every caller.  An append whose events depend on the ledger (a `build`) joins a batch only as
 the first append of its stream there (otherwise it waits for the next batch), so it sees its own
 stream folded up to and including every earlier append to it, exactly as when appends were written
 one at a time; appends of fixed events need no fold and chain behind it (the dispatches of a group's
-siblings go out together), always in queue order per stream.  Builds of one batch see the other streams of that batch as
-they were before it; every build reads only its own group's part of the ledger (its group, its
-group's debts; a `CheckpointCommitted` in the same batch archives only groups whose claim is
-already in the log, which such a build treats the same either way), so that changes no decision.
+siblings go out together), always in queue order per stream.  Builds of one batch see the other
+streams of that batch as they were before it; every build reads only its own group's part of the
+ledger (its group, its group's debts; a `CheckpointCommitted` in the same batch archives only groups
+whose claim is already in the log, which such a build treats the same either way), so that changes
+no decision.
 If the transaction is refused (a version conflict or any other error), it is rolled back and the
 batch is written again one append per transaction, in queue order, so each caller gets its own
 answer and a fence fails exactly the appends it failed before.
