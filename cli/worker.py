@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import threading
 from collections.abc import Callable
 from typing import Annotated, cast
 
@@ -54,6 +55,30 @@ def logprobs(
     Many workers can share one PostgreSQL log (claims are leased with FOR UPDATE SKIP LOCKED); use one
     worker per SQLite file.  Token records are read from the log's blob table, never from an agent.
     """
+    # A stop asked while the policy loads or the database connects is kept, and honoured at once.
+    stop_asked = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop_asked.set())
+    try:
+        _logprobs(db, device, policy, once, batch_tokens, claim_size, lease_seconds, temperature,
+                  backend, poll_interval, as_json, stop_asked)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _logprobs(
+    db: str | None,
+    device: str,
+    policy: str,
+    once: bool,
+    batch_tokens: int,
+    claim_size: int,
+    lease_seconds: float,
+    temperature: float,
+    backend: str,
+    poll_interval: float,
+    as_json: bool,
+    stop_asked: threading.Event,
+) -> None:
     if device not in ("cpu", "cuda"):
         raise typer.BadParameter("--device must be cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
@@ -81,16 +106,16 @@ def logprobs(
             err_console.print(
                 f"worker {worker.worker_id} scoring for policy {worker.policy_version} on {store.url} ({device})"
             )
-            stats = _run(worker, once, quiet=as_json)
+            stats = _run(worker, once, quiet=as_json, stop_asked=stop_asked)
             counts = worker.counts()
         finally:
             store.close()
     _summary(worker, stats, counts, as_json)
 
 
-def _run(worker: LogprobWorker, once: bool, quiet: bool) -> WorkerStats:
+def _run(worker: LogprobWorker, once: bool, quiet: bool, stop_asked: threading.Event) -> WorkerStats:
     if quiet:
-        return _interruptible(worker, once, None)
+        return _interruptible(worker, once, None, stop_asked)
     with Progress(
         TextColumn("tries scored"),
         BarColumn(),
@@ -107,14 +132,19 @@ def _run(worker: LogprobWorker, once: bool, quiet: bool) -> WorkerStats:
             )
             bar.update(task, total=counts.total, completed=counts.done, detail=detail)
 
-        return _interruptible(worker, once, show)
+        return _interruptible(worker, once, show, stop_asked)
 
 
 def _interruptible(
-    worker: LogprobWorker, once: bool, show: Callable[[QueueCounts, WorkerStats], None] | None
+    worker: LogprobWorker,
+    once: bool,
+    show: Callable[[QueueCounts, WorkerStats], None] | None,
+    stop_asked: threading.Event,
 ) -> WorkerStats:
     # SIGTERM (a supervisor stopping the worker) finishes the batch in hand, then exits cleanly.
     previous = signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    if stop_asked.is_set():
+        worker.stop()
     try:
         return worker.run(once=once, on_progress=show)
     except KeyboardInterrupt:

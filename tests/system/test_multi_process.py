@@ -208,6 +208,9 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
         # The workers followed the log across the restart; stop them, then drain what is left.
         for w in workers:
             assert w.alive(), f"{w.name} died:\n{w.err()[-3000:]}"
+            # A clean stop is asked of a running worker: one still importing torch on a loaded machine
+            # (the trainers can now finish first) would die of the signal, having claimed nothing.
+            await wait_for(lambda w=w: "scoring for policy" in w.err(), 120, f"{w.name} started", diag)  # type: ignore[misc]
             w.signal(signal.SIGTERM)
         for w in workers:
             assert await asyncio.to_thread(w.wait, 60) == 0, w.err()[-3000:]
