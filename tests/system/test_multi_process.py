@@ -37,7 +37,8 @@ from projections.audit import audit_log
 from workers.gym import GymClient
 
 ROOT = Path(__file__).parents[2]
-GROUPS_A, GROUPS_B, SIBLINGS = 16, 12, 4
+# B's workload outlasts the agent kill below (the assertion there says so if it no longer does).
+GROUPS_A, GROUPS_B, SIBLINGS = 16, 40, 4
 FAULTS = FaultRates(drop_reply=0.05, fail=0.05)
 # What each component prints when it rides out a lost database or agent.
 WORKER_RECONNECT = re.compile(r"database unavailable, reconnecting")
@@ -193,6 +194,7 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
         # 3. Kill agent-3 (trainer B's only agent), bring it back on the same port and state dir.
         async with GymClient(agents[2].url, agents[2].name) as c:
             generation_before = (await c.status()).execution_generation
+        assert b.alive(), f"trainer B finished before its agent was killed: size GROUPS_B up\n{await diag()}"
         agents[2].kill()
         await asyncio.sleep(0.5)
         await asyncio.to_thread(agents[2].start)
