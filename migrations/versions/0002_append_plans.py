@@ -34,21 +34,20 @@ CREATE FUNCTION ledger_append_batch(p_batch json, p_recorded_at double precision
 RETURNS TABLE (out_append int, out_position bigint, out_stream_version bigint, out_idempotent boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    a json;
+    a record;
     i int := 0;
     v_state text;
     v_message text;
     v_detail text;
 BEGIN
-    FOR a IN SELECT value FROM json_array_elements(p_batch) LOOP
+    -- One parse of the whole batch: JSON arrays become the text[]/int[] arguments, strings exactly.
+    FOR a IN SELECT * FROM json_to_recordset(p_batch) AS x(
+        stream_id text, expected bigint, check_ids boolean,
+        ids text[], types text[], versions int[], data text[], metadata text[]
+    ) LOOP
         RETURN QUERY SELECT i, r.out_position, r.out_stream_version, r.out_idempotent FROM ledger_append(
-            a->>'stream_id', (a->>'expected')::bigint,
-            ARRAY(SELECT x FROM json_array_elements_text(a->'ids') WITH ORDINALITY t(x, n) ORDER BY n),
-            ARRAY(SELECT x FROM json_array_elements_text(a->'types') WITH ORDINALITY t(x, n) ORDER BY n),
-            ARRAY(SELECT x::int FROM json_array_elements_text(a->'versions') WITH ORDINALITY t(x, n) ORDER BY n),
-            ARRAY(SELECT x FROM json_array_elements_text(a->'data') WITH ORDINALITY t(x, n) ORDER BY n),
-            ARRAY(SELECT x FROM json_array_elements_text(a->'metadata') WITH ORDINALITY t(x, n) ORDER BY n),
-            p_recorded_at, (a->>'check_ids')::boolean) r;
+            a.stream_id, a.expected, a.ids, a.types, a.versions, a.data, a.metadata, p_recorded_at, a.check_ids
+        ) r;
         i := i + 1;
     END LOOP;
 EXCEPTION WHEN SQLSTATE 'LE001' OR SQLSTATE 'LE002' THEN
