@@ -420,7 +420,11 @@ def _checked(
         raise ValueError(f"invalid stream id {stream_id!r}")
     if expected_version < ExpectedVersion.ANY:
         raise ValueError(f"invalid expected version {expected_version}")
-    return [_prepare(e, metadata) for e in events]
+    try:  # one rendering for every event of the append that brings no metadata of its own
+        shared = canonical({**_WRITER, "wall_time": time.time(), **(metadata or {})})
+    except (TypeError, ValueError) as exc:
+        raise InvalidEvent(f"metadata is not JSON-serialisable: {exc}") from None
+    return [_prepare(e, metadata, shared) for e in events]
 
 
 def _append_params(stream_id: str, rows: list[dict[str, Any]], expected: int) -> dict[str, Any]:
@@ -465,7 +469,7 @@ def _raise_refusal(exc: Exception, stream_id: str, expected: int) -> None:
         ) from None
 
 
-def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[str, Any]:
+def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None, shared_meta: str) -> dict[str, Any]:
     """Validates one event and renders the exact JSON text that is stored and hashed."""
     if isinstance(event, Event):
         event = NewEvent.of(event)
@@ -493,7 +497,11 @@ def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None) -> dict[s
         except (TypeError, ValueError) as exc:
             raise InvalidEvent(f"{event.type} payload is not JSON-serialisable: {exc}") from None
     try:
-        meta = canonical({**_WRITER, "wall_time": time.time(), **(metadata or {}), **event.metadata})
+        meta = (
+            canonical({**_WRITER, "wall_time": time.time(), **(metadata or {}), **event.metadata})
+            if event.metadata
+            else shared_meta
+        )
     except (TypeError, ValueError) as exc:
         raise InvalidEvent(f"metadata is not JSON-serialisable: {exc}") from None
     if event.event_id is not None:
