@@ -279,8 +279,9 @@ class UnitOfWork:
     ) -> list[AppendResult]:
         """Several appends `(stream_id, events, expected_version)` and blobs, in order, in this transaction.
 
-        The same as `put_blob` for each blob then `append` for each append, but on PostgreSQL sent as
-        one pipeline: a single network round trip however many streams it writes.  Appends to the same
+        The same as `put_blob` for each blob then `append` for each append, but on PostgreSQL one
+        `ledger_append_batch` statement with the blob inserts pipelined before it: a single network
+        round trip however many streams it writes.  Appends to the same
         stream chain (the second expects the version the first leaves).  A refused append raises as
         `append` would, and the transaction is then unusable (roll it back).
         """

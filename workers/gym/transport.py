@@ -5,8 +5,9 @@ idle socket for readability; with the hundred-odd `/run` calls a trainer keeps o
 more than the rest of the hand-off together (`benchmarks/gym_client.py` measures both side by side).
 This transport keeps, per origin, a stack of idle connections and checks only the one it reuses.
 
-It is a plain `httpx.AsyncBaseTransport`: the client still speaks httpx (requests, responses,
-timeouts, exceptions), so every caller and every error mapping stays as it was.  What it implements
+It is a plain `httpx.AsyncBaseTransport`, so any `httpx.AsyncClient` can run on it; `GymClient` calls
+its `exchange()` directly (the same bytes and httpx's own exceptions, without httpx's client layer
+per call).  What it implements
 of HTTP/1.1 is what a JSON API needs: keep-alive, `Content-Length` and chunked bodies, a body read to
 EOF when the server closes, `Connection: close`, TLS through an `ssl.SSLContext`.  A connection whose
 request was cancelled or failed half-way is closed, never reused: its state is unknown.
