@@ -34,6 +34,8 @@ from eventstore import open_store
 from eventstore.events import PromptRef
 from workers.gym import GymClient
 from workers.rollout import RolloutCoordinator
+from workers.rollout.checkpoint import CheckpointOutcome
+from workers.rollout.simulate import checkpoint_every, claim_as_sealed
 
 log = logging.getLogger("trainer")
 
@@ -95,8 +97,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
         names = sorted(clients)
         nonce = uuid.uuid4().hex[:6]
-        claimed = 0
-        checkpoints: list[str] = []
+        claimed: list[str] = []
+        checkpoints: list[CheckpointOutcome] = []
 
         async def watch_outages() -> None:
             # The journal retries DatabaseUnavailable silently; surface each retry burst here.
@@ -127,29 +129,21 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 
         stop_checkpoints = asyncio.Event()
 
-        async def checkpoint_loop() -> None:
-            k = 0
-            while not stop_checkpoints.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop_checkpoints.wait(), args.checkpoint_every)
-                if stop_checkpoints.is_set():
-                    return
-                ckpt = f"{tid}-{nonce}-ck{k}"
-                outcome = await coord.checkpoint(ckpt)
-                checkpoints.append(outcome.outcome)
-                k += 1
-
-        async def train() -> None:
-            nonlocal claimed
-            step = 0
-            async for group in coord.sealed_groups(until_idle=False):
-                await coord.claim_for_training(group.group_id, step)
-                step += 1
-                claimed += 1
-
         watcher = asyncio.create_task(watch_outages())
-        ckpt_task = asyncio.create_task(checkpoint_loop()) if args.checkpoint_every > 0 else None
-        trainer = asyncio.create_task(train())
+        ckpt_task = (
+            asyncio.create_task(
+                checkpoint_every(
+                    coord,
+                    args.checkpoint_every,
+                    stop_checkpoints,
+                    lambda k: f"{tid}-{nonce}-ck{k}",
+                    checkpoints,
+                )
+            )
+            if args.checkpoint_every > 0
+            else None
+        )
+        trainer = asyncio.create_task(claim_as_sealed(coord, claimed))
         await feed()
         while coord.open_groups():
             if coord.errors:
@@ -170,9 +164,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         return {
             "trainer_id": tid,
             "resumed": args.resume,
-            "claimed": claimed,
-            "checkpoints_committed": checkpoints.count("committed"),
-            "checkpoints_aborted": checkpoints.count("aborted"),
+            "claimed": len(claimed),
+            "checkpoints_committed": sum(o.outcome == "committed" for o in checkpoints),
+            "checkpoints_aborted": sum(o.outcome == "aborted" for o in checkpoints),
             "outage_retries": coord.journal.outage_retries,
             "wall_s": round(time.monotonic() - started, 2),
             "stats": coord.stats,

@@ -23,6 +23,7 @@ from gym_agent.launcher import AgentProcess
 from gym_agent.wire import CrashAfter, FaultRates, RateFaults
 from workers.gym import GymClient
 from workers.gym.errors import GymError
+from workers.rollout.checkpoint import CheckpointOutcome
 from workers.rollout.context import log
 from workers.rollout.coordinator import RolloutCoordinator
 
@@ -70,6 +71,32 @@ def parse_faults(text: str) -> Fault:
         else:
             raise ValueError(f"unknown fault {name!r} (drop_reply, fail, hang, crash_after)")
     return Fault(FaultRates(**values), crash)
+
+
+async def checkpoint_every(
+    coord: RolloutCoordinator,
+    every_s: float,
+    stop: asyncio.Event,
+    checkpoint_id: Callable[[int], str],
+    outcomes: list[CheckpointOutcome],
+) -> None:
+    """A checkpoint every `every_s` until `stop` is set; one in flight is let finish (cancelling it
+    would leave it undecided, and recovery would presume it aborted)."""
+    k = 0
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+        if stop.is_set():
+            return
+        outcomes.append(await coord.checkpoint(checkpoint_id(k)))
+        k += 1
+
+
+async def claim_as_sealed(coord: RolloutCoordinator, claimed: list[str]) -> None:
+    """The training loop: claims each group as it seals, at steps 0, 1, 2, ..., until cancelled."""
+    async for group in coord.sealed_groups(until_idle=False):
+        await coord.claim_for_training(group.group_id, len(claimed))
+        claimed.append(group.group_id)
 
 
 def summarize(store: EventStore, run_id: str) -> Counter[str]:
@@ -128,8 +155,8 @@ async def run_simulation(
         await coord.start()
         names = sorted(clients)
         window = max(1, config.window_per_agent * len(names))
-        outcomes: list[Any] = []
-        claimed = 0
+        outcomes: list[CheckpointOutcome] = []
+        claimed: list[str] = []
 
         async def feed() -> None:
             for i in range(config.groups):
@@ -145,27 +172,21 @@ async def run_simulation(
 
         no_more_checkpoints = asyncio.Event()
 
-        async def checkpoints() -> None:
-            k = 0
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(no_more_checkpoints.wait(), config.checkpoint_every_s)
-                if no_more_checkpoints.is_set():
-                    return
-                outcomes.append(await coord.checkpoint(f"{run_id}-ckpt-{k}"))
-                k += 1
-
-        async def train() -> None:
-            nonlocal claimed
-            step = 0
-            async for group in coord.sealed_groups(until_idle=False):
-                await coord.claim_for_training(group.group_id, step)
-                step += 1
-                claimed += 1
-
         feeder = asyncio.create_task(feed())
-        ckpt_task = asyncio.create_task(checkpoints()) if config.checkpoint_every_s > 0 else None
-        trainer = asyncio.create_task(train())
+        ckpt_task = (
+            asyncio.create_task(
+                checkpoint_every(
+                    coord,
+                    config.checkpoint_every_s,
+                    no_more_checkpoints,
+                    lambda k: f"{run_id}-ckpt-{k}",
+                    outcomes,
+                )
+            )
+            if config.checkpoint_every_s > 0
+            else None
+        )
+        trainer = asyncio.create_task(claim_as_sealed(coord, claimed))
         await feeder
         while coord.open_groups():
             if coord.errors:
@@ -227,7 +248,7 @@ async def run_simulation(
         "siblings": config.siblings,
         "wall_s": round(elapsed, 2),
         "groups_sealed": counts["GroupSealed"],
-        "groups_claimed": claimed,
+        "groups_claimed": len(claimed),
         "groups_abandoned": counts["GroupAbandoned"],
         "groups_dead_lettered": counts["GroupDeadLettered"],
         "tries": counts["AttemptMinted"] + counts["ReplacementMinted"],
