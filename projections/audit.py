@@ -49,7 +49,7 @@ from eventstore.events import (
     group_id_of,
     rollout_id_of,
 )
-from eventstore.records import GENESIS_HASH, chain_hash
+from eventstore.records import GENESIS_HASH
 from gym_agent.wire import CompletionReceipt
 from projections.base import FAST_DECODERS, ReplayRefused, TypedProjection, decode
 from projections.digest import BLOCK, StoredDigest
@@ -696,17 +696,7 @@ class RowChecker:
                 [position],
                 f"prev_hash of position {position} does not match the hash of {ev.stream_id!r} v{version}",
             )
-        expected = chain_hash(
-            ev.prev_hash,
-            ev.stream_id,
-            ev.stream_version,
-            ev.event_id,
-            ev.type,
-            ev.schema_version,
-            ev.data_json,
-            ev.metadata_json,
-        )
-        if ev.hash != expected:
+        if ev.hash != ev.expected_hash():
             st.violate(
                 HASH_CHAIN, [position], f"the hash of position {position} does not match its content: edited"
             )
