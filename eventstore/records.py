@@ -185,3 +185,6 @@ class AppendResult:
     positions: list[int]
     stream_version: int
     idempotent: bool = False
+    # The rows as written, hashes included (a writer folds them without reading them back); empty
+    # for an idempotent append, whose rows the log already held.
+    records: list[RecordedEvent] = field(default_factory=list)

@@ -280,7 +280,7 @@ class UnitOfWork:
         """Several appends `(stream_id, events, expected_version)` and blobs, in order, in this transaction.
 
         The same as `put_blob` for each blob then `append` for each append, but on PostgreSQL one
-        `ledger_append_batch` statement with the blob inserts pipelined before it: a single network
+        `ledger_append_events` statement with the blob inserts pipelined before it: a single network
         round trip however many streams it writes.  Appends to the same
         stream chain (the second expects the version the first leaves).  A refused append raises as
         `append` would, and the transaction is then unusable (roll it back).
@@ -306,7 +306,7 @@ class UnitOfWork:
     def _append_in_postgres(
         self, appends: list[tuple[str, list[dict[str, Any]], int]], blobs: Sequence[bytes]
     ) -> list[AppendResult]:
-        """`ledger_append` for one append; `ledger_append_batch` (one JSON document) for several.
+        """One `ledger_append_events` statement (migration 0003) for every append, binary arrays.
 
         Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call);
         blob inserts are pipelined with it, so a batch is one network round trip.
@@ -314,10 +314,8 @@ class UnitOfWork:
         driver = self.connection.connection.driver_connection
         assert driver is not None
         statements = [(_PG_BLOB_INSERT, _blob_params(b)) for b in blobs]
-        if len(appends) == 1:
-            statements.append((_PG_APPEND, _append_params(*appends[0])))
-        else:
-            statements.append((_PG_APPEND_BATCH, _batch_params(appends)))
+        params = _events_params(appends)
+        statements.append((_PG_APPEND_EVENTS, params))
         cursors = [driver.cursor() for _ in statements]
         try:
             if len(statements) == 1:
@@ -330,7 +328,7 @@ class UnitOfWork:
             rows = cursors[-1].fetchall()
         except Exception as exc:
             hint = getattr(getattr(exc, "diag", None), "message_hint", None)
-            index = int(hint) if len(appends) > 1 and hint is not None and hint.isdigit() else 0
+            index = int(hint) if hint is not None and hint.isdigit() else 0
             if index < len(appends):
                 stream, _, expected = appends[index]
                 _raise_refusal(exc, stream, expected)
@@ -338,17 +336,31 @@ class UnitOfWork:
         finally:
             for cursor in cursors:
                 cursor.close()
-        if len(appends) == 1:
-            rows = [(0, *row) for row in rows]
         by_append: list[list[tuple[Any, ...]]] = [[] for _ in appends]
         for row in rows:
-            by_append[int(row[0])].append(row)
-        return [
-            AppendResult(
-                positions=[int(r[1]) for r in out], stream_version=int(out[-1][2]), idempotent=bool(out[0][3])
+            by_append[row[0]].append(row)
+        results = []
+        for (stream, events, _), out in zip(appends, by_append, strict=True):
+            idempotent = bool(out[0][3])
+            if not idempotent:
+                for row, (_, position, version, _, prev_hash, hash_) in zip(events, out, strict=True):
+                    row.update(
+                        position=position,
+                        stream_id=stream,
+                        stream_version=version,
+                        recorded_at=params["recorded_at"],
+                        prev_hash=prev_hash,
+                        hash=hash_,
+                    )
+            results.append(
+                AppendResult(
+                    positions=[r[1] for r in out],
+                    stream_version=out[-1][2],
+                    idempotent=idempotent,
+                    records=[] if idempotent else [_record(row) for row in events],
+                )
             )
-            for out in by_append
-        ]
+        return results
 
     def _append_in_python(self, stream_id: str, rows: list[dict[str, Any]], expected: int) -> AppendResult:
         """The same algorithm as `ledger_append`, for SQLite (whose `BEGIN IMMEDIATE` is the append lock)."""
@@ -390,7 +402,11 @@ class UnitOfWork:
             )
             positions.append(head)
         conn.execute(_SQLITE_INSERT, rows)
-        return AppendResult(positions=positions, stream_version=version)
+        return AppendResult(
+            positions=positions,
+            stream_version=version,
+            records=[_record(row) for row in rows],
+        )
 
     def put_blob(self, content: bytes, media_type: str = "application/json") -> str:
         """Stores content under its sha256; storing the same content twice is a no-op."""
@@ -428,28 +444,40 @@ def _checked(
     return [_prepare(e, metadata, shared) for e in events]
 
 
-def _append_params(stream_id: str, rows: list[dict[str, Any]], expected: int) -> dict[str, Any]:
+def _record(row: dict[str, Any]) -> RecordedEvent:
+    """A row as written (its columns filled in by the append) as the log hands it back."""
+    return RecordedEvent(
+        row["position"],
+        row["stream_id"],
+        row["stream_version"],
+        row["event_id"],
+        row["type"],
+        row["schema_version"],
+        row["data"],
+        row["metadata"],
+        row["recorded_at"],
+        row["prev_hash"],
+        row["hash"],
+    )
+
+
+def _events_params(appends: list[tuple[str, list[dict[str, Any]], int]]) -> dict[str, Any]:
+    """`ledger_append_events`' arguments: per append its stream, expected version, id check and event
+    count; the events of every append flattened, in order."""
+    events = [row for _, rows, _ in appends for row in rows]
     return {
-        "stream_id": stream_id,
-        "expected": int(expected),
-        "ids": [r["event_id"] for r in rows],
-        "types": [r["type"] for r in rows],
-        "versions": [r["schema_version"] for r in rows],
-        "data": [r["data"] for r in rows],
-        "metadata": [r["metadata"] for r in rows],
-        "recorded_at": rows[0]["recorded_at"],
-        "check_ids": any(r["chosen_id"] for r in rows),
+        "streams": [stream for stream, _, _ in appends],
+        "expected": [int(expected) for _, _, expected in appends],
+        "check_ids": [any(r["chosen_id"] for r in rows) for _, rows, _ in appends],
+        "counts": [len(rows) for _, rows, _ in appends],
+        "ids": [r["event_id"] for r in events],
+        "types": [r["type"] for r in events],
+        "versions": [r["schema_version"] for r in events],
+        "data": [r["data"] for r in events],
+        "metadata": [r["metadata"] for r in events],
+        # One clock reading for the batch: every row of one transaction records the same instant.
+        "recorded_at": events[0]["recorded_at"],
     }
-
-
-def _batch_params(appends: list[tuple[str, list[dict[str, Any]], int]]) -> dict[str, Any]:
-    """The batch as `ledger_append_batch` reads it: one JSON text (no per-array encoding) holding each
-    append's `ledger_append` arguments under the same names."""
-    batch = [_append_params(*append) for append in appends]
-    recorded_at = batch[0]["recorded_at"]
-    for params in batch:
-        del params["recorded_at"]
-    return {"batch": json.dumps(batch, ensure_ascii=False), "recorded_at": recorded_at}
 
 
 def _blob_params(content: bytes, media_type: str = "application/json") -> dict[str, Any]:
@@ -526,14 +554,11 @@ def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None, shared_me
 # Driver (psycopg) parameter markers: run on the DBAPI cursor, not through SQLAlchemy.  The arrays go
 # in binary (`%(x)b`): the text format escapes every quote of every JSON document with a regex, which
 # cost the trainer more CPU than anything else it did (4.5x slower per append, measured).
-_PG_APPEND = (
-    "SELECT out_position, out_stream_version, out_idempotent FROM ledger_append(%(stream_id)s::text, "
-    "%(expected)s::bigint, %(ids)b::text[], %(types)b::text[], %(versions)b::int[], %(data)b::text[], "
-    "%(metadata)b::text[], %(recorded_at)s::double precision, %(check_ids)s::boolean)"
-)
-_PG_APPEND_BATCH = (
-    "SELECT out_append, out_position, out_stream_version, out_idempotent "
-    "FROM ledger_append_batch(%(batch)s::json, %(recorded_at)s::double precision)"
+_PG_APPEND_EVENTS = (
+    "SELECT out_append, out_position, out_stream_version, out_idempotent, out_prev_hash, out_hash "
+    "FROM ledger_append_events(%(streams)b::text[], %(expected)b::bigint[], %(check_ids)b::boolean[], "
+    "%(counts)b::int[], %(ids)b::text[], %(types)b::text[], %(versions)b::int[], %(data)b::text[], "
+    "%(metadata)b::text[], %(recorded_at)s::double precision)"
 )
 _PG_BLOB_INSERT = (
     "INSERT INTO blobs (digest, media_type, content, created_at) "

@@ -6,6 +6,7 @@ import hashlib
 import uuid
 
 import pytest
+from alembic import command
 from sqlalchemy import create_engine, text
 
 from eventstore import (
@@ -19,6 +20,7 @@ from eventstore import (
     UnknownSchemaVersion,
     WrongExpectedVersion,
     open_store,
+    upgrade_database,
 )
 from eventstore.events import AttemptMinted, GroupAbandoned, GroupReserved, PromptRef, RunFailed
 from eventstore.records import GENESIS_HASH
@@ -242,6 +244,23 @@ def test_append_batch_chains_streams_and_writes_blobs_in_one_go(store_url: str) 
     assert [e.stream_version for e in store.read_stream("group-p1")] == [0, 1, 2]
     assert store.get_blob(tx_digest(b"tokens-b")) == b"tokens-b"
     assert store.verify_chain() is None
+    # What the batch says it wrote is exactly what the log holds, hashes and all.
+    assert [r for result in results for r in result.records] == list(store.read_all(1))
+
+
+def test_append_batch_retried_with_the_same_ids_is_idempotent(store_url: str) -> None:
+    store = open_store(store_url)
+    batch = [
+        ("group-p1", [NewEvent.of(reserved(), event_id=uuid.uuid4())], ExpectedVersion.NO_STREAM),
+        ("group-p2", [NewEvent.of(reserved("p2"), event_id=uuid.uuid4())], ExpectedVersion.NO_STREAM),
+    ]
+    with store.transaction() as tx:
+        first = tx.append_batch(batch)
+    with store.transaction() as tx:  # a retry after a commit whose answer was lost
+        again = tx.append_batch(batch)
+    assert [r.positions for r in again] == [r.positions for r in first] == [[1], [2]]
+    assert all(r.idempotent and not r.records for r in again)
+    assert not any(r.idempotent for r in first) and store.head() == 2
 
 
 def test_append_batch_keeps_every_character_of_the_payload(store_url: str) -> None:
@@ -313,6 +332,24 @@ def test_unknown_migration_head_is_refused(sqlite_url: str, tmp_path: object) ->
 def test_unknown_migration_head_on_postgres(pg_url: str) -> None:
     with pytest.raises(UnknownMigrationHead, match="no ledger schema"):
         open_store(pg_url)
+
+
+def test_migrations_go_down_and_up_again_on_postgres(pg_url: str) -> None:
+    from eventstore import migrate
+    from eventstore.backends import create_engines
+
+    upgrade_database(pg_url)
+    writer, _ = create_engines(pg_url, pool_size=1)
+    config = migrate.alembic_config()
+    with writer.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0002")
+    assert migrate.current_revision(writer) == "0002"
+    store = open_store(pg_url, migrate_schema=True)  # upgrades to the head again
+    assert migrate.current_revision(writer) == migrate.head_revision()
+    with store.transaction() as tx:
+        tx.append_batch([("group-p1", [reserved()], -1), ("group-p2", [reserved("p2")], -1)])
+    assert store.head() == 2 and store.verify_chain() is None
 
 
 def test_append_rejects_empty_and_bad_arguments(store_url: str) -> None:

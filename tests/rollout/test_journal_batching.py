@@ -8,11 +8,12 @@ from collections.abc import Callable
 import pytest
 
 from eventstore import EventStore, NewEvent
+from eventstore.errors import EventIdConflict
 from eventstore.events import AttemptMinted, Event, GroupReserved
 from projections.ledger import LedgerState
 from tests.rollout.conftest import PROMPT, gid
 from workers.rollout.errors import FencedOff
-from workers.rollout.journal import Journal
+from workers.rollout.journal import Journal, _new_event
 
 
 def reserved(g: str) -> list[Event]:
@@ -83,9 +84,7 @@ async def test_a_refused_append_fails_alone_and_a_fence_stops_what_follows_it(st
         await journal.append(f"group-{before}", [minted(before, 2)])
 
 
-async def test_fixed_appends_to_one_stream_chain_in_one_batch_and_a_build_waits_for_them(
-    store: EventStore,
-) -> None:
+async def test_fixed_appends_and_builds_to_one_stream_chain_in_one_batch(store: EventStore) -> None:
     journal = Journal(store)
     await journal.load()
     g = gid("gc")
@@ -93,20 +92,62 @@ async def test_fixed_appends_to_one_stream_chain_in_one_batch_and_a_build_waits_
     seen: list[int] = []
 
     def after_them(ledger: LedgerState) -> list[Event]:
-        seen.append(len(ledger.groups[g].siblings))
-        return [minted(g, 7)]
+        n = len(ledger.groups[g].siblings)
+        seen.append(n)
+        return [minted(g, n)]
 
     batches = journal.batches
     await asyncio.gather(
         *(journal.append(f"group-{g}", [minted(g, i)]) for i in range(1, 6)),
         journal.append(f"group-{g}", after_them),
+        journal.append(f"group-{g}", after_them),
     )
-    # Five fixed appends went out together (the siblings' dispatches of a group); the build could
-    # not join them, since it must see them folded, and did see all five.
-    assert journal.batches - batches == 2
-    assert seen == [6]
-    assert [e.stream_version for e in store.read_stream(f"group-{g}")] == list(range(8))
+    # One transaction (the siblings' replies of a prompt group hold and seal together): each build
+    # saw every earlier append of the batch to its stream, through the look-ahead.
+    assert journal.batches - batches == 1
+    assert seen == [6, 7]
+    assert [e.stream_version for e in store.read_stream(f"group-{g}")] == list(range(9))
     assert [e.data["generation_index"] for e in store.read_stream(f"group-{g}", from_version=2)] == [
-        1, 2, 3, 4, 5, 7
+        1, 2, 3, 4, 5, 6, 7
     ]  # fmt: skip
     assert store.verify_chain() is None
+    # The look-ahead folded copies: the journal's own ledger is exactly the log's.
+    fresh = Journal(store)
+    await fresh.load()
+    assert journal.ledger == fresh.ledger
+    assert journal.ledger_projection.state_hash(journal.ledger) == fresh.ledger_projection.state_hash(
+        fresh.ledger
+    )
+
+
+async def test_a_build_that_looked_ahead_is_built_again_when_the_append_before_it_is_refused(
+    store: EventStore,
+) -> None:
+    journal = Journal(store)
+    await journal.load()
+    g, other = gid("gc"), gid("gc")
+    for group in (g, other):
+        await journal.append(f"group-{group}", reserved(group))
+    stream = f"group-{g}"
+    # Another stream already holds the id the first append below will give its event: the store
+    # refuses it (an id conflict, not a fence), so the batch is written again one by one.
+    taken = _new_event(stream, journal.versions[stream] + 1, minted(g, 5))
+    store.append(f"group-{other}", [taken])
+    seen: list[int] = []
+
+    def next_sibling(ledger: LedgerState) -> list[Event]:
+        n = len(ledger.groups[g].siblings)
+        seen.append(n)
+        return [minted(g, n)]
+
+    results = await asyncio.gather(
+        journal.append(stream, [minted(g, 5)]),
+        journal.append(stream, next_sibling),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], EventIdConflict)
+    # First built behind the refused append (2 siblings), then again on the log as it is (1).
+    assert seen == [2, 1]
+    assert results[1] == [minted(g, 1)]
+    assert [e.data["generation_index"] for e in store.read_stream(stream, from_version=1)] == [0, 1]
+    assert journal.fenced is None

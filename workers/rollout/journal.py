@@ -2,23 +2,25 @@
 
 Every append names the version this process last saw of its stream (fencing, protocol.md §7): a
 second coordinator's write makes this one's next append fail, and this one stops for good.  After
-each append the projections catch up from the log (not from the events in hand), so what the
-coordinator knows is always what the log says, including other writers' events.
+each append the projections catch up with the log, so what the coordinator knows is always what the
+log says, including other writers' events: from the rows the store reports it wrote when they are
+all the log gained since the last fold (they are the log's rows, hashes and all), else by reading.
 
 Group commit: concurrent appends are queued and one writer task writes all those pending in one
 store transaction (one thread hop, one `ledger_append_batch` statement, one commit), folds the log once, then
-answers every caller.  An append whose events depend on the ledger (a `build`) joins a batch only as
-the first append of its stream there (otherwise it waits for the next batch), so it sees its own
-stream folded up to and including every earlier append to it, exactly as when appends were written
-one at a time; appends of fixed events need no fold and chain behind it (the dispatches of a group's
-siblings go out together), always in queue order per stream.  Builds of one batch see the other
-streams of that batch as they were before it; every build reads only its own group's part of the
-ledger (its group, its group's debts; a `CheckpointCommitted` in the same batch archives only groups
-whose claim is already in the log, which such a build treats the same either way), so that changes
-no decision.
+answers every caller.  Builds (appends whose events depend on the ledger) run in queue order before
+the write.  A build sees its own stream as it will be after every earlier append to it, in the log or
+earlier in the same batch: for a group stream the batch's earlier events are folded into a copy of
+the group first (`projections.ledger.lookahead`), so the eight replies of a prompt group can hold,
+and seal, in one transaction instead of eight; a build on any other stream waits for the next batch
+behind an earlier append of its stream.  Builds of one batch see the other streams of that batch as
+they were before it; every build reads only its own group's part of the ledger (its group, its
+group's debts; a `CheckpointCommitted` in the same batch archives only groups whose claim is already
+in the log, which such a build treats the same either way), so that changes no decision.
 If the transaction is refused (a version conflict or any other error), it is rolled back and the
 batch is written again one append per transaction, in queue order, so each caller gets its own
-answer and a fence fails exactly the appends it failed before.
+answer and a fence fails exactly the appends it failed before; a build that looked ahead at an
+earlier append of its stream is built again on the log as it then is.
 """
 
 from __future__ import annotations
@@ -36,16 +38,18 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from eventstore import (
+    AppendResult,
     DatabaseUnavailable,
     EventStore,
     ExpectedVersion,
     NewEvent,
+    RecordedEvent,
     WrongExpectedVersion,
 )
 from eventstore.events import Event
 from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
-from projections.ledger import LedgerProjection, LedgerState
+from projections.ledger import GROUP_STREAM_PREFIX, LedgerProjection, LedgerState, lookahead
 from workers.rollout.errors import CoordinatorStopped, FencedOff
 
 log = logging.getLogger("workers.rollout")
@@ -169,9 +173,9 @@ class Journal:
         Returns the events written (empty if `build` decided there was nothing to write).
 
         Group commit: the call is queued and one writer task writes every append queued meanwhile
-        in one store transaction, then folds the log once (see `_write_batches`).  A batch holds at
-        most one append per stream, so `build` always sees its own stream folded up to the previous
-        append to it; every build looks only at its own stream's part of the ledger.
+        in one store transaction, then folds the log once (see the module doc).  `build` always sees
+        its own stream as it is after the previous append to it; it must look only at its own
+        stream's part of the ledger.
         """
         if self.fenced is not None:
             raise self.fenced
@@ -214,7 +218,9 @@ class Journal:
             if request.future.done():  # its caller was cancelled before it was written
                 continue
             stream = request.stream
-            needs_fold = callable(request.build) and stream in streams
+            # A build after an earlier append of its stream sees that append through a look-ahead
+            # (group streams) or waits for it to be folded (others, which no build writes today).
+            needs_fold = callable(request.build) and stream in streams and not _is_group(stream)
             if stream in deferred or needs_fold or len(batch) >= MAX_BATCH:
                 deferred.add(stream)
                 waiting.append(request)
@@ -228,6 +234,7 @@ class Journal:
         # Builds run in queue order against the ledger as folded after the previous batch; a fence
         # found before the write fails that append and every later one, as one at a time did.
         ready: list[_Request] = []
+        ahead = _Lookahead(self)
         for i, request in enumerate(batch):
             try:
                 if self.fenced is not None:
@@ -235,7 +242,7 @@ class Journal:
                 if self.stopped is not None:
                     raise self.stopped
                 build = request.build
-                request.events = list(build(self.ledger) if callable(build) else build)
+                request.events = list(build(ahead.view(request.stream)) if callable(build) else build)
                 if not request.events:
                     _resolve(request, [])
                     continue
@@ -250,6 +257,7 @@ class Journal:
                     break
                 continue
             ready.append(request)
+            ahead.written(request)
         if not ready:
             return
         what = (
@@ -290,9 +298,19 @@ class Journal:
         for request in ready:
             # Nothing of the batch was written: each expects what the appends before it really left.
             request.prepared = None
+        streams: set[str] = set()
         for i, request in enumerate(ready):
             state = _BatchState()
             try:
+                if callable(request.build) and request.stream in streams:
+                    # Built against the appends before it in the batch, which may not have been
+                    # written: build again on the log as it now is, as one at a time would have.
+                    await self._ride_out(self._catch_up_sync, "reading the log before a build")
+                    request.events = list(request.build(self.ledger))
+                    if not request.events:
+                        _resolve(request, [])
+                        continue
+                streams.add(request.stream)
                 await self._ride_out(
                     functools.partial(self._write_sync, [request], state, fold=False),
                     f"appending {len(request.events)} event(s) to {request.stream!r}",
@@ -346,8 +364,26 @@ class Journal:
                 state.committed = True
                 for request, result in zip(batch, results, strict=True):
                     self.versions[request.stream] = result.stream_version
+                if fold and self._fold_written(batch, results):
+                    return
             if fold:
                 self._catch_up_sync()
+
+    def _fold_written(self, batch: list[_Request], results: list[AppendResult]) -> bool:
+        """Folds the rows the batch wrote, as the store handed them back, if they are all the log
+        gained since the last fold (no other writer's row among or before them); else False, and the
+        log is read instead.  Saves reading back and decoding what is in hand."""
+        records = [record for result in results for record in result.records]
+        if not records or records[0].position != self.position + 1:
+            return False
+        if len(records) != sum(len(request.events) for request in batch):  # an idempotent append
+            return False
+        events = [event for request in batch for event in request.events]
+        for record, event in zip(records, events, strict=True):
+            self.ledger_projection.apply(self.ledger, record, event)
+            self.checkpoints_projection.apply(self.checkpoints, record, event)
+            self.position = record.position
+        return True
 
     def _prepare_sync(self, request: _Request, after: int | None = None) -> tuple[int, list[NewEvent]]:
         """The version `request` expects (`after`: what an earlier append of its batch leaves) and its
@@ -398,6 +434,48 @@ class Journal:
 
 
 _T = TypeVar("_T")
+
+
+def _is_group(stream: str) -> bool:
+    return stream.startswith(GROUP_STREAM_PREFIX)
+
+
+class _Lookahead:
+    """What a build sees in a batch: the ledger, or for a group stream with earlier appends in the
+    batch, a copy of its group with their events folded in (at the positions they will most likely
+    get: only `apply`'s bookkeeping reads them, no build does)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.pending: dict[str, list[Event]] = {}
+        self.views: dict[str, tuple[LedgerState, int]] = {}  # stream -> (copy, events folded into it)
+        self.position = journal.position
+
+    def written(self, request: _Request) -> None:
+        self.pending.setdefault(request.stream, []).extend(request.events)
+
+    def view(self, stream: str) -> LedgerState:
+        events = self.pending.get(stream)
+        if not events:
+            return self.journal.ledger
+        state, folded = self.views.get(stream) or (
+            lookahead(self.journal.ledger, stream[len(GROUP_STREAM_PREFIX) :]),
+            0,
+        )
+        version = self.journal.versions.get(stream, ExpectedVersion.NO_STREAM) + folded
+        project = self.journal.ledger_projection
+        for event in events[folded:]:
+            version += 1
+            self.position += 1
+            project.apply(state, _provisional(stream, version, self.position, event), event)
+        self.views[stream] = (state, len(events))
+        return state
+
+
+def _provisional(stream: str, version: int, position: int, event: Event) -> RecordedEvent:
+    return RecordedEvent(
+        position, stream, version, "", event.event_type(), event.schema_version, "", "{}", 0.0, "", ""
+    )
 
 
 def _new_event(stream: str, version: int, event: Event) -> NewEvent:
