@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Annotated
@@ -13,6 +12,7 @@ from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
 from eventstore import open_store
+from workers.eventloop import run_async
 from workers.rollout.simulate import DEFAULT_FAULTS, SimConfig, failed, parse_faults, run_simulation
 
 
@@ -88,7 +88,7 @@ def simulate(
         store = open_store(db_url(db), migrate_schema=True)
         try:
             if as_json:
-                summary = asyncio.run(run_simulation(store, config))
+                summary = run_async(run_simulation(store, config))
             else:
                 with Progress(
                     TextColumn("groups"),
@@ -98,7 +98,7 @@ def simulate(
                     console=err_console,
                 ) as bar:
                     task = bar.add_task("groups", total=groups)
-                    summary = asyncio.run(
+                    summary = run_async(
                         run_simulation(
                             store, config, progress=lambda done, total: bar.update(task, completed=done)
                         )

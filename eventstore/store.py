@@ -84,6 +84,25 @@ class EventStore:
         with self.transaction() as tx:
             return tx.append(stream_id, events, expected_version, metadata)
 
+    def append_batch(
+        self, appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]], blobs: Sequence[bytes] = ()
+    ) -> list[AppendResult]:
+        """`UnitOfWork.append_batch` in a transaction of its own, committed.
+
+        On PostgreSQL the blob inserts, the appends and the COMMIT go out in one pipeline: the whole
+        write is one network round trip (a busy writer's thread also takes the GIL back once, not
+        twice).  Any refusal rolls the whole transaction back and raises as `append` would.
+        """
+        if self.backend.name != "postgresql":
+            with self.transaction() as tx:
+                return tx.append_batch(appends, blobs)
+        checked = [
+            (stream, _checked(stream, events, expected, None), expected)
+            for stream, events, expected in appends
+        ]
+        with self._database_errors(), self._writer.connect() as conn:
+            return UnitOfWork(self, conn)._append_in_postgres(checked, blobs, commit=True)
+
     def put_blob(self, content: bytes, media_type: str = "application/json") -> str:
         with self.transaction() as tx:
             return tx.put_blob(content, media_type)
@@ -304,28 +323,39 @@ class UnitOfWork:
             self._notified = True
 
     def _append_in_postgres(
-        self, appends: list[tuple[str, list[dict[str, Any]], int]], blobs: Sequence[bytes]
+        self,
+        appends: list[tuple[str, list[dict[str, Any]], int]],
+        blobs: Sequence[bytes],
+        commit: bool = False,
     ) -> list[AppendResult]:
         """One `ledger_append_events` statement (migration 0003) for every append, binary arrays.
 
         Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call);
-        blob inserts are pipelined with it, so a batch is one network round trip.
+        blob inserts (and with `commit`, the NOTIFY and the COMMIT) are pipelined with it, so a batch
+        is one network round trip.
         """
         driver = self.connection.connection.driver_connection
         assert driver is not None
-        statements = [(_PG_BLOB_INSERT, _blob_params(b)) for b in blobs]
         params = _events_params(appends)
+        statements: list[tuple[str, dict[str, Any] | None]] = [
+            (_PG_BLOB_INSERT, _blob_params(b)) for b in blobs
+        ]
         statements.append((_PG_APPEND_EVENTS, params))
+        rows_at = len(statements) - 1
+        if commit:
+            if self.store.notify:
+                statements.append(("NOTIFY ledger_events", None))
+            statements.append(("COMMIT", None))
         cursors = [driver.cursor() for _ in statements]
         try:
             if len(statements) == 1:
                 cursors[0].execute(*statements[0])
             else:
                 with driver.pipeline() as pipeline:
-                    for cursor, (sql, params) in zip(cursors, statements, strict=True):
-                        cursor.execute(sql, params)
+                    for cursor, (sql, args) in zip(cursors, statements, strict=True):
+                        cursor.execute(sql, args)
                     pipeline.sync()
-            rows = cursors[-1].fetchall()
+            rows = cursors[rows_at].fetchall()
         except Exception as exc:
             hint = getattr(getattr(exc, "diag", None), "message_hint", None)
             index = int(hint) if hint is not None and hint.isdigit() else 0

@@ -32,6 +32,7 @@ import uuid
 
 from eventstore import open_store
 from eventstore.events import PromptRef
+from workers.eventloop import run_async
 from workers.gym import GymClient
 from workers.rollout import RolloutCoordinator
 from workers.rollout.checkpoint import CheckpointOutcome
@@ -185,5 +186,5 @@ if __name__ == "__main__":
     # `kill -QUIT <pid>` prints every thread's stack; USR1 every asyncio task's (see main).
     faulthandler.register(signal.SIGQUIT, file=sys.stderr, all_threads=True)
     logging.getLogger("trainer").setLevel(logging.INFO)
-    summary = asyncio.run(main(parse_args()))
+    summary = run_async(main(parse_args()))
     print("DONE " + json.dumps(summary), flush=True)

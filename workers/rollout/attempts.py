@@ -239,7 +239,8 @@ class Tries:
                 raise _Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            rollout_receipt = build_rollout_receipt(reply, receipt, tokens)
+            blob = canonical_json([t.model_dump(mode="json", by_alias=True) for t in tokens]).encode()
+            rollout_receipt = build_rollout_receipt(reply, receipt, tokens, blob)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
             # nothing strands), but never seal what did not verify.
@@ -254,7 +255,6 @@ class Tries:
             )
             ctx.ack_wakeup.set()
             return TryOutcome("owed", f"unverifiable: {exc}")
-        blob = canonical_json([t.model_dump(mode="json", by_alias=True) for t in tokens]).encode()
         head: list[Event] = [
             *adopted_events,
             RunReplied(
@@ -430,8 +430,9 @@ async def _wait_idle(ctx: Context, poll_s: float) -> None:
 
 
 def build_rollout_receipt(
-    reply: RunReply, receipt: CompletionReceipt, tokens: list[TokenEntry]
+    reply: RunReply, receipt: CompletionReceipt, tokens: list[TokenEntry], blob: bytes
 ) -> RolloutReceipt:
+    """The sealed record of a try; `blob` is the canonical JSON of `tokens` (what the log stores)."""
     key = capture_key(reply.rollout_id, reply.attempt_index)
     if receipt.manifest_capture_key != key:
         raise _Unverifiable(
@@ -446,7 +447,6 @@ def build_rollout_receipt(
             f"last token record is {tokens[-1].model_call_id!r}, the receipt's terminal call is "
             f"{receipt.terminal_model_call_id!r}"
         )
-    blob = canonical_json([t.model_dump(mode="json", by_alias=True) for t in tokens]).encode()
     return RolloutReceipt(
         rollout_id=reply.rollout_id,
         attempt_index=reply.attempt_index,

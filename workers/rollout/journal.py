@@ -359,8 +359,7 @@ class Journal:
                         expected + len(news) if expected >= ExpectedVersion.NO_STREAM else expected
                     )
                     appends.append((request.stream, news, expected))
-                with self.store.transaction() as tx:
-                    results = tx.append_batch(appends, [blob for r in batch for blob in r.blobs])
+                results = self.store.append_batch(appends, [blob for r in batch for blob in r.blobs])
                 state.committed = True
                 for request, result in zip(batch, results, strict=True):
                     self.versions[request.stream] = result.stream_version
