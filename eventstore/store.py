@@ -89,9 +89,10 @@ class EventStore:
     ) -> list[AppendResult]:
         """`UnitOfWork.append_batch` in a transaction of its own, committed.
 
-        On PostgreSQL the blob inserts, the appends and the COMMIT go out in one pipeline: the whole
-        write is one network round trip (a busy writer's thread also takes the GIL back once, not
-        twice).  Any refusal rolls the whole transaction back and raises as `append` would.
+        On PostgreSQL one statement in autocommit mode, blobs included, is the whole transaction: one
+        network round trip, and one wait on the socket for a writer thread (each wait gives the GIL
+        away, and taking it back from a busy event loop thread cost more than the database's own
+        work).  Any refusal rolls the whole batch back and raises as `append` would.
         """
         if self.backend.name != "postgresql":
             with self.transaction() as tx:
@@ -299,8 +300,7 @@ class UnitOfWork:
         """Several appends `(stream_id, events, expected_version)` and blobs, in order, in this transaction.
 
         The same as `put_blob` for each blob then `append` for each append, but on PostgreSQL one
-        `ledger_append_events` statement with the blob inserts pipelined before it: a single network
-        round trip however many streams it writes.  Appends to the same
+        `ledger_append_events` statement: a single network round trip however many streams it writes.  Appends to the same
         stream chain (the second expects the version the first leaves).  A refused append raises as
         `append` would, and the transaction is then unusable (roll it back).
         """
@@ -328,34 +328,26 @@ class UnitOfWork:
         blobs: Sequence[bytes],
         commit: bool = False,
     ) -> list[AppendResult]:
-        """One `ledger_append_events` statement (migration 0003) for every append, binary arrays.
+        """One `ledger_append_events` statement (migration 0003): every append and blob, binary arrays.
 
-        Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call);
-        blob inserts (and with `commit`, the NOTIFY and the COMMIT) are pipelined with it, so a batch
-        is one network round trip.
+        Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call).
+        With `commit` the connection is in autocommit mode for the statement, which is then its own
+        transaction: the write and its commit are one network round trip.
         """
         driver = self.connection.connection.driver_connection
         assert driver is not None
         params = _events_params(appends)
-        statements: list[tuple[str, dict[str, Any] | None]] = [
-            (_PG_BLOB_INSERT, _blob_params(b)) for b in blobs
-        ]
-        statements.append((_PG_APPEND_EVENTS, params))
-        rows_at = len(statements) - 1
-        if commit:
-            if self.store.notify:
-                statements.append(("NOTIFY ledger_events", None))
-            statements.append(("COMMIT", None))
-        cursors = [driver.cursor() for _ in statements]
+        unique = {_blob_params(b)["digest"]: b for b in blobs}
+        # A transaction of the caller NOTIFYs once, at its first append (`_notify`).
+        params.update(
+            blob_digests=list(unique), blobs=list(unique.values()), notify=commit and self.store.notify
+        )
+        cursor = driver.cursor()
         try:
-            if len(statements) == 1:
-                cursors[0].execute(*statements[0])
-            else:
-                with driver.pipeline() as pipeline:
-                    for cursor, (sql, args) in zip(cursors, statements, strict=True):
-                        cursor.execute(sql, args)
-                    pipeline.sync()
-            rows = cursors[rows_at].fetchall()
+            if commit:
+                driver.autocommit = True
+            cursor.execute(_PG_APPEND_EVENTS, params)
+            rows = cursor.fetchall()
         except Exception as exc:
             hint = getattr(getattr(exc, "diag", None), "message_hint", None)
             index = int(hint) if hint is not None and hint.isdigit() else 0
@@ -364,8 +356,12 @@ class UnitOfWork:
                 _raise_refusal(exc, stream, expected)
             raise
         finally:
-            for cursor in cursors:
-                cursor.close()
+            cursor.close()
+            if commit:
+                try:
+                    driver.autocommit = False
+                except Exception:  # a broken connection: never back to the pool in autocommit mode
+                    self.connection.invalidate()
         by_append: list[list[tuple[Any, ...]]] = [[] for _ in appends]
         for row in rows:
             by_append[row[0]].append(row)
@@ -588,7 +584,8 @@ _PG_APPEND_EVENTS = (
     "SELECT out_append, out_position, out_stream_version, out_idempotent, out_prev_hash, out_hash "
     "FROM ledger_append_events(%(streams)b::text[], %(expected)b::bigint[], %(check_ids)b::boolean[], "
     "%(counts)b::int[], %(ids)b::text[], %(types)b::text[], %(versions)b::int[], %(data)b::text[], "
-    "%(metadata)b::text[], %(recorded_at)s::double precision)"
+    "%(metadata)b::text[], %(recorded_at)s::double precision, %(blob_digests)b::text[], %(blobs)b::bytea[], "
+    "%(notify)s::boolean)"
 )
 _PG_BLOB_INSERT = (
     "INSERT INTO blobs (digest, media_type, content, created_at) "
