@@ -36,7 +36,7 @@ from workers.eventloop import run_async
 from workers.gym import GymClient
 from workers.rollout import RolloutCoordinator
 from workers.rollout.checkpoint import CheckpointOutcome
-from workers.rollout.simulate import checkpoint_every, claim_as_sealed
+from workers.rollout.simulate import CheckpointLoop, claim_as_sealed
 
 log = logging.getLogger("trainer")
 
@@ -128,21 +128,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                     {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
                 )
 
-        stop_checkpoints = asyncio.Event()
-
         watcher = asyncio.create_task(watch_outages())
-        ckpt_task = (
-            asyncio.create_task(
-                checkpoint_every(
-                    coord,
-                    args.checkpoint_every,
-                    stop_checkpoints,
-                    lambda k: f"{tid}-{nonce}-ck{k}",
-                    checkpoints,
-                )
-            )
-            if args.checkpoint_every > 0
-            else None
+        checkpointing = CheckpointLoop(
+            coord, args.checkpoint_every, lambda k: f"{tid}-{nonce}-ck{k}", checkpoints
         )
         trainer = asyncio.create_task(claim_as_sealed(coord, claimed))
         await feed()
@@ -150,11 +138,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             if coord.errors:
                 raise coord.errors[0]
             await asyncio.sleep(0.1)
-        if ckpt_task is not None:
-            stop_checkpoints.set()
-            await ckpt_task
-            # Leaves none of this trainer's agents paused; another trainer's checkpoints are not its own.
-            await coord.checkpointer.recover()
+        await checkpointing.finish()
         await coord.wait_idle(60)
         await asyncio.sleep(0.3)
         for task in (trainer, watcher):

@@ -73,23 +73,43 @@ def parse_faults(text: str) -> Fault:
     return Fault(FaultRates(**values), crash)
 
 
-async def checkpoint_every(
-    coord: RolloutCoordinator,
-    every_s: float,
-    stop: asyncio.Event,
-    checkpoint_id: Callable[[int], str],
-    outcomes: list[CheckpointOutcome],
-) -> None:
-    """A checkpoint every `every_s` until `stop` is set; one in flight is let finish (cancelling it
-    would leave it undecided, and recovery would presume it aborted)."""
-    k = 0
-    while True:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every_s)
-        if stop.is_set():
+class CheckpointLoop:
+    """A checkpoint every `every_s` (none when it is 0) while a workload runs, from its creation until
+    `finish`."""
+
+    def __init__(
+        self,
+        coord: RolloutCoordinator,
+        every_s: float,
+        checkpoint_id: Callable[[int], str],
+        outcomes: list[CheckpointOutcome],
+    ) -> None:
+        self.coord = coord
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._run(every_s, checkpoint_id, outcomes)) if every_s > 0 else None
+
+    async def _run(
+        self, every_s: float, checkpoint_id: Callable[[int], str], outcomes: list[CheckpointOutcome]
+    ) -> None:
+        k = 0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), every_s)
+            if self._stop.is_set():
+                return
+            outcomes.append(await self.coord.checkpoint(checkpoint_id(k)))
+            k += 1
+
+    async def finish(self) -> None:
+        """Lets the checkpoint in flight (if any) finish: cancelling it would leave it undecided, and
+        recovery would presume it aborted (a CheckpointAborted the workload did not cause).  Then
+        leaves none of this coordinator's agents paused (a no-op when every checkpoint was decided;
+        another trainer's checkpoints are not its own)."""
+        if self._task is None:
             return
-        outcomes.append(await coord.checkpoint(checkpoint_id(k)))
-        k += 1
+        self._stop.set()
+        await self._task
+        await self.coord.checkpointer.recover()
 
 
 async def claim_as_sealed(coord: RolloutCoordinator, claimed: list[str]) -> None:
@@ -170,21 +190,9 @@ async def run_simulation(
                     {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
                 )
 
-        no_more_checkpoints = asyncio.Event()
-
         feeder = asyncio.create_task(feed())
-        ckpt_task = (
-            asyncio.create_task(
-                checkpoint_every(
-                    coord,
-                    config.checkpoint_every_s,
-                    no_more_checkpoints,
-                    lambda k: f"{run_id}-ckpt-{k}",
-                    outcomes,
-                )
-            )
-            if config.checkpoint_every_s > 0
-            else None
+        checkpoints = CheckpointLoop(
+            coord, config.checkpoint_every_s, lambda k: f"{run_id}-ckpt-{k}", outcomes
         )
         trainer = asyncio.create_task(claim_as_sealed(coord, claimed))
         await feeder
@@ -194,13 +202,7 @@ async def run_simulation(
             if progress is not None:
                 progress(config.groups - len(coord.open_groups()), config.groups)
             await asyncio.sleep(0.1)
-        if ckpt_task is not None:
-            # The checkpoint in flight (if any) is let finish: cancelling it would leave it undecided,
-            # and recovery would presume it aborted (a CheckpointAborted the workload did not cause).
-            no_more_checkpoints.set()
-            await ckpt_task
-            # Leave no agent paused in any case (a no-op when every checkpoint was decided).
-            await coord.checkpointer.recover()
+        await checkpoints.finish()
         await coord.wait_idle(60)
         if progress is not None:
             progress(config.groups, config.groups)
