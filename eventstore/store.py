@@ -97,10 +97,7 @@ class EventStore:
         if self.backend.name != "postgresql":
             with self.transaction() as tx:
                 return tx.append_batch(appends, blobs)
-        checked = [
-            (stream, _checked(stream, events, expected, None), expected)
-            for stream, events, expected in appends
-        ]
+        checked = _checked_batch(appends)
         with self._database_errors(), self._writer.connect() as conn:
             return UnitOfWork(self, conn)._append_in_postgres(checked, blobs, commit=True)
 
@@ -304,10 +301,7 @@ class UnitOfWork:
         stream chain (the second expects the version the first leaves).  A refused append raises as
         `append` would, and the transaction is then unusable (roll it back).
         """
-        checked = [
-            (stream, _checked(stream, events, expected, None), expected)
-            for stream, events, expected in appends
-        ]
+        checked = _checked_batch(appends)
         if self.store.backend.name == "postgresql":
             results = self._append_in_postgres(checked, blobs)
         else:
@@ -337,7 +331,7 @@ class UnitOfWork:
         driver = self.connection.connection.driver_connection
         assert driver is not None
         params = _events_params(appends)
-        unique = {_blob_params(b)["digest"]: b for b in blobs}
+        unique = {_digest(b): b for b in blobs}
         # A transaction of the caller NOTIFYs once, at its first append (`_notify`).
         params.update(
             blob_digests=list(unique), blobs=list(unique.values()), notify=commit and self.store.notify
@@ -470,6 +464,14 @@ def _checked(
     return [_prepare(e, metadata, shared) for e in events]
 
 
+def _checked_batch(
+    appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]],
+) -> list[tuple[str, list[dict[str, Any]], int]]:
+    return [
+        (stream, _checked(stream, events, expected, None), expected) for stream, events, expected in appends
+    ]
+
+
 def _record(row: dict[str, Any]) -> RecordedEvent:
     """A row as written (its columns filled in by the append) as the log hands it back."""
     return RecordedEvent(
@@ -506,9 +508,12 @@ def _events_params(appends: list[tuple[str, list[dict[str, Any]], int]]) -> dict
     }
 
 
+def _digest(content: bytes) -> str:
+    return "sha256:" + hashlib.sha256(content).hexdigest()
+
+
 def _blob_params(content: bytes, media_type: str = "application/json") -> dict[str, Any]:
-    digest = "sha256:" + hashlib.sha256(content).hexdigest()
-    return {"digest": digest, "media_type": media_type, "content": content, "now": time.time()}
+    return {"digest": _digest(content), "media_type": media_type, "content": content, "now": time.time()}
 
 
 def _raise_refusal(exc: Exception, stream_id: str, expected: int) -> None:

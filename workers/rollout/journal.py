@@ -388,7 +388,7 @@ class Journal:
         """The version `request` expects (`after`: what an earlier append of its batch leaves) and its
         events with their deterministic ids (kept for retries)."""
         stream = request.stream
-        if stream not in self.versions and not stream.startswith("group-"):
+        if stream not in self.versions and not _is_group(stream):
             # Checkpoint and trainer streams are not fenced per group; start from what the log holds.
             self.versions[stream] = self.store.stream_version(stream)
         expected = after if after is not None else self.versions.get(stream, ExpectedVersion.NO_STREAM)
@@ -418,7 +418,7 @@ class Journal:
 
     def _stream_moved(self, stream: str) -> WrongExpectedVersion | None:
         # The fold may already hold another writer's events on this stream: then this process is stale.
-        group = self.ledger.groups.get(stream[len("group-") :]) if stream.startswith("group-") else None
+        group = self.ledger.groups.get(stream[len(GROUP_STREAM_PREFIX) :]) if _is_group(stream) else None
         mine = self.versions.get(stream, ExpectedVersion.NO_STREAM)
         if group is not None and group.stream_version > mine:
             return WrongExpectedVersion(stream, mine, group.stream_version)
