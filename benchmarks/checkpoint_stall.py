@@ -18,14 +18,14 @@ from typing import Any
 
 from eventstore import open_store
 from eventstore.events import AckOwed, Event, RolloutReceipt, SiblingHeld
-from gym_agent.wire import CompletionReceipt
 from projections.ledger import GroupState
-from workers.rollout import RolloutCoordinator
-from workers.rollout.attempts import Tries
-from workers.rollout.simulate import SimConfig, run_simulation
+from protocol.wire import CompletionReceipt
+from simulation.run import SimConfig, run_simulation
+from trainer import RolloutCoordinator
+from trainer.attempts import Attempts
 
 
-class SealOnlyTries(Tries):
+class SealOnlyAttempts(Attempts):
     """The seeds' policy: hold without a debt; owe every sibling only when the group seals."""
 
     def keep_events(
@@ -51,7 +51,7 @@ class SealOnlyTries(Tries):
 class BaselineCoordinator(RolloutCoordinator):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.tries = SealOnlyTries(self.ctx)
+        self.tries = SealOnlyAttempts(self.ctx)
         self.checkpointer.tries = self.tries
 
 

@@ -24,12 +24,12 @@ from rich.console import Console
 from rich.table import Table
 
 from gym_agent.launcher import AgentProcess
-from gym_agent.wire import RunRequest
-from workers.gym import GymClient
-from workers.gym.transport import LeanTransport
+from protocol.wire import RunRequest
+from trainer.gym import GymClient
+from trainer.gym.transport import LeanTransport
 
 _ids = itertools.count()
-PlayTry = Callable[[str], Awaitable[None]]
+PlayAttempt = Callable[[str], Awaitable[None]]
 
 
 def cpu_s(pid: int) -> float:
@@ -47,7 +47,7 @@ def request_body(rollout_id: str) -> dict[str, Any]:
     ).model_dump(mode="json", by_alias=True)
 
 
-def with_httpx(client: httpx.AsyncClient) -> PlayTry:
+def with_httpx(client: httpx.AsyncClient) -> PlayAttempt:
     """The three calls on an `httpx.AsyncClient` (JSON decoded, no model validation)."""
 
     async def play(rollout_id: str) -> None:
@@ -58,7 +58,7 @@ def with_httpx(client: httpx.AsyncClient) -> PlayTry:
     return play
 
 
-def with_gym_client(client: GymClient) -> PlayTry:
+def with_gym_client(client: GymClient) -> PlayAttempt:
     """The trainer's own client: the lean transport called directly, every reply validated."""
 
     async def play(rollout_id: str) -> None:
@@ -69,7 +69,7 @@ def with_gym_client(client: GymClient) -> PlayTry:
     return play
 
 
-async def measure(play: PlayTry, agent_pid: int, tries: int, concurrency: int) -> dict[str, float]:
+async def measure(play: PlayAttempt, agent_pid: int, tries: int, concurrency: int) -> dict[str, float]:
     gate = asyncio.Semaphore(concurrency)
 
     async def one() -> None:
@@ -81,7 +81,7 @@ async def measure(play: PlayTry, agent_pid: int, tries: int, concurrency: int) -
     await asyncio.gather(*(one() for _ in range(tries)))
     wall = time.perf_counter() - t0
     return {
-        "tries_per_s": tries / wall,
+        "attempts_per_s": tries / wall,
         "client_ms": 1000 * (time.process_time() - cpu0) / tries,
         "agent_ms": 1000 * (cpu_s(agent_pid) - agent0) / tries,
     }
@@ -92,7 +92,7 @@ async def main(args: argparse.Namespace) -> list[tuple[str, dict[str, float]]]:
     await asyncio.to_thread(agent.start)
     assert agent.pid is not None
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-    variants: list[tuple[str, Callable[[], tuple[PlayTry, Callable[[], Awaitable[None]]]]]] = [
+    variants: list[tuple[str, Callable[[], tuple[PlayAttempt, Callable[[], Awaitable[None]]]]]] = [
         (
             "httpx.AsyncClient, httpx's pool (baseline)",
             lambda: _pair(httpx.AsyncClient(base_url=agent.url, limits=limits)),
@@ -116,11 +116,11 @@ async def main(args: argparse.Namespace) -> list[tuple[str, dict[str, float]]]:
     return rows
 
 
-def _pair(client: httpx.AsyncClient) -> tuple[PlayTry, Callable[[], Awaitable[None]]]:
+def _pair(client: httpx.AsyncClient) -> tuple[PlayAttempt, Callable[[], Awaitable[None]]]:
     return with_httpx(client), client.aclose
 
 
-def _gym(client: GymClient) -> tuple[PlayTry, Callable[[], Awaitable[None]]]:
+def _gym(client: GymClient) -> tuple[PlayAttempt, Callable[[], Awaitable[None]]]:
     return with_gym_client(client), client.aclose
 
 
@@ -134,7 +134,7 @@ def render(rows: list[tuple[str, dict[str, float]]], args: argparse.Namespace) -
     for name, r in rows:
         table.add_row(
             name,
-            f"{r['tries_per_s']:.0f}",
+            f"{r['attempts_per_s']:.0f}",
             f"{r['client_ms']:.2f}",
             f"{r['agent_ms']:.2f}",
             f"{base / r['client_ms']:.1f}x less" if r is not rows[0][1] else "1.0x",

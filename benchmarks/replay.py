@@ -67,15 +67,15 @@ from eventstore.events import (
     RunReplied,
     SiblingHeld,
     SiblingSealed,
-    checkpoint_stream,
-    group_stream,
-    logprobs_stream,
 )
-from gym_agent.wire import AttemptRef, CompletionReceipt, capture_key, reply_digest
 from projections.audit import audit_log
 from projections.base import decode
 from projections.recovery import RolloutRecoveryState
 from projections.runner import read_batches, rebuild, store_checkpoint
+from protocol.digests import reply_digest
+from protocol.ids import capture_key
+from protocol.streams import checkpoint_stream, group_stream, logprobs_stream
+from protocol.wire import AttemptRef, CompletionReceipt
 
 AGENTS = ("agent-a", "agent-b")
 GENERATIONS = 4

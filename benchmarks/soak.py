@@ -40,8 +40,9 @@ from eventstore import EventStore, open_store
 from eventstore.backends import mask_url
 from eventstore.pgcluster import PgCluster
 from gym_agent.launcher import AgentProcess
-from workers.eventloop import run_async
-from workers.rollout.simulate import SimConfig, run_simulation
+from protocol.streams import checkpoint_stream, group_stream
+from simulation.run import SimConfig, run_simulation
+from trainer.eventloop import run_async
 
 DEFAULT_FAULTS = "drop_reply=0.02,fail=0.02,hang=0.005"
 TRAINER = "trainer"
@@ -176,7 +177,7 @@ def checkpoint_waits(store: EventStore, run_id: str) -> tuple[list[float], list[
     waits: list[float] = []
     aborts: list[str] = []
     for event in store.read_all(0, types=["CheckpointCommitted", "CheckpointAborted"]):
-        if event.stream_id.startswith(f"checkpoint-{run_id}"):
+        if event.stream_id.startswith(checkpoint_stream(run_id)):
             waits.extend(float(v) for v in (event.data.get("prepare_wait_s") or {}).values())
             if event.type == "CheckpointAborted":
                 aborts.append(f"{event.data['checkpoint_id']}: {event.data['reason']}")
@@ -196,7 +197,7 @@ def count_run_events(store: EventStore, run_id: str) -> tuple[dict[str, int], li
     counts: dict[str, int] = {}
     sealed_at: list[float] = []
     for event in store.read_all(0):
-        if event.stream_id.startswith((f"group-{run_id}", f"checkpoint-{run_id}")):
+        if event.stream_id.startswith((group_stream(run_id), checkpoint_stream(run_id))):
             counts[event.type] = counts.get(event.type, 0) + 1
             if event.type == "SiblingSealed":
                 sealed_at.append(event.recorded_at)

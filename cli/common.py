@@ -12,7 +12,7 @@ from rich.console import Console
 
 from eventstore import EventStoreError
 from eventstore.backends import mask_url, resolve_url
-from eventstore.logsafety import install_log_masking
+from protocol.logsafety import install_log_masking
 
 # Every `ledger` command imports this module: from here on no log line carries a database password.
 install_log_masking()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from cli import db, gym, inspect, simulate, worker
+from cli import db, inspect, simulate, worker
+from gym_agent.cli import app as gym_app
 
 app = typer.Typer(
     name="ledger",
@@ -13,7 +14,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(db.app, name="db")
-app.add_typer(gym.app, name="gym")
+app.add_typer(gym_app, name="gym")
 app.add_typer(worker.app, name="worker")
 simulate.register(app)
 inspect.register(app)

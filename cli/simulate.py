@@ -12,8 +12,8 @@ from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
 from eventstore import open_store
-from workers.eventloop import run_async
-from workers.rollout.simulate import DEFAULT_FAULTS, SimConfig, failed, parse_faults, run_simulation
+from simulation.run import DEFAULT_FAULTS, SimConfig, failed, parse_faults, run_simulation
+from trainer.eventloop import run_async
 
 
 def register(app: typer.Typer) -> None:

@@ -36,7 +36,7 @@ def logprobs(
     batch_tokens: Annotated[
         int, typer.Option("--batch-tokens", min=1, help="Most token rows in one kernel launch.")
     ] = 4096,
-    claim_size: Annotated[int, typer.Option("--claim-size", min=1, help="Tries claimed at a time.")] = 32,
+    claim_size: Annotated[int, typer.Option("--claim-size", min=1, help="Attempts claimed at a time.")] = 32,
     lease_seconds: Annotated[
         float, typer.Option("--lease-seconds", min=0.1, help="A claim returns to the queue after this long.")
     ] = 60.0,

@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gym_agent.wire import AttemptIndex, AttemptRef, CompletionReceipt, Identifier
+from protocol.ids import AttemptIndex, Identifier
+from protocol.wire import AttemptRef, CompletionReceipt
 
 Mode = Literal["sibling", "prompt_group"]
 TargetLevel = Literal["turn", "sibling", "prompt_group"]
@@ -264,25 +265,3 @@ class LogprobsRefused(Event):
     attempt_index: AttemptIndex
     policy_version: str
     reason: str
-
-
-def rollout_id_of(group_id: str, generation_index: int) -> str:
-    """A sibling's stable id (protocol.md §1): `<group_id>_g<generation_index>`."""
-    return f"{group_id}_g{generation_index}"
-
-
-def group_id_of(rollout_id: str) -> str:
-    """The group of a rollout id, or "" when it is not of the form `<group_id>_g<index>`."""
-    return rollout_id.rpartition("_g")[0]
-
-
-def group_stream(group_id: str) -> str:
-    return f"group-{group_id}"
-
-
-def checkpoint_stream(checkpoint_id: str) -> str:
-    return f"checkpoint-{checkpoint_id}"
-
-
-def logprobs_stream(group_id: str) -> str:
-    return f"logprobs-{group_id}"

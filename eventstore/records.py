@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from eventstore.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
 from eventstore.events import EVENT_TYPES, Event
 from eventstore.upcasting import upcast
-from gym_agent.wire import canonical_json
+from protocol.digests import canonical_json
 
 GENESIS_HASH = "0" * 64
 # The unit separator never occurs unescaped in JSON text nor in a valid stream id or event type.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -39,6 +38,7 @@ from eventstore.records import (
     chain_hash,
     from_row,
 )
+from protocol.digests import sha256_digest
 
 if TYPE_CHECKING:
     from eventstore.subscription import Subscription
@@ -509,7 +509,7 @@ def _events_params(appends: list[tuple[str, list[dict[str, Any]], int]]) -> dict
 
 
 def _digest(content: bytes) -> str:
-    return "sha256:" + hashlib.sha256(content).hexdigest()
+    return sha256_digest(content)
 
 
 def _blob_params(content: bytes, media_type: str = "application/json") -> dict[str, Any]:

@@ -17,14 +17,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gym_agent.config import AgentConfig
 from gym_agent.episode import Environment
-from gym_agent.errors import INVALID_REQUEST, AgentError
+from gym_agent.errors import AgentError
 from gym_agent.executions import ExecutionRegistry
 from gym_agent.faults import FaultRequest
 from gym_agent.guard import GuardMiddleware
-from gym_agent.wire import (
+from protocol.errors import INVALID_REQUEST
+from protocol.ids import ID_PATTERN, MAX_ID_LENGTH
+from protocol.wire import (
     ALL_FEATURES,
-    ID_PATTERN,
-    MAX_ID_LENGTH,
     AcknowledgeRequest,
     AcknowledgeResponse,
     Capabilities,

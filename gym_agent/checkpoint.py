@@ -8,7 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gym_agent.wire import GYM_SCHEMA_VERSION, AttemptIndex, GymSchemaVersion, Identifier
+from protocol.ids import AttemptIndex, Identifier
+from protocol.wire import GYM_SCHEMA_VERSION, GymSchemaVersion
 
 
 class ParkedContinuation(BaseModel):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from gym_agent.wire import MAX_BODY_BYTES, Identifier
+from protocol.ids import Identifier
+from protocol.wire import MAX_BODY_BYTES
 
 DEFAULT_HOST = "127.0.0.1"
 TOKEN_ENV = "LEDGER_GYM_TOKEN"

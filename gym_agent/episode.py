@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from gym_agent.faults import ResolvedFault
-from gym_agent.wire import RunReply, RunRequest, TokenEntry, canonical_json, capture_key
+from protocol.digests import canonical_json
+from protocol.ids import capture_key
+from protocol.wire import RunReply, RunRequest, TokenEntry
 from workers.policy import Policy
 
 MODEL_NAME = "policy"

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gym_agent.wire import (
+from protocol.errors import (
     CHECKPOINT_CONFLICT,
+    EXECUTION_FAILED,
     GONE,
     INVALID_PHASE,
+    INVALID_REQUEST,
+    NOT_FOUND,
     NOT_READY,
+    SHUTTING_DOWN,
     STALE_CHECKPOINT,
-    AgentStatus,
-    AttemptRef,
-    ErrorResponse,
-    NotReadyResponse,
 )
-
-EXECUTION_FAILED = "execution_failed"
-NOT_FOUND = "not_found"
-SHUTTING_DOWN = "shutting_down"
-INVALID_REQUEST = "invalid_request"
+from protocol.wire import AgentStatus, AttemptRef, ErrorResponse, NotReadyResponse
 
 
 class AgentError(Exception):

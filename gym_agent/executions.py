@@ -31,9 +31,10 @@ from gym_agent.errors import (
     StaleCheckpointError,
 )
 from gym_agent.faults import FaultRequest, FaultTable, ResolvedFault
-from gym_agent.wire import (
-    RECEIPT_MISMATCH,
-    UNKNOWN_EXECUTION,
+from protocol.digests import reply_digest
+from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
+from protocol.ids import capture_key
+from protocol.wire import (
     AcknowledgeRequest,
     AcknowledgeResult,
     AgentStatus,
@@ -46,8 +47,6 @@ from gym_agent.wire import (
     RetireResponse,
     RunRequest,
     TokenEntry,
-    capture_key,
-    reply_digest,
 )
 
 log = logging.getLogger("gym_agent")
@@ -75,7 +74,7 @@ class ExecState(StrEnum):
 LIVE_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED, ExecState.PARKED})
 BLOCKING_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED})
 
-TryKey = tuple[str, int]
+AttemptKey = tuple[str, int]
 
 
 # States no `_in_state` query asks for: a try in one of them has left play for good.
@@ -83,7 +82,7 @@ _DONE_STATES = frozenset({ExecState.ACKNOWLEDGED, ExecState.CANCELLED, ExecState
 
 
 @dataclass(frozen=True, slots=True)
-class _DoneTry:
+class _DoneAttempt:
     """All that is kept of a try done for good (ACKNOWLEDGED or CANCELLED): enough to answer 410, an
     idempotent ACK (the receipt's digest) and its token capture key; about a tenth of an Execution."""
 
@@ -114,7 +113,7 @@ class Execution:
         self.may_run.set()
 
     @property
-    def key(self) -> TryKey:
+    def key(self) -> AttemptKey:
         return (self.request.rollout_id, self.request.attempt_index)
 
     @property
@@ -151,14 +150,14 @@ class ExecutionRegistry:
         self.state_dir = state_dir
         self.faults = FaultTable()
         self._crash = crash
-        self._executions: dict[TryKey, Execution] = {}
-        # Tries not yet done for good: what status and checkpoints look at, so their cost follows the
+        self._executions: dict[AttemptKey, Execution] = {}
+        # Attempts not yet done for good: what status and checkpoints look at, so their cost follows the
         # tries in play, not every try the agent ever ran.  Pruned lazily by `_in_state`.
-        self._active: dict[TryKey, Execution] = {}
-        self._by_capture_key: dict[str, TryKey] = {}  # every try ever started (capture keys never reused)
-        # Tries done for good, compacted: the agent's memory per finished try stays small.
-        self._done: dict[TryKey, _DoneTry] = {}
-        self._tombstones: set[TryKey] = set()
+        self._active: dict[AttemptKey, Execution] = {}
+        self._by_capture_key: dict[str, AttemptKey] = {}  # every try ever started (capture keys never reused)
+        # Attempts done for good, compacted: the agent's memory per finished try stays small.
+        self._done: dict[AttemptKey, _DoneAttempt] = {}
+        self._tombstones: set[AttemptKey] = set()
         self._runs: dict[str, int] = {}
         self.phase: Phase = "idle"
         self.active_checkpoint: str | None = None
@@ -184,7 +183,7 @@ class ExecutionRegistry:
             del self._active[key]
         return sorted((e for e in self._active.values() if e.state in states), key=lambda e: e.key)
 
-    def _is_done_for_good(self, key: TryKey) -> bool:
+    def _is_done_for_good(self, key: AttemptKey) -> bool:
         return key in self._tombstones or key in self._done
 
     def _forget(self, ex: Execution, state: ExecState) -> None:
@@ -195,7 +194,7 @@ class ExecutionRegistry:
             del self._executions[ex.key]
             self._active.pop(ex.key, None)
             digest = _receipt_digest(ex.receipt) if ex.receipt is not None else None
-            self._done[ex.key] = _DoneTry(state, digest)
+            self._done[ex.key] = _DoneAttempt(state, digest)
 
     def _check_open(self) -> None:
         if self._closing:
@@ -224,7 +223,7 @@ class ExecutionRegistry:
         owner = self._by_capture_key.get(ck)
         if owner is not None and owner != key:
             raise InvalidRequestError(f"capture key '{ck}' of try {key} collides with try {owner}")
-        ex = Execution(request=request, capture_key=ck, fault=self.faults.for_try(*key))
+        ex = Execution(request=request, capture_key=ck, fault=self.faults.for_attempt(*key))
         self._executions[key] = ex
         self._active[key] = ex
         self._by_capture_key[ck] = key

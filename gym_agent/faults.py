@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from gym_agent.wire import CrashAfter, FaultRates, RateFaults, TryFault
+from protocol.wire import AttemptFault, CrashAfter, FaultRates, RateFaults
 
-FaultRequest = TryFault | RateFaults | CrashAfter
+FaultRequest = AttemptFault | RateFaults | CrashAfter
 
 
 @dataclass(frozen=True)
@@ -31,25 +31,25 @@ def _uniform(seed: int, kind: str, rollout_id: str, attempt_index: int) -> float
 
 class FaultTable:
     def __init__(self) -> None:
-        self._per_try: dict[tuple[str, int], TryFault] = {}
+        self._per_attempt: dict[tuple[str, int], AttemptFault] = {}
         self._rates = FaultRates()
         self._rate_seed = 0
         self._crash_remaining: int | None = None
 
     def apply(self, request: FaultRequest) -> None:
-        if isinstance(request, TryFault):
+        if isinstance(request, AttemptFault):
             key = (request.rollout_id, request.attempt_index)
             if request.drop_reply or request.fail or request.hang or request.delay_s:
-                self._per_try[key] = request
+                self._per_attempt[key] = request
             else:
-                self._per_try.pop(key, None)  # an all-clear body removes the entry
+                self._per_attempt.pop(key, None)  # an all-clear body removes the entry
         elif isinstance(request, RateFaults):
             self._rates, self._rate_seed = request.rates, request.seed
         else:
             self._crash_remaining = request.crash_after
 
-    def for_try(self, rollout_id: str, attempt_index: int) -> ResolvedFault:
-        explicit = self._per_try.get((rollout_id, attempt_index))
+    def for_attempt(self, rollout_id: str, attempt_index: int) -> ResolvedFault:
+        explicit = self._per_attempt.get((rollout_id, attempt_index))
         if explicit is not None:
             return ResolvedFault(
                 drop_reply=explicit.drop_reply,

@@ -12,10 +12,8 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_agent.errors import INVALID_REQUEST
+from protocol.errors import INVALID_REQUEST, PAYLOAD_TOO_LARGE, UNAUTHORIZED
 
-UNAUTHORIZED = "unauthorized"
-PAYLOAD_TOO_LARGE = "payload_too_large"
 # Past this many bytes an oversized body is no longer drained, the connection is just closed.
 DRAIN_LIMIT_FACTOR = 8
 

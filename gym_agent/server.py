@@ -15,11 +15,11 @@ from typing import cast
 import uvicorn
 from starlette.types import ASGIApp
 
-from eventstore.logsafety import install_log_masking
 from gym_agent.app import create_app
 from gym_agent.config import AgentConfig
 from gym_agent.executions import ExecutionRegistry
 from gym_agent.generation import next_generation
+from protocol.logsafety import install_log_masking
 
 log = logging.getLogger("gym_agent")
 

@@ -46,15 +46,14 @@ from eventstore.events import (
     SiblingHeld,
     SiblingSealed,
     TrainerRestored,
-    group_id_of,
-    rollout_id_of,
 )
 from eventstore.records import GENESIS_HASH
-from gym_agent.wire import CompletionReceipt
 from projections.base import FAST_DECODERS, ReplayRefused, TypedProjection, decode
 from projections.digest import BLOCK, StoredDigest
-from projections.ledger import GROUP_STREAM_PREFIX
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
+from protocol.ids import group_id_of, rollout_id_of
+from protocol.streams import group_of_stream
+from protocol.wire import CompletionReceipt
 
 NO_REUSED_TRY: Final = "no-reused-try"
 SEAL_BEFORE_ACK: Final = "seal-before-ack"
@@ -105,7 +104,7 @@ class Violation:
 
 @with_config(_FORBID)
 @dataclass(slots=True, kw_only=True)
-class TryFacts:
+class AttemptFacts:
     """What the log has said so far about one try (rollout_id, attempt_index)."""
 
     group_id: str
@@ -158,7 +157,7 @@ class AuditState:
     events: int = 0
     groups: dict[str, GroupFacts] = field(default_factory=dict)
     # "rollout_id/attempt_index" -> facts
-    tries: dict[str, TryFacts] = field(default_factory=dict)
+    tries: dict[str, AttemptFacts] = field(default_factory=dict)
     latest: dict[str, int] = field(default_factory=dict)  # rollout_id -> its newest attempt index
     seals: dict[str, int] = field(default_factory=dict)  # rollout_id -> position of its SiblingSealed
     generations: dict[str, int] = field(default_factory=dict)  # agent -> newest execution generation seen
@@ -180,8 +179,9 @@ def _key(rollout_id: str, attempt_index: int) -> str:
 
 
 def _group_id(event: RecordedEvent, rollout_id: str) -> str:
-    if event.stream_id.startswith(GROUP_STREAM_PREFIX):
-        return event.stream_id[len(GROUP_STREAM_PREFIX) :]
+    gid = group_of_stream(event.stream_id)
+    if gid is not None:
+        return gid
     return group_id_of(rollout_id)
 
 
@@ -245,7 +245,7 @@ def _taken_over(st: AuditState, ev: RecordedEvent, e: GroupTakenOver) -> None:
 
 def _mint(
     st: AuditState, ev: RecordedEvent, rollout_id: str, generation_index: int, index: int
-) -> TryFacts | None:
+) -> AttemptFacts | None:
     key = _key(rollout_id, index)
     previous = st.tries.get(key)
     if previous is not None:
@@ -273,7 +273,7 @@ def _mint(
                 f"try {rollout_id}#{index} is try {index + 1} of its {unit}, past the budget of "
                 f"{group.max_tries}; the group should have been dead-lettered",
             )
-    facts = TryFacts(group_id=group_id, minted=ev.position)
+    facts = AttemptFacts(group_id=group_id, minted=ev.position)
     st.tries[key] = facts
     return facts
 
@@ -304,7 +304,7 @@ def _replacement(st: AuditState, ev: RecordedEvent, e: ReplacementMinted) -> Non
         st.latest[rid] = max(st.latest.get(rid, index), index)
 
 
-def _check_retired_first(st: AuditState, ev: RecordedEvent, rid: str, index: int, old: TryFacts) -> None:
+def _check_retired_first(st: AuditState, ev: RecordedEvent, rid: str, index: int, old: AttemptFacts) -> None:
     if old.owed is not None:
         return  # it finished and the trainer owes (or paid) its ACK
     if old.retire == "completed_unacknowledged":

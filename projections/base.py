@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 from eventstore import RecordedEvent
 from eventstore.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
 from eventstore.events import EVENT_TYPES, Event
-from gym_agent.wire import canonical_json
+from protocol.digests import canonical_json
 
 S = TypeVar("S")
 

@@ -49,12 +49,11 @@ from eventstore.events import (
     SiblingSealed,
     TargetLevel,
     TrainerRestored,
-    group_id_of,
 )
-from gym_agent.wire import CompletionReceipt
 from projections.base import TypedProjection
-
-GROUP_STREAM_PREFIX = "group-"
+from protocol.ids import group_id_of
+from protocol.streams import group_of_stream, group_stream
+from protocol.wire import CompletionReceipt
 
 AttemptStatus = Literal["minted", "dispatched", "replied", "failed", "held", "sealed", "retired", "discarded"]
 SiblingStatus = Literal["pending", "held", "sealed"]
@@ -130,7 +129,7 @@ class GroupState:
     # The group stream's last version seen: what a coordinator names as its expected version (fencing).
     stream_version: int = -1
     # prompt_group: group rounds started; sibling: the most tries any one sibling has had.
-    tries_used: int = 0
+    attempts_used: int = 0
     abandoned_rounds: int = 0
     claims: list[ClaimState] = field(default_factory=list)
     reserved_position: int = 0
@@ -165,7 +164,7 @@ class ArchivedGroup:
     mode: Mode
     status: GroupStatus
     expected_generations: int
-    tries_used: int
+    attempts_used: int
     claims: list[ClaimState]
     last_position: int
     trainer_id: str | None = None
@@ -204,8 +203,9 @@ class LedgerState:
 
     def group_of(self, rollout_id: str, stream_id: str = "") -> GroupState | None:
         """The group a try belongs to: by the stream it was appended to, else by its rollout id."""
-        if stream_id.startswith(GROUP_STREAM_PREFIX):
-            group = self.groups.get(stream_id[len(GROUP_STREAM_PREFIX) :])
+        gid = group_of_stream(stream_id)
+        if gid is not None:
+            group = self.groups.get(gid)
             if group is not None:
                 return group
         head = group_id_of(rollout_id)
@@ -288,9 +288,10 @@ class LedgerProjection(TypedProjection[LedgerState]):
         group = state.by_stream.get(event.stream_id)
         if group is None:
             stream = event.stream_id
-            if not stream.startswith(GROUP_STREAM_PREFIX):
+            gid = group_of_stream(stream)
+            if gid is None:
                 return
-            group = state.groups.get(stream[len(GROUP_STREAM_PREFIX) :])
+            group = state.groups.get(gid)
             if group is None:
                 return
             state.by_stream[stream] = group
@@ -343,8 +344,8 @@ def _mint(
     sibling.current_attempt = attempt_index
     if sibling.status == "held":  # a held result is thrown away with its abandoned group
         sibling.status = "pending"
-    if attempt_index + 1 > group.tries_used:
-        group.tries_used = attempt_index + 1
+    if attempt_index + 1 > group.attempts_used:
+        group.attempts_used = attempt_index + 1
 
 
 def _minted(state: LedgerState, ev: RecordedEvent, e: AttemptMinted) -> None:
@@ -490,7 +491,7 @@ def _archive(state: LedgerState, cut: int) -> None:
     ]
     for g in done:
         del state.groups[g.group_id]
-        state.by_stream.pop(GROUP_STREAM_PREFIX + g.group_id, None)
+        state.by_stream.pop(group_stream(g.group_id), None)
         for sibling in g.siblings.values():
             state.by_rollout.pop(sibling.rollout_id, None)
         state.archived[g.group_id] = ArchivedGroup(
@@ -499,7 +500,7 @@ def _archive(state: LedgerState, cut: int) -> None:
             mode=g.mode,
             status=g.status,
             expected_generations=g.expected_generations,
-            tries_used=g.tries_used,
+            attempts_used=g.attempts_used,
             claims=g.claims,
             last_position=g.last_position,
             trainer_id=g.trainer_id,

@@ -21,11 +21,11 @@ from typing import ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eventstore.events import rollout_id_of
-from gym_agent.wire import AcknowledgeItem, CompletionReceipt
 from projections.base import canonical, sha256_text
 from projections.checkpoints import CheckpointsState, CheckpointState
 from projections.ledger import ArchivedGroup, AttemptState, GroupState, LedgerState
+from protocol.ids import rollout_id_of
+from protocol.wire import AcknowledgeItem, CompletionReceipt
 
 RECOVERY_SCHEMA_VERSION: Final = 1
 RecoverySchemaVersion = Literal[1]
@@ -76,10 +76,10 @@ class RecoveryView:
 
 # --- the restore plan ----------------------------------------------------------------
 
-TryAction = Literal["adopt", "retire_or_adopt", "dispatch"]
+AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
 
 
-class TryToSettle(_Model):
+class AttemptToSettle(_Model):
     """A try the agent may still run or hold.  `adopt`: it finished (a reply or a
     `completed_unacknowledged` answer is in the log); `retire_or_adopt`: ask the
     agent with retire first; `dispatch`: minted but never sent, so send it as is."""
@@ -91,7 +91,7 @@ class TryToSettle(_Model):
     agent_name: str
     capture_key: str | None
     status: str
-    action: TryAction
+    action: AttemptAction
 
 
 class SiblingToReplace(_Model):
@@ -113,7 +113,7 @@ class ClaimToRollBack(_Model):
 class RecoveryPlan(_Model):
     position: int
     debts_to_flush: dict[str, list[CompletionReceipt]]
-    tries_to_settle: list[TryToSettle]
+    attempts_to_settle: list[AttemptToSettle]
     siblings_to_replace: list[SiblingToReplace]
     groups_to_rerun: list[str]
     groups_to_dead_letter: list[str]
@@ -130,7 +130,7 @@ class RecoveryPlan(_Model):
             # The log position the plan was made at: other writers may append before it is recorded.
             "as_of_position": self.position,
             "debts_to_flush": sum(len(v) for v in self.debts_to_flush.values()),
-            "tries_to_settle": len(self.tries_to_settle),
+            "attempts_to_settle": len(self.attempts_to_settle),
             "siblings_to_replace": len(self.siblings_to_replace),
             "groups_to_rerun": len(self.groups_to_rerun),
             "groups_to_dead_letter": len(self.groups_to_dead_letter),
@@ -145,7 +145,7 @@ class RecoveryPlan(_Model):
 _IN_FLIGHT: frozenset[str] = frozenset({"dispatched", "failed"})
 
 
-def _settle_action(attempt: AttemptState) -> TryAction | None:
+def _settle_action(attempt: AttemptState) -> AttemptAction | None:
     if attempt.status == "minted":
         return "dispatch"
     if attempt.status == "replied" or attempt.retire_outcome == "completed_unacknowledged":
@@ -159,7 +159,7 @@ def plan_recovery(
     ledger: LedgerState, checkpoints: CheckpointsState, trainer_id: str | None = None
 ) -> RecoveryPlan:
     """The restore plan of one trainer: only its own groups and checkpoints (`trainer_id`)."""
-    settle: list[TryToSettle] = []
+    settle: list[AttemptToSettle] = []
     replace: list[SiblingToReplace] = []
     rerun: list[str] = []
     dead: list[str] = []
@@ -191,7 +191,7 @@ def plan_recovery(
     return RecoveryPlan(
         position=ledger.position,
         debts_to_flush={a: list(owed.values()) for a, owed in ledger.debts.items() if owed},
-        tries_to_settle=settle,
+        attempts_to_settle=settle,
         siblings_to_replace=replace,
         groups_to_rerun=rerun,
         groups_to_dead_letter=dead,
@@ -206,8 +206,10 @@ def plan_recovery(
     )
 
 
-def _try(group: GroupState, generation_index: int, attempt: AttemptState, action: TryAction) -> TryToSettle:
-    return TryToSettle(
+def _attempt_to_settle(
+    group: GroupState, generation_index: int, attempt: AttemptState, action: AttemptAction
+) -> AttemptToSettle:
+    return AttemptToSettle(
         group_id=group.group_id,
         rollout_id=attempt.rollout_id,
         generation_index=generation_index,
@@ -220,7 +222,7 @@ def _try(group: GroupState, generation_index: int, attempt: AttemptState, action
 
 
 def _plan_sibling_group(
-    group: GroupState, settle: list[TryToSettle], replace: list[SiblingToReplace], dead: list[str]
+    group: GroupState, settle: list[AttemptToSettle], replace: list[SiblingToReplace], dead: list[str]
 ) -> None:
     exhausted = False
     for index in range(group.expected_generations):
@@ -241,7 +243,7 @@ def _plan_sibling_group(
             continue
         action = _settle_action(attempt)
         if action is not None:
-            settle.append(_try(group, index, attempt, action))
+            settle.append(_attempt_to_settle(group, index, attempt, action))
         elif attempt.status in ("retired", "discarded"):
             if attempt.attempt_index + 1 >= group.max_tries:
                 exhausted = True
@@ -260,7 +262,7 @@ def _plan_sibling_group(
 
 
 def _plan_prompt_group(
-    group: GroupState, settle: list[TryToSettle], rerun: list[str], dead: list[str]
+    group: GroupState, settle: list[AttemptToSettle], rerun: list[str], dead: list[str]
 ) -> None:
     # A partly finished group is never reused (protocol.md §4): settle what the agent may hold, then rerun whole.
     for index in sorted(group.siblings):
@@ -270,8 +272,8 @@ def _plan_prompt_group(
         action = _settle_action(attempt)
         # A try that never left the trainer is not sent: the round it belongs to is thrown away whole.
         if action is not None and action != "dispatch":
-            settle.append(_try(group, index, attempt, action))
-    if group.tries_used >= group.max_tries:
+            settle.append(_attempt_to_settle(group, index, attempt, action))
+    if group.attempts_used >= group.max_tries:
         dead.append(group.group_id)
     else:
         rerun.append(group.group_id)

@@ -35,10 +35,9 @@ from eventstore.events import (
     RunReplied,
     SiblingHeld,
     SiblingSealed,
-    group_id_of,
-    group_stream,
-    logprobs_stream,
 )
+from protocol.ids import group_id_of
+from protocol.streams import group_stream, logprobs_stream
 
 Lane = Literal["trainer", "log", "agent"]
 LANES: Final[tuple[Lane, ...]] = ("trainer", "log", "agent")

@@ -13,8 +13,8 @@ import pytest
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from gym_agent.wire import RunRequest
-from workers.gym import GymClient
+from protocol.wire import RunRequest
+from trainer.gym import GymClient
 
 TOKEN = "s3cret-token-for-tests"
 _ids = itertools.count()

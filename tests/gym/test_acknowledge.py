@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from gym_agent.server import ThreadAgent
-from gym_agent.wire import AcknowledgeRequest, CompletionReceipt
+from protocol.wire import AcknowledgeRequest, CompletionReceipt
 from tests.gym.conftest import fresh_id, run_request
-from workers.gym import GoneError, GymClient
+from trainer.gym import GoneError, GymClient
 
 
 async def _finished(client: GymClient) -> CompletionReceipt:

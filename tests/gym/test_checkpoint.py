@@ -11,9 +11,10 @@ import pytest
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from gym_agent.wire import AttemptRef, TryFault, reply_digest
+from protocol.digests import reply_digest
+from protocol.wire import AttemptFault, AttemptRef
 from tests.gym.conftest import MakeAgent, run_request, wait_for
-from workers.gym import (
+from trainer.gym import (
     CheckpointConflictError,
     GymClient,
     InvalidPhaseError,
@@ -60,7 +61,7 @@ async def test_prepare_lists_completed_unacknowledged_then_ready_after_ack(make_
 async def test_half_done_group_is_ready_once_the_finished_sibling_is_acked(make_agent: MakeAgent) -> None:
     async with connect(make_agent(turns=(3, 3))) as c:
         await c.run(run_request("p7_g0"))
-        await c.set_faults(TryFault(rollout_id="p7_g1", attempt_index=0, delay_s=0.3))
+        await c.set_faults(AttemptFault(rollout_id="p7_g1", attempt_index=0, delay_s=0.3))
         sibling = asyncio.create_task(c.run(run_request("p7_g1")))
         await wait_for(lambda: _running(c, 1))
         with pytest.raises(NotReadyError) as not_ready:
@@ -82,7 +83,7 @@ async def test_park_commit_resume_continues_the_runs(make_agent: MakeAgent) -> N
     ids = [f"p1_g{i}" for i in range(3)]
     async with connect(agent) as c:
         for rid in ids:
-            await c.set_faults(TryFault(rollout_id=rid, attempt_index=0, delay_s=0.3))
+            await c.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, delay_s=0.3))
         runs = [asyncio.create_task(c.run(run_request(rid))) for rid in ids]
         await wait_for(lambda: _running(c, 3))
 
@@ -136,8 +137,8 @@ async def test_new_runs_wait_while_admission_is_closed(make_agent: MakeAgent) ->
 
 async def test_abort_resumes_parked_and_park_requested_tries(make_agent: MakeAgent) -> None:
     async with connect(make_agent(turns=(3, 3))) as c:
-        await c.set_faults(TryFault(rollout_id="slow", attempt_index=0, delay_s=0.3))
-        await c.set_faults(TryFault(rollout_id="stuck", attempt_index=0, hang=True))
+        await c.set_faults(AttemptFault(rollout_id="slow", attempt_index=0, delay_s=0.3))
+        await c.set_faults(AttemptFault(rollout_id="stuck", attempt_index=0, hang=True))
         slow = asyncio.create_task(c.run(run_request("slow")))
         stuck = asyncio.create_task(c.run(run_request("stuck")))
         await wait_for(lambda: _running(c, 2))
@@ -159,7 +160,7 @@ async def test_abort_resumes_parked_and_park_requested_tries(make_agent: MakeAge
 
 async def test_retire_unblocks_a_prepare(make_agent: MakeAgent) -> None:
     async with connect(make_agent()) as c:
-        await c.set_faults(TryFault(rollout_id="rT", attempt_index=0, hang=True))
+        await c.set_faults(AttemptFault(rollout_id="rT", attempt_index=0, hang=True))
         hung = asyncio.create_task(c.run(run_request("rT")))
         await wait_for(lambda: _running(c, 1))
         prepare = asyncio.create_task(c.prepare("ckpt-A", timeout_s=10))

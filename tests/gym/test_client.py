@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 from gym_agent.launcher import free_port
-from gym_agent.wire import CompletionReceipt, RunReply, reply_digest
+from protocol.digests import reply_digest
+from protocol.wire import CompletionReceipt, RunReply
 from tests.gym.conftest import fresh_id, run_request
-from workers.gym import (
+from trainer.gym import (
     AgentServerError,
     AgentUnavailableError,
     BadResponseError,
@@ -23,7 +24,7 @@ from workers.gym import (
     ReceiptMismatchError,
     verify_receipt,
 )
-from workers.gym.transport import Origin, Reply, Timeouts
+from trainer.gym.transport import Origin, Reply, Timeouts
 
 
 class _Canned:

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from gym_agent.server import ThreadAgent
-from gym_agent.wire import MAX_BODY_BYTES
+from protocol.wire import MAX_BODY_BYTES
 from tests.gym.conftest import TOKEN, fresh_id, run_request
-from workers.gym import GymClient, InvalidRequestError, UnauthorizedError
+from trainer.gym import GymClient, InvalidRequestError, UnauthorizedError
 
 ROUTES: list[tuple[str, str, Any]] = [
     ("POST", "/run", {"_ng_rollout_id": "auth-run", "_ng_attempt_index": 0}),

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from gym_agent.wire import FaultRates, RateFaults
+from protocol.wire import FaultRates, RateFaults
 from tests.gym.conftest import MakeAgent, run_request, wait_for
-from workers.gym import GoneError, GymClient
+from trainer.gym import GoneError, GymClient
 
 RUNS = 200
 

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import gym as gym_cli
+from gym_agent import cli as gym_cli
 from gym_agent.executions import CRASH_EXIT_CODE
 from gym_agent.launcher import AgentProcess
-from gym_agent.wire import CompletionReceipt, CrashAfter, RunReply, TryFault, reply_digest
+from protocol.digests import reply_digest
+from protocol.wire import AttemptFault, CompletionReceipt, CrashAfter, RunReply
 from tests.gym.conftest import TOKEN, run_request, wait_for
-from workers.gym import (
+from trainer.gym import (
     AgentServerError,
     AgentUnavailableError,
     ConnectionLostError,
@@ -82,7 +83,7 @@ def _receipt_before_the_crash(reply: RunReply) -> CompletionReceipt:
 
 async def test_sigterm_stops_cleanly_with_a_run_in_flight(proc: AgentProcess) -> None:
     async with GymClient(proc.url, proc.name, token=TOKEN) as c:
-        await c.set_faults(TryFault(rollout_id="stuck", attempt_index=0, hang=True))
+        await c.set_faults(AttemptFault(rollout_id="stuck", attempt_index=0, hang=True))
         hung = asyncio.create_task(c.run(run_request("stuck")))
 
         async def running() -> bool:

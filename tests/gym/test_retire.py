@@ -13,9 +13,9 @@ import pytest
 from gym_agent import executions
 from gym_agent.checkpoint import AgentCheckpoint, write_checkpoint
 from gym_agent.server import ThreadAgent
-from gym_agent.wire import RetireResponse, TryFault
+from protocol.wire import AttemptFault, RetireResponse
 from tests.gym.conftest import MakeAgent, fresh_id, run_request, wait_for
-from workers.gym import (
+from trainer.gym import (
     CheckpointConflictError,
     GoneError,
     GymClient,
@@ -39,7 +39,7 @@ async def connect(agent: ThreadAgent) -> AsyncIterator[GymClient]:
 async def _running(client: GymClient, *, delay_s: float = 0.0) -> tuple[str, asyncio.Task[object]]:
     """Starts a try that hangs (or, with `delay_s`, holds each model call) and waits until it runs."""
     rid = fresh_id("rT")
-    await client.set_faults(TryFault(rollout_id=rid, attempt_index=0, hang=not delay_s, delay_s=delay_s))
+    await client.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, hang=not delay_s, delay_s=delay_s))
     task = asyncio.create_task(client.run(run_request(rid)))
 
     async def started() -> bool:

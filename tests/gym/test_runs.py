@@ -7,9 +7,11 @@ import asyncio
 import pytest
 
 from gym_agent.server import ThreadAgent
-from gym_agent.wire import FaultRates, RateFaults, TryFault, capture_key, reply_digest
+from protocol.digests import reply_digest
+from protocol.ids import capture_key
+from protocol.wire import AttemptFault, FaultRates, RateFaults
 from tests.gym.conftest import MakeAgent, fresh_id, run_request
-from workers.gym import ConnectionLostError, GoneError, GymClient, NotFoundError, verify_receipt
+from trainer.gym import ConnectionLostError, GoneError, GymClient, NotFoundError, verify_receipt
 
 
 async def test_run_returns_a_reply_with_receipt_and_tokens(client: GymClient) -> None:
@@ -70,7 +72,7 @@ async def test_replay_of_a_completed_try_does_not_run_it_again(client: GymClient
 
 async def test_a_resent_run_of_a_running_try_waits_for_the_same_execution(client: GymClient) -> None:
     rid = fresh_id()
-    await client.set_faults(TryFault(rollout_id=rid, attempt_index=0, delay_s=0.1))
+    await client.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, delay_s=0.1))
     replies = await asyncio.gather(*(client.run(run_request(rid)) for _ in range(3)))
     assert replies[0] == replies[1] == replies[2]
     assert (await client.debug_runs())[rid] == 1
@@ -78,7 +80,7 @@ async def test_a_resent_run_of_a_running_try_waits_for_the_same_execution(client
 
 async def test_drop_reply_breaks_the_connection_and_keeps_the_reply(client: GymClient) -> None:
     rid = fresh_id("rD")
-    await client.set_faults(TryFault(rollout_id=rid, attempt_index=0, drop_reply=True))
+    await client.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, drop_reply=True))
     with pytest.raises(ConnectionLostError):
         await client.run(run_request(rid))
     status = await client.status()
@@ -90,7 +92,7 @@ async def test_drop_reply_breaks_the_connection_and_keeps_the_reply(client: GymC
 
 async def test_environment_failure_is_a_masked_completed_result(client: GymClient) -> None:
     rid = fresh_id()
-    await client.set_faults(TryFault(rollout_id=rid, attempt_index=0, fail=True))
+    await client.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, fail=True))
     reply = await client.run(run_request(rid))
     assert reply.mask_sample is True
     assert reply.reward == 0.0
@@ -117,7 +119,7 @@ async def test_receipt_of_an_unknown_or_unfinished_try_is_404(client: GymClient)
         await client.completion_receipt(rid, 0)
     with pytest.raises(NotFoundError):
         await client.token_capture(capture_key(rid, 0))
-    await client.set_faults(TryFault(rollout_id=rid, attempt_index=0, delay_s=0.3))
+    await client.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, delay_s=0.3))
     task = asyncio.create_task(client.run(run_request(rid)))
     await asyncio.sleep(0.1)
     with pytest.raises(NotFoundError):
@@ -154,7 +156,7 @@ async def test_capabilities_and_health(client: GymClient, shared_agent: ThreadAg
 async def test_capture_key_collision_is_refused(client: GymClient) -> None:
     rid = fresh_id()
     await client.run(run_request(rid, 1))  # filed under "<rid>-a1"
-    from workers.gym import InvalidRequestError
+    from trainer.gym import InvalidRequestError
 
     with pytest.raises(InvalidRequestError, match="collides"):
         await client.run(run_request(f"{rid}-a1", 0))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from workers.gym.transport import LeanTransport, Origin, Reply, Timeouts
+from trainer.gym.transport import LeanTransport, Origin, Reply, Timeouts
 
 JSON_OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 

@@ -12,7 +12,7 @@ import pytest
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from workers.gym import GymClient
+from trainer.gym import GymClient
 
 TOKEN = "hostile-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

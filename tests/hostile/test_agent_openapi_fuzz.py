@@ -26,7 +26,7 @@ from schemathesis.checks import not_a_server_error
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from gym_agent.wire import (
+from protocol.wire import (
     AcknowledgeResponse,
     AgentStatus,
     Capabilities,

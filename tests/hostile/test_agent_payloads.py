@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gym_agent.faults import FaultRequest
-from gym_agent.wire import MAX_BODY_BYTES, MAX_LIST_ITEMS, CompletionReceipt, RunRequest
-from workers.gym import GymClient
+from protocol.wire import MAX_BODY_BYTES, MAX_LIST_ITEMS, CompletionReceipt, RunRequest
+from trainer.gym import GymClient
 
 RECEIPT = {
     "schema_version": 1,

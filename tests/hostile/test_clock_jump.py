@@ -19,8 +19,8 @@ import pytest
 
 from eventstore import open_store
 from gym_agent.server import ThreadAgent, serve_in_thread
+from simulation.run import SimConfig, run_simulation
 from tests.hostile.conftest import TOKEN, agent_config
-from workers.rollout.simulate import SimConfig, run_simulation
 
 JUMPS = (0.0, 3600.0, -3600.0, 86_400.0, -86_400.0, 1e9)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import httpx
 
-from gym_agent.wire import CompletionReceipt, RunRequest
-from workers.gym import GymClient
+from protocol.wire import CompletionReceipt, RunRequest
+from trainer.gym import GymClient
 
 
 async def _state(*clients: GymClient) -> list[object]:

@@ -39,11 +39,11 @@ from eventstore.events import (
     SiblingHeld,
     SiblingSealed,
     TrainerRestored,
-    checkpoint_stream,
-    group_stream,
-    logprobs_stream,
 )
-from gym_agent.wire import AttemptRef, CompletionReceipt, capture_key, reply_digest
+from protocol.digests import reply_digest
+from protocol.ids import capture_key
+from protocol.streams import checkpoint_stream, group_stream, logprobs_stream
+from protocol.wire import AttemptRef, CompletionReceipt
 
 AGENT = "agent-a"
 

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 
 from eventstore.events import AckAccepted, Event, GroupAbandoned, ReplacementMinted
-from gym_agent.wire import AttemptRef
+from protocol.wire import AttemptRef
 from tests.projections.builder import LogBuilder
 
 

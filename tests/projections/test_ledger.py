@@ -27,7 +27,7 @@ def test_sibling_group_lifecycle(store: EventStore, log: LogBuilder) -> None:
     log.seal("p1_g0", reward=0.5)
     state = ledger_of(store)
     group = state.groups["p1"]
-    assert group.status == "open" and group.mode == "sibling" and group.tries_used == 1
+    assert group.status == "open" and group.mode == "sibling" and group.attempts_used == 1
     assert group.stream_version == store.stream_version("group-p1")
     s0, s1 = group.siblings[0], group.siblings[1]
     assert (s0.status, s0.sealed_attempt, s0.reward) == ("sealed", 0, 0.5)
@@ -47,7 +47,7 @@ def test_sibling_group_lifecycle(store: EventStore, log: LogBuilder) -> None:
     log.claim("p1", 3)
     state = ledger_of(store)
     group = state.groups["p1"]
-    assert group.status == "sealed" and group.tries_used == 2 and group.claimed_steps == [3]
+    assert group.status == "sealed" and group.attempts_used == 2 and group.claimed_steps == [3]
     assert group.siblings[1].attempts[0].status == "retired"
     assert group.siblings[1].attempts[0].failures == ["deadline: deadline passed"]
     assert group.siblings[1].current_attempt == 1 and group.siblings[1].sealed_attempt == 1
@@ -74,7 +74,7 @@ def test_prompt_group_abandon_and_rerun(store: EventStore, log: LogBuilder) -> N
     assert [r.rollout_id for _, r in state.unpaid_debts()] == ["g_g0"]
     log.replace("g_g0", 1)
     log.replace("g_g1", 1)
-    assert ledger_of(store).groups["g"].tries_used == 2
+    assert ledger_of(store).groups["g"].attempts_used == 2
 
 
 def test_rejections(store: EventStore, log: LogBuilder) -> None:
@@ -145,7 +145,7 @@ def test_recovery_state_and_plan(store: EventStore, log: LogBuilder) -> None:
 
     plan = plan_recovery(ledger, checkpoints)
     assert [r.rollout_id for r in plan.debts_to_flush["agent-a"]] == ["s_g3"]
-    actions = {(t.rollout_id, t.action) for t in plan.tries_to_settle}
+    actions = {(t.rollout_id, t.action) for t in plan.attempts_to_settle}
     assert actions == {("s_g0", "retire_or_adopt"), ("s_g1", "adopt"), ("pg_g0", "retire_or_adopt")}
     assert [(s.rollout_id, s.next_attempt) for s in plan.siblings_to_replace] == [("s_g2", 1)]
     assert plan.groups_to_rerun == ["pg"]

@@ -14,8 +14,8 @@ from eventstore import EventStore, open_store
 from eventstore.events import PromptRef
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from workers.gym import GymClient
-from workers.rollout import RolloutCoordinator
+from trainer import RolloutCoordinator
+from trainer.gym import GymClient
 
 _ids = itertools.count()
 

@@ -16,12 +16,12 @@ import pytest
 from eventstore import EventStore, RecordedEvent, open_store, upgrade_database
 from eventstore.pgcluster import PgCluster
 from gym_agent.config import AgentConfig
-from gym_agent.wire import TryFault
 from projections.audit import audit_log
+from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
 from tests.rollout.hostile_agent import Action, Rule, serve_hostile
-from workers.gym import GymClient
-from workers.rollout import CoordinatorStopped, RolloutCoordinator
+from trainer import CoordinatorStopped, RolloutCoordinator
+from trainer.gym import GymClient
 
 
 def _config(tmp_path: Path, name: str = "h", **overrides: Any) -> AgentConfig:
@@ -280,7 +280,7 @@ async def test_an_agent_going_away_mid_call_is_retired_at_its_successor(
     with serve_hostile(config, []) as first:
         config = config.model_copy(update={"port": first.port})
         async with GymClient(first.url, "h") as client:
-            await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
+            await client.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
             coord = coordinator(sqlite_store, {"h": client}, mode="sibling")
             async with coord:
                 await coord.submit(g, PROMPT, "h", 1, PAYLOAD)

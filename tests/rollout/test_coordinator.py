@@ -7,9 +7,9 @@ import contextlib
 from typing import Any
 
 from eventstore import EventStore
-from gym_agent.wire import TryFault
+from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
-from workers.gym import GymClient, NotReadyError, StaleCheckpointError
+from trainer.gym import GymClient, NotReadyError, StaleCheckpointError
 
 
 def types(store: EventStore, stream: str) -> list[str]:
@@ -44,7 +44,7 @@ async def test_a_checkpoint_during_a_half_done_prompt_group_commits_at_once(
     agent = make_agent("a", turns=(3, 3))
     async with GymClient(agent.url, "a") as client:
         g = gid()
-        await client.set_faults(TryFault(rollout_id=f"{g}_g1", attempt_index=0, delay_s=0.3))
+        await client.set_faults(AttemptFault(rollout_id=f"{g}_g1", attempt_index=0, delay_s=0.3))
         coord = coordinator(store, {"a": client}, mode="prompt_group", prepare_timeout_s=30)
         async with coord:
             await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
@@ -66,7 +66,7 @@ async def test_a_group_failing_after_one_sibling_finished_blocks_no_checkpoint(
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         g = gid()
-        await client.set_faults(TryFault(rollout_id=f"{g}_g1", attempt_index=0, fail=True, delay_s=0.1))
+        await client.set_faults(AttemptFault(rollout_id=f"{g}_g1", attempt_index=0, fail=True, delay_s=0.1))
         coord = coordinator(store, {"a": client}, mode="prompt_group")
         async with coord:
             await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
@@ -84,7 +84,7 @@ async def test_a_lost_reply_is_adopted_not_rerun(store: EventStore, make_agent: 
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         g = gid()
-        await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, drop_reply=True))
+        await client.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, drop_reply=True))
         coord = coordinator(store, {"a": client}, mode="sibling")
         async with coord:
             await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
@@ -101,7 +101,7 @@ async def test_a_try_running_past_its_deadline_is_retired_and_replaced(
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         g = gid()
-        await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
+        await client.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
         coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=3.0)
         async with coord:
             await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
@@ -127,7 +127,7 @@ async def test_a_retire_that_overtakes_its_checkpoints_prepare_still_retires(
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         g = gid()
-        await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
+        await client.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
         coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60)
         async with coord:
             await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
@@ -160,12 +160,12 @@ async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         g = gid()
-        await client.set_faults(TryFault(rollout_id=f"{g}_g0", attempt_index=0, drop_reply=True))
+        await client.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, drop_reply=True))
         coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60)
         # The try's own task would adopt it too; hold it back so the checkpoint is the one to find it.
-        coord.ctx.live_try(f"{g}_g0", 0)
+        coord.ctx.live_attempt(f"{g}_g0", 0)
         async with coord:
-            live = coord.ctx.live_try(f"{g}_g0", 0)
+            live = coord.ctx.live_attempt(f"{g}_g0", 0)
             async with live.lock:
                 await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
                 for _ in range(500):

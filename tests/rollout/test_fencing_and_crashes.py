@@ -14,11 +14,11 @@ import pytest
 
 from eventstore import open_store, upgrade_database
 from gym_agent.launcher import AgentProcess
-from gym_agent.wire import CrashAfter, FaultRates, RateFaults
 from projections.audit import audit_log
+from protocol.wire import CrashAfter, FaultRates, RateFaults
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
-from workers.gym import GymClient
-from workers.rollout import FencedOff, RolloutCoordinator
+from trainer import FencedOff, RolloutCoordinator
+from trainer.gym import GymClient
 
 
 async def test_a_stale_coordinator_is_fenced_off(pg_url: str, make_agent: MakeAgent) -> None:
@@ -88,8 +88,8 @@ TRAINER = textwrap.dedent(
     import asyncio, sys
     from eventstore import open_store
     from eventstore.events import PromptRef
-    from workers.gym import GymClient
-    from workers.rollout import RolloutCoordinator
+    from trainer.gym import GymClient
+    from trainer import RolloutCoordinator
 
     async def main(url, agent_url, first):
         store = open_store(url, migrate_schema=True)
@@ -124,7 +124,7 @@ async def test_a_trainer_killed_at_random_points_recovers(
 ) -> None:
     """(g) SIGKILL the trainer process mid-work, twice, then recover: all groups end, nothing strands."""
     agent = make_agent("a", delay_s=0.03)
-    script = tmp_path / "trainer.py"
+    script = tmp_path / "trainer_process.py"
     script.write_text(TRAINER)
     async with GymClient(agent.url, "a") as client:
         await client.set_faults(RateFaults(rates=FaultRates(drop_reply=0.1, fail=0.1), seed=5))

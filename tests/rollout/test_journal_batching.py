@@ -12,8 +12,8 @@ from eventstore.errors import EventIdConflict
 from eventstore.events import AttemptMinted, Event, GroupReserved
 from projections.ledger import LedgerState
 from tests.rollout.conftest import PROMPT, gid
-from workers.rollout.errors import FencedOff
-from workers.rollout.journal import Journal, _new_event
+from trainer.errors import FencedOff
+from trainer.journal import Journal, _new_event
 
 
 def reserved(g: str) -> list[Event]:

@@ -16,7 +16,7 @@ import pytest
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from gym_agent.wire import MAX_LIST_ITEMS
+from protocol.wire import MAX_LIST_ITEMS
 
 TOKEN = "caps-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

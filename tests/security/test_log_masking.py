@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from eventstore.logsafety import MaskingFilter, install_log_masking, mask_text
+from protocol.logsafety import MaskingFilter, install_log_masking, mask_text
 
 SECRET = "hunter2-s3cret"
 URL = f"postgresql+psycopg://ledger:{SECRET}@db.example:5432/ledger"
@@ -60,7 +60,7 @@ def captured() -> Iterator[io.StringIO]:
 
 
 def test_every_log_record_is_masked(captured: io.StringIO) -> None:
-    for name in ("ledger", "sqlalchemy.engine", "uvicorn.error", "gym_agent", "workers.rollout"):
+    for name in ("ledger", "sqlalchemy.engine", "uvicorn.error", "gym_agent", "trainer"):
         log = logging.getLogger(name)
         log.info("opening %s", URL)  # in the arguments
         log.warning(f"opening {URL}")  # in the message itself

@@ -32,9 +32,9 @@ import pytest
 from eventstore import EventStore, open_store, upgrade_database
 from eventstore.pgcluster import PgCluster
 from gym_agent.launcher import AgentProcess
-from gym_agent.wire import FaultRates, RateFaults
 from projections.audit import audit_log
-from workers.gym import GymClient
+from protocol.wire import FaultRates, RateFaults
+from trainer.gym import GymClient
 
 ROOT = Path(__file__).parents[2]
 # Each trainer's workload outlasts the crash it is put through (the assertions there say so if it no

@@ -14,9 +14,9 @@ from eventstore.events import PromptRef
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
 from projections.audit import audit_log
-from workers.gym import GymClient
-from workers.rollout import RolloutCoordinator
-from workers.rollout.errors import UnknownGroup
+from trainer import RolloutCoordinator
+from trainer.errors import UnknownGroup
+from trainer.gym import GymClient
 
 PROMPT = PromptRef(sample_id="s1", task_name="math")
 PAYLOAD = {"responses_create_params": {"input": [{"role": "user", "content": "2+2?"}]}}

@@ -32,11 +32,11 @@ import uuid
 
 from eventstore import open_store
 from eventstore.events import PromptRef
-from workers.eventloop import run_async
-from workers.gym import GymClient
-from workers.rollout import RolloutCoordinator
-from workers.rollout.checkpoint import CheckpointOutcome
-from workers.rollout.simulate import CheckpointLoop, claim_as_sealed
+from simulation.run import CheckpointLoop, claim_as_sealed
+from trainer import RolloutCoordinator
+from trainer.checkpoint import CheckpointOutcome
+from trainer.eventloop import run_async
+from trainer.gym import GymClient
 
 log = logging.getLogger("trainer")
 
@@ -166,7 +166,7 @@ if __name__ == "__main__":
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    logging.getLogger("workers.rollout").setLevel(logging.INFO)
+    logging.getLogger("trainer").setLevel(logging.INFO)
     # `kill -QUIT <pid>` prints every thread's stack; USR1 every asyncio task's (see main).
     faulthandler.register(signal.SIGQUIT, file=sys.stderr, all_threads=True)
     logging.getLogger("trainer").setLevel(logging.INFO)

@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from eventstore.events import RolloutReceipt
-from gym_agent.wire import capture_key
+from protocol.ids import capture_key
 from tests.workers.tries import agent_records, receipt_for, records_blob
 from workers.logprobs import (
+    AttemptInput,
     CallInput,
     TokenRecordError,
-    TryInput,
     decode_logprobs,
     encode_logprobs,
-    prepare_try,
-    score_tries,
+    prepare_attempt,
+    score_attempts,
     verify_token_records,
 )
 from workers.logprobs import scoring as scoring_module
@@ -25,7 +25,7 @@ CPU = torch.device("cpu")
 TRIES = [(f"sc_g{i}", i % 2) for i in range(4)]
 
 
-def _inputs(policy: Policy, temperature: float = 1.0) -> tuple[list[TryInput], list[list[float]]]:
+def _inputs(policy: Policy, temperature: float = 1.0) -> tuple[list[AttemptInput], list[list[float]]]:
     inputs, generation = [], []
     for (rollout_id, attempt_index), records in zip(
         TRIES, agent_records(policy, TRIES, temperature=temperature), strict=True
@@ -34,7 +34,7 @@ def _inputs(policy: Policy, temperature: float = 1.0) -> tuple[list[TryInput], l
         checked = verify_token_records(
             blob, receipt_for(rollout_id, attempt_index, records, blob), rollout_id, attempt_index
         )
-        inputs.append(prepare_try(checked, policy, rollout_id, attempt_index, CPU))
+        inputs.append(prepare_attempt(checked, policy, rollout_id, attempt_index, CPU))
         generation.append([v for r in records for v in r.generation_log_probs])
     return inputs, generation
 
@@ -44,7 +44,7 @@ def test_own_model_reproduces_generation_logprobs_and_a_changed_policy_does_not(
 ) -> None:
     inputs, generation = _inputs(policy)
     # backend="auto": the Triton kernel (interpreted on the CPU under TRITON_INTERPRET=1).
-    scores = score_tries(inputs, policy, batch_tokens=24)
+    scores = score_attempts(inputs, policy, batch_tokens=24)
     for score, expected, attempt in zip(scores, generation, inputs, strict=True):
         assert score.token_count == len(expected) > 0
         assert score.max_abs_diff < 1e-4, score
@@ -60,7 +60,7 @@ def test_own_model_reproduces_generation_logprobs_and_a_changed_policy_does_not(
         assert score.logprob_sum == pytest.approx(float(score.logprobs.double().sum()), abs=1e-9)
         assert torch.equal(decode_logprobs(encode_logprobs(score.logprobs)), score.logprobs)
 
-    changed = score_tries(inputs, other_policy, batch_tokens=24, backend="torch")
+    changed = score_attempts(inputs, other_policy, batch_tokens=24, backend="torch")
     assert min(s.max_abs_diff for s in changed) > 0.5
     assert max(s.max_abs_diff for s in scores) * 1000 < min(s.max_abs_diff for s in changed)
 
@@ -68,9 +68,9 @@ def test_own_model_reproduces_generation_logprobs_and_a_changed_policy_does_not(
 def test_batching_does_not_change_a_bit(policy: Policy) -> None:
     # The Triton kernel is batch-invariant, so how tries share launches changes nothing at all.
     inputs, _ = _inputs(policy)
-    whole = score_tries(inputs, policy, batch_tokens=4096, backend="triton")
-    split = score_tries(inputs, policy, batch_tokens=7, backend="triton")
-    alone = [score_tries([t], policy, backend="triton")[0] for t in inputs]
+    whole = score_attempts(inputs, policy, batch_tokens=4096, backend="triton")
+    split = score_attempts(inputs, policy, batch_tokens=7, backend="triton")
+    alone = [score_attempts([t], policy, backend="triton")[0] for t in inputs]
     for a, b, c in zip(whole, split, alone, strict=True):
         assert torch.equal(a.logprobs, b.logprobs)
         assert torch.equal(a.logprobs, c.logprobs)
@@ -78,8 +78,12 @@ def test_batching_does_not_change_a_bit(policy: Policy) -> None:
 
 def test_scoring_at_the_agents_temperature(policy: Policy) -> None:
     inputs, _ = _inputs(policy, temperature=0.7)
-    assert max(s.max_abs_diff for s in score_tries(inputs, policy, temperature=0.7, backend="torch")) < 1e-4
-    assert min(s.max_abs_diff for s in score_tries(inputs, policy, temperature=1.0, backend="torch")) > 1e-2
+    assert (
+        max(s.max_abs_diff for s in score_attempts(inputs, policy, temperature=0.7, backend="torch")) < 1e-4
+    )
+    assert (
+        min(s.max_abs_diff for s in score_attempts(inputs, policy, temperature=1.0, backend="torch")) > 1e-2
+    )
 
 
 @pytest.fixture
@@ -90,8 +94,8 @@ def no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scoring_module, "fused_linear_logprobs", refuse)
 
 
-def _call(ids: list[int], prompt_len: int, logprobs: list[float]) -> TryInput:
-    return TryInput(
+def _call(ids: list[int], prompt_len: int, logprobs: list[float]) -> AttemptInput:
+    return AttemptInput(
         "bad_g0", 0, [CallInput("call-1", torch.tensor(ids, dtype=torch.long), prompt_len, logprobs)]
     )
 
@@ -101,17 +105,17 @@ def test_mismatched_shapes_raise_before_any_launch(policy: Policy) -> None:
     good = _call([1, 2, 3, 4], 2, [-1.0, -1.0])
     # More generation logprobs than generated ids, placed after a good try: nothing may launch.
     with pytest.raises(ValueError, match=r"2 hidden rows but \(3,\) generation logprobs"):
-        score_tries([good, _call([1, 2, 3, 4], 2, [-1.0, -1.0, -1.0])], policy)
+        score_attempts([good, _call([1, 2, 3, 4], 2, [-1.0, -1.0, -1.0])], policy)
     with pytest.raises(ValueError, match="prompt length 0"):
-        score_tries([_call([1, 2, 3], 0, [-1.0, -1.0, -1.0])], policy)
+        score_attempts([_call([1, 2, 3], 0, [-1.0, -1.0, -1.0])], policy)
     with pytest.raises(ValueError, match="prompt length 3"):
-        score_tries([_call([1, 2, 3], 3, [])], policy)
+        score_attempts([_call([1, 2, 3], 3, [])], policy)
     with pytest.raises(ValueError, match="hidden size 32 does not match the LM head's 64"):
         scoring_module.check_rows(
             torch.zeros(2, 32), policy.lm_head_weight, torch.zeros(2, dtype=torch.long), torch.zeros(2)
         )
     with pytest.raises(ValueError, match="batch_tokens"):
-        score_tries([good], policy, batch_tokens=0)
+        score_attempts([good], policy, batch_tokens=0)
 
 
 def _checked(policy: Policy) -> tuple[bytes, RolloutReceipt, list[int]]:
@@ -161,10 +165,10 @@ def test_records_the_policy_cannot_score_are_refused(policy: Policy) -> None:
         )
     ]
     with pytest.raises(TokenRecordError, match="outside the policy's vocabulary"):
-        prepare_try(out_of_vocab, policy, "vr_g0", 1, CPU)
+        prepare_attempt(out_of_vocab, policy, "vr_g0", 1, CPU)
     too_long = [records[0].model_copy(update={"prompt_token_ids": [1] * policy.max_seq_len})]
     with pytest.raises(TokenRecordError, match="more than the policy's"):
-        prepare_try(too_long, policy, "vr_g0", 1, CPU)
+        prepare_attempt(too_long, policy, "vr_g0", 1, CPU)
     no_prompt = [records[0].model_copy(update={"prompt_token_ids": []})]
     with pytest.raises(TokenRecordError, match="empty prompt"):
-        prepare_try(no_prompt, policy, "vr_g0", 1, CPU)
+        prepare_attempt(no_prompt, policy, "vr_g0", 1, CPU)

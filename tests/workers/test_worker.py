@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from eventstore import EventIdConflict, EventStore, NewEvent, open_store
-from eventstore.events import LogprobsComputed, LogprobsRefused, logprobs_stream
+from eventstore.events import LogprobsComputed, LogprobsRefused
+from protocol.streams import logprobs_stream
 from tests.workers.tries import SealedTry, Tamper, seal_group, with_receipt
 from workers.logprobs import (
     LOGPROBS_MEDIA_TYPE,

@@ -23,11 +23,13 @@ from eventstore.events import (
     PromptRef,
     RolloutReceipt,
     SiblingSealed,
-    group_stream,
 )
 from gym_agent.episode import Environment
 from gym_agent.faults import NO_FAULT
-from gym_agent.wire import AttemptRef, RunRequest, TokenEntry, canonical_json, capture_key
+from protocol.digests import canonical_json
+from protocol.ids import capture_key
+from protocol.streams import group_stream
+from protocol.wire import AttemptRef, RunRequest, TokenEntry
 from workers.policy import Policy
 
 AGENT = "agent-a"

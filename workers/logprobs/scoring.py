@@ -18,7 +18,6 @@ on what else shares its launch (the torch fallback is not, so there each try get
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -29,7 +28,9 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from eventstore.events import RolloutReceipt
-from gym_agent.wire import TokenEntry, capture_key
+from protocol.digests import sha256_digest
+from protocol.ids import capture_key
+from protocol.wire import TokenEntry
 from workers.kernels import Backend, fused_linear_logprobs, resolve_backend
 from workers.policy import Policy
 
@@ -56,7 +57,7 @@ class CallInput:
 
 
 @dataclass(frozen=True, slots=True)
-class TryInput:
+class AttemptInput:
     rollout_id: str
     attempt_index: int
     calls: list[CallInput]
@@ -67,7 +68,7 @@ class TryInput:
 
 
 @dataclass(frozen=True, slots=True)
-class TryScore:
+class AttemptScore:
     rollout_id: str
     attempt_index: int
     logprobs: torch.Tensor  # [token_count] fp32 on the host, calls in record order
@@ -108,7 +109,7 @@ def verify_token_records(
         raise TokenRecordError(f"receipt names capture key {receipt.capture_key!r}, the try's is {key!r}")
     if blob is None:
         raise TokenRecordError(f"token records {receipt.tokens_digest} are not in the blob table")
-    actual = "sha256:" + hashlib.sha256(blob).hexdigest()
+    actual = sha256_digest(blob)
     if actual != receipt.tokens_digest:
         raise TokenRecordError(
             f"token records stored under {receipt.tokens_digest} hash to {actual}: the blob was altered"
@@ -143,9 +144,9 @@ def verify_token_records(
     return records
 
 
-def prepare_try(
+def prepare_attempt(
     records: Sequence[TokenEntry], policy: Policy, rollout_id: str, attempt_index: int, device: torch.device
-) -> TryInput:
+) -> AttemptInput:
     """Checks the records against the policy's limits and builds the id tensors."""
     calls = []
     vocab = policy.vocab_size
@@ -178,7 +179,7 @@ def prepare_try(
                 generation_log_probs=list(record.generation_log_probs),
             )
         )
-    return TryInput(rollout_id, attempt_index, calls)
+    return AttemptInput(rollout_id, attempt_index, calls)
 
 
 def check_rows(
@@ -203,7 +204,7 @@ def check_rows(
 
 
 def _launches(
-    tries: Sequence[TryInput], total: int, batch_tokens: int, backend: str
+    tries: Sequence[AttemptInput], total: int, batch_tokens: int, backend: str
 ) -> list[tuple[int, int]]:
     """Row ranges of the kernel launches.
 
@@ -222,14 +223,14 @@ def _launches(
     return ranges
 
 
-def score_tries(
-    tries: Sequence[TryInput],
+def score_attempts(
+    tries: Sequence[AttemptInput],
     policy: Policy,
     *,
     batch_tokens: int = 4096,
     temperature: float = 1.0,
     backend: Backend = "auto",
-) -> list[TryScore]:
+) -> list[AttemptScore]:
     """Policy logprobs of every generated token of every try, with their drift from generation time.
 
     Every shape is checked before the first kernel launch, so a bad call fails with a `ValueError`
@@ -289,7 +290,7 @@ def score_tries(
         diff = (logprobs.double() - reference_all[cursor : cursor + n]).abs()
         cursor += n
         scores.append(
-            TryScore(
+            AttemptScore(
                 rollout_id=attempt.rollout_id,
                 attempt_index=attempt.attempt_index,
                 logprobs=logprobs,

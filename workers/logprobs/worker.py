@@ -11,7 +11,6 @@ say), and nothing of its own is written.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -23,21 +22,18 @@ from dataclasses import dataclass, field
 import torch
 
 from eventstore import DatabaseUnavailable, EventIdConflict, EventStore, NewEvent
-from eventstore.events import (
-    LogprobsComputed,
-    LogprobsRefused,
-    SiblingSealed,
-    logprobs_stream,
-)
+from eventstore.events import LogprobsComputed, LogprobsRefused, SiblingSealed
+from protocol.digests import sha256_digest
+from protocol.streams import group_of_stream, logprobs_stream
 from workers.kernels import Backend
 from workers.logprobs.claims import Claim, LeaseBoard, QueueCounts, result_event_id, work_key
 from workers.logprobs.scoring import (
     LOGPROBS_MEDIA_TYPE,
+    AttemptInput,
+    AttemptScore,
     TokenRecordError,
-    TryInput,
-    TryScore,
-    prepare_try,
-    score_tries,
+    prepare_attempt,
+    score_attempts,
     verify_token_records,
 )
 from workers.policy import Policy
@@ -52,7 +48,7 @@ OUTAGE_BACKOFF_MAX_S = 5.0
 @dataclass(frozen=True)
 class WorkerConfig:
     batch_tokens: int = 4096
-    # Tries per claim; a batch must finish well inside one lease.
+    # Attempts per claim; a batch must finish well inside one lease.
     claim_size: int = 32
     lease_s: float = 60.0
     poll_interval_s: float = 1.0
@@ -201,7 +197,7 @@ class LogprobWorker:
     # --- one batch ---------------------------------------------------------
 
     def _process(self, claims: list[Claim], finished: set[str]) -> None:
-        ready: list[tuple[_Job, TryInput]] = []
+        ready: list[tuple[_Job, AttemptInput]] = []
         for claim in claims:
             job = self._load_job(claim)
             if job is None:
@@ -217,14 +213,19 @@ class LogprobWorker:
                     seal.attempt_index,
                 )
                 ready.append(
-                    (job, prepare_try(records, self.policy, seal.rollout_id, seal.attempt_index, self.device))
+                    (
+                        job,
+                        prepare_attempt(
+                            records, self.policy, seal.rollout_id, seal.attempt_index, self.device
+                        ),
+                    )
                 )
             except TokenRecordError as exc:
                 self._refuse(job, str(exc))
                 finished.add(claim.work_key)
         if not ready:
             return
-        scores = score_tries(
+        scores = score_attempts(
             [t for _, t in ready],
             self.policy,
             batch_tokens=self.config.batch_tokens,
@@ -243,9 +244,10 @@ class LogprobWorker:
         assert isinstance(seal, SiblingSealed)
         if work_key(seal.rollout_id, seal.attempt_index, self.policy_version) != claim.work_key:
             return None
-        if not event.stream_id.startswith("group-"):
+        group_id = group_of_stream(event.stream_id)
+        if group_id is None:
             return None
-        return _Job(claim, event.stream_id[len("group-") :], seal)
+        return _Job(claim, group_id, seal)
 
     def _finish_orphan(self, claim: Claim) -> None:
         # Only a hand-edited lease table gets here: nothing in the log to score, so close the row.
@@ -270,7 +272,7 @@ class LogprobWorker:
             self.stats.refused += 1
             self.stats.refusals.append(f"{seal.rollout_id}/{seal.attempt_index}: {reason}")
 
-    def _record(self, job: _Job, score: TryScore) -> None:
+    def _record(self, job: _Job, score: AttemptScore) -> None:
         content = score.array_bytes()
         event = LogprobsComputed(
             rollout_id=score.rollout_id,
@@ -280,7 +282,7 @@ class LogprobWorker:
             logprob_sum=score.logprob_sum,
             max_abs_diff=score.max_abs_diff,
             mean_abs_diff=score.mean_abs_diff,
-            blob_digest="sha256:" + hashlib.sha256(content).hexdigest(),
+            blob_digest=sha256_digest(content),
         )
         if self._commit(job, event, content):
             self.stats.scored += 1

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eventstore.events import GroupTakenOver, TrainerRestored, group_stream
+from eventstore.events import GroupTakenOver, TrainerRestored
 from projections.recovery import RecoveryPlan, plan_recovery
-from workers.rollout.context import log
+from protocol.streams import group_stream
+from trainer.context import log
 
 if TYPE_CHECKING:
-    from workers.rollout.coordinator import RolloutCoordinator
+    from trainer.coordinator import RolloutCoordinator
 
 
 def trainer_stream(trainer_id: str | None) -> str:
@@ -27,7 +28,7 @@ def trainer_stream(trainer_id: str | None) -> str:
 
 def groups_to_drive(plan: RecoveryPlan) -> list[str]:
     """Every group the plan has work for, in a stable order."""
-    named = {t.group_id for t in plan.tries_to_settle}
+    named = {t.group_id for t in plan.attempts_to_settle}
     named |= {s.group_id for s in plan.siblings_to_replace}
     named |= set(plan.groups_to_rerun) | set(plan.groups_to_dead_letter)
     return sorted(named)

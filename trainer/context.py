@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from eventstore.events import group_id_of
-from workers.gym import GymClient
-from workers.rollout.journal import Journal
+from protocol.ids import group_id_of
+from trainer.gym import GymClient
+from trainer.journal import Journal
 
-log = logging.getLogger("workers.rollout")
+log = logging.getLogger("trainer")
 
 OutcomeKind = Literal["finished", "owed", "retired", "stranded"]
 
@@ -32,7 +32,7 @@ class Settings:
 
 
 @dataclass(frozen=True)
-class TryOutcome:
+class AttemptOutcome:
     """How a try ended, as far as its group is concerned.
 
     finished: held or sealed (debt recorded); owed: the agent finished it but it is not usable
@@ -50,11 +50,11 @@ class TryOutcome:
 
 
 @dataclass
-class LiveTry:
+class LiveAttempt:
     """Serialises everyone who may settle one try (its /run task, a group abandoning it, a prepare)."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    outcome: TryOutcome | None = None
+    outcome: AttemptOutcome | None = None
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Context:
         self.journal = journal
         self.agents = agents
         self.settings = settings
-        self.live: dict[tuple[str, int], LiveTry] = {}
+        self.live: dict[tuple[str, int], LiveAttempt] = {}
         self._live_by_group: dict[str, list[tuple[str, int]]] = {}
         self.active_checkpoint: str | None = None
         self.checkpoint_idle = asyncio.Event()
@@ -75,11 +75,11 @@ class Context:
         self.stopping = False
         self.ack_wakeup = asyncio.Event()
 
-    def live_try(self, rollout_id: str, attempt_index: int) -> LiveTry:
+    def live_attempt(self, rollout_id: str, attempt_index: int) -> LiveAttempt:
         key = (rollout_id, attempt_index)
         found = self.live.get(key)
         if found is None:
-            found = self.live[key] = LiveTry()
+            found = self.live[key] = LiveAttempt()
             self._live_by_group.setdefault(group_id_of(rollout_id), []).append(key)
         return found
 

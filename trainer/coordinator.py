@@ -33,24 +33,24 @@ from eventstore.events import (
     PromptRef,
     ReplacementMinted,
     TargetLevel,
-    group_stream,
-    rollout_id_of,
 )
-from gym_agent.wire import AttemptRef
 from projections.ledger import GroupState, LedgerState
-from workers.gym import GymClient
-from workers.rollout.acks import AckRelay
-from workers.rollout.attempts import Tries
-from workers.rollout.checkpoint import Checkpointer, CheckpointOutcome
-from workers.rollout.context import Context, Settings, TryOutcome, log
-from workers.rollout.errors import (
+from protocol.ids import rollout_id_of
+from protocol.streams import group_stream
+from protocol.wire import AttemptRef
+from trainer.acks import AckRelay
+from trainer.attempts import Attempts
+from trainer.checkpoint import Checkpointer, CheckpointOutcome
+from trainer.context import AttemptOutcome, Context, Settings, log
+from trainer.errors import (
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,
     NotSealed,
     UnknownGroup,
 )
-from workers.rollout.journal import OUTAGE_BUDGET_S, Journal
+from trainer.gym import GymClient
+from trainer.journal import OUTAGE_BUDGET_S, Journal
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class RolloutCoordinator:
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)
         self.ctx = Context(self.journal, dict(agents), self.settings)
-        self.tries = Tries(self.ctx)
+        self.tries = Attempts(self.ctx)
         self.relay = AckRelay(self.ctx)
         self.checkpointer = Checkpointer(self.ctx, self.tries, self.relay)
         self._drivers: dict[str, asyncio.Task[None]] = {}
@@ -132,7 +132,7 @@ class RolloutCoordinator:
     async def recover(
         cls, store: EventStore, agents: dict[str, GymClient], **kwargs: Any
     ) -> RolloutCoordinator:
-        from workers.rollout.recovery import recover
+        from trainer.recovery import recover
 
         return await recover(cls(store, agents, **kwargs))
 
@@ -225,7 +225,7 @@ class RolloutCoordinator:
             await self._dead_letter(group, [], "a sibling used up its retry budget")
 
     async def _drive_sibling(self, group_id: str, gi: int) -> bool:
-        """Tries one sibling until it is sealed (False) or out of tries (True)."""
+        """Attempts one sibling until it is sealed (False) or out of tries (True)."""
         while True:
             self._check_alive()
             group = self.ledger.groups.get(group_id)
@@ -314,12 +314,12 @@ class RolloutCoordinator:
             self.stats["replacements"] += len(replacements)
 
     async def _round(
-        self, group_id: str, tasks: dict[int, asyncio.Task[TryOutcome]]
-    ) -> dict[int, TryOutcome]:
+        self, group_id: str, tasks: dict[int, asyncio.Task[AttemptOutcome]]
+    ) -> dict[int, AttemptOutcome]:
         """Waits for every sibling; at the first failure retires (or adopts) the ones still running."""
         pending = set(tasks.values())
         giving_up = False
-        helpers: list[asyncio.Task[TryOutcome]] = []
+        helpers: list[asyncio.Task[AttemptOutcome]] = []
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -446,7 +446,7 @@ class RolloutCoordinator:
                 await asyncio.sleep(0.05)
 
 
-def _retired_event(rollout_id: str, attempt_index: int, outcome: TryOutcome) -> list[Event]:
+def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome) -> list[Event]:
     if outcome.kind != "retired" or outcome.recorded or outcome.retire_outcome is None:
         return []
     return [

@@ -1,7 +1,7 @@
 """The trainer's side of the Gym agent HTTP contract (`gym-agent-api.md`)."""
 
-from workers.gym.client import GymClient, verify_receipt
-from workers.gym.errors import (
+from trainer.gym.client import GymClient, verify_receipt
+from trainer.gym.errors import (
     AgentServerError,
     AgentTimeoutError,
     AgentUnavailableError,

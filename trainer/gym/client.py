@@ -3,7 +3,7 @@
 Two connection pools: `/run` calls are long and many, so they get their own pool and no default
 timeout (the trainer's lease deadline governs them); control calls go through a second pool with a 60 s
 default timeout, so they never queue behind open runs (protocol.md §8).  Every reply is checked
-against its wire model; every refusal becomes a typed exception from `workers.gym.errors`.
+against its wire model; every refusal becomes a typed exception from `trainer.gym.errors`.
 
 The pools are `LeanTransport`s (httpx transports) called through their `exchange` method: the
 requests are the same bytes, the transport errors httpx's own, without httpx's client layer per call
@@ -23,17 +23,16 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gym_agent.wire import (
-    CHECKPOINT_CONFLICT,
-    GONE,
-    INVALID_PHASE,
-    NOT_READY,
-    STALE_CHECKPOINT,
+from protocol.digests import reply_digest
+from protocol.errors import CHECKPOINT_CONFLICT, GONE, INVALID_PHASE, NOT_READY, STALE_CHECKPOINT
+from protocol.ids import capture_key
+from protocol.wire import (
     AcknowledgeItem,
     AcknowledgeRequest,
     AcknowledgeResponse,
     AcknowledgeResult,
     AgentStatus,
+    AttemptFault,
     Capabilities,
     CheckpointRequest,
     CompletionReceipt,
@@ -50,11 +49,8 @@ from gym_agent.wire import (
     RunReply,
     RunRequest,
     TokenEntry,
-    TryFault,
-    capture_key,
-    reply_digest,
 )
-from workers.gym.errors import (
+from trainer.gym.errors import (
     AgentServerError,
     AgentTimeoutError,
     AgentUnavailableError,
@@ -71,7 +67,7 @@ from workers.gym.errors import (
     StaleCheckpointError,
     UnauthorizedError,
 )
-from workers.gym.transport import LeanTransport, Timeouts, origin_of
+from trainer.gym.transport import LeanTransport, Timeouts, origin_of
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -344,7 +340,7 @@ class GymClient:
 
     # -- reference-agent debugging -----------------------------------------------------------------------
 
-    async def set_faults(self, fault: TryFault | RateFaults | CrashAfter) -> None:
+    async def set_faults(self, fault: AttemptFault | RateFaults | CrashAfter) -> None:
         self._parse(
             OkResponse, await self._send(self._control, "POST", "/debug/faults", body=fault), "/debug/faults"
         )

@@ -49,10 +49,11 @@ from eventstore import (
 from eventstore.events import Event
 from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
-from projections.ledger import GROUP_STREAM_PREFIX, LedgerProjection, LedgerState, lookahead
-from workers.rollout.errors import CoordinatorStopped, FencedOff
+from projections.ledger import LedgerProjection, LedgerState, lookahead
+from protocol.streams import group_of_stream, group_stream, is_group_stream
+from trainer.errors import CoordinatorStopped, FencedOff
 
-log = logging.getLogger("workers.rollout")
+log = logging.getLogger("trainer")
 
 # Deterministic event ids make a retried append (after the database went away mid-commit) a no-op.
 _EVENT_NS = uuid.UUID("6f1d7c1e-4d0e-4b55-9f0e-2b7a61c0a8d1")
@@ -151,9 +152,9 @@ class Journal:
         """Folds the whole log and adopts every stream's current version as this process's own."""
         await self.catch_up()
         for group in [*self.ledger.groups.values()]:
-            self.versions[f"group-{group.group_id}"] = group.stream_version
+            self.versions[group_stream(group.group_id)] = group.stream_version
         for gid in self.ledger.archived:
-            stream = f"group-{gid}"
+            stream = group_stream(gid)
             self.versions[stream] = await asyncio.to_thread(self.store.stream_version, stream)
 
     async def _notify(self) -> None:
@@ -220,7 +221,7 @@ class Journal:
             stream = request.stream
             # A build after an earlier append of its stream sees that append through a look-ahead
             # (group streams) or waits for it to be folded (others, which no build writes today).
-            needs_fold = callable(request.build) and stream in streams and not _is_group(stream)
+            needs_fold = callable(request.build) and stream in streams and not is_group_stream(stream)
             if stream in deferred or needs_fold or len(batch) >= MAX_BATCH:
                 deferred.add(stream)
                 waiting.append(request)
@@ -388,7 +389,7 @@ class Journal:
         """The version `request` expects (`after`: what an earlier append of its batch leaves) and its
         events with their deterministic ids (kept for retries)."""
         stream = request.stream
-        if stream not in self.versions and not _is_group(stream):
+        if stream not in self.versions and not is_group_stream(stream):
             # Checkpoint and trainer streams are not fenced per group; start from what the log holds.
             self.versions[stream] = self.store.stream_version(stream)
         expected = after if after is not None else self.versions.get(stream, ExpectedVersion.NO_STREAM)
@@ -418,7 +419,7 @@ class Journal:
 
     def _stream_moved(self, stream: str) -> WrongExpectedVersion | None:
         # The fold may already hold another writer's events on this stream: then this process is stale.
-        group = self.ledger.groups.get(stream[len(GROUP_STREAM_PREFIX) :]) if _is_group(stream) else None
+        group = self.ledger.groups.get(group_of_stream(stream) or "")
         mine = self.versions.get(stream, ExpectedVersion.NO_STREAM)
         if group is not None and group.stream_version > mine:
             return WrongExpectedVersion(stream, mine, group.stream_version)
@@ -433,10 +434,6 @@ class Journal:
 
 
 _T = TypeVar("_T")
-
-
-def _is_group(stream: str) -> bool:
-    return stream.startswith(GROUP_STREAM_PREFIX)
 
 
 class _Lookahead:
@@ -458,7 +455,7 @@ class _Lookahead:
         if not events:
             return self.journal.ledger
         state, folded = self.views.get(stream) or (
-            lookahead(self.journal.ledger, stream[len(GROUP_STREAM_PREFIX) :]),
+            lookahead(self.journal.ledger, group_of_stream(stream) or ""),
             0,
         )
         version = self.journal.versions.get(stream, ExpectedVersion.NO_STREAM) + folded

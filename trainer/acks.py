@@ -14,27 +14,22 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from eventstore.events import (
-    AckAccepted,
-    AckOwed,
-    AckRejected,
-    Event,
-    ReceiptFetched,
-    RunFailed,
-    group_stream,
-)
-from gym_agent.wire import RECEIPT_MISMATCH, CompletionReceipt, capture_key
+from eventstore.events import AckAccepted, AckOwed, AckRejected, Event, ReceiptFetched, RunFailed
 from projections.ledger import LedgerState, debt_key
-from workers.gym import GymClient
-from workers.gym.errors import (
+from protocol.errors import RECEIPT_MISMATCH
+from protocol.ids import capture_key
+from protocol.streams import group_stream
+from protocol.wire import CompletionReceipt
+from trainer.attempts import group_id_of
+from trainer.context import Context, log
+from trainer.errors import CoordinatorStopped, FencedOff
+from trainer.gym import GymClient
+from trainer.gym.errors import (
     AgentTimeoutError,
     AgentUnavailableError,
     ConnectionLostError,
     GymError,
 )
-from workers.rollout.attempts import group_id_of
-from workers.rollout.context import Context, log
-from workers.rollout.errors import CoordinatorStopped, FencedOff
 
 IDLE_POLL_S = 0.5
 MAX_BATCH = 2000

@@ -19,10 +19,13 @@ from eventstore.events import (
     CheckpointCommitted,
     CheckpointPrepareStarted,
     CheckpointResumed,
-    checkpoint_stream,
 )
 from projections.ledger import debt_key
-from workers.gym.errors import (
+from protocol.streams import checkpoint_stream
+from trainer.acks import AckRelay
+from trainer.attempts import Attempts, group_id_of
+from trainer.context import Context, log
+from trainer.gym.errors import (
     AgentUnavailableError,
     CheckpointConflictError,
     GymError,
@@ -30,9 +33,6 @@ from workers.gym.errors import (
     NotReadyError,
     StaleCheckpointError,
 )
-from workers.rollout.acks import AckRelay
-from workers.rollout.attempts import Tries, group_id_of
-from workers.rollout.context import Context, log
 
 PHASE_RETRIES = 20
 
@@ -77,7 +77,7 @@ class _Progress:
 
 
 class Checkpointer:
-    def __init__(self, ctx: Context, tries: Tries, relay: AckRelay) -> None:
+    def __init__(self, ctx: Context, tries: Attempts, relay: AckRelay) -> None:
         self.ctx = ctx
         self.tries = tries
         self.relay = relay
@@ -228,7 +228,7 @@ class Checkpointer:
         state.adopted += sum(results)
         await self.relay.send(name)
         # Parking takes as long as the agent needs to finish the model calls in progress; while the
-        # blocking set keeps shrinking the agent is making progress.  Tries still blocking after
+        # blocking set keeps shrinking the agent is making progress.  Attempts still blocking after
         # park_grace_s without any progress are stuck inside a model call: retire them.
         now = time.monotonic()
         blocking = {(b.rollout_id, b.attempt_index) for b in exc.status.blocking_attempts}

@@ -1,4 +1,4 @@
-"""`ledger gym ...`: run a reference Gym agent."""
+"""The reference agent's command line: `ledger gym serve ...` and `python -m gym_agent serve ...`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One try's life: dispatch, reply, receipt, tokens, verify, append; or retire, or adopt.
 
 Whoever settles a try (its own /run task, its group giving up on it, a checkpoint prepare that
-found it finished at the agent) holds the try's `LiveTry` lock and records the outcome there, so a
+found it finished at the agent) holds the try's `LiveAttempt` lock and records the outcome there, so a
 try is settled once however many parties race for it.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 
 from eventstore.events import (
     AckOwed,
@@ -25,22 +24,15 @@ from eventstore.events import (
     RunReplied,
     SiblingHeld,
     SiblingSealed,
-    group_id_of,
-    group_stream,
-)
-from gym_agent.wire import (
-    AttemptRef,
-    CompletionReceipt,
-    RunReply,
-    RunRequest,
-    TokenEntry,
-    canonical_json,
-    capture_key,
-    reply_digest,
 )
 from projections.ledger import AttemptState, GroupState, LedgerState
-from workers.gym import GymClient, verify_receipt
-from workers.gym.errors import (
+from protocol.digests import canonical_json, reply_digest, sha256_digest
+from protocol.ids import capture_key, group_id_of
+from protocol.streams import group_stream
+from protocol.wire import AttemptRef, CompletionReceipt, RunReply, RunRequest, TokenEntry
+from trainer.context import AttemptOutcome, Context, Lease, log
+from trainer.gym import GymClient, verify_receipt
+from trainer.gym.errors import (
     AgentServerError,
     AgentTimeoutError,
     AgentUnavailableError,
@@ -53,9 +45,8 @@ from workers.gym.errors import (
     ReceiptMismatchError,
     StaleCheckpointError,
 )
-from workers.rollout.context import Context, Lease, TryOutcome, log
 
-FINISHED = TryOutcome("finished")
+FINISHED = AttemptOutcome("finished")
 
 
 class _Unverifiable(Exception):
@@ -87,14 +78,14 @@ def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRe
     )
 
 
-def from_ledger(attempt: AttemptState) -> TryOutcome | None:
+def from_ledger(attempt: AttemptState) -> AttemptOutcome | None:
     """The outcome the log already holds for a try, if any."""
     if attempt.status in ("held", "sealed"):
         return FINISHED
     if attempt.receipt is not None:
-        return TryOutcome("owed", "finished at the agent; result not kept")
+        return AttemptOutcome("owed", "finished at the agent; result not kept")
     if attempt.retire_outcome in ("cancelled", "tombstoned", "done"):
-        return TryOutcome("retired", "retired", attempt.retire_outcome, recorded=True)
+        return AttemptOutcome("retired", "retired", attempt.retire_outcome, recorded=True)
     return None
 
 
@@ -114,19 +105,19 @@ def _failure_kind(exc: BaseException) -> tuple[FailureKind, str]:
     return "unknown", f"{type(exc).__name__}: {exc}"
 
 
-class Tries:
+class Attempts:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
     # --- the whole try -----------------------------------------------------------------------
 
-    async def settle(self, group_id: str, generation_index: int, attempt_index: int) -> TryOutcome:
+    async def settle(self, group_id: str, generation_index: int, attempt_index: int) -> AttemptOutcome:
         """Plays the try if it was never dispatched; otherwise finds out what became of it."""
         ledger = self.ctx.journal.ledger
         group = ledger.groups[group_id]
         sibling = group.siblings[generation_index]
         attempt = sibling.attempts[attempt_index]
-        live = self.ctx.live_try(attempt.rollout_id, attempt_index)
+        live = self.ctx.live_attempt(attempt.rollout_id, attempt_index)
         if live.outcome is not None:
             return live.outcome
         known = from_ledger(attempt)
@@ -137,7 +128,7 @@ class Tries:
         # Dispatched by an earlier coordinator (or its reply went missing): retire or adopt.
         return await self.resolve(group_id, attempt.rollout_id, attempt_index)
 
-    async def _play(self, group: GroupState, attempt: AttemptState) -> TryOutcome:
+    async def _play(self, group: GroupState, attempt: AttemptState) -> AttemptOutcome:
         ctx = self.ctx
         rid, n = attempt.rollout_id, attempt.attempt_index
         client = ctx.client(group.agent_name)
@@ -176,7 +167,7 @@ class Tries:
                 reply = task.result()
             except GymError as exc:
                 failure = exc
-        live = ctx.live_try(rid, n)
+        live = ctx.live_attempt(rid, n)
         async with live.lock:
             if live.outcome is not None:
                 return live.outcome
@@ -197,7 +188,7 @@ class Tries:
 
     # --- a reply in hand ------------------------------------------------------------------------
 
-    async def finish(self, group_id: str, reply: RunReply, *, adopted: bool) -> TryOutcome:
+    async def finish(self, group_id: str, reply: RunReply, *, adopted: bool) -> AttemptOutcome:
         """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt."""
         ctx = self.ctx
         group = ctx.journal.ledger.groups[group_id]
@@ -230,7 +221,7 @@ class Tries:
                     ],
                 )
                 ctx.ack_wakeup.set()
-                return TryOutcome("owed", "mask_sample: the environment failed")
+                return AttemptOutcome("owed", "mask_sample: the environment failed")
             try:
                 tokens = await client.token_capture(receipt.manifest_capture_key)
             except BadResponseError as exc:
@@ -254,7 +245,7 @@ class Tries:
                 ],
             )
             ctx.ack_wakeup.set()
-            return TryOutcome("owed", f"unverifiable: {exc}")
+            return AttemptOutcome("owed", f"unverifiable: {exc}")
         head: list[Event] = [
             *adopted_events,
             RunReplied(
@@ -314,9 +305,9 @@ class Tries:
 
     # --- retire or adopt ---------------------------------------------------------------------------
 
-    async def resolve(self, group_id: str, rollout_id: str, attempt_index: int) -> TryOutcome:
+    async def resolve(self, group_id: str, rollout_id: str, attempt_index: int) -> AttemptOutcome:
         """Retire the try; adopt it if it finished (protocol.md §5).  Settles it once."""
-        live = self.ctx.live_try(rollout_id, attempt_index)
+        live = self.ctx.live_attempt(rollout_id, attempt_index)
         async with live.lock:
             if live.outcome is not None:
                 return live.outcome
@@ -325,7 +316,7 @@ class Tries:
             live.outcome = known or await self._resolve_locked(group_id, rollout_id, attempt_index)
             return live.outcome
 
-    async def _resolve_locked(self, group_id: str, rid: str, n: int) -> TryOutcome:
+    async def _resolve_locked(self, group_id: str, rid: str, n: int) -> AttemptOutcome:
         ctx = self.ctx
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
@@ -390,19 +381,19 @@ class Tries:
                         group_id,
                         [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind="receipt")],
                     )
-                    return TryOutcome("stranded", reason)
+                    return AttemptOutcome("stranded", reason)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
             if answer.retired:
-                return TryOutcome("retired", "retired while running", "cancelled")
+                return AttemptOutcome("retired", "retired while running", "cancelled")
             if answer.tombstoned:
-                return TryOutcome("retired", "never started at the agent (tombstoned)", "tombstoned")
-            return TryOutcome("retired", "already done for good at the agent", "done")
+                return AttemptOutcome("retired", "never started at the agent (tombstoned)", "tombstoned")
+            return AttemptOutcome("retired", "already done for good at the agent", "done")
 
     async def _adopt(
         self, group_id: str, client: GymClient, rid: str, n: int, garbage: list[str]
-    ) -> TryOutcome | None:
+    ) -> AttemptOutcome | None:
         """Re-POST /run: the agent replays the stored reply without running the try again."""
         group = self.ctx.journal.ledger.groups[group_id]
         try:
@@ -454,7 +445,7 @@ def build_rollout_receipt(
         model_call_ids=[t.model_call_id for t in tokens],
         terminal_model_call_id=receipt.terminal_model_call_id,
         token_count=sum(len(t.generation_token_ids) for t in tokens),
-        tokens_digest="sha256:" + hashlib.sha256(blob).hexdigest(),
+        tokens_digest=sha256_digest(blob),
         reward=reply.reward,
         mask_sample=reply.mask_sample,
     )
@@ -470,4 +461,4 @@ def _sealed_refs(group: GroupState, rid: str, n: int) -> list[AttemptRef]:
     return refs
 
 
-__all__ = ["FINISHED", "Tries", "build_rollout_receipt", "from_ledger", "group_id_of", "run_request"]
+__all__ = ["FINISHED", "Attempts", "build_rollout_receipt", "from_ledger", "group_id_of", "run_request"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gym_agent.wire import AgentStatus, AttemptRef
+from protocol.wire import AgentStatus, AttemptRef
 
 
 class GymError(Exception):

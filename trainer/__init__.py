@@ -1,8 +1,8 @@
 """The trainer's rollout coordinator: the hand-off protocol driven only through the event log."""
 
-from workers.rollout.checkpoint import CheckpointOutcome
-from workers.rollout.coordinator import RolloutCoordinator, SealedGroup
-from workers.rollout.errors import (
+from trainer.checkpoint import CheckpointOutcome
+from trainer.coordinator import RolloutCoordinator, SealedGroup
+from trainer.errors import (
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,

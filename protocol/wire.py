@@ -1,18 +1,18 @@
 """The Gym agent's HTTP contract: one pydantic model per wire shape.
 
-The reference server (`gym_agent.app`) and the trainer's client (`workers.gym`)
-both import these models; nothing else defines a wire shape.  The spec is
-`gym-agent-api.md`.
+The Gym side (`participant`, the reference agent) and the trainer's client (`trainer.gym`) both
+import these models; nothing else defines a wire shape.  `docs/protocol.md` describes the routes.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from protocol.digests import Digest
+from protocol.errors import NOT_READY
+from protocol.ids import AttemptIndex, Identifier
 
 GYM_SCHEMA_VERSION: Final = 1
 GymSchemaVersion = Literal[1]
@@ -29,18 +29,6 @@ ALL_FEATURES: Final = (
     FEATURE_TOKEN_CAPTURE,
 )
 
-# Error names of the phase fence, exactly as the real Gym spells them.
-CHECKPOINT_CONFLICT: Final = "CheckpointConflictError"
-INVALID_PHASE: Final = "InvalidPhaseError"
-STALE_CHECKPOINT: Final = "StaleCheckpointError"
-NOT_READY: Final = "not_ready"
-GONE: Final = "gone"
-RECEIPT_MISMATCH: Final = "receipt_mismatch"
-UNKNOWN_EXECUTION: Final = "unknown_execution"
-
-ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-ID_RE: Final = re.compile(ID_PATTERN)
-MAX_ID_LENGTH: Final = 200
 # Caps that keep one request from exhausting an agent or a trainer.
 MAX_LIST_ITEMS: Final = 10_000
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024
@@ -48,26 +36,12 @@ MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 # json stop near a few hundred levels), so it is refused at the door with a 422, never run.
 MAX_JSON_DEPTH: Final = 64
 
-Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID_LENGTH)]
-AttemptIndex = Annotated[int, Field(ge=0, le=1_000_000)]
+# The trainer re-POSTs `/run` with this header set to "1" to adopt a try that retire said finished: the
+# agent replays the stored reply, or answers 404 `not_found` when it has no record of the try (it
+# restarted), and never starts a new execution for such a request.
+ADOPT_ONLY_HEADER: Final = "x-ledger-adopt-only"
 
 Phase = Literal["idle", "preparing", "prepared", "committing", "committed_paused"]
-
-
-def capture_key(rollout_id: str, attempt_index: int) -> str:
-    """The key a Gym agent files a try under: the rollout id for try 0, `<id>-a<N>` after."""
-    if not ID_RE.match(rollout_id) or attempt_index < 0:
-        raise ValueError(f"invalid try ({rollout_id!r}, {attempt_index}); ids must match {ID_PATTERN}")
-    return rollout_id if attempt_index == 0 else f"{rollout_id}-a{attempt_index}"
-
-
-def canonical_json(value: Any) -> str:
-    """UTF-8 JSON with sorted keys and no insignificant whitespace (protocol.md §2)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def reply_digest(reply: dict[str, Any]) -> str:
-    return "sha256:" + hashlib.sha256(canonical_json(reply).encode()).hexdigest()
 
 
 def check_depth(value: dict[str, Any], limit: int = MAX_JSON_DEPTH) -> dict[str, Any]:
@@ -128,7 +102,7 @@ class CompletionReceipt(WireModel):
     attempt_index: AttemptIndex
     execution_generation: int = Field(ge=0)
     result_identity: str
-    result_digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+    result_digest: Digest
     manifest_capture_key: Identifier
     terminal_model_call_id: str
 
@@ -172,7 +146,9 @@ class AcknowledgeResult(WireModel):
     attempt_index: int
     acknowledged: bool
     idempotent: bool = False
-    error: Literal["receipt_mismatch", "unknown_execution"] | None = None
+    error: Literal["receipt_mismatch", "unknown_execution"] | None = (
+        None  # RECEIPT_MISMATCH, UNKNOWN_EXECUTION
+    )
 
 
 class AcknowledgeResponse(WireModel):
@@ -190,6 +166,8 @@ class RetireResponse(WireModel):
     tombstoned: bool
     completed_unacknowledged: bool
     done: bool = False
+    # The generation of the agent process that answered: an adoption accepts a receipt only from it.
+    execution_generation: int | None = Field(default=None, ge=0)
 
 
 class PrepareRequest(WireModel):
@@ -240,7 +218,7 @@ class Capabilities(WireModel):
     features: list[str]
 
 
-class TryFault(WireModel):
+class AttemptFault(WireModel):
     rollout_id: Identifier
     attempt_index: AttemptIndex
     drop_reply: bool = False

@@ -20,12 +20,13 @@ from typing import Any
 from eventstore import EventStore
 from eventstore.events import PromptRef
 from gym_agent.launcher import AgentProcess
-from gym_agent.wire import CrashAfter, FaultRates, RateFaults
-from workers.gym import GymClient
-from workers.gym.errors import GymError
-from workers.rollout.checkpoint import CheckpointOutcome
-from workers.rollout.context import log
-from workers.rollout.coordinator import RolloutCoordinator
+from protocol.streams import checkpoint_stream, group_stream
+from protocol.wire import CrashAfter, FaultRates, RateFaults
+from trainer.checkpoint import CheckpointOutcome
+from trainer.context import log
+from trainer.coordinator import RolloutCoordinator
+from trainer.gym import GymClient
+from trainer.gym.errors import GymError
 
 DEFAULT_FAULTS = "drop_reply=0.05,fail=0.05,hang=0.01"
 
@@ -120,7 +121,7 @@ async def claim_as_sealed(coord: RolloutCoordinator, claimed: list[str]) -> None
 
 
 def summarize(store: EventStore, run_id: str) -> Counter[str]:
-    prefixes = (f"group-{run_id}", f"checkpoint-{run_id}")
+    prefixes = (group_stream(run_id), checkpoint_stream(run_id))
     return Counter(e.type for e in store.read_all(0) if e.stream_id.startswith(prefixes))
 
 
@@ -281,7 +282,8 @@ def _completed_answers(store: EventStore, run_id: str) -> int:
     return sum(
         1
         for e in store.read_all(0, types=["AttemptRetired"])
-        if e.stream_id.startswith(f"group-{run_id}") and e.data.get("outcome") == "completed_unacknowledged"
+        if e.stream_id.startswith(group_stream(run_id))
+        and e.data.get("outcome") == "completed_unacknowledged"
     )
 
 

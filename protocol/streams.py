@@ -1,0 +1,30 @@
+"""Stream names of the log: one prefix per kind of stream, written here and nowhere else."""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP_STREAM_PREFIX: Final = "group-"
+CHECKPOINT_STREAM_PREFIX: Final = "checkpoint-"
+LOGPROBS_STREAM_PREFIX: Final = "logprobs-"
+
+
+def group_stream(group_id: str) -> str:
+    return f"{GROUP_STREAM_PREFIX}{group_id}"
+
+
+def checkpoint_stream(checkpoint_id: str) -> str:
+    return f"{CHECKPOINT_STREAM_PREFIX}{checkpoint_id}"
+
+
+def logprobs_stream(group_id: str) -> str:
+    return f"{LOGPROBS_STREAM_PREFIX}{group_id}"
+
+
+def is_group_stream(stream_id: str) -> bool:
+    return stream_id.startswith(GROUP_STREAM_PREFIX)
+
+
+def group_of_stream(stream_id: str) -> str | None:
+    """The group id of a group stream, None for any other stream."""
+    return stream_id[len(GROUP_STREAM_PREFIX) :] if stream_id.startswith(GROUP_STREAM_PREFIX) else None
