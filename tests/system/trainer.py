@@ -1,12 +1,16 @@
 """One trainer process of the multi-process system test (`python -m tests.system.trainer ...`).
 
     python -m tests.system.trainer --db URL --trainer-id A --agent agent-1=http://... --agent agent-2=...
-           --groups 16 --siblings 4 --mode prompt_group [--resume]
+           --groups 16 --siblings 4 --mode prompt_group [--stop-file PATH] [--resume]
 
-Drives groups `<trainer-id>-p0 .. -p<N-1>` through its own agents only (a checkpoint is a cut across
+Drives groups `<trainer-id>-p0, -p1, ...` through its own agents only (a checkpoint is a cut across
 one trainer and the agents it drives: two trainers never checkpoint the same agent), checkpoints
 every `--checkpoint-every` seconds, claims sealed groups for training, and prints `DONE <json>` once
 every group of its own is sealed or dead-lettered and every debt is paid.
+
+It submits `--groups` groups, or, with `--stop-file`, keeps submitting until that file exists: a test
+then decides when the workload ends, so a phase that needs the trainer busy (a database restart, a
+crash) never finds it already done, however fast or slow this process runs next to the others.
 
 With `--resume` it first recovers from the log (`RolloutCoordinator.recover`, which takes over this
 trainer's open groups and fences any stale owner), then submits whatever groups of the workload the
@@ -29,6 +33,8 @@ import signal
 import sys
 import time
 import uuid
+from itertools import count
+from pathlib import Path
 
 from eventstore import open_store
 from eventstore.events import PromptRef
@@ -46,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--db", required=True)
     p.add_argument("--trainer-id", required=True)
     p.add_argument("--agent", action="append", required=True, help="NAME=URL (repeatable)")
-    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--groups", type=int, default=16, help="how many groups (without --stop-file)")
+    p.add_argument("--stop-file", type=Path, help="submit groups until this file exists")
     p.add_argument("--siblings", type=int, default=4)
     p.add_argument("--mode", choices=["sibling", "prompt_group"], default="prompt_group")
     p.add_argument("--window", type=int, default=6, help="groups open at once")
@@ -113,13 +120,18 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                     seen = n
                 await asyncio.sleep(0.1)
 
+        def stopped() -> bool:
+            return args.stop_file is not None and args.stop_file.exists()
+
         async def feed() -> None:
-            for i in range(args.groups):
+            for i in count() if args.stop_file is not None else range(args.groups):
                 group_id = f"{tid}-p{i}"
                 if coord.ledger.knows_group(group_id):
                     continue  # submitted before a crash: recovery drives it
-                while len(coord.open_groups()) >= args.window:
+                while len(coord.open_groups()) >= args.window and not stopped():
                     await asyncio.sleep(0.02)
+                if stopped():
+                    return
                 await coord.submit(
                     group_id,
                     PromptRef(sample_id=f"{tid}-s{i}", task_name="arith"),
