@@ -57,11 +57,6 @@ class LiveAttempt:
     outcome: AttemptOutcome | None = None
 
 
-@dataclass
-class Stats:
-    prepare_waits: list[float] = field(default_factory=list)
-
-
 class Context:
     def __init__(self, journal: Journal, agents: dict[str, GymClient], settings: Settings) -> None:
         self.journal = journal

@@ -1,4 +1,4 @@
-"""`ledger replay | snapshot | audit | show | status | tail` on a small log."""
+"""`ledger replay | snapshot | audit | show | status | tail | projections run` on a small log."""
 
 from __future__ import annotations
 
@@ -100,3 +100,21 @@ def test_tail_follows_and_stops_when_idle(history: EventStore, db_url: str) -> N
     code, out = run("tail", "--db", db_url, "--from", str(history.head() - 3), "--idle-exit", "0.2")
     lines = [line for line in out.splitlines() if line.strip()]
     assert code == 0 and len(lines) == 3 and "RunFailed" in lines[-1]
+
+
+def test_projections_run_stores_a_checkpoint_that_replay_and_status_use(
+    history: EventStore, log: LogBuilder, db_url: str
+) -> None:
+    head = history.head()
+    code, out = run("projections", "run", "--db", db_url, "--once", "--checkpoint-every", "25")
+    assert code == 0 and f"to {head}; last checkpoint at {head}" in out, out
+    code, out = run("status", "--db", db_url)
+    assert code == 0 and f"projection runner at {head}" in out, out
+    code, out = run("replay", "--db", db_url, "--verify")
+    assert code == 0 and "rebuilds agree" in out and f"live (stored at {head})" in out, out
+    # Following the log: it resumes from its checkpoint, folds what came since, and stops when idle.
+    log.clean_sibling_group("later", 2)
+    code, out = run("projections", "run", "--db", db_url, "--idle-exit", "0.2", "--poll-interval", "0.02")
+    assert code == 0 and f"from position {head} to {history.head()}" in out, out
+    code, out = run("status", "--db", db_url)
+    assert f"projection runner at {history.head()}" in out, out
