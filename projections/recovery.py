@@ -1,4 +1,4 @@
-"""The recovery view of the log: `RolloutRecoveryState` (the snapshot) and the restore plan (protocol.md §9).
+"""The recovery view of the log: `RolloutRecoveryState` (the snapshot) and the restore plan (docs/protocol.md, Recovery).
 
 Both are derived, purely, from the ledger and checkpoints projections: the
 snapshot is the ledger's state in one pydantic model, and the plan is what a
@@ -253,7 +253,7 @@ def _plan_sibling_group(
 def _plan_prompt_group(
     group: GroupState, settle: list[AttemptToSettle], rerun: list[str], dead: list[str]
 ) -> None:
-    # A partly finished group is never reused (protocol.md §4): settle what the agent may hold, then rerun whole.
+    # A partly finished group is never reused (docs/protocol.md, Prompt groups): settle what the agent may hold, then rerun whole.
     for index in sorted(group.siblings):
         attempt = group.siblings[index].current
         if attempt is None:

@@ -98,7 +98,7 @@ class Context:
 
 
 class Lease:
-    """A try's deadline: a clock that does not run while a checkpoint is in flight (protocol.md §7)."""
+    """A try's deadline: a clock that does not run while a checkpoint is in flight (docs/protocol.md, Deadlines and fencing)."""
 
     def __init__(self, ctx: Context, budget_s: float) -> None:
         self.ctx = ctx

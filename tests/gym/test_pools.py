@@ -1,4 +1,4 @@
-"""Control calls have their own connection pool (protocol.md §8)."""
+"""Control calls have their own connection pool (docs/protocol.md, Connection pools)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every row of the retire table and of the phase-fence table (protocol.md §5)."""
+"""Every row of the retire table and of the phase-fence table (docs/protocol.md, Retire or adopt; Checkpoints)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""No module of the project unpickles anything: saved data is JSON (protocol.md §10).
+"""No module of the project unpickles anything: saved data is JSON (docs/security.md, Saved data).
 
 Greps the package sources (not the tests) for pickle, shelve, marshal, dill/cloudpickle/joblib, numpy
 loads that allow pickles, and `torch.load` without `weights_only=True`.

@@ -160,6 +160,7 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
             return p
 
         stop_file = tmp_path / "stop-feeding"
+        began = time.monotonic()
         workers = [start(f"worker-{i}", worker_cmd(url)) for i in (1, 2)]
         a1 = start("trainer-A", trainer_cmd(url, "A", agents[:2], "prompt_group", stop_file, resume=False))
         b = start("trainer-B", trainer_cmd(url, "B", agents[2:], "sibling", stop_file, resume=False))
@@ -270,7 +271,26 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"{p.name} did not finish\n{await diag()}") from None
             assert rc == 0 and "DONE" in p.out(), await diag()
-        # The workers followed the log across the restart; stop them, then drain what is left.
+
+        # The workers followed the log across the restart: once they have scored every sealed try,
+        # stop them; a last `--once` run then finds the queue empty (and drains it if it is not).
+        def unscored() -> int:
+            assert store is not None
+            sealed = {
+                (e.stream_id, e.data["rollout_id"], e.data["attempt_index"])
+                for e in store.read_all(0, types=["SiblingSealed"])
+            }
+            scored = {
+                (e.data["rollout_id"], e.data["attempt_index"])
+                for e in store.read_all(0, types=["LogprobsComputed"])
+            }
+            return sum(1 for _, r, a in sealed if (r, a) not in scored)
+
+        async def scoring_diag() -> str:
+            return f"{await asyncio.to_thread(unscored)} sealed tries unscored\n{await diag()}"
+
+        print(f"workload ended after {time.monotonic() - began:.0f} s; {unscored()} tries left to score")
+        await wait_for(lambda: unscored() == 0, 300, "the workers to score every sealed try", scoring_diag)
         for w in workers:
             assert w.alive(), f"{w.name} died:\n{w.err()[-3000:]}"
             w.signal(signal.SIGTERM)
