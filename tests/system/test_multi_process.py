@@ -98,7 +98,9 @@ def trainer_cmd(
     """A trainer that feeds groups until `stop_file` exists."""
     cmd = [sys.executable, "-m", "tests.system.trainer", "--db", url, "--trainer-id", tid]
     cmd += [f"--agent={a.name}={a.url}" for a in agents]
-    cmd += ["--stop-file", str(stop_file), "--siblings", str(SIBLINGS), "--mode", mode]
+    # Two groups open at a time: the trainers outpace two CPU workers, and what they seal while the
+    # phases run is what the workers must score before the end (about 1,000 tries at a window of 6).
+    cmd += ["--stop-file", str(stop_file), "--siblings", str(SIBLINGS), "--mode", mode, "--window", "2"]
     cmd += ["--checkpoint-every", "1.0"]
     return cmd + (["--resume"] if resume else [])
 
