@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("eventstore", "projections", "workers", "gym_agent", "cli", "migrations", "benchmarks")
+PACKAGES = (
+    "protocol", "eventstore", "projections", "participant", "workers", "trainer", "gym_agent",
+    "simulation", "cli", "migrations", "benchmarks",
+)  # fmt: skip
 FORBIDDEN_MODULES = {
     "pickle",
     "cPickle",
