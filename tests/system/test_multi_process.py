@@ -52,13 +52,13 @@ TRAINER_AGENT_RETRY = re.compile(
 class Proc:
     """A subprocess whose stdout and stderr go to files (read back for the checks)."""
 
-    def __init__(self, name: str, cmd: list[str], logs: Path) -> None:
+    def __init__(self, name: str, cmd: list[str], logs: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.out_path = logs / f"{name}.out"
         self.err_path = logs / f"{name}.err"
         self._out: IO[bytes] = open(self.out_path, "ab")  # noqa: SIM115
         self._err: IO[bytes] = open(self.err_path, "ab")  # noqa: SIM115
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.popen = subprocess.Popen(cmd, cwd=ROOT, stdout=self._out, stderr=self._err, env=env)
 
     def out(self) -> str:
@@ -98,9 +98,10 @@ def trainer_cmd(
     """A trainer that feeds groups until `stop_file` exists."""
     cmd = [sys.executable, "-m", "tests.system.trainer", "--db", url, "--trainer-id", tid]
     cmd += [f"--agent={a.name}={a.url}" for a in agents]
-    # Two groups open at a time: the trainers outpace two CPU workers, and what they seal while the
-    # phases run is what the workers must score before the end (about 1,000 tries at a window of 6).
-    cmd += ["--stop-file", str(stop_file), "--siblings", str(SIBLINGS), "--mode", mode, "--window", "2"]
+    # The trainers outpace two CPU workers (on a loaded machine by 10x): each holds new groups back while
+    # more than 24 sealed attempts wait to be scored, so what is left to score at the end stays small.
+    cmd += ["--stop-file", str(stop_file), "--siblings", str(SIBLINGS), "--mode", mode]
+    cmd += ["--window", "2", "--max-unscored", "24"]
     cmd += ["--checkpoint-every", "1.0"]
     return cmd + (["--resume"] if resume else [])
 
@@ -157,7 +158,8 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
                 await c.set_faults(RateFaults(rates=FAULTS, seed=70 + i))
 
         def start(name: str, cmd: list[str]) -> Proc:
-            p = Proc(name, cmd, logs)
+            # One torch thread per worker: two workers with a thread per core each only fight for them.
+            p = Proc(name, cmd, logs, {"OMP_NUM_THREADS": "1"} if name.startswith("worker") else None)
             procs.append(p)
             return p
 

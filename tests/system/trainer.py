@@ -36,7 +36,7 @@ import uuid
 from itertools import count
 from pathlib import Path
 
-from eventstore import open_store
+from eventstore import EventStore, open_store
 from eventstore.events import PromptRef
 from simulation.run import CheckpointLoop, claim_as_sealed
 from trainer import RolloutCoordinator
@@ -45,6 +45,23 @@ from trainer.eventloop import run_async
 from trainer.gym import GymClient
 
 log = logging.getLogger("trainer")
+
+
+class Backlog:
+    """Sealed attempts that no logprob worker has scored yet, counted from the log as it grows (every
+    trainer's and every worker's), so that a workload fed for as long as a test needs stays within what
+    the workers can score, however slowly they run next to everything else."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.position = 0
+        self.unscored = 0
+
+    def refresh(self) -> int:
+        for e in self.store.read_all(self.position, types=["SiblingSealed", "LogprobsComputed"]):
+            self.unscored += 1 if e.type == "SiblingSealed" else -1
+            self.position = e.position
+        return self.position
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--siblings", type=int, default=4)
     p.add_argument("--mode", choices=["sibling", "prompt_group"], default="prompt_group")
     p.add_argument("--window", type=int, default=6, help="groups open at once")
+    p.add_argument(
+        "--max-unscored",
+        type=int,
+        default=0,
+        help="hold new groups back while more sealed attempts than this wait for a logprob worker (0: no limit)",
+    )
     p.add_argument("--checkpoint-every", type=float, default=1.0)
     p.add_argument("--rollout-timeout", type=float, default=8.0)
     p.add_argument("--prepare-timeout", type=float, default=20.0)
@@ -123,13 +146,23 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         def stopped() -> bool:
             return args.stop_file is not None and args.stop_file.exists()
 
+        backlog = Backlog(store)
+
+        async def held_back() -> bool:
+            if len(coord.open_groups()) >= args.window:
+                return True
+            if args.max_unscored <= 0:
+                return False
+            await coord.journal.read(backlog.refresh, "the logprob backlog")
+            return backlog.unscored > args.max_unscored
+
         async def feed() -> None:
             for i in count() if args.stop_file is not None else range(args.groups):
                 group_id = f"{tid}-p{i}"
                 if coord.ledger.knows_group(group_id):
                     continue  # submitted before a crash: recovery drives it
-                while len(coord.open_groups()) >= args.window and not stopped():
-                    await asyncio.sleep(0.02)
+                while not stopped() and await held_back():
+                    await asyncio.sleep(0.05)
                 if stopped():
                     return
                 await coord.submit(
