@@ -24,8 +24,8 @@ from rich.table import Table
 
 from eventstore import open_store, upgrade_database
 from eventstore.events import RunReplied
-from eventstore.pgcluster import PgCluster
 from eventstore.records import canonical
+from eventstore.testing import PgCluster
 
 console = Console()
 

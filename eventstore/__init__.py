@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy.exc import DBAPIError
 
 from eventstore import migrate
-from eventstore.backends import backend_for, create_engines, mask_url, resolve_url
+from eventstore.backends import create_engines, mask_url, recorder_for, resolve_url
 from eventstore.errors import (
     AppendOnlyViolation,
     DatabaseUnavailable,
@@ -95,7 +95,7 @@ def open_store(
         writer.dispose()
         reader.dispose()
         raise
-    return EventStore(resolved, writer, reader, backend_for(resolved), notify=notify)
+    return EventStore(resolved, writer, reader, recorder_for(resolved, notify), notify=notify)
 
 
 def _check_reachable(url: str, reader: object) -> str | None:
