@@ -12,11 +12,13 @@ from eventstore import migrate
 from eventstore.backends import create_engines, mask_url, recorder_for, resolve_url
 from eventstore.errors import (
     AppendOnlyViolation,
+    AppendOutcomeUnknown,
     DatabaseUnavailable,
     EventIdConflict,
     EventStoreError,
     Fenced,
     InvalidEvent,
+    StoreBusy,
     UnknownEventType,
     UnknownMigrationHead,
     UnknownSchemaVersion,
@@ -30,6 +32,7 @@ from eventstore.subscription import Subscription
 __all__ = [
     "EVENT_TYPES",
     "AppendOnlyViolation",
+    "AppendOutcomeUnknown",
     "AppendResult",
     "ChainBreak",
     "DatabaseUnavailable",
@@ -43,6 +46,7 @@ __all__ = [
     "InvalidEvent",
     "NewEvent",
     "RecordedEvent",
+    "StoreBusy",
     "Subscription",
     "UnitOfWork",
     "UnknownEventType",

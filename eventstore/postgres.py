@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.engine import make_url
 
-from eventstore.errors import EventIdConflict, Fenced, WrongExpectedVersion
+from eventstore.errors import EventIdConflict, EventStoreError, Fenced, WrongExpectedVersion
 from eventstore.recorder import CheckedAppend, Recorder, blob_params, record_of, select_columns
 from eventstore.records import AppendResult
 
@@ -18,11 +18,11 @@ from eventstore.records import AppendResult
 # in binary (`%(x)b`): the text format escapes every quote of every JSON document with a regex, which
 # cost the trainer more CPU than anything else it did (4.5x slower per append, measured).
 _APPEND_EVENTS = (
-    "SELECT out_append, out_position, out_stream_version, out_idempotent, out_prev_hash, out_hash "
+    "SELECT out_append, out_position, out_stream_version, out_idempotent, out_prev_hash, out_hash, out_refusal "
     "FROM ledger_append_events(%(streams)b::text[], %(expected)b::bigint[], %(check_ids)b::boolean[], "
     "%(counts)b::int[], %(ids)b::text[], %(types)b::text[], %(versions)b::int[], %(data)b::text[], "
     "%(metadata)b::text[], %(recorded_at)s::double precision, %(blob_digests)b::text[], %(blobs)b::bytea[], "
-    "%(notify)s::boolean, %(fence_streams)b::text[], %(fence_versions)b::bigint[])"
+    "%(notify)s::boolean, %(fence_streams)b::text[], %(fence_versions)b::bigint[], %(independent)s::boolean)"
 )
 _BLOB_INSERT = (
     "INSERT INTO blobs (digest, media_type, content, created_at) "
@@ -72,7 +72,8 @@ class PostgresRecorder(Recorder):
     def append(
         self, conn: Connection, appends: list[CheckedAppend], blobs: Sequence[bytes]
     ) -> list[AppendResult]:
-        return self._append(conn, appends, blobs, commit=False)
+        results = self._append(conn, appends, blobs, commit=False)
+        return [r for r in results if isinstance(r, AppendResult)]
 
     def append_committed(
         self, writer: Engine, appends: list[CheckedAppend], blobs: Sequence[bytes]
@@ -81,11 +82,24 @@ class PostgresRecorder(Recorder):
         round trip, and one wait on the socket for a writer thread (each wait gives the GIL away, and
         taking it back from a busy event loop thread cost more than the database's own work)."""
         with writer.connect() as conn:
-            return self._append(conn, appends, blobs, commit=True)
+            results = self._append(conn, appends, blobs, commit=True)
+        return [r for r in results if isinstance(r, AppendResult)]
+
+    def append_each(
+        self, writer: Engine, appends: list[CheckedAppend]
+    ) -> list[AppendResult | EventStoreError]:
+        """One statement, autocommit, `p_independent`: every append written or refused on its own."""
+        with writer.connect() as conn:
+            return self._append(conn, appends, (), commit=True, independent=True)
 
     def _append(
-        self, conn: Connection, appends: list[CheckedAppend], blobs: Sequence[bytes], commit: bool
-    ) -> list[AppendResult]:
+        self,
+        conn: Connection,
+        appends: list[CheckedAppend],
+        blobs: Sequence[bytes],
+        commit: bool,
+        independent: bool = False,
+    ) -> list[AppendResult | EventStoreError]:
         """One `ledger_append_events` statement: every append and blob, binary arrays, straight on the
         driver's cursor (no SQLAlchemy statement layer: it cost more than the call)."""
         driver = conn.connection.driver_connection
@@ -93,7 +107,12 @@ class PostgresRecorder(Recorder):
         params = _events_params(appends)
         unique = {b["digest"]: b["content"] for b in map(blob_params, blobs)}
         # A transaction of the caller NOTIFYs once, at its first append (the store's unit of work).
-        params.update(blob_digests=list(unique), blobs=list(unique.values()), notify=commit and self.notifies)
+        params.update(
+            blob_digests=list(unique),
+            blobs=list(unique.values()),
+            notify=commit and self.notifies,
+            independent=independent,
+        )
         cursor = driver.cursor()
         try:
             if commit:
@@ -104,7 +123,13 @@ class PostgresRecorder(Recorder):
             hint = getattr(getattr(error, "diag", None), "message_hint", None)
             index = int(hint) if hint is not None and hint.isdigit() else 0
             if index < len(appends):
-                _raise_refusal(error, appends[index])
+                refusal = _refusal(
+                    getattr(error, "sqlstate", None),
+                    getattr(getattr(error, "diag", None), "message_detail", None),
+                    appends[index],
+                )
+                if refusal is not None:
+                    raise refusal from None
             raise
         finally:
             cursor.close()
@@ -116,11 +141,16 @@ class PostgresRecorder(Recorder):
         by_append: list[list[tuple[Any, ...]]] = [[] for _ in appends]
         for row in rows:
             by_append[row[0]].append(row)
-        results = []
+        results: list[AppendResult | EventStoreError] = []
         for append, out in zip(appends, by_append, strict=True):
+            if out[0][6] is not None:
+                refusal = _refusal(out[0][6], None if out[0][2] is None else str(out[0][2]), append)
+                assert refusal is not None
+                results.append(refusal)
+                continue
             idempotent = bool(out[0][3])
             if not idempotent:
-                for row, (_, position, version, _, prev_hash, hash_) in zip(append.rows, out, strict=True):
+                for row, (_, position, version, _, prev_hash, hash_, _) in zip(append.rows, out, strict=True):
                     row.update(
                         position=position,
                         stream_id=append.stream_id,
@@ -189,20 +219,19 @@ def _events_params(appends: list[CheckedAppend]) -> dict[str, Any]:
     }
 
 
-def _raise_refusal(error: Exception, append: CheckedAppend) -> None:
+def _refusal(state: str | None, detail: str | None, append: CheckedAppend) -> EventStoreError | None:
     """`ledger_append_events`' own refusals (SQLSTATE LE001/LE002/LE003) as the store's typed errors."""
-    state = getattr(error, "sqlstate", None)
-    detail = getattr(getattr(error, "diag", None), "message_detail", None)
     actual = int(detail) if detail is not None and detail.lstrip("-").isdigit() else -1
     if state == "LE003" and append.fence is not None:
-        raise Fenced(append.fence.stream_id, append.fence.version, actual, append.stream_id) from None
+        return Fenced(append.fence.stream_id, append.fence.version, actual, append.stream_id)
     if state == "LE001":
-        raise WrongExpectedVersion(append.stream_id, int(append.expected), actual) from None
+        return WrongExpectedVersion(append.stream_id, int(append.expected), actual)
     if state == "LE002":
-        raise EventIdConflict(
+        return EventIdConflict(
             f"append to {append.stream_id!r}: event ids already recorded with other content or in another "
             "stream; nothing was written"
-        ) from None
+        )
+    return None
 
 
 def _ping_when_idle(engine: Engine) -> None:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, text
 
+from eventstore.errors import EventStoreError
 from eventstore.records import AppendResult, Fence, RecordedEvent
 from protocol.digests import sha256_digest
 
@@ -77,6 +78,14 @@ class Recorder(ABC):
         self, writer: Engine, appends: list[CheckedAppend], blobs: Sequence[bytes]
     ) -> list[AppendResult]:
         """`append` in a transaction of its own, committed; any refusal writes nothing and raises."""
+
+    @abstractmethod
+    def append_each(
+        self, writer: Engine, appends: list[CheckedAppend]
+    ) -> list[AppendResult | EventStoreError]:
+        """Every append in one transaction of its own, committed, each written or refused on its own:
+        a refused append writes nothing and answers its error, and the others are written as if it had
+        not been there (group commit)."""
 
     @abstractmethod
     def put_blob(self, conn: Connection, content: bytes, media_type: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 
-from eventstore.errors import EventIdConflict, Fenced, WrongExpectedVersion
+from eventstore.errors import EventIdConflict, EventStoreError, Fenced, WrongExpectedVersion
 from eventstore.recorder import CheckedAppend, Recorder, blob_params, record_of, select_columns
 from eventstore.records import GENESIS_HASH, AppendResult, ExpectedVersion, chain_hash
 
@@ -59,6 +59,23 @@ class SqliteRecorder(Recorder):
     ) -> list[AppendResult]:
         with writer.begin() as conn:
             return self.append(conn, appends, blobs)
+
+    def append_each(
+        self, writer: Engine, appends: list[CheckedAppend]
+    ) -> list[AppendResult | EventStoreError]:
+        """One `BEGIN IMMEDIATE` transaction; each append in a savepoint it is rolled back to if refused."""
+        results: list[AppendResult | EventStoreError] = []
+        with writer.begin() as conn:
+            for append in appends:
+                savepoint = conn.begin_nested()
+                try:
+                    results.append(_append_one(conn, append))
+                except (WrongExpectedVersion, Fenced, EventIdConflict) as refusal:
+                    savepoint.rollback()
+                    results.append(refusal)
+                else:
+                    savepoint.commit()
+        return results
 
     def put_blob(self, conn: Connection, content: bytes, media_type: str) -> str:
         params = blob_params(content, media_type)

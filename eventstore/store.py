@@ -25,6 +25,7 @@ from eventstore.errors import (
     UnknownSchemaVersion,
 )
 from eventstore.events import EVENT_TYPES, Event
+from eventstore.group_commit import GroupCommit
 from eventstore.recorder import CheckedAppend, Recorder
 from eventstore.records import (
     GENESIS_HASH,
@@ -67,6 +68,8 @@ class EventStore:
         self.recorder = recorder
         # NOTIFY takes a global lock at commit; it is opt-in (see benchmarks/eventstore.py).
         self.notify = notify and recorder.supports_notify
+        # Concurrent `append` calls share one statement and one commit (eventstore/group_commit.py).
+        self.group_commit = GroupCommit(self._append_each)
 
     # --- writing ----------------------------------------------------------
 
@@ -84,8 +87,17 @@ class EventStore:
         metadata: dict[str, Any] | None = None,
         fence: Fence | None = None,
     ) -> AppendResult:
-        with self.transaction() as tx:
-            return tx.append(stream_id, events, expected_version, metadata, fence)
+        """Appends `events` to `stream_id` if it is at `expected_version` and `fence` (if any) holds.
+
+        Its own transaction, committed; concurrent calls share one (group commit), each still
+        written or refused on its own.
+        """
+        rows = _checked(stream_id, events, expected_version, metadata)
+        return self.group_commit.append(CheckedAppend(stream_id, rows, expected_version, fence))
+
+    def _append_each(self, appends: list[CheckedAppend]) -> list[AppendResult | Exception]:
+        with self._database_errors():
+            return list(self.recorder.append_each(self._writer, appends))
 
     def append_batch(
         self, appends: Sequence[Append], blobs: Sequence[bytes] = (), fence: Fence | None = None
