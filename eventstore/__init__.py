@@ -25,7 +25,7 @@ from eventstore.errors import (
     WrongExpectedVersion,
 )
 from eventstore.events import EVENT_TYPES, Event
-from eventstore.records import AppendResult, ExpectedVersion, Fence, NewEvent, RecordedEvent
+from eventstore.records import AppendResult, ExpectedVersion, Fence, NewEvent, RecordedEvent, decode_events
 from eventstore.store import ChainBreak, EventStore, UnitOfWork
 from eventstore.subscription import Subscription
 
@@ -53,6 +53,7 @@ __all__ = [
     "UnknownMigrationHead",
     "UnknownSchemaVersion",
     "WrongExpectedVersion",
+    "decode_events",
     "open_store",
     "upgrade_database",
 ]

@@ -69,17 +69,32 @@ class GroupCommitStats:
     busy: int = 0
 
 
+def worth_waiting(queued: int, arriving: int, max_batch: int) -> bool:
+    """Whether a leader holds its write for appends still being prepared (PostgreSQL's commit_delay
+    with commit_siblings: wait only when someone else is about to commit too)."""
+    return arriving > 0 and queued < max_batch
+
+
 class GroupCommit:
     def __init__(
-        self, write_each: WriteEach, max_batch: int = 128, max_waiting: int = 1024, wait_s: float = 60.0
+        self,
+        write_each: WriteEach,
+        max_batch: int = 128,
+        max_waiting: int = 1024,
+        wait_s: float = 60.0,
+        commit_delay_s: float = 0.002,
     ) -> None:
-        if max_batch < 1 or max_waiting < 1 or wait_s <= 0:
-            raise ValueError("group commit needs max_batch >= 1, max_waiting >= 1 and wait_s > 0")
+        if max_batch < 1 or max_waiting < 1 or wait_s <= 0 or commit_delay_s < 0:
+            raise ValueError(
+                "group commit needs max_batch >= 1, max_waiting >= 1, wait_s > 0 and commit_delay_s >= 0"
+            )
         self._write_each = write_each
         self.max_batch, self.max_waiting, self.wait_s = max_batch, max_waiting, wait_s
+        self.commit_delay_s = commit_delay_s
         self._cond = threading.Condition()
         self._queue: deque[Waiter] = deque()
         self._leading = False
+        self._arriving = 0  # appends being checked and rendered, about to queue
         self.stats = GroupCommitStats()
 
     @property
@@ -88,11 +103,23 @@ class GroupCommit:
         with self._cond:
             return len(self._queue)
 
-    def append(self, append: CheckedAppend) -> AppendResult:
-        """`append` written in the next group write, or its own refusal raised."""
+    def append(self, prepare: Callable[[], CheckedAppend]) -> AppendResult:
+        """The append `prepare` checks and renders, written in the next group write, or its own
+        refusal raised.  A leader may hold its write up to `commit_delay_s` for appends being prepared."""
+        with self._cond:
+            self._arriving += 1
+        try:
+            append = prepare()
+        except BaseException:
+            with self._cond:
+                self._arriving -= 1
+                self._cond.notify_all()
+            raise
         deadline = time.monotonic() + self.wait_s
         waiter = Waiter(append, [row["event_id"] for row in append.rows])
         with self._cond:
+            self._arriving -= 1
+            self._cond.notify_all()
             while len(self._queue) >= self.max_waiting:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -112,6 +139,12 @@ class GroupCommit:
                 if waiter.outcome is not None:
                     return _answer(waiter.outcome, waiter.shared)
                 self._leading = True
+                hold_until = time.monotonic() + self.commit_delay_s
+                while worth_waiting(len(self._queue), self._arriving, self.max_batch):
+                    remaining = hold_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
                 batch = take_batch(self._queue, self.max_batch)
                 for taken in batch:
                     taken.taken = True

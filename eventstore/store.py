@@ -26,6 +26,7 @@ from eventstore.errors import (
 )
 from eventstore.events import EVENT_TYPES, Event
 from eventstore.group_commit import GroupCommit
+from eventstore.read_ahead import read_ahead_pages
 from eventstore.recorder import CheckedAppend, Recorder
 from eventstore.records import (
     GENESIS_HASH,
@@ -35,6 +36,7 @@ from eventstore.records import (
     NewEvent,
     RecordedEvent,
     canonical,
+    decode_events,
     from_row,
 )
 
@@ -92,8 +94,11 @@ class EventStore:
         Its own transaction, committed; concurrent calls share one (group commit), each still
         written or refused on its own.
         """
-        rows = _checked(stream_id, events, expected_version, metadata)
-        return self.group_commit.append(CheckedAppend(stream_id, rows, expected_version, fence))
+        return self.group_commit.append(
+            lambda: CheckedAppend(
+                stream_id, _checked(stream_id, events, expected_version, metadata), expected_version, fence
+            )
+        )
 
     def _append_each(self, appends: list[CheckedAppend]) -> list[AppendResult | Exception]:
         with self._database_errors():
@@ -139,6 +144,21 @@ class EventStore:
         batch_size: int = 5000,
     ) -> Iterator[RecordedEvent]:
         """Events with `from_position < position <= to_position`, in position order, gap-free."""
+        for page in self.read_pages(from_position, to_position, types, batch_size, read_ahead=False):
+            yield from page
+
+    def read_pages(
+        self,
+        from_position: int = 0,
+        to_position: int | None = None,
+        types: Collection[str] | None = None,
+        batch_size: int = 5000,
+        read_ahead: bool = True,
+    ) -> Iterator[list[RecordedEvent]]:
+        """`read_all` in pages of `batch_size`.  With `read_ahead` a reader thread fetches the next page
+        while the caller works on this one (the database's time overlaps the caller's)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         p = self.recorder.param
         where = f"position > {p('after')}"
         params: dict[str, Any] = {"limit": batch_size}
@@ -150,14 +170,35 @@ class EventStore:
             where += " AND type IN (" + ", ".join(p(f"t{i}") for i in range(len(names))) + ")"
             params.update({f"t{i}": n for i, n in enumerate(names)})
         query = f"SELECT {self.recorder.select_columns} FROM events WHERE {where} ORDER BY position LIMIT {p('limit')}"
+
+        def fetch(after: int) -> list[RecordedEvent]:
+            return list(map(from_row, self._fetch(query, {**params, "after": after})))
+
+        if read_ahead:
+            yield from read_ahead_pages(fetch, from_position, batch_size)
+            return
         after = from_position
-        make = from_row
         while True:
-            rows = self._fetch(query, {**params, "after": after})
-            yield from map(make, rows)
-            if len(rows) < batch_size:
+            page = fetch(after)
+            if page:
+                yield page
+            if len(page) < batch_size:
                 return
-            after = rows[-1][0]
+            after = page[-1].position
+
+    def read_typed(
+        self, from_position: int = 0, to_position: int | None = None, batch_size: int = 10_000
+    ) -> Iterator[tuple[RecordedEvent, Event]]:
+        """Every event with its typed payload (upcast to the current schema), in position order.
+
+        Pages are read ahead and decoded in one pass each (`decode_events`); an event that cannot be
+        decoded raises its error, naming its position, after every event before it was yielded.
+        """
+        for page in self.read_pages(from_position, to_position, batch_size=batch_size):
+            decoded, error = decode_events(page)
+            yield from zip(page, decoded, strict=False)
+            if error is not None:
+                raise error
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
         query = text(
