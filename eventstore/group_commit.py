@@ -69,10 +69,12 @@ class GroupCommitStats:
     busy: int = 0
 
 
-def worth_waiting(queued: int, arriving: int, max_batch: int) -> bool:
-    """Whether a leader holds its write for appends still being prepared (PostgreSQL's commit_delay
-    with commit_siblings: wait only when someone else is about to commit too)."""
-    return arriving > 0 and queued < max_batch
+def worth_waiting(queued: int, arriving: int, last_write: int, max_batch: int) -> bool:
+    """Whether a leader holds its write (for at most `commit_delay_s`) for more appends: while some are
+    being prepared, or fewer are queued than the last write carried (their writers are likely on
+    their way back).  PostgreSQL's commit_delay with commit_siblings: wait only when others are
+    about to commit too, so a lone writer never waits."""
+    return queued < max_batch and (arriving > 0 or queued < last_write)
 
 
 class GroupCommit:
@@ -95,6 +97,7 @@ class GroupCommit:
         self._queue: deque[Waiter] = deque()
         self._leading = False
         self._arriving = 0  # appends being checked and rendered, about to queue
+        self._last_write = 1  # appends the last write carried
         self.stats = GroupCommitStats()
 
     @property
@@ -140,7 +143,7 @@ class GroupCommit:
                     return _answer(waiter.outcome, waiter.shared)
                 self._leading = True
                 hold_until = time.monotonic() + self.commit_delay_s
-                while worth_waiting(len(self._queue), self._arriving, self.max_batch):
+                while worth_waiting(len(self._queue), self._arriving, self._last_write, self.max_batch):
                     remaining = hold_until - time.monotonic()
                     if remaining <= 0:
                         break
@@ -163,6 +166,7 @@ class GroupCommit:
                 waiter.outcome = outcomes[i] if outcomes is not None else failure
                 waiter.shared = outcomes is None
             self._leading = False
+            self._last_write = len(batch)
             self.stats.writes += 1
             self.stats.appends += len(batch)
             self.stats.largest = max(self.stats.largest, len(batch))

@@ -107,9 +107,11 @@ class PostgresRecorder(Recorder):
         params = _events_params(appends)
         unique = {b["digest"]: b["content"] for b in map(blob_params, blobs)}
         # A transaction of the caller NOTIFYs once, at its first append (the store's unit of work).
+        # Absent arrays go as NULL (the function reads a NULL array as empty): dumping an array of
+        # NULLs or an empty one costs the client as much as a full one.
         params.update(
-            blob_digests=list(unique),
-            blobs=list(unique.values()),
+            blob_digests=list(unique) or None,
+            blobs=list(unique.values()) or None,
             notify=commit and self.notifies,
             independent=independent,
         )
@@ -202,13 +204,16 @@ def _events_params(appends: list[CheckedAppend]) -> dict[str, Any]:
     """`ledger_append_events`' arguments: per append its stream, expected version, id check, event
     count and fence; the events of every append flattened, in order."""
     events = [row for a in appends for row in a.rows]
+    fenced = any(a.fence is not None for a in appends)
     return {
         "streams": [a.stream_id for a in appends],
         "expected": [int(a.expected) for a in appends],
         "check_ids": [any(r["chosen_id"] for r in a.rows) for a in appends],
         "counts": [len(a.rows) for a in appends],
-        "fence_streams": [None if a.fence is None else a.fence.stream_id for a in appends],
-        "fence_versions": [None if a.fence is None else a.fence.version for a in appends],
+        "fence_streams": [None if a.fence is None else a.fence.stream_id for a in appends]
+        if fenced
+        else None,
+        "fence_versions": [None if a.fence is None else a.fence.version for a in appends] if fenced else None,
         "ids": [r["event_id"] for r in events],
         "types": [r["type"] for r in events],
         "versions": [r["schema_version"] for r in events],

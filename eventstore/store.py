@@ -403,6 +403,19 @@ def _checked_batch(appends: Sequence[Append], fence: Fence | None) -> list[Check
 def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None, shared_meta: str) -> dict[str, Any]:
     """Validates one event and renders the exact JSON text that is stored and hashed."""
     if isinstance(event, Event):
+        model = type(event)
+        if EVENT_TYPES.get(model.__name__) is model:
+            # A catalogue model is valid by construction: its JSON as `NewEvent.of` renders it,
+            # without the dict `NewEvent.data` would carry (nothing here reads it).
+            return {
+                "event_id": str(uuid.uuid4()),
+                "chosen_id": False,
+                "type": model.__name__,
+                "schema_version": model.schema_version,
+                "data": event.model_dump_json(),
+                "metadata": shared_meta,
+                "recorded_at": time.time(),
+            }
         event = NewEvent.of(event)
     elif not isinstance(event, NewEvent):
         raise TypeError(f"expected a catalogue event or a NewEvent, got {type(event).__name__}")

@@ -24,7 +24,7 @@ from eventstore import (
     open_store,
 )
 from eventstore.events import AttemptMinted
-from eventstore.group_commit import GroupCommit, Waiter, take_batch
+from eventstore.group_commit import GroupCommit, Waiter, take_batch, worth_waiting
 from eventstore.recorder import CheckedAppend
 
 
@@ -193,3 +193,11 @@ def test_take_batch_keeps_order_caps_size_and_splits_repeated_ids() -> None:
     assert len(take_batch(twice, 10)) == 1 and len(twice) == 1
     with pytest.raises(ValueError):
         GroupCommit(lambda a: [], max_batch=0)
+
+
+def test_a_leader_waits_only_for_appends_on_their_way() -> None:
+    assert not worth_waiting(queued=1, arriving=0, last_write=1, max_batch=128)  # a lone writer
+    assert worth_waiting(queued=1, arriving=2, last_write=1, max_batch=128)  # others being prepared
+    assert worth_waiting(queued=3, arriving=0, last_write=8, max_batch=128)  # the last write's writers
+    assert not worth_waiting(queued=8, arriving=0, last_write=8, max_batch=128)
+    assert not worth_waiting(queued=4, arriving=5, last_write=8, max_batch=4)  # a full write goes
