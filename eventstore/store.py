@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from eventstore.backends import mask_url
+from eventstore.bulk_gc import fewer_collections
 from eventstore.errors import (
     AppendOnlyViolation,
     DatabaseUnavailable,
@@ -194,11 +195,12 @@ class EventStore:
         Pages are read ahead and decoded in one pass each (`decode_events`); an event that cannot be
         decoded raises its error, naming its position, after every event before it was yielded.
         """
-        for page in self.read_pages(from_position, to_position, batch_size=batch_size):
-            decoded, error = decode_events(page)
-            yield from zip(page, decoded, strict=False)
-            if error is not None:
-                raise error
+        with fewer_collections():
+            for page in self.read_pages(from_position, to_position, batch_size=batch_size):
+                decoded, error = decode_events(page)
+                yield from zip(page, decoded, strict=False)
+                if error is not None:
+                    raise error
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
         query = text(

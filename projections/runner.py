@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventstore import EventStore, RecordedEvent, decode_events
+from eventstore.bulk_gc import fewer_collections
 from projections.base import Projection, ReplayRefused, Routes, sha256_text
 from projections.checkpoints import CheckpointsProjection
 from projections.digest import BLOCK, LogDigest, StoredDigest
@@ -162,7 +163,8 @@ def rebuild(
     replay = load_replay(store, chosen, start) if start is not None else _fresh(chosen)
     if progress is not None and replay.position:
         progress(0)
-    replay.apply_batches(read_batches(store, replay.position, to_position, batch_size), progress)
+    with fewer_collections():
+        replay.apply_batches(read_batches(store, replay.position, to_position, batch_size), progress)
     if to_position is not None and replay.position < to_position and store.head() >= to_position:
         raise ReplayRefused(replay.position + 1, f"the log ends at {replay.position}, before {to_position}")
     return replay

@@ -61,3 +61,19 @@ def test_bulk_decode_gives_the_same_events(store_url: str) -> None:
     page = next(store.read_pages())
     decoded, error = decode_events(page)
     assert error is None and decode_in_bulk(page) == decoded
+
+
+def test_the_collector_threshold_is_raised_only_while_replays_run() -> None:
+    import gc
+
+    from eventstore.bulk_gc import BULK_THRESHOLD0, fewer_collections
+
+    before = gc.get_threshold()
+    with fewer_collections():
+        with fewer_collections():  # nested, as two replays at once
+            assert gc.get_threshold()[0] == max(BULK_THRESHOLD0, before[0])
+        assert gc.get_threshold()[0] == max(BULK_THRESHOLD0, before[0])
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), fewer_collections():
+        raise RuntimeError("a replay that fails")
+    assert gc.get_threshold() == before
