@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from eventstore import EventStore, RecordedEvent, open_store, upgrade_database
-from eventstore.pgcluster import PgCluster
+from eventstore.testing import PgCluster
 from gym_agent.config import AgentConfig
 from projections.audit import audit_log
 from protocol.wire import AttemptFault

@@ -32,7 +32,7 @@ from typing import IO
 import pytest
 
 from eventstore import EventStore, open_store, upgrade_database
-from eventstore.pgcluster import PgCluster
+from eventstore.testing import PgCluster
 from gym_agent.launcher import AgentProcess
 from projections.audit import audit_log
 from protocol.wire import FaultRates, RateFaults
