@@ -237,6 +237,32 @@ class CheckpointAborted(Event):
     prepare_wait_s: dict[str, float] = Field(default_factory=dict)
 
 
+ParticipantOutcome = Literal["resumed", "aborted", "lost"]
+PhaseStep = Literal["commit", "resume", "abort"]
+
+
+class CheckpointParticipantFinished(Event):
+    """One participant confirmed the log's decision (resumed after a commit, or aborted), or showed
+    it lost the checkpoint (it restarted, or aborted what the log committed).  `CheckpointResumed`
+    follows only once every participant of a committed checkpoint finished `resumed`."""
+
+    checkpoint_id: Identifier
+    agent_name: Identifier
+    outcome: ParticipantOutcome
+    reason: str = ""
+
+
+class CheckpointParticipantStuck(Event):
+    """A decided step (commit, resume or abort) spent its retry budget at one agent.  The trainer
+    keeps calling (the step is decided); this is what the operator sees until the agent finishes."""
+
+    checkpoint_id: Identifier
+    agent_name: Identifier
+    step: PhaseStep
+    calls: int = Field(ge=0)
+    reason: str
+
+
 class TrainerRestored(Event):
     cut_position: int | None
     checkpoint_id: Identifier | None

@@ -127,6 +127,7 @@ class RolloutCoordinator:
             with contextlib.suppress(BaseException):
                 await task
         await self.relay.stop()
+        await self.checkpointer.stop()
 
     @classmethod
     async def recover(
