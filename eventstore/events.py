@@ -263,6 +263,16 @@ class CheckpointParticipantStuck(Event):
     reason: str
 
 
+class TrainerEpochTaken(Event):
+    """A coordinator process became the owner of `trainer_id`: every later append of that process is
+    fenced on the version of the trainer's stream this event left, so an earlier owner still running
+    fails its next append (and stops) instead of writing beside the new one."""
+
+    trainer_id: Identifier | None
+    reason: Literal["start", "recovery"]
+    writer: str
+
+
 class TrainerRestored(Event):
     cut_position: int | None
     checkpoint_id: Identifier | None

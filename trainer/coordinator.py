@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from eventstore import EventStore
 from eventstore.events import (
@@ -33,10 +33,11 @@ from eventstore.events import (
     PromptRef,
     ReplacementMinted,
     TargetLevel,
+    TrainerEpochTaken,
 )
 from projections.ledger import GroupState, LedgerState
 from protocol.ids import rollout_id_of
-from protocol.streams import group_stream
+from protocol.streams import group_stream, trainer_stream
 from protocol.wire import AttemptRef
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts
@@ -94,6 +95,7 @@ class RolloutCoordinator:
         self.checkpointer = Checkpointer(self.ctx, self.tries, self.relay)
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._started = False
+        self._epoch_reason: Literal["start", "recovery"] = "start"
         self.errors: list[BaseException] = []
         self.stats: dict[str, int] = {"replacements": 0, "abandoned": 0, "dead_lettered": 0}
 
@@ -107,6 +109,12 @@ class RolloutCoordinator:
         """Folds the log and starts the ACK relay (idempotent)."""
         if not self._started:
             await self.journal.load()
+            await self.journal.take_epoch(
+                trainer_stream(self.settings.trainer_id),
+                TrainerEpochTaken(
+                    trainer_id=self.settings.trainer_id, reason=self._epoch_reason, writer=self.journal.writer
+                ),
+            )
             self.relay.start()
             self._started = True
         return self
@@ -135,7 +143,9 @@ class RolloutCoordinator:
     ) -> RolloutCoordinator:
         from trainer.recovery import recover
 
-        return await recover(cls(store, agents, **kwargs))
+        coord = cls(store, agents, **kwargs)
+        coord._epoch_reason = "recovery"
+        return await recover(coord)
 
     def _check_alive(self) -> None:
         if self.journal.fenced is not None:

@@ -1,0 +1,136 @@
+"""The hand-off protocol's fault cases, each against real agents over loopback and a real log.
+
+Each test failed before the change it guards: a stale owner fenced at the trainer level, a commit
+that keeps failing never reported resumed, an abort retried until the agent confirms it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from eventstore import EventStore, open_store, upgrade_database
+from eventstore.events import (
+    CheckpointParticipantFinished,
+    CheckpointParticipantStuck,
+    CheckpointResumed,
+    GroupClaimedForTraining,
+)
+from projections.base import decode
+from protocol.streams import checkpoint_stream
+from protocol.wire import PhaseResponse
+from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
+from trainer import FencedOff, RolloutCoordinator
+from trainer.gym import GymClient
+from trainer.gym.errors import AgentServerError
+
+
+def events_of(store: EventStore, stream: str) -> list[object]:
+    return [decode(e) for e in store.read_stream(stream)]
+
+
+async def test_case1_a_stale_coordinator_cannot_claim_or_checkpoint_after_a_takeover(
+    pg_url: str, make_agent: MakeAgent
+) -> None:
+    """A seals a group; B recovers the same trainer.  A's claim and A's checkpoint are refused (A is
+    fenced and stops), and B, the newest owner, claims the group."""
+    upgrade_database(pg_url)
+    store_a, store_b = open_store(pg_url), open_store(pg_url)
+    agent = make_agent("a")
+    try:
+        async with GymClient(agent.url, "a") as ca, GymClient(agent.url, "a") as cb:
+            a = coordinator(store_a, {"a": ca}, mode="sibling")
+            await a.start()
+            g = gid()
+            await a.submit(g, PROMPT, "a", 2, PAYLOAD)
+            await a.wait_idle(30)
+            assert g in [s.group_id for s in a.sealed_unclaimed()]
+            b = await RolloutCoordinator.recover(store_b, {"a": cb}, mode="sibling")
+            with pytest.raises(FencedOff):
+                await a.claim_for_training(g, 0)
+            with pytest.raises(FencedOff):
+                await a.checkpoint("stale-ckpt")
+            assert not [e for e in store_a.read_all(0) if e.stream_id == checkpoint_stream("stale-ckpt")]
+            await b.claim_for_training(g, 0)
+            claims = [e for e in events_of(store_b, f"group-{g}") if isinstance(e, GroupClaimedForTraining)]
+            assert len(claims) == 1
+            outcome = await b.checkpoint("owner-ckpt")
+            assert outcome.committed
+            await a.close()
+            await b.close()
+    finally:
+        store_a.close()
+        store_b.close()
+
+
+async def test_case3_a_commit_that_keeps_failing_is_stuck_never_resumed(
+    sqlite_store: EventStore, make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """The agent cannot write its checkpoint (its directory is a file): every commit answers 5xx.
+    The checkpoint is committed (decided) but never `CheckpointResumed`; the participant is recorded
+    stuck, shows in the checkpoints projection, and is still being retried."""
+    agent = make_agent("a", state_dir=tmp_path / "a")
+    (tmp_path / "a").mkdir(exist_ok=True)
+    (tmp_path / "a" / "checkpoints").write_text("not a directory")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(sqlite_store, {"a": client})
+        await coord.start()
+        outcome = await coord.checkpoint("c3")
+        assert outcome.committed and outcome.stuck == ["a"]
+        stream = events_of(sqlite_store, checkpoint_stream("c3"))
+        assert not any(isinstance(e, CheckpointResumed) for e in stream)
+        assert not any(isinstance(e, CheckpointParticipantFinished) for e in stream)
+        stuck = [e for e in stream if isinstance(e, CheckpointParticipantStuck)]
+        assert len(stuck) == 1 and stuck[0].step == "commit" and stuck[0].agent_name == "a"
+        assert coord.journal.checkpoints.stuck()[0][:2] == ("c3", "a")
+        assert coord.checkpointer._finishers, "the decided commit is still being retried"
+        # The directory can be written again: the retried commit lands, the agent resumes, and
+        # only then is the checkpoint resumed in the log.
+        (tmp_path / "a" / "checkpoints").unlink()
+        await asyncio.wait_for(_until_resumed(coord, "c3"), 30)
+        assert (await client.status()).phase == "idle"
+        assert coord.journal.checkpoints.stuck() == []
+        await coord.close()
+
+
+async def _until_resumed(coord: RolloutCoordinator, checkpoint_id: str) -> None:
+    while coord.journal.checkpoints.checkpoints[checkpoint_id].status != "resumed":
+        await asyncio.sleep(0.1)
+        await coord.journal.catch_up()
+
+
+class _AbortFailsOnce(GymClient):
+    """A client whose first /checkpoint/abort is answered 503 without reaching the agent."""
+
+    failed = False
+
+    async def abort(self, checkpoint_id: str) -> PhaseResponse:
+        if not self.failed:
+            self.failed = True
+            raise AgentServerError("/checkpoint/abort: HTTP 503", status_code=503)
+        return await super().abort(checkpoint_id)
+
+
+async def test_case4_an_abort_that_fails_once_is_retried_until_the_agent_confirms(
+    sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """A prepare that cannot finish (the deadline) aborts; the first abort call fails.  The agent is
+    idle afterwards and the next checkpoint commits."""
+    agent = make_agent("a", delay_s=5.0)
+    async with _AbortFailsOnce(agent.url, "a") as client:
+        coord = coordinator(sqlite_store, {"a": client}, prepare_timeout_s=0.3, park_grace_s=30.0)
+        await coord.start()
+        await coord.submit(gid(), PROMPT, "a", 1, PAYLOAD)
+        await asyncio.sleep(0.3)  # the try is running: prepare cannot finish within 0.3 s
+        outcome = await coord.checkpoint("c4a")
+        assert outcome.outcome == "aborted" and client.failed
+        assert (await client.status()).phase == "idle"
+        finished = [
+            e
+            for e in events_of(sqlite_store, checkpoint_stream("c4a"))
+            if isinstance(e, CheckpointParticipantFinished)
+        ]
+        assert [(e.agent_name, e.outcome) for e in finished] == [("a", "aborted")]
+        await coord.close()
