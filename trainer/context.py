@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from protocol.ids import group_id_of
+from trainer.core.attempt import RETIRE_POLICY
+from trainer.core.retry import RetryPolicy
 from trainer.gym import GymClient
 from trainer.journal import Journal
 
@@ -29,6 +31,8 @@ class Settings:
     adopt_timeout_s: float = 60.0
     # Several trainers may share one log; each owns the groups and checkpoints it started.
     trainer_id: str | None = None
+    # Transport failures of one try's retire/adopt calls before the try is declared lost.
+    retire_policy: RetryPolicy = RETIRE_POLICY
 
 
 @dataclass(frozen=True)

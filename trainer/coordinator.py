@@ -42,6 +42,8 @@ from protocol.wire import AttemptRef
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts
 from trainer.checkpoint import Checkpointer, CheckpointOutcome
+from trainer.core.attempt import RETIRE_POLICY
+from trainer.core.retry import RetryPolicy
 from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.errors import (
     AlreadyClaimed,
@@ -78,6 +80,7 @@ class RolloutCoordinator:
         park_grace_s: float = 1.0,
         outage_budget_s: float = OUTAGE_BUDGET_S,
         trainer_id: str | None = None,
+        retire_policy: RetryPolicy = RETIRE_POLICY,
     ) -> None:
         self.store = store
         self.mode: Mode = mode
@@ -87,6 +90,7 @@ class RolloutCoordinator:
             max_tries=max_tries,
             park_grace_s=park_grace_s,
             trainer_id=trainer_id,
+            retire_policy=retire_policy,
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)
         self.ctx = Context(self.journal, dict(agents), self.settings)

@@ -17,12 +17,14 @@ from eventstore.events import (
     CheckpointParticipantStuck,
     CheckpointResumed,
     GroupClaimedForTraining,
+    RunFailed,
 )
 from projections.base import decode
 from protocol.streams import checkpoint_stream
 from protocol.wire import PhaseResponse
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer import FencedOff, RolloutCoordinator
+from trainer.core.retry import RetryPolicy
 from trainer.gym import GymClient
 from trainer.gym.errors import AgentServerError
 
@@ -133,4 +135,32 @@ async def test_case4_an_abort_that_fails_once_is_retried_until_the_agent_confirm
             if isinstance(e, CheckpointParticipantFinished)
         ]
         assert [(e.agent_name, e.outcome) for e in finished] == [("a", "aborted")]
+        await coord.close()
+
+
+async def test_case5_retire_against_an_agent_gone_for_good_dead_letters_the_group(
+    sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """The agent is stopped for good mid-try: the retire budget runs out, the try is declared lost
+    (`RunFailed` agent_lost) and the group dead-lettered, naming why; nothing retries for ever."""
+    agent = make_agent("a", delay_s=30.0)
+    policy = RetryPolicy(max_calls=4, deadline_s=2.0, base_s=0.05, cap_s=0.2)
+    async with GymClient(agent.url, "a", control_timeout_s=1.0) as client:
+        coord = coordinator(
+            sqlite_store, {"a": client}, max_tries=2, rollout_timeout_s=0.5, retire_policy=policy
+        )
+        await coord.start()
+        g = gid()
+        await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(agent.stop)
+        await coord.wait_idle(30)
+        group = coord.ledger.groups.get(g) or coord.ledger.archived[g]
+        assert group.status == "dead_lettered"
+        lost = [
+            e
+            for e in events_of(sqlite_store, f"group-{g}")
+            if isinstance(e, RunFailed) and e.kind == "agent_lost"
+        ]
+        assert lost and "declared lost" in lost[-1].reason
         await coord.close()
