@@ -180,10 +180,16 @@ class AckAccepted(Event):
     idempotent: bool
 
 
-class AckRejected(Event):
+class AckRejected(Event, version=2):
+    """Version 2 added `agent_generation`: the agent's execution generation when it refused.  An
+    `unknown_execution` drops the debt only if that generation is newer than the receipt's (the agent
+    restarted and lost the result); otherwise the debt stays owed.  Version 1 rows (no generation
+    checked) are upcast with None and keep their old meaning: dropped."""
+
     rollout_id: Identifier
     attempt_index: AttemptIndex
     error: Literal["receipt_mismatch", "unknown_execution"]
+    agent_generation: int | None = Field(default=None, ge=0)
 
 
 class AttemptRetired(Event):

@@ -53,3 +53,9 @@ def _run_failed_v1(data: dict[str, Any]) -> dict[str, Any]:
     reason = str(data.get("reason", "")).lower()
     kind = next((k for prefix, k in _KIND_BY_PREFIX if reason.startswith(prefix)), "unknown")
     return {**data, "kind": kind}
+
+
+@upcaster("AckRejected", 1)
+def _ack_rejected_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not record the agent's generation (its unknown_execution dropped the debt unchecked)."""
+    return {**data, "agent_generation": None}

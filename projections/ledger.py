@@ -7,8 +7,10 @@ Dataclasses rather than BaseModels because `apply` mutates them in place and
 a model's validated `__setattr__`/`__init__` cost more than the fold itself.
 
 Debts (events.md rule 3): `AckOwed` adds one, `AckAccepted` pays it, and an
-`AckRejected` of kind `unknown_execution` drops it (the agent restarted and
-lost the result, so there is nothing left to ACK).  An `AckRejected` of kind
+`AckRejected` of kind `unknown_execution` drops it only when the agent's
+generation it records is newer than the receipt's (the agent restarted and
+lost the result, so there is nothing left to ACK); from the agent's own
+generation it is recorded and the debt stays owed.  An `AckRejected` of kind
 `receipt_mismatch` leaves the debt in place on purpose: the agent still
 holds a result the trainer's receipt does not match, so it stays visible as
 unpaid (and blocks checkpoint-clean) until an operator looks at it.
@@ -526,8 +528,29 @@ def _ack_accepted(state: LedgerState, ev: RecordedEvent, e: AckAccepted) -> None
 
 
 def _ack_rejected(state: LedgerState, ev: RecordedEvent, e: AckRejected) -> None:
-    if e.error == "unknown_execution":
+    if e.error == "unknown_execution" and debt_dropped_by(
+        e, _owed_receipt(state, e.rollout_id, e.attempt_index)
+    ):
         _pay(state, e.rollout_id, e.attempt_index)
+
+
+def debt_dropped_by(e: AckRejected, owed: CompletionReceipt | None) -> bool:
+    """Whether an `unknown_execution` refusal drops the debt: only on evidence that the agent lost
+    the result, i.e. its generation is newer than the receipt's (None: a v1 row, dropped as then)."""
+    if e.error != "unknown_execution":
+        return False
+    if e.agent_generation is None or owed is None:
+        return True
+    return e.agent_generation > owed.execution_generation
+
+
+def _owed_receipt(state: LedgerState, rollout_id: str, attempt_index: int) -> CompletionReceipt | None:
+    key = debt_key(rollout_id, attempt_index)
+    for owed in state.debts.values():
+        found = owed.get(key)
+        if found is not None:
+            return found
+    return None
 
 
 def _retired(state: LedgerState, ev: RecordedEvent, e: AttemptRetired) -> None:

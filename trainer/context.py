@@ -78,6 +78,8 @@ class Context:
         self.checkpoint_idle.set()
         self.stopping = False
         self.ack_wakeup = asyncio.Event()
+        # Each agent's execution generation as last seen (at start, and when an ACK needed it).
+        self.generations: dict[str, int] = {}
 
     def live_attempt(self, rollout_id: str, attempt_index: int) -> LiveAttempt:
         key = (rollout_id, attempt_index)

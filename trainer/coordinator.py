@@ -42,10 +42,11 @@ from protocol.wire import AttemptRef
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts
 from trainer.checkpoint import Checkpointer, CheckpointOutcome
+from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.retry import RetryPolicy
-from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.errors import (
+    AgentMismatch,
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,
@@ -53,6 +54,7 @@ from trainer.errors import (
     UnknownGroup,
 )
 from trainer.gym import GymClient
+from trainer.gym.errors import GymError
 from trainer.journal import OUTAGE_BUDGET_S, Journal
 
 
@@ -119,9 +121,26 @@ class RolloutCoordinator:
                     trainer_id=self.settings.trainer_id, reason=self._epoch_reason, writer=self.journal.writer
                 ),
             )
+            await self._check_agents()
             self.relay.start()
             self._started = True
         return self
+
+    async def _check_agents(self) -> None:
+        """Each agent must be who the coordinator calls it; its generation is recorded for the log's
+        evidence.  An agent away now is checked when the relay first needs its generation."""
+        for name, client in sorted(self.ctx.agents.items()):
+            try:
+                health = await client.health()
+            except GymError as exc:
+                log.warning("agent %s not reachable at start (identity checked later): %s", name, exc)
+                continue
+            if health.agent_name != name:
+                raise AgentMismatch(
+                    f"the agent at {client.base_url} is {health.agent_name!r}, not {name!r}: fix the "
+                    "coordinator's agents mapping (its receipts would be owed to the wrong agent)"
+                )
+            self.ctx.generations[name] = health.execution_generation
 
     async def __aenter__(self) -> RolloutCoordinator:
         return await self.start()

@@ -23,7 +23,7 @@ from projections.base import decode
 from protocol.streams import checkpoint_stream
 from protocol.wire import PhaseResponse
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
-from trainer import FencedOff, RolloutCoordinator
+from trainer import AgentMismatch, FencedOff, RolloutCoordinator
 from trainer.core.retry import RetryPolicy
 from trainer.gym import GymClient
 from trainer.gym.errors import AgentServerError
@@ -163,4 +163,17 @@ async def test_case5_retire_against_an_agent_gone_for_good_dead_letters_the_grou
             if isinstance(e, RunFailed) and e.kind == "agent_lost"
         ]
         assert lost and "declared lost" in lost[-1].reason
+        await coord.close()
+
+
+async def test_case7_a_client_named_for_another_agent_is_refused_at_start(
+    sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """The agent is "a" but the coordinator calls it "b": refused at start with a clear error,
+    before any receipt could be owed to the wrong name (and every ACK answered unknown_execution)."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "b") as client:
+        coord = coordinator(sqlite_store, {"b": client})
+        with pytest.raises(AgentMismatch, match="is 'a', not 'b'"):
+            await coord.start()
         await coord.close()
