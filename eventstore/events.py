@@ -224,11 +224,15 @@ class CheckpointPrepareStarted(Event):
     trainer_id: Identifier | None = None
 
 
-class CheckpointCommitted(Event):
+class CheckpointCommitted(Event, version=2):
+    """Version 2 added `trainer_id`: a commit archives only its own trainer's groups (several
+    trainers share one log; another's cut says nothing of where this one may restore to)."""
+
     checkpoint_id: Identifier
     participants: list[Identifier]
     cut_position: int = Field(ge=0)
     prepare_wait_s: dict[str, float]
+    trainer_id: Identifier | None = None
 
 
 class CheckpointResumed(Event):

@@ -59,3 +59,9 @@ def _run_failed_v1(data: dict[str, Any]) -> dict[str, Any]:
 def _ack_rejected_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 did not record the agent's generation (its unknown_execution dropped the debt unchecked)."""
     return {**data, "agent_generation": None}
+
+
+@upcaster("CheckpointCommitted", 1)
+def _checkpoint_committed_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not name its trainer: read as the unnamed trainer's."""
+    return {**data, "trainer_id": None}

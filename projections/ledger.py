@@ -470,21 +470,23 @@ def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None
 
 
 def _committed(state: LedgerState, ev: RecordedEvent, e: CheckpointCommitted) -> None:
-    _archive(state, e.cut_position)
+    _archive(state, e.cut_position, e.trainer_id)
 
 
-def _archive(state: LedgerState, cut: int) -> None:
-    """Moves every group that no legal later event can change into `archived`.
+def _archive(state: LedgerState, cut: int, trainer_id: str | None) -> None:
+    """Moves every group of `trainer_id` that no legal later event can change into `archived`.
 
     Done for good = sealed and claimed (or dead-lettered), no debt left on any
     of its tries, and everything about it at or before a committed cut, so a
-    restore to that cut or a later one keeps it as it is.
+    restore to that cut or a later one keeps it as it is.  Only the committing
+    trainer's groups: another trainer restores to its own cuts.
     """
     indebted = {group_id_of(key.rpartition("/")[0]) for owed in state.debts.values() for key in owed}
     done = [
         g
         for g in state.groups.values()
-        if g.last_position <= cut
+        if g.trainer_id == trainer_id
+        and g.last_position <= cut
         and g.group_id not in indebted
         and (
             g.status == "dead_lettered"

@@ -179,6 +179,7 @@ class Checkpointer:
                             participants=names,
                             cut_position=cut,
                             prepare_wait_s=state.ready,
+                            trainer_id=ctx.settings.trainer_id,
                         )
                     ],
                 )

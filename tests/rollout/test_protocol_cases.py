@@ -177,3 +177,38 @@ async def test_case7_a_client_named_for_another_agent_is_refused_at_start(
         with pytest.raises(AgentMismatch, match="is 'a', not 'b'"):
             await coord.start()
         await coord.close()
+
+
+async def test_case6_another_trainers_cut_does_not_archive_this_trainers_rolled_back_work(
+    pg_url: str, make_agent: MakeAgent
+) -> None:
+    """T1 checkpoints, then claims a group; T2 commits a checkpoint; T1 restores to its own cut.
+    The claim rolls back and the group is offered and claimable again."""
+    upgrade_database(pg_url)
+    stores = [open_store(pg_url) for _ in range(3)]
+    a1, a2 = make_agent("a1"), make_agent("a2")
+    try:
+        async with GymClient(a1.url, "a1") as c1, GymClient(a2.url, "a2") as c2:
+            t1 = coordinator(stores[0], {"a1": c1}, trainer_id="T1")
+            t2 = coordinator(stores[1], {"a2": c2}, trainer_id="T2")
+            await t1.start()
+            await t2.start()
+            g = gid()
+            await t1.submit(g, PROMPT, "a1", 2, PAYLOAD)
+            await t1.wait_idle(30)
+            assert (await t1.checkpoint("t1-c1")).committed
+            await t1.claim_for_training(g, 0)
+            await t2.journal.catch_up()
+            assert (await t2.checkpoint("t2-c1")).committed
+            assert g in t2.ledger.groups, "T2's cut archived T1's group"
+            await t1.close()
+            await t2.close()
+            t1b = await RolloutCoordinator.recover(
+                stores[2], {"a1": c1}, trainer_id="T1", rollout_timeout_s=10
+            )
+            assert g in [s.group_id for s in t1b.sealed_unclaimed()]
+            await t1b.claim_for_training(g, 0)
+            await t1b.close()
+    finally:
+        for s in stores:
+            s.close()
