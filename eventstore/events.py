@@ -72,7 +72,10 @@ class RolloutReceipt(Payload):
 # --- groups and tries -------------------------------------------------------
 
 
-class GroupReserved(Event):
+class GroupReserved(Event, version=2):
+    """Version 2 added the two retry budgets (`max_infra_failures`, `max_data_failures`); version 1
+    rows are upcast with both equal to `max_tries`, which then binds first, as it did."""
+
     group_id: Identifier
     prompt_ref: PromptRef
     agent_name: Identifier
@@ -82,6 +85,10 @@ class GroupReserved(Event):
     target_step: int | None = None
     start_weight_version: int | None = None
     max_tries: int = Field(default=4, ge=1)
+    # Tries lost to the infrastructure (agent away, transport, deadline) before the group is
+    # dead-lettered, and tries failed by the data (environment failure, unverifiable, masked).
+    max_infra_failures: int = Field(default=4, ge=1)
+    max_data_failures: int = Field(default=4, ge=1)
     # Kept so that a recovered trainer can dispatch the group again.
     payload: dict[str, Any] = Field(default_factory=dict)
     # The trainer process that owns the group; several trainers share one log, each with its own groups.

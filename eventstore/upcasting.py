@@ -65,3 +65,10 @@ def _ack_rejected_v1(data: dict[str, Any]) -> dict[str, Any]:
 def _checkpoint_committed_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 did not name its trainer: read as the unnamed trainer's."""
     return {**data, "trainer_id": None}
+
+
+@upcaster("GroupReserved", 1)
+def _group_reserved_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 had one budget, `max_tries`: both failure budgets equal it (so it binds first, as before)."""
+    tries = data.get("max_tries", 4)
+    return {**data, "max_infra_failures": tries, "max_data_failures": tries}

@@ -122,6 +122,8 @@ class GroupState:
     mode: Mode
     expected_generations: int
     max_tries: int
+    max_infra_failures: int = 4
+    max_data_failures: int = 4
     payload: dict[str, Any] = field(default_factory=dict)
     prompt_ref: PromptRef
     target_level: TargetLevel = "sibling"
@@ -315,6 +317,8 @@ def _reserved(state: LedgerState, ev: RecordedEvent, e: GroupReserved) -> None:
         mode=e.mode,
         expected_generations=e.expected_generations,
         max_tries=e.max_tries,
+        max_infra_failures=e.max_infra_failures,
+        max_data_failures=e.max_data_failures,
         payload=dict(e.payload),
         prompt_ref=e.prompt_ref,
         target_level=e.target_level,

@@ -24,6 +24,8 @@ class Settings:
     rollout_timeout_s: float = 600.0
     prepare_timeout_s: float = 300.0
     max_tries: int = 4
+    max_infra_failures: int = 4
+    max_data_failures: int = 4
     # A try still RUNNING this long into a prepare is stuck inside a model call: it is retired.
     park_grace_s: float = 1.0
     # Server-side wait of one prepare call before it answers 409 and the coordinator acts on it.

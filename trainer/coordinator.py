@@ -35,6 +35,7 @@ from eventstore.events import (
     TargetLevel,
     TrainerEpochTaken,
 )
+from projections.group_core import dead_letter_reason, round_exhausted, sibling_exhausted
 from projections.ledger import GroupState, LedgerState
 from protocol.ids import rollout_id_of
 from protocol.streams import group_stream, trainer_stream
@@ -79,6 +80,8 @@ class RolloutCoordinator:
         rollout_timeout_s: float = 600.0,
         prepare_timeout_s: float = 300.0,
         max_tries: int = 4,
+        max_infra_failures: int | None = None,
+        max_data_failures: int | None = None,
         park_grace_s: float = 1.0,
         outage_budget_s: float = OUTAGE_BUDGET_S,
         trainer_id: str | None = None,
@@ -90,6 +93,8 @@ class RolloutCoordinator:
             rollout_timeout_s=rollout_timeout_s,
             prepare_timeout_s=prepare_timeout_s,
             max_tries=max_tries,
+            max_infra_failures=max_infra_failures or max_tries,
+            max_data_failures=max_data_failures or max_tries,
             park_grace_s=park_grace_s,
             trainer_id=trainer_id,
             retire_policy=retire_policy,
@@ -208,6 +213,8 @@ class RolloutCoordinator:
                 target_level=target_level,
                 target_step=target_step,
                 max_tries=self.settings.max_tries,
+                max_infra_failures=self.settings.max_infra_failures,
+                max_data_failures=self.settings.max_data_failures,
                 payload=payload or {},
                 trainer_id=self.settings.trainer_id,
             ),
@@ -255,29 +262,33 @@ class RolloutCoordinator:
         group = self.ledger.groups.get(group_id)  # type: ignore[assignment]
         if group is None or group.status != "open":
             return
-        if any(exhausted):
-            await self._dead_letter(group, [], "a sibling used up its retry budget")
+        reasons = [r for r in exhausted if r is not None]
+        if reasons:
+            await self._dead_letter(group, [], reasons[0])
 
-    async def _drive_sibling(self, group_id: str, gi: int) -> bool:
-        """Attempts one sibling until it is sealed (False) or out of tries (True)."""
+    async def _drive_sibling(self, group_id: str, gi: int) -> str | None:
+        """Attempts one sibling until it is sealed (None) or a budget is spent (why)."""
         while True:
             self._check_alive()
             group = self.ledger.groups.get(group_id)
             if group is None or group.status != "open":
-                return False
+                return None
             sibling = group.siblings[gi]
             if sibling.status == "sealed":
-                return False
+                return None
             n = sibling.current_attempt
             outcome = await self.tries.settle(group_id, gi, n)
             if outcome.kind == "finished":
                 continue
             retired = _retired_event(sibling.rollout_id, n, outcome)
+            group = self.ledger.groups[group_id]
+            # The same rule as the recovery plan's (projections.group_core).
+            budget = sibling_exhausted(group, group.siblings[gi])
             # A stranded try may still be finished at the agent: never replaced (retire-before-replace).
-            if n + 1 >= group.max_tries or outcome.kind == "stranded":
+            if budget is not None or outcome.kind == "stranded":
                 if retired:
                     await self.journal.append(group_stream(group_id), retired)
-                return True
+                return outcome.reason if budget is None else dead_letter_reason(budget, group)
             replacement = ReplacementMinted(
                 rollout_id=sibling.rollout_id,
                 generation_index=gi,
@@ -326,9 +337,10 @@ class RolloutCoordinator:
                 AttemptRef(rollout_id=group.siblings[gi].rollout_id, attempt_index=n)
                 for gi, n in sorted(current.items())
             ]
-            round_index = max(current.values())
-            if round_index + 1 >= group.max_tries or any(o.kind == "stranded" for o in failed.values()):
-                await self._dead_letter(group, retired, reason)
+            budget = round_exhausted(group)
+            if budget is not None or any(o.kind == "stranded" for o in failed.values()):
+                why = reason if budget is None else f"{dead_letter_reason(budget, group)}; {reason}"
+                await self._dead_letter(group, retired, why[:500])
                 return
             replacements = [
                 ReplacementMinted(
@@ -381,12 +393,16 @@ class RolloutCoordinator:
             for s in sorted(group.siblings.values(), key=lambda s: s.generation_index)
             for a in sorted(s.attempts)
         ]
+        # Why first (the budget spent, or the stranded try), then every try's recorded failures.
         reasons = [
-            f"{s.rollout_id}#{a.attempt_index}: {f}"
-            for s in group.siblings.values()
-            for a in s.attempts.values()
-            for f in a.failures
-        ] or [reason]
+            reason,
+            *(
+                f"{s.rollout_id}#{a.attempt_index}: {f}"
+                for s in group.siblings.values()
+                for a in s.attempts.values()
+                for f in a.failures
+            ),
+        ]
         await self.journal.append(
             group_stream(group.group_id),
             [
