@@ -520,6 +520,11 @@ def _provisional(stream: str, version: int, position: int, event: Event) -> Reco
     )
 
 
+_WRITER_ATTESTED = frozenset(
+    {"GroupClaimedForTraining", "CheckpointPrepareStarted", "CheckpointCommitted", "CheckpointResumed"}
+)
+
+
 def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent:
     """The event as stored, with an id derived from who writes it, where it goes and what it says.
 
@@ -530,6 +535,8 @@ def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent
     """
     text = event.model_dump_json()
     type_ = event.event_type()
+    # Claims and checkpoint events name their writer, so the auditor can tell a fenced owner's.
+    metadata = {"writer": writer} if type_ in _WRITER_ATTESTED else {}
     digest = hashlib.sha256(f"{writer}\x1f{stream}\x1f{version}\x1f{type_}\x1f{text}".encode()).hexdigest()
     return NewEvent(
         type=type_,
@@ -537,6 +544,7 @@ def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent
         event_id=str(uuid.uuid5(_EVENT_NS, digest)),
         schema_version=event.schema_version,
         validated_json=text,
+        metadata=metadata,
     )
 
 
