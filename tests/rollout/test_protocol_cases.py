@@ -212,3 +212,36 @@ async def test_case6_another_trainers_cut_does_not_archive_this_trainers_rolled_
     finally:
         for s in stores:
             s.close()
+
+
+async def test_case2_a_recovery_during_a_live_prepare_aborts_in_the_log_first_and_the_live_one_cannot_commit(
+    pg_url: str, make_agent: MakeAgent
+) -> None:
+    """A prepares (its try is still running, so prepare waits); B recovers the same trainer and
+    presumes A's checkpoint aborted: written to the log, then at the agent.  A's decision append is
+    refused (fenced), so the log never says committed or resumed for what the agent aborted."""
+    upgrade_database(pg_url)
+    store_a, store_b = open_store(pg_url), open_store(pg_url)
+    agent = make_agent("a", delay_s=1.0)
+    try:
+        async with GymClient(agent.url, "a") as ca, GymClient(agent.url, "a") as cb:
+            a = coordinator(store_a, {"a": ca}, park_grace_s=60.0, prepare_timeout_s=60.0)
+            await a.start()
+            await a.submit(gid(), PROMPT, "a", 1, PAYLOAD)
+            await asyncio.sleep(0.2)
+            live = asyncio.create_task(a.checkpoint("c2"))
+            while not list(store_b.read_stream(checkpoint_stream("c2"))):
+                await asyncio.sleep(0.05)
+            b = await RolloutCoordinator.recover(store_b, {"a": cb}, rollout_timeout_s=10)
+            with pytest.raises(FencedOff):
+                await asyncio.wait_for(live, 60)
+            types = [type(e).__name__ for e in events_of(store_b, checkpoint_stream("c2"))]
+            assert "CheckpointAborted" in types
+            assert "CheckpointCommitted" not in types and "CheckpointResumed" not in types
+            assert (await cb.status()).phase == "idle"
+            await b.wait_idle(30)
+            await a.close()
+            await b.close()
+    finally:
+        store_a.close()
+        store_b.close()
