@@ -33,6 +33,8 @@ class Settings:
     adopt_timeout_s: float = 60.0
     # Several trainers may share one log; each owns the groups and checkpoints it started.
     trainer_id: str | None = None
+    # How often each agent's checkpoint phase is compared with the log (0: only at recovery).
+    reconcile_every_s: float = 5.0
     # Transport failures of one try's retire/adopt calls before the try is declared lost.
     retire_policy: RetryPolicy = RETIRE_POLICY
 

@@ -86,6 +86,7 @@ class RolloutCoordinator:
         outage_budget_s: float = OUTAGE_BUDGET_S,
         trainer_id: str | None = None,
         retire_policy: RetryPolicy = RETIRE_POLICY,
+        reconcile_every_s: float = 5.0,
     ) -> None:
         self.store = store
         self.mode: Mode = mode
@@ -98,6 +99,7 @@ class RolloutCoordinator:
             park_grace_s=park_grace_s,
             trainer_id=trainer_id,
             retire_policy=retire_policy,
+            reconcile_every_s=reconcile_every_s,
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)
         self.ctx = Context(self.journal, dict(agents), self.settings)
@@ -107,6 +109,7 @@ class RolloutCoordinator:
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._epoch_reason: Literal["start", "recovery"] = "start"
+        self._reconciler: asyncio.Task[None] | None = None
         self.errors: list[BaseException] = []
         self.stats: dict[str, int] = {"replacements": 0, "abandoned": 0, "dead_lettered": 0}
 
@@ -128,8 +131,29 @@ class RolloutCoordinator:
             )
             await self._check_agents()
             self.relay.start()
+            if self.settings.reconcile_every_s > 0:
+                self._reconciler = asyncio.create_task(self._reconcile_loop(), name="reconcile")
             self._started = True
         return self
+
+    async def _reconcile_loop(self) -> None:
+        """An agent's checkpoint phase is compared with the log continuously, not only at recovery:
+        an agent left preparing or paused by a checkpoint nobody drives any more (its coordinator
+        died, an abort never reached it) is brought to the log's decision."""
+        while not self.ctx.stopping:
+            await asyncio.sleep(self.settings.reconcile_every_s)
+            for name, client in sorted(self.ctx.agents.items()):
+                if self.ctx.checkpoint_in_flight or self.ctx.stopping:
+                    break
+                try:
+                    await self.checkpointer.reconcile(name, client)
+                except (FencedOff, CoordinatorStopped) as exc:
+                    log.error("reconciliation stops: %s", exc)
+                    return
+                except Exception:
+                    log.exception(
+                        "reconciling %s failed; tried again in %.1f s", name, self.settings.reconcile_every_s
+                    )
 
     async def _check_agents(self) -> None:
         """Each agent must be who the coordinator calls it; its generation is recorded for the log's
@@ -163,6 +187,10 @@ class RolloutCoordinator:
             with contextlib.suppress(BaseException):
                 await task
         await self.relay.stop()
+        if self._reconciler is not None:
+            self._reconciler.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reconciler
         await self.checkpointer.stop()
 
     @classmethod

@@ -13,8 +13,10 @@ import pytest
 
 from eventstore import EventStore, open_store, upgrade_database
 from eventstore.events import (
+    CheckpointAborted,
     CheckpointParticipantFinished,
     CheckpointParticipantStuck,
+    CheckpointPrepareStarted,
     CheckpointResumed,
     GroupClaimedForTraining,
     RunFailed,
@@ -245,3 +247,29 @@ async def test_case2_a_recovery_during_a_live_prepare_aborts_in_the_log_first_an
     finally:
         store_a.close()
         store_b.close()
+
+
+async def test_an_agent_left_prepared_by_an_aborted_checkpoint_is_reconciled_while_running(
+    sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """The log says aborted but the abort never reached the agent (it stayed prepared, admission
+    closed): the running coordinator notices within its reconcile interval and aborts it there."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(sqlite_store, {"a": client}, reconcile_every_s=0.2)
+        await coord.start()
+        stream = checkpoint_stream("cx")
+        await coord.journal.append(stream, [CheckpointPrepareStarted(checkpoint_id="cx", participants=["a"])])
+        await client.prepare("cx", timeout_s=1.0)
+        await coord.journal.append(
+            stream, [CheckpointAborted(checkpoint_id="cx", participants=["a"], reason="test: abort lost")]
+        )
+        assert (await client.status()).phase == "prepared"
+        async with asyncio.timeout(20):
+            while (await client.status()).phase != "idle":
+                await asyncio.sleep(0.1)
+        finished = [
+            e for e in events_of(sqlite_store, stream) if isinstance(e, CheckpointParticipantFinished)
+        ]
+        assert [(e.agent_name, e.outcome) for e in finished] == [("a", "aborted")]
+        await coord.close()
