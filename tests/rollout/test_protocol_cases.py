@@ -266,8 +266,9 @@ async def test_an_agent_left_prepared_by_an_aborted_checkpoint_is_reconciled_whi
         )
         assert (await client.status()).phase == "prepared"
         async with asyncio.timeout(20):
-            while (await client.status()).phase != "idle":
+            while "a" not in coord.journal.checkpoints.checkpoints["cx"].finished:
                 await asyncio.sleep(0.1)
+        assert (await client.status()).phase == "idle"
         finished = [
             e for e in events_of(sqlite_store, stream) if isinstance(e, CheckpointParticipantFinished)
         ]
