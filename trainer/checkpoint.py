@@ -104,6 +104,8 @@ class Checkpointer:
         # Participants still being driven to a decided outcome, and the CheckpointResumed appenders.
         self._finishers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
+        # Set whenever a participant's step wrote to the log (a finish, a stuck).
+        self._changed = asyncio.Event()
 
     async def checkpoint(
         self, checkpoint_id: str, participants: list[str] | None = None
@@ -314,23 +316,17 @@ class Checkpointer:
 
     async def finish(self, checkpoint_id: str, names: list[str], target: Target) -> dict[str, str]:
         """Drives each participant's steps (trainer.core.checkpoint) towards the log's decision.
-        Returns each agent's state: its outcome, or "stuck"."""
-        known = self.ctx.journal.checkpoints.checkpoints.get(checkpoint_id)
-        done_before = dict(known.finished) if known is not None else {}
-        progress: dict[str, str] = {}
-        changed = asyncio.Event()
+        Returns when each has finished or is recorded stuck (the log says which), with each agent's
+        outcome or "stuck"; a stuck one goes on being driven in the background."""
         drivers: list[asyncio.Task[None]] = []
         for name in names:
-            if name in done_before:
-                progress[name] = done_before[name]
+            if name in self._logged(checkpoint_id)[0]:
                 continue
             key = (checkpoint_id, name)
             task = self._finishers.get(key)
             if task is None or task.done():
                 task = asyncio.create_task(
-                    self._drive_participant(
-                        Participant.finishing(checkpoint_id, name, target), progress, changed
-                    ),
+                    self._drive_participant(Participant.finishing(checkpoint_id, name, target)),
                     name=f"checkpoint:{checkpoint_id}:{name}",
                 )
                 self._finishers[key] = task
@@ -343,10 +339,11 @@ class Checkpointer:
                 self._completions[checkpoint_id] = completion
                 completion.add_done_callback(functools.partial(_forget, self._completions, checkpoint_id))
         while True:
-            if all(d.done() for d in drivers) or all(progress.get(n) is not None for n in names):
+            finished, stuck = self._logged(checkpoint_id)
+            if all(d.done() for d in drivers) or all(n in finished or n in stuck for n in names):
                 break
-            changed.clear()
-            waiter = asyncio.create_task(changed.wait())
+            self._changed.clear()
+            waiter = asyncio.create_task(self._changed.wait())
             await asyncio.wait(
                 [waiter, *[d for d in drivers if not d.done()]], return_when=asyncio.FIRST_COMPLETED
             )
@@ -359,9 +356,13 @@ class Checkpointer:
         completion = self._completions.get(checkpoint_id)
         if target == "resumed" and completion is not None and all(d.done() for d in drivers):
             await completion
+        finished, _ = self._logged(checkpoint_id)
+        return {n: finished.get(n, "stuck") for n in names}
+
+    def _logged(self, checkpoint_id: str) -> tuple[dict[str, str], dict[str, str]]:
+        """The participants' outcomes and the stuck ones, as the log says."""
         known = self.ctx.journal.checkpoints.checkpoints.get(checkpoint_id)
-        logged = known.finished if known is not None else {}
-        return {n: progress.get(n) or logged.get(n) or "stuck" for n in names}
+        return (known.finished, known.stuck) if known is not None else ({}, {})
 
     async def _complete(
         self, checkpoint_id: str, names: list[str], drivers: list[asyncio.Task[None]]
@@ -379,9 +380,7 @@ class Checkpointer:
                 "checkpoint %s committed but not every participant resumed: %s", checkpoint_id, finished
             )
 
-    async def _drive_participant(
-        self, p: Participant, progress: dict[str, str], changed: asyncio.Event
-    ) -> None:
+    async def _drive_participant(self, p: Participant) -> None:
         """Performs the calls `p`'s steps name and appends their events (the shell of the core)."""
         client = self.ctx.client(p.agent_name)
         call = first_call(p)
@@ -393,12 +392,8 @@ class Checkpointer:
             p = result.participant
             if result.events:
                 await self.ctx.journal.append(checkpoint_stream(p.checkpoint_id), list(result.events))
-            if p.stuck_reported and p.agent_name not in progress:
-                progress[p.agent_name] = "stuck"
-                changed.set()
+                self._changed.set()
             if isinstance(result.action, Done):
-                progress[p.agent_name] = result.action.outcome
-                changed.set()
                 if result.action.outcome == "lost":
                     log.error(
                         "checkpoint %s: agent %s lost it: %s",
