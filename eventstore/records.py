@@ -30,7 +30,7 @@ class ExpectedVersion(IntEnum):
     NO_STREAM = -1
 
 
-# The one canonical JSON of protocol.md §2, defined beside the wire models that hash with it.
+# The one canonical JSON (docs/protocol.md, Canonical JSON and digests), defined beside the wire models that hash with it.
 canonical = canonical_json
 
 

@@ -1,4 +1,4 @@
-"""The auditor: every invariant of events.md as a named rule, checked in one pass over the log.
+"""The auditor: every invariant of docs/events.md as a named rule, checked in one pass over the log.
 
 Each violation names its rule, the positions of the events involved and a
 sentence.  A row the reader cannot use (unknown type or schema version, a
@@ -77,7 +77,7 @@ OWNER_EPOCH: Final = "owner-epoch"
 RESUMED_BY_EVERY_PARTICIPANT: Final = "resumed-by-every-participant"
 # An unknown_execution drops a debt only with the agent's newer generation as evidence.
 DEBT_DROPPED_ON_EVIDENCE: Final = "debt-dropped-on-evidence"
-# Not an invariant of events.md: a row the reader cannot decode, reported rather than skipped silently.
+# Not an invariant of docs/events.md: a row the reader cannot decode, reported rather than skipped silently.
 EVENT_READABLE: Final = "event-readable"
 
 RULES: Final = (
@@ -202,7 +202,7 @@ def _group_id(event: RecordedEvent, rollout_id: str) -> str:
 
 
 class AuditProjection(TypedProjection[AuditState]):
-    """The rules of events.md over decoded events (the row checks live in `RowChecker`)."""
+    """The rules of docs/events.md over decoded events (the row checks live in `RowChecker`)."""
 
     name: ClassVar[str] = "audit"
     version: ClassVar[int] = 1
@@ -864,7 +864,7 @@ def audit_events(
 
 
 def audit_log(store: EventStore, progress: Callable[[int], None] | None = None) -> AuditReport:
-    """Replays the whole log through every rule (events.md, "Invariants an auditor checks")."""
+    """Replays the whole log through every rule (docs/events.md, Invariants)."""
     return audit_events(store.read_all(), list_checkpoints(store), subscriber_positions(store), progress)
 
 

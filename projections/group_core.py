@@ -7,8 +7,10 @@ and the group drivers, so what recovery plans and what a driver does cannot disa
                      group when a budget is spent
     a round          (prompt_group) every sibling of the round held -> seal; one settled without a
                      result -> abandon the round and rerun it whole, or dead-letter when a budget is
-                     spent; otherwise settle its tries (a round a crash interrupted is continued, not
-                     rerun: its held results are valid, and its tries in flight are adopted or retired)
+                     spent; otherwise settle its tries.  A round a crash interrupted after every
+                     try left the trainer is continued (its held results are valid, its tries in
+                     flight adopted or retired: all from one policy version); one interrupted
+                     between its dispatches is rerun whole (sending the rest now would mix versions)
 
 Two retry budgets, each with its own dead-letter reason: infrastructure failures (the agent away, a
 transport error, a deadline: another try may well succeed) and data failures (the environment failed,
@@ -89,6 +91,8 @@ class RoundStep:
     verdict: Literal["settle", "seal", "rerun", "dead_letter"]
     settle: tuple[tuple[int, AttemptState, AttemptAction], ...] = ()
     reason: str = ""
+    # Some of the round's tries left the trainer and some never did (a crash between dispatches).
+    interrupted: bool = False
 
 
 def round_step(group: GroupState) -> RoundStep:
@@ -98,6 +102,19 @@ def round_step(group: GroupState) -> RoundStep:
         (gi, a, action) for gi, a in currents if a is not None and (action := attempt_action(a)) is not None
     )
     failed = [a for _, a in currents if a is not None and a.status in ("retired", "discarded")]
+    unsent = [a for _, a in currents if a is not None and a.status == "minted"]
+    if unsent and len(unsent) < len(currents):
+        # Sending the rest now would mix policy versions within the group: rerun it whole, after
+        # settling (adopting or retiring) what already left, so nothing strands.
+        budget = round_exhausted(group)
+        verdict: Literal["rerun", "dead_letter"] = "dead_letter" if budget is not None else "rerun"
+        sent = tuple(item for item in settle if item[2] != "dispatch")
+        reason = (
+            dead_letter_reason(budget, group)
+            if budget is not None
+            else "round interrupted between its dispatches"
+        )
+        return RoundStep(verdict, sent, reason, interrupted=True)
     if failed:
         budget = round_exhausted(group)
         if budget is not None:

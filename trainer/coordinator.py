@@ -35,7 +35,7 @@ from eventstore.events import (
     TargetLevel,
     TrainerEpochTaken,
 )
-from projections.group_core import dead_letter_reason, round_exhausted, sibling_exhausted
+from projections.group_core import dead_letter_reason, round_exhausted, round_step, sibling_exhausted
 from projections.ledger import GroupState, LedgerState
 from protocol.ids import rollout_id_of
 from protocol.streams import group_stream, trainer_stream
@@ -343,9 +343,15 @@ class RolloutCoordinator:
                 if seals:
                     await self.journal.append(group_stream(group_id), seals)
                     continue
+            # The plan's rule (projections.group_core.round_step): a round a crash interrupted between
+            # its dispatches is not completed with tries sent now (its siblings would come from
+            # different policy versions): its unsent tries count as retired and the round is rerun.
+            interrupted = round_step(group).interrupted
             tasks = {
                 s.generation_index: asyncio.create_task(
-                    self.tries.settle(group_id, s.generation_index, s.current_attempt)
+                    _never_sent()
+                    if interrupted and s.current is not None and s.current.status == "minted"
+                    else self.tries.settle(group_id, s.generation_index, s.current_attempt)
                 )
                 for s in siblings
             }
@@ -522,6 +528,10 @@ class RolloutCoordinator:
                 for agent in owed:
                     await self.relay.flush(agent, 5.0)
                 await asyncio.sleep(0.05)
+
+
+async def _never_sent() -> AttemptOutcome:
+    return AttemptOutcome("retired", "never sent: its round was interrupted between its dispatches")
 
 
 def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome) -> list[Event]:

@@ -99,3 +99,20 @@ def test_a_round_seals_when_every_sibling_is_held_and_dead_letters_when_spent() 
     g = group("prompt_group", {0: [attempt(0, 0, "held")], 1: [attempt(1, 0, "retired", "env: bad")]}, data=1)
     step = round_step(g)
     assert step.verdict == "dead_letter" and "data budget" in step.reason
+
+
+def test_a_round_interrupted_between_its_dispatches_is_rerun_not_completed() -> None:
+    """Sending the unsent try now would mix policy versions within the group."""
+    g = group(
+        "prompt_group",
+        {0: [attempt(0, 0, "held")], 1: [attempt(1, 0, "dispatched")], 2: [attempt(2, 0, "minted")]},
+    )
+    step = round_step(g)
+    assert step.verdict == "rerun" and step.interrupted
+    assert [(gi, action) for gi, _, action in step.settle] == [(1, "retire_or_adopt")]
+    fresh = group("prompt_group", {gi: [attempt(gi, 0, "minted")] for gi in range(3)})
+    assert round_step(fresh).verdict == "settle" and not round_step(fresh).interrupted
+    spent = group(
+        "prompt_group", {0: [attempt(0, 0, "dispatched")], 1: [attempt(1, 0, "minted")]}, max_tries=1
+    )
+    assert round_step(spent).verdict == "dead_letter"

@@ -146,16 +146,11 @@ def test_recovery_state_and_plan(store: EventStore, log: LogBuilder) -> None:
     plan = plan_recovery(ledger, checkpoints)
     assert [r.rollout_id for r in plan.debts_to_flush["agent-a"]] == ["s_g3"]
     actions = {(t.rollout_id, t.action) for t in plan.attempts_to_settle}
-    # The interrupted prompt-group round is continued, as its driver does: its try in flight is
-    # settled and its never-sent try dispatched; nothing is rerun until a sibling fails.
-    assert actions == {
-        ("s_g0", "retire_or_adopt"),
-        ("s_g1", "adopt"),
-        ("pg_g0", "retire_or_adopt"),
-        ("pg_g1", "dispatch"),
-    }
+    # The prompt-group round was interrupted between its dispatches: what left is settled, the
+    # unsent try is not sent, and the round is rerun whole (as its driver does).
+    assert actions == {("s_g0", "retire_or_adopt"), ("s_g1", "adopt"), ("pg_g0", "retire_or_adopt")}
     assert [(s.rollout_id, s.next_attempt) for s in plan.siblings_to_replace] == [("s_g2", 1)]
-    assert plan.groups_to_rerun == []
+    assert plan.groups_to_rerun == ["pg"]
     assert plan.checkpoints_to_abort == ["c2"] and plan.checkpoints_to_resume == []
     assert plan.cut_position == cut and plan.checkpoint_id == "c1"
     assert [c.group_id for c in plan.claims_to_roll_back] == ["late"]
