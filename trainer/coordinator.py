@@ -146,6 +146,8 @@ class RolloutCoordinator:
                 if self.ctx.checkpoint_in_flight or self.ctx.stopping:
                     break
                 try:
+                    if not await self._check_identity(name, client):
+                        continue
                     await self.checkpointer.reconcile(name, client)
                 except (FencedOff, CoordinatorStopped) as exc:
                     log.error("reconciliation stops: %s", exc)
@@ -154,6 +156,29 @@ class RolloutCoordinator:
                     log.exception(
                         "reconciling %s failed; tried again in %.1f s", name, self.settings.reconcile_every_s
                     )
+
+    async def _check_identity(self, name: str, client: GymClient) -> bool:
+        """The agent behind `client` is still `name` (a reconnect may reach another process); a new
+        generation (it restarted) is recorded.  False when it cannot be driven now."""
+        try:
+            health = await client.health()
+        except GymError as exc:
+            log.info("agent %s unreachable: %s", name, exc)
+            return False
+        if health.agent_name != name:
+            error = AgentMismatch(
+                f"the agent at {client.base_url} is now {health.agent_name!r}, not {name!r}: not driven "
+                "until it is (its receipts would be owed to the wrong agent)"
+            )
+            log.error("%s", error)
+            if not any(isinstance(e, AgentMismatch) and str(e) == str(error) for e in self.errors):
+                self.errors.append(error)
+            return False
+        known = self.ctx.generations.get(name)
+        if known is not None and health.execution_generation != known:
+            log.warning("agent %s restarted: generation %d -> %d", name, known, health.execution_generation)
+        self.ctx.generations[name] = health.execution_generation
+        return True
 
     async def _check_agents(self) -> None:
         """Each agent must be who the coordinator calls it; its generation is recorded for the log's

@@ -274,3 +274,24 @@ async def test_an_agent_left_prepared_by_an_aborted_checkpoint_is_reconciled_whi
         ]
         assert [(e.agent_name, e.outcome) for e in finished] == [("a", "aborted")]
         await coord.close()
+
+
+async def test_another_agent_behind_the_same_address_after_a_reconnect_is_not_driven(
+    sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """Agent "a" goes away and agent "z" comes up on its port: the coordinator's periodic check sees
+    the other name, records an `AgentMismatch` the operator gets from `wait_idle`, and stops driving
+    it (no reconcile, so nothing of a's checkpoint is done at z)."""
+    first = make_agent("a")
+    port = first.port
+    async with GymClient(first.url, "a") as client:
+        coord = coordinator(sqlite_store, {"a": client}, reconcile_every_s=0.1)
+        await coord.start()
+        await asyncio.to_thread(first.stop)
+        make_agent("z", port=port)
+        async with asyncio.timeout(20):
+            while not any(isinstance(e, AgentMismatch) for e in coord.errors):
+                await asyncio.sleep(0.05)
+        with pytest.raises(AgentMismatch, match="now 'z', not 'a'"):
+            await coord.wait_idle(5)
+        await coord.close()
