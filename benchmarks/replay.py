@@ -50,6 +50,7 @@ from eventstore.events import (
     AttemptMinted,
     AttemptRetired,
     CheckpointCommitted,
+    CheckpointParticipantFinished,
     CheckpointPrepareStarted,
     CheckpointResumed,
     Event,
@@ -340,6 +341,12 @@ def generate(store: EventStore, events: int) -> None:
                                     participants=participants,
                                     cut_position=head,
                                     prepare_wait_s=dict.fromkeys(participants, 0.02),
+                                ),
+                                *(
+                                    CheckpointParticipantFinished(
+                                        checkpoint_id=cid, agent_name=p, outcome="resumed"
+                                    )
+                                    for p in participants
                                 ),
                                 CheckpointResumed(checkpoint_id=cid, participants=participants),
                             ],

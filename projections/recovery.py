@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from projections.base import canonical, sha256_text
 from projections.checkpoints import CheckpointsState, CheckpointState
+from projections.group_core import AttemptAction, attempt_action, round_step, sibling_exhausted
 from projections.ledger import ArchivedGroup, AttemptState, GroupState, LedgerState
 from protocol.ids import rollout_id_of
 from protocol.wire import AcknowledgeItem, CompletionReceipt
@@ -64,8 +65,6 @@ class RolloutRecoveryState(_Model):
 
 
 # --- the restore plan ----------------------------------------------------------------
-
-AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
 
 
 class AttemptToSettle(_Model):
@@ -130,18 +129,8 @@ class RecoveryPlan(_Model):
         }
 
 
-# A try in these states may be running at the agent, or finished there without the trainer knowing.
-_IN_FLIGHT: frozenset[str] = frozenset({"dispatched", "failed"})
-
-
 def _settle_action(attempt: AttemptState) -> AttemptAction | None:
-    if attempt.status == "minted":
-        return "dispatch"
-    if attempt.status == "replied" or attempt.retire_outcome == "completed_unacknowledged":
-        return "adopt"
-    if attempt.status in _IN_FLIGHT:
-        return "retire_or_adopt"
-    return None  # held/sealed (owned), retired/discarded (settled)
+    return attempt_action(attempt)
 
 
 def plan_recovery(
@@ -234,7 +223,7 @@ def _plan_sibling_group(
         if action is not None:
             settle.append(_attempt_to_settle(group, index, attempt, action))
         elif attempt.status in ("retired", "discarded"):
-            if attempt.attempt_index + 1 >= group.max_tries:
+            if sibling_exhausted(group, sibling) is not None:
                 exhausted = True
             else:
                 replace.append(
@@ -253,16 +242,13 @@ def _plan_sibling_group(
 def _plan_prompt_group(
     group: GroupState, settle: list[AttemptToSettle], rerun: list[str], dead: list[str]
 ) -> None:
-    # A partly finished group is never reused (docs/protocol.md, Prompt groups): settle what the agent may hold, then rerun whole.
-    for index in sorted(group.siblings):
-        attempt = group.siblings[index].current
-        if attempt is None:
-            continue
-        action = _settle_action(attempt)
-        # A try that never left the trainer is not sent: the round it belongs to is thrown away whole.
-        if action is not None and action != "dispatch":
-            settle.append(_attempt_to_settle(group, index, attempt, action))
-    if group.attempts_used >= group.max_tries:
+    # The driver's own rule (projections.group_core.round_step): a round a crash interrupted is
+    # continued (its tries settled, adopted when finished); it is rerun whole only once one of its
+    # siblings settled without a result, or dead-lettered when a budget is spent.
+    step = round_step(group)
+    for index, attempt, action in step.settle:
+        settle.append(_attempt_to_settle(group, index, attempt, action))
+    if step.verdict == "dead_letter":
         dead.append(group.group_id)
-    else:
+    elif step.verdict == "rerun":
         rerun.append(group.group_id)

@@ -27,6 +27,7 @@ from protocol.digests import reply_digest
 from protocol.errors import CHECKPOINT_CONFLICT, GONE, INVALID_PHASE, NOT_READY, STALE_CHECKPOINT
 from protocol.ids import capture_key
 from protocol.wire import (
+    ADOPT_ONLY_HEADER,
     AcknowledgeItem,
     AcknowledgeRequest,
     AcknowledgeResponse,
@@ -81,6 +82,9 @@ _FENCE_ERRORS: dict[str, type[GymError]] = {
     INVALID_PHASE: InvalidPhaseError,
     STALE_CHECKPOINT: StaleCheckpointError,
 }
+
+
+_ADOPT_ONLY = ((ADOPT_ONLY_HEADER.encode(), b"1"),)
 
 
 @functools.cache
@@ -177,11 +181,12 @@ class GymClient:
         *,
         body: BaseModel | None = None,
         timeout_s: float | None = None,
+        extra_headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> Any:
         """One call; returns the decoded JSON of a 200, raises a typed error otherwise."""
         what = f"{method} {self.base_url}{path}"
         content = b"" if body is None else json.dumps(body.model_dump(mode="json", by_alias=True)).encode()
-        headers = [*self._headers, (b"Content-Length", str(len(content)).encode())]
+        headers = [*self._headers, *extra_headers, (b"Content-Length", str(len(content)).encode())]
         if body is not None:
             headers.append((b"Content-Type", b"application/json"))
         if timeout_s is not None:
@@ -246,9 +251,19 @@ class GymClient:
 
     # -- the run pool ----------------------------------------------------------------------------------
 
-    async def run(self, request: RunRequest, *, timeout_s: float | None = None) -> RunReply:
-        """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it."""
-        payload = await self._send(self._run, "POST", "/run", body=request, timeout_s=timeout_s)
+    async def run(
+        self, request: RunRequest, *, timeout_s: float | None = None, adopt_only: bool = False
+    ) -> RunReply:
+        """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it.
+        `adopt_only`: replay a stored result or answer 404, never start the try (an adoption)."""
+        payload = await self._send(
+            self._run,
+            "POST",
+            "/run",
+            body=request,
+            timeout_s=timeout_s,
+            extra_headers=_ADOPT_ONLY if adopt_only else (),
+        )
         reply = self._parse(RunReply, payload, "/run")
         if (reply.rollout_id, reply.attempt_index) != (request.rollout_id, request.attempt_index):
             raise BadResponseError(
