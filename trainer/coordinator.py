@@ -5,6 +5,7 @@
     await coord.submit("p7", PromptRef(sample_id="s7", task_name="math"), "math-agent", 4, payload)
     async for group in coord.sealed_groups(): await coord.claim_for_training(group.group_id, step)
     outcome = await coord.checkpoint("ckpt-1")
+    logger.log(await coord.metrics(), step)                       # a flat dict[str, float]
     coord = await RolloutCoordinator.recover(store, agents)   # after a crash
 
 Every decision is an event appended with the stream version this process last saw; everything the
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from eventstore import EventStore
@@ -34,6 +37,7 @@ from eventstore.events import (
     ReplacementMinted,
     TargetLevel,
 )
+from projections.figures import LogFigures
 from projections.ledger import GroupState, LedgerState
 from protocol.ids import rollout_id_of
 from protocol.streams import group_stream
@@ -46,6 +50,8 @@ from trainer.errors import (
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,
+    GroupConflict,
+    LogprobsMismatch,
     NotSealed,
     UnknownGroup,
 )
@@ -55,13 +61,20 @@ from trainer.journal import OUTAGE_BUDGET_S, Journal
 
 @dataclass(frozen=True)
 class SealedGroup:
-    """What training consumes: the group and, per sibling, the sealed try and its reward."""
+    """What training consumes: the group and, per sibling, the sealed try, its reward and its reply.
+
+    `replies` are the agents' `/run` replies (`response`, `reward`, the task fields) read back from the
+    log's blob table under `reply_digests`; `sealed_groups` fills them in, `sealed_unclaimed` does not
+    (it does no I/O).  A try sealed before replies were kept has None there.
+    """
 
     group_id: str
     agent_name: str
     attempts: list[AttemptRef]
     rewards: list[float]
     tokens_digests: list[str]
+    reply_digests: list[str] = field(default_factory=list)
+    replies: list[dict[str, Any] | None] = field(default_factory=list)
 
 
 class RolloutCoordinator:
@@ -96,6 +109,8 @@ class RolloutCoordinator:
         self._started = False
         self.errors: list[BaseException] = []
         self.stats: dict[str, int] = {"replacements": 0, "abandoned": 0, "dead_lettered": 0}
+        # What `metrics()` reports, folded from the log (so a restart does not reset a count).
+        self.figures = LogFigures()
 
     # --- life ------------------------------------------------------------------------------------
 
@@ -157,33 +172,61 @@ class RolloutCoordinator:
         mode: Mode | None = None,
         target_level: TargetLevel = "sibling",
         target_step: int | None = None,
-    ) -> None:
-        """Reserves the group with its first tries (one append), then dispatches every sibling."""
+    ) -> GroupState | None:
+        """Reserves the group with its first tries (one append), then dispatches every sibling.
+
+        Idempotent: a group id the log already holds with the same request is not reserved again; an
+        open one is driven (a retried call resumes it) and its state returned.  The same id with another
+        request raises `GroupConflict`.  Returns the group as the ledger holds it (None once archived).
+        """
         self._check_alive()
         await self.start()
         self.ctx.client(agent_name)
+        reserved = GroupReserved(
+            group_id=group_id,
+            prompt_ref=prompt_ref,
+            agent_name=agent_name,
+            expected_generations=expected_generations,
+            mode=mode or self.mode,
+            target_level=target_level,
+            target_step=target_step,
+            max_tries=self.settings.max_tries,
+            payload=payload or {},
+            trainer_id=self.settings.trainer_id,
+        )
         if self.ledger.knows_group(group_id):
-            raise ValueError(f"group {group_id!r} already exists in the log; group ids are never reused")
-        events: list[Event] = [
-            GroupReserved(
-                group_id=group_id,
-                prompt_ref=prompt_ref,
-                agent_name=agent_name,
-                expected_generations=expected_generations,
-                mode=mode or self.mode,
-                target_level=target_level,
-                target_step=target_step,
-                max_tries=self.settings.max_tries,
-                payload=payload or {},
-                trainer_id=self.settings.trainer_id,
-            ),
-            *(
-                AttemptMinted(rollout_id=rollout_id_of(group_id, i), generation_index=i)
-                for i in range(expected_generations)
-            ),
-        ]
-        await self.journal.append(group_stream(group_id), events)
-        self._drive(group_id)
+            await self._check_same_request(reserved)
+        else:
+            events: list[Event] = [
+                reserved,
+                *(
+                    AttemptMinted(rollout_id=rollout_id_of(group_id, i), generation_index=i)
+                    for i in range(expected_generations)
+                ),
+            ]
+            await self.journal.append(group_stream(group_id), events)
+        group = self.ledger.groups.get(group_id)
+        if group is not None and group.status == "open" and self.owns(group):
+            self._drive(group_id)
+        return group
+
+    async def _check_same_request(self, reserved: GroupReserved) -> None:
+        """A resubmission must be the request the log holds (the retry budget may differ: it is this
+        process's setting, and the group keeps the one it was reserved with)."""
+        stream = group_stream(reserved.group_id)
+        first = await asyncio.to_thread(lambda: next(iter(self.store.read_stream(stream)), None))
+        if first is None or first.type != GroupReserved.event_type():
+            raise GroupConflict(f"group {reserved.group_id!r} is in the log but its reservation is not")
+        held = first.decode()
+        assert isinstance(held, GroupReserved)
+        mine = reserved.model_dump(mode="json", exclude={"max_tries"})
+        theirs = held.model_dump(mode="json", exclude={"max_tries"})
+        if mine != theirs:
+            fields = sorted(k for k in mine if mine[k] != theirs.get(k))
+            raise GroupConflict(
+                f"group {reserved.group_id!r} already exists in the log with another request "
+                f"(differs in {', '.join(fields)}); group ids are never reused"
+            )
 
     def _drive(self, group_id: str) -> None:
         if group_id not in self._drivers or self._drivers[group_id].done():
@@ -387,7 +430,7 @@ class RolloutCoordinator:
             for group in self.sealed_unclaimed():
                 if group.group_id not in seen:
                     seen.add(group.group_id)
-                    yield group
+                    yield await self.with_replies(group)
             if self.journal.fenced is not None:
                 raise self.journal.fenced
             if self.journal.stopped is not None:
@@ -398,6 +441,16 @@ class RolloutCoordinator:
             async with self.journal.changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.journal.changed.wait(), 0.5)
+
+    async def with_replies(self, group: SealedGroup) -> SealedGroup:
+        """The group with its siblings' replies read from the log's blob table."""
+        digests = group.reply_digests
+
+        def read() -> list[dict[str, Any] | None]:
+            blobs = [self.store.get_blob(d) if d else None for d in digests]
+            return [json.loads(b) if b is not None else None for b in blobs]
+
+        return dataclasses.replace(group, replies=await asyncio.to_thread(read))
 
     async def claim_for_training(self, group_id: str, train_step: int) -> None:
         self._check_alive()
@@ -428,6 +481,43 @@ class RolloutCoordinator:
         self._check_alive()
         return await self.checkpointer.checkpoint(checkpoint_id, participants)
 
+    # --- what a trainer logs and records ------------------------------------------------------------------
+
+    async def metrics(self) -> dict[str, float]:
+        """A flat `dict[str, float]` for a trainer's logger (NeMo RL logs one per step).
+
+        Counts are folded from the log, so they survive a restart; `journal/*` are this process's own.
+        """
+        await asyncio.to_thread(self.figures.catch_up, self.store)
+        flat = self.figures.flat()
+        batches = max(self.journal.batches, 1)
+        flat["journal/appends"] = float(self.journal.appends)
+        flat["journal/batches"] = float(self.journal.batches)
+        flat["journal/appends_per_batch"] = self.journal.appends / batches
+        flat["coordinator/open_groups"] = float(len(self.open_groups()))
+        return flat
+
+    async def record_logprobs(
+        self, rollout_id: str, attempt_index: int, logprobs: Sequence[float], policy_version: str
+    ) -> bool:
+        """Records logprobs the trainer computed for a sealed try as its `LogprobsComputed`.
+
+        Checked against the try's token records like a logprob worker's; `LogprobsMismatch` when they
+        do not fit (or the try is not sealed).  False when the log already holds this very result.
+        """
+        from trainer import own_logprobs
+
+        self._check_alive()
+        attempt = self.ledger.attempt(rollout_id, attempt_index)
+        if attempt is None or attempt.status != "sealed" or attempt.rollout_receipt is None:
+            state = "unknown" if attempt is None else attempt.status
+            raise LogprobsMismatch(f"try ({rollout_id}, {attempt_index}) is {state}, not sealed")
+        receipt = attempt.rollout_receipt
+        blob = await asyncio.to_thread(self.store.get_blob, receipt.tokens_digest)
+        decided = own_logprobs.decide(receipt, blob, rollout_id, attempt_index, logprobs, policy_version)
+        source = f"trainer:{self.settings.trainer_id or ''}"
+        return await asyncio.to_thread(own_logprobs.write, self.store, decided, source)
+
     async def wait_idle(self, timeout_s: float | None = None) -> None:
         """Until every group driver has finished and every debt is paid (or raises the first error)."""
         async with asyncio.timeout(timeout_s):
@@ -456,11 +546,12 @@ def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome)
 
 def _sealed(group: GroupState) -> SealedGroup:
     siblings = sorted(group.siblings.values(), key=lambda s: s.generation_index)
-    refs, rewards, digests = [], [], []
+    refs, rewards, digests, replies = [], [], [], []
     for s in siblings:
         index = s.sealed_attempt if s.sealed_attempt is not None else s.current_attempt
         attempt = s.attempts[index]
         refs.append(AttemptRef(rollout_id=s.rollout_id, attempt_index=index))
         rewards.append(float(s.reward if s.reward is not None else 0.0))
         digests.append(attempt.rollout_receipt.tokens_digest if attempt.rollout_receipt else "")
-    return SealedGroup(group.group_id, group.agent_name, refs, rewards, digests)
+        replies.append(attempt.reply_digest or "")
+    return SealedGroup(group.group_id, group.agent_name, refs, rewards, digests, replies)

@@ -25,3 +25,11 @@ class NotSealed(RolloutError):
 
 class AlreadyClaimed(RolloutError):
     """A group is trained on once (unless a restore rolled the claim back)."""
+
+
+class GroupConflict(RolloutError, ValueError):
+    """`submit` named a group id the log already holds with another request: group ids are never reused."""
+
+
+class LogprobsMismatch(RolloutError, ValueError):
+    """Logprobs a trainer computed do not fit the sealed try's token records (or the try is not sealed)."""
