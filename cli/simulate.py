@@ -11,7 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
+from cli.metrics import serve_metrics
 from eventstore import open_store
+from simulation.ray_run import ray_failed
 from simulation.run import DEFAULT_FAULTS, SimConfig, failed, parse_faults, run_simulation
 from trainer.eventloop import run_async
 
@@ -51,6 +53,29 @@ def simulate(
     ] = 1.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    use_ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Run the coordinator inside a Ray actor (NeMo RL's NemoGym drop-in), driven through its "
+            "streaming run_rollouts (needs the `ray` extra).",
+        ),
+    ] = False,
+    ray_kill_after: Annotated[
+        int | None,
+        typer.Option(
+            "--ray-kill-after", min=1, help="With --ray: kill the actor once after this many rows came back."
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on /metrics at this port while the run lasts (`metrics` extra).",
+        ),
+    ] = None,
 ) -> None:
     """Runs GROUPS prompt groups through the coordinator with faults and checkpoints, then reports.
 
@@ -84,10 +109,18 @@ def simulate(
         park_grace_s=park_grace,
         seed=seed,
     )
+    if ray_kill_after is not None and not use_ray:
+        raise typer.BadParameter("--ray-kill-after needs --ray")
     with clear_errors():
-        store = open_store(db_url(db), migrate_schema=True)
+        url = db_url(db)
+        store = open_store(url, migrate_schema=True)
+        exporter = serve_metrics(store, metrics_port, "trainer") if metrics_port is not None else None
         try:
-            if as_json:
+            if use_ray:
+                from simulation.ray_run import run_ray_simulation
+
+                summary = run_async(run_ray_simulation(store, url, config, kill_after=ray_kill_after))
+            elif as_json:
                 summary = run_async(run_simulation(store, config))
             else:
                 with Progress(
@@ -104,6 +137,8 @@ def simulate(
                         )
                     )
         finally:
+            if exporter is not None:
+                exporter.close()
             store.close()
     if as_json:
         console.print_json(json.dumps(summary))
@@ -114,5 +149,5 @@ def simulate(
         for key, value in summary.items():
             table.add_row(key, "-" if value is None else str(value))
         console.print(table)
-    if failed(summary):
+    if failed(summary) or (use_ray and ray_failed(summary)):
         raise typer.Exit(1)

@@ -70,6 +70,12 @@ class Histogram:
         self.count += 1
         self.largest = max(self.largest, value)
 
+    def copy(self) -> Histogram:
+        other = Histogram(self.bounds)
+        other.counts = list(self.counts)
+        other.total, other.count, other.largest = self.total, self.count, self.largest
+        return other
+
     def cumulative(self) -> list[tuple[float, int]]:
         """(upper bound, observations at or below it), +Inf last."""
         out, running = [], 0
@@ -161,19 +167,12 @@ class LogFigures:
             self._logprobs["refused"] += 1
 
     def _snapshot(self) -> Snapshot:
-        prepare = Histogram(PREPARE_WAIT_BUCKETS)
-        prepare.counts = list(self._prepare.counts)
-        prepare.total, prepare.count, prepare.largest = (
-            self._prepare.total,
-            self._prepare.count,
-            self._prepare.largest,
-        )
         return Snapshot(
             position=self.position,
             events=dict(self._events),
             unpaid_debts={agent: len(owed) for agent, owed in self._debts.debts.items() if owed},
             checkpoints=dict(self._checkpoints),
-            prepare_wait=prepare,
+            prepare_wait=self._prepare.copy(),
             retires=dict(self._retires),
             dead_letters=dict(self._dead),
             stranded=len(self._finished_at_agent - self._owed),

@@ -52,6 +52,7 @@ from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState, lookahead
 from protocol.streams import group_of_stream, group_stream, is_group_stream
 from trainer.errors import CoordinatorStopped, FencedOff
+from trainer.telemetry import JOURNAL_BATCHES
 
 log = logging.getLogger("trainer")
 
@@ -267,6 +268,7 @@ class Journal:
             else f"appending {sum(len(r.events) for r in ready)} event(s) to {len(ready)} streams"
         )
         state = _BatchState()
+        began = time.monotonic()
         try:
             # A retry after the database went away mid-commit names the same versions and the same
             # deterministic event ids: if the first try committed, the retry is a no-op.
@@ -290,6 +292,7 @@ class Journal:
             return
         self.appends += len(ready)
         self.batches += 1
+        JOURNAL_BATCHES.observe(len(ready), time.monotonic() - began)
         for request in ready:
             _resolve(request, request.events)
 
