@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from typing import Annotated
 
 import typer
@@ -12,7 +13,8 @@ from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
 from cli.metrics import serve_metrics
-from eventstore import open_store
+from eventstore import EventStore, open_store
+from protocol.streams import group_stream
 from simulation.ray_run import ray_failed
 from simulation.run import DEFAULT_FAULTS, SimConfig, failed, parse_faults, run_simulation
 from trainer.eventloop import run_async
@@ -76,6 +78,15 @@ def simulate(
             help="Serve Prometheus metrics on /metrics at this port while the run lasts (`metrics` extra).",
         ),
     ] = None,
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel",
+            help="After the run, emit an OpenTelemetry trace per rollout (a span per try: /run, receipt, "
+            "seal, ACK) from the log: to OTLP when opentelemetry-exporter-otlp is installed, else to "
+            "stderr (`otel` extra).",
+        ),
+    ] = False,
 ) -> None:
     """Runs GROUPS prompt groups through the coordinator with faults and checkpoints, then reports.
 
@@ -136,6 +147,9 @@ def simulate(
                             store, config, progress=lambda done, total: bar.update(task, completed=done)
                         )
                     )
+            if otel:
+                traced = emit_run_spans(store, summary["run_id"])
+                err_console.print(f"{traced} tries traced")
         finally:
             if exporter is not None:
                 exporter.close()
@@ -151,3 +165,28 @@ def simulate(
         console.print(table)
     if failed(summary) or (use_ray and ray_failed(summary)):
         raise typer.Exit(1)
+
+
+def emit_run_spans(store: EventStore, run_id: str) -> int:
+    """The run's tries as spans, through an SDK tracer provider flushed before returning."""
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+    except ImportError:
+        raise typer.BadParameter("--otel needs opentelemetry-sdk (the `otel` extra)") from None
+    from trainer.tracing import emit_try_spans
+
+    exporter: SpanExporter
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    except ImportError:
+        exporter = ConsoleSpanExporter(out=sys.stderr)
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    prefix = group_stream(run_id)
+    events = (e for e in store.read_all(0) if e.stream_id.startswith(prefix))
+    traced = emit_try_spans(events, provider.get_tracer("rollout-ledger"))
+    provider.shutdown()
+    return traced
