@@ -129,3 +129,21 @@ async def test_the_same_rows_again_after_delivery_are_a_new_call(
             e.type for e in sqlite_store.read_stream(group_stream(group_id("nrl-", digest, occurrence, 0)))
         ]
         assert types.count("GroupSealed") == 1 and types.count("GroupClaimedForTraining") == 1
+
+
+async def test_the_actor_serves_the_logs_figures(sqlite_url: str, make_agent: MakeAgent) -> None:
+    pytest.importorskip("prometheus_client")
+    import httpx
+
+    agent = make_agent("a")
+    gym = LedgerGym(_config(sqlite_url, {"a": agent.url}, metrics_port=0))
+    try:
+        await _collect(gym, nemo_rows(2, 2, ["a"]))
+        port = gym.metrics_port()
+        assert port is not None
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        figures = await gym.metrics()
+    finally:
+        await gym.shutdown()
+    assert "ledger_groups_sealed_total 2.0" in text and "ledger_groups_claimed_total 2.0" in text
+    assert figures["ledger/groups_sealed"] == 2

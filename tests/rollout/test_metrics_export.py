@@ -123,6 +123,21 @@ async def test_every_exported_figure_is_the_logs(store: EventStore, make_agent: 
     assert _value(samples, p + "journal_batch_appends_count") - before_batches == batches
 
 
+def test_the_agent_exports_what_its_status_says(make_agent: MakeAgent) -> None:
+    agent = make_agent("a")
+    status = httpx.get(f"{agent.url}/status", timeout=10).json()
+    text = httpx.get(f"{agent.url}/metrics", timeout=10).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    a = (("agent", "a"),)
+    assert samples[("gym_agent_completed_unacknowledged", a)] == status["completed_unacknowledged"]
+    assert samples[("gym_agent_execution_generation", a)] == status["execution_generation"]
+    assert samples[("gym_agent_checkpoint_phase", (("agent", "a"), ("phase", status["phase"])))] == 1
+
+
 async def test_a_stranded_result_and_a_duplicate_execution_are_counted(store: EventStore) -> None:
     """Hand-written evidence: a try retire said finished and nobody owed; a try with two results."""
     from eventstore.events import AttemptRetired, ReceiptFetched

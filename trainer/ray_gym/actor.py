@@ -77,6 +77,9 @@ class LedgerGymConfig(BaseModel):
     max_tries: int = Field(default=4, ge=1)
     # The longest one `run_rollouts` call waits for its groups before it gives up.
     call_budget_s: float = Field(default=6 * 3600.0, gt=0)
+    # Serve the log's figures on /metrics from inside the actor (the `metrics` extra); 0: a free port.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_addr: str = "127.0.0.1"
 
 
 class LedgerGym:
@@ -89,6 +92,7 @@ class LedgerGym:
         self.clients: dict[str, GymClient] = {}
         self._tokenizer: Any = None
         self._lock: asyncio.Lock | None = None
+        self._metrics: Any = None
 
     # --- NeMo RL's actor surface ----------------------------------------------------------------
 
@@ -172,6 +176,9 @@ class LedgerGym:
         await (await self._coordinator()).wait_idle(timeout_s)
 
     async def shutdown(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         if self.coord is not None:
             await self.coord.close()
             self.coord = None
@@ -204,7 +211,18 @@ class LedgerGym:
                     max_tries=c.max_tries,
                     trainer_id=c.trainer_id,
                 )
+                if c.metrics_port is not None and self._metrics is None:
+                    from projections.exporter import serve_metrics
+                    from trainer.telemetry import journal_families
+
+                    self._metrics = serve_metrics(
+                        self.store, c.metrics_port, [journal_families], c.metrics_addr
+                    )
             return self.coord
+
+    def metrics_port(self) -> int | None:
+        """The port `/metrics` is served on (after spin-up), if any."""
+        return self._metrics.port if self._metrics is not None else None
 
     async def _records(self, gids: list[str]) -> dict[str, GroupRecord]:
         store = self.store
