@@ -169,6 +169,14 @@ class LedgerGym:
             "prepare_wait_s": outcome.prepare_wait_s,
         }
 
+    async def record_logprobs(
+        self, rollout_id: str, attempt_index: int, logprobs: list[float], policy_version: str
+    ) -> bool:
+        """NeMo RL's `prev_logprobs` of one row (`full_result["_ng_rollout_id"]`, `["_ng_attempt_index"]`)
+        recorded as its `LogprobsComputed`; see `RolloutCoordinator.record_logprobs`."""
+        coord = await self._coordinator()
+        return await coord.record_logprobs(rollout_id, attempt_index, logprobs, policy_version)
+
     async def metrics(self) -> dict[str, float]:
         return await (await self._coordinator()).metrics()
 
