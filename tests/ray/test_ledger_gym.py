@@ -35,7 +35,7 @@ def test_rows_split_into_contiguous_prompt_groups() -> None:
 
 
 def _config(url: str, agents: dict[str, str], **kw: Any) -> LedgerGymConfig:
-    return LedgerGymConfig(db_url=url, agents=agents, rollout_timeout_s=10.0, prepare_timeout_s=20.0, **kw)
+    return LedgerGymConfig(db_url=url, agents=agents, rollout_timeout_s=60.0, prepare_timeout_s=60.0, **kw)
 
 
 async def _collect(gym: LedgerGym, rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], Any]]:
@@ -50,7 +50,7 @@ async def test_every_row_comes_back_once_with_its_reply_and_tokens(
     gym = LedgerGym(_config(sqlite_url, {"a": a.url, "b": b.url}))
     try:
         items = await _collect(gym, rows)
-        await gym.wait_idle(30)
+        await gym.wait_idle(120)
     finally:
         await gym.shutdown()
     assert sorted(i for i, _, _ in items) == list(range(8))
@@ -91,7 +91,7 @@ async def test_a_retried_call_resumes_and_replays_in_claim_order(
     second = LedgerGym(_config(sqlite_url, {"a": agent.url}))
     try:
         retried = await _collect(second, rows)
-        await second.wait_idle(30)
+        await second.wait_idle(120)
     finally:
         await second.shutdown()
     assert [i for i, _, _ in retried[:2]] == [i for i, _, _ in got]
@@ -120,7 +120,7 @@ async def test_the_same_rows_again_after_delivery_are_a_new_call(
     try:
         await _collect(gym, rows)
         await _collect(gym, rows)
-        await gym.wait_idle(30)
+        await gym.wait_idle(120)
     finally:
         await gym.shutdown()
     digest = call_digest(rows)

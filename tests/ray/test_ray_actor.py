@@ -53,7 +53,7 @@ async def test_an_actor_killed_mid_run_recovers_with_nothing_lost(
     a, b = make_agent("a"), make_agent("b")
     rows = nemo_rows(6, 2, ["a", "b"])
     config = LedgerGymConfig(
-        db_url=sqlite_url, agents={"a": a.url, "b": b.url}, rollout_timeout_s=10.0, prepare_timeout_s=20.0
+        db_url=sqlite_url, agents={"a": a.url, "b": b.url}, rollout_timeout_s=60.0, prepare_timeout_s=60.0
     )
     gym = ledger_gym_actor().remote(config)
     await gym._spinup.remote()

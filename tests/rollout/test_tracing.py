@@ -19,11 +19,11 @@ async def test_each_try_is_a_trace_of_its_rollout(sqlite_store: EventStore, make
     store = sqlite_store
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="prompt_group")
+        coord = coordinator(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
         async with coord:
             g = gid()
             await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
-            await coord.wait_idle(30)
+            await coord.wait_idle(120)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

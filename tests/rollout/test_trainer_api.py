@@ -23,12 +23,12 @@ async def test_sealed_groups_carry_the_replies_from_the_blob_table(
 ) -> None:
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="prompt_group")
+        coord = coordinator(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
         async with coord:
             g = gid()
             await coord.submit(g, PROMPT, "a", 3, PAYLOAD)
             [sealed] = [s async for s in coord.sealed_groups()]
-            await coord.wait_idle(30)
+            await coord.wait_idle(120)
     assert len(sealed.replies) == 3
     for ref, reply, digest, reward in zip(
         sealed.attempts, sealed.replies, sealed.reply_digests, sealed.rewards, strict=True
@@ -48,7 +48,7 @@ async def test_submit_is_idempotent_and_refuses_a_different_request(
 ) -> None:
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="sibling")
+        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60.0)
         async with coord:
             g = gid()
             first = await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
@@ -58,7 +58,7 @@ async def test_submit_is_idempotent_and_refuses_a_different_request(
                 await coord.submit(g, PROMPT, "a", 3, PAYLOAD)
             with pytest.raises(GroupConflict, match="prompt_ref"):
                 await coord.submit(g, PromptRef(sample_id="other", task_name="math"), "a", 2, PAYLOAD)
-            await coord.wait_idle(30)
+            await coord.wait_idle(120)
     types = [e.type for e in store.read_stream(group_stream(g))]
     assert types.count("GroupReserved") == 1 and types.count("AttemptMinted") == 2
     assert types.count("GroupSealed") == 1
@@ -71,16 +71,16 @@ async def test_a_resubmission_after_a_restart_resumes_the_open_group(
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         g = gid()
-        first = coordinator(store, {"a": client}, mode="prompt_group")
+        first = coordinator(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
         await first.start()
         await client.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, delay_s=0.5))
         await first.submit(g, PROMPT, "a", 2, PAYLOAD)
         await first.close()
-        second = await type(first).recover(store, {"a": client}, mode="prompt_group", rollout_timeout_s=10.0)
+        second = await type(first).recover(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
         async with second:
             group = await second.submit(g, PROMPT, "a", 2, PAYLOAD)
             assert group is not None
-            await second.wait_idle(30)
+            await second.wait_idle(120)
             assert second.ledger.groups[g].status == "sealed"
     assert [e.type for e in store.read_stream(group_stream(g))].count("GroupReserved") == 1
 
@@ -88,12 +88,12 @@ async def test_a_resubmission_after_a_restart_resumes_the_open_group(
 async def test_metrics_is_a_flat_dict_folded_from_the_log(store: EventStore, make_agent: MakeAgent) -> None:
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="prompt_group")
+        coord = coordinator(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
         async with coord:
             groups = [gid() for _ in range(2)]
             for g in groups:
                 await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
-            await coord.wait_idle(30)
+            await coord.wait_idle(120)
             outcome = await coord.checkpoint(gid("ck"))
             assert outcome.committed
             figures = await coord.metrics()
@@ -126,7 +126,7 @@ async def test_trainer_logprobs_are_checked_and_recorded_once(
 
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="sibling")
+        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60.0)
         async with coord:
             g = gid()
             await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
@@ -145,7 +145,7 @@ async def test_trainer_logprobs_are_checked_and_recorded_once(
             assert not await coord.record_logprobs(ref.rollout_id, ref.attempt_index, mine, "v1")
             with pytest.raises(LogprobsMismatch, match="another result"):
                 await coord.record_logprobs(ref.rollout_id, ref.attempt_index, reference, "v1")
-            await coord.wait_idle(30)
+            await coord.wait_idle(120)
     [event] = list(store.read_stream(logprobs_stream(g)))
     assert event.type == "LogprobsComputed"
     assert event.event_id == str(result_event_id(ref.rollout_id, ref.attempt_index, "v1"))
@@ -166,12 +166,12 @@ async def test_trainer_logprobs_refuse_tampered_token_records(
     store = sqlite_store
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="sibling")
+        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60.0)
         async with coord:
             g = gid()
             await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
             [sealed] = [s async for s in coord.sealed_groups()]
-            await coord.wait_idle(30)
+            await coord.wait_idle(120)
             ref = sealed.attempts[0]
             attempt = coord.ledger.attempt(ref.rollout_id, ref.attempt_index)
             assert attempt is not None and isinstance(attempt.rollout_receipt, RolloutReceipt)
