@@ -305,6 +305,7 @@ class Journal:
         streams: set[str] = set()
         for i, request in enumerate(ready):
             state = _BatchState()
+            began = time.monotonic()
             try:
                 if callable(request.build) and request.stream in streams:
                     # Built against the appends before it in the batch, which may not have been
@@ -328,6 +329,7 @@ class Journal:
                 continue
             self.appends += 1
             self.batches += 1
+            JOURNAL_BATCHES.observe(1, time.monotonic() - began)
             written.append(request)
         if written:
             try:
