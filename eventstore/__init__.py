@@ -15,6 +15,7 @@ from eventstore.errors import (
     DatabaseUnavailable,
     EventIdConflict,
     EventStoreError,
+    Fenced,
     InvalidEvent,
     UnknownEventType,
     UnknownMigrationHead,
@@ -22,7 +23,7 @@ from eventstore.errors import (
     WrongExpectedVersion,
 )
 from eventstore.events import EVENT_TYPES, Event
-from eventstore.records import AppendResult, ExpectedVersion, NewEvent, RecordedEvent
+from eventstore.records import AppendResult, ExpectedVersion, Fence, NewEvent, RecordedEvent
 from eventstore.store import ChainBreak, EventStore, UnitOfWork
 from eventstore.subscription import Subscription
 
@@ -37,6 +38,8 @@ __all__ = [
     "EventStore",
     "EventStoreError",
     "ExpectedVersion",
+    "Fence",
+    "Fenced",
     "InvalidEvent",
     "NewEvent",
     "RecordedEvent",

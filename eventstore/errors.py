@@ -15,6 +15,18 @@ class WrongExpectedVersion(EventStoreError):
         )
 
 
+class Fenced(EventStoreError):
+    """An append's fence stream was not at the version the append was fenced on: a newer owner took over."""
+
+    def __init__(self, stream_id: str, expected: int, actual: int, appending_to: str) -> None:
+        self.stream_id, self.expected, self.actual = stream_id, expected, actual
+        self.appending_to = appending_to
+        super().__init__(
+            f"append to {appending_to!r} fenced on {stream_id!r} at {_name(expected)}, which is at version "
+            f"{actual}; nothing was written"
+        )
+
+
 class EventIdConflict(EventStoreError):
     """An event id was appended before with different content."""
 

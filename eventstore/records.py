@@ -181,6 +181,23 @@ from_row: Callable[[tuple[Any, ...]], RecordedEvent] = partial(tuple.__new__, Re
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """An append's precondition on another stream: `stream_id` must be at exactly `version`.
+
+    An owner takes an epoch by appending to its own stream (e.g. `trainer-<id>`) and fences every
+    later append on the version that left; a newer owner appends there too, and the stale owner's
+    next fenced append is refused (`Fenced`) under the same lock that orders the write.
+    """
+
+    stream_id: str
+    version: int
+
+    def __post_init__(self) -> None:
+        if not self.stream_id or self.version < ExpectedVersion.NO_STREAM:
+            raise ValueError(f"invalid fence {self.stream_id!r} at version {self.version}")
+
+
+@dataclass(frozen=True, slots=True)
 class AppendResult:
     positions: list[int]
     stream_version: int

@@ -22,6 +22,7 @@ from eventstore.errors import (
     DatabaseUnavailable,
     EventIdConflict,
     EventStoreError,
+    Fenced,
     InvalidEvent,
     UnknownEventType,
     UnknownSchemaVersion,
@@ -32,6 +33,7 @@ from eventstore.records import (
     GENESIS_HASH,
     AppendResult,
     ExpectedVersion,
+    Fence,
     NewEvent,
     RecordedEvent,
     canonical,
@@ -42,6 +44,13 @@ from protocol.digests import sha256_digest
 
 if TYPE_CHECKING:
     from eventstore.subscription import Subscription
+
+# One append of a batch: (stream, events, expected version) and optionally its fence.
+Append = (
+    tuple[str, Sequence[Event | NewEvent], int] | tuple[str, Sequence[Event | NewEvent], int, Fence | None]
+)
+# An append checked and rendered: (stream, rows, expected version, fence).
+_Checked = tuple[str, list[dict[str, Any]], int, Fence | None]
 
 _WRITER = {"host": socket.gethostname(), "pid": os.getpid()}
 _STREAM_ID_MAX = 400
@@ -80,12 +89,13 @@ class EventStore:
         events: Sequence[Event | NewEvent],
         expected_version: int = ExpectedVersion.ANY,
         metadata: dict[str, Any] | None = None,
+        fence: Fence | None = None,
     ) -> AppendResult:
         with self.transaction() as tx:
-            return tx.append(stream_id, events, expected_version, metadata)
+            return tx.append(stream_id, events, expected_version, metadata, fence)
 
     def append_batch(
-        self, appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]], blobs: Sequence[bytes] = ()
+        self, appends: Sequence[Append], blobs: Sequence[bytes] = (), fence: Fence | None = None
     ) -> list[AppendResult]:
         """`UnitOfWork.append_batch` in a transaction of its own, committed.
 
@@ -96,8 +106,8 @@ class EventStore:
         """
         if self.backend.name != "postgresql":
             with self.transaction() as tx:
-                return tx.append_batch(appends, blobs)
-        checked = _checked_batch(appends)
+                return tx.append_batch(appends, blobs, fence)
+        checked = _checked_batch(appends, fence)
         with self._database_errors(), self._writer.connect() as conn:
             return UnitOfWork(self, conn)._append_in_postgres(checked, blobs, commit=True)
 
@@ -282,32 +292,35 @@ class UnitOfWork:
         events: Sequence[Event | NewEvent],
         expected_version: int = ExpectedVersion.ANY,
         metadata: dict[str, Any] | None = None,
+        fence: Fence | None = None,
     ) -> AppendResult:
+        """Appends `events` to `stream_id` if it is at `expected_version` and `fence` (if any) holds."""
         rows = _checked(stream_id, events, expected_version, metadata)
         if self.store.backend.name == "postgresql":
-            [result] = self._append_in_postgres([(stream_id, rows, expected_version)], ())
+            [result] = self._append_in_postgres([(stream_id, rows, expected_version, fence)], ())
         else:
-            result = self._append_in_python(stream_id, rows, expected_version)
+            result = self._append_in_python(stream_id, rows, expected_version, fence)
         self._notify([result])
         return result
 
     def append_batch(
-        self, appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]], blobs: Sequence[bytes] = ()
+        self, appends: Sequence[Append], blobs: Sequence[bytes] = (), fence: Fence | None = None
     ) -> list[AppendResult]:
-        """Several appends `(stream_id, events, expected_version)` and blobs, in order, in this transaction.
+        """Several appends `(stream_id, events, expected_version[, fence])` and blobs, in order, in this
+        transaction.  `fence` is the fence of every append that names none of its own.
 
         The same as `put_blob` for each blob then `append` for each append, but on PostgreSQL one
         `ledger_append_events` statement: a single network round trip however many streams it writes.  Appends to the same
         stream chain (the second expects the version the first leaves).  A refused append raises as
         `append` would, and the transaction is then unusable (roll it back).
         """
-        checked = _checked_batch(appends)
+        checked = _checked_batch(appends, fence)
         if self.store.backend.name == "postgresql":
             results = self._append_in_postgres(checked, blobs)
         else:
             for blob in blobs:
                 self.put_blob(blob)
-            results = [self._append_in_python(stream, rows, expected) for stream, rows, expected in checked]
+            results = [self._append_in_python(*append) for append in checked]
         self._notify(results)
         return results
 
@@ -318,11 +331,11 @@ class UnitOfWork:
 
     def _append_in_postgres(
         self,
-        appends: list[tuple[str, list[dict[str, Any]], int]],
+        appends: list[_Checked],
         blobs: Sequence[bytes],
         commit: bool = False,
     ) -> list[AppendResult]:
-        """One `ledger_append_events` statement (migration 0003): every append and blob, binary arrays.
+        """One `ledger_append_events` statement (migration 0004): every append and blob, binary arrays.
 
         Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call).
         With `commit` the connection is in autocommit mode for the statement, which is then its own
@@ -346,8 +359,8 @@ class UnitOfWork:
             hint = getattr(getattr(exc, "diag", None), "message_hint", None)
             index = int(hint) if hint is not None and hint.isdigit() else 0
             if index < len(appends):
-                stream, _, expected = appends[index]
-                _raise_refusal(exc, stream, expected)
+                stream, _, expected, fence = appends[index]
+                _raise_refusal(exc, stream, expected, fence)
             raise
         finally:
             cursor.close()
@@ -360,7 +373,7 @@ class UnitOfWork:
         for row in rows:
             by_append[row[0]].append(row)
         results = []
-        for (stream, events, _), out in zip(appends, by_append, strict=True):
+        for (stream, events, _, _), out in zip(appends, by_append, strict=True):
             idempotent = bool(out[0][3])
             if not idempotent:
                 for row, (_, position, version, _, prev_hash, hash_) in zip(events, out, strict=True):
@@ -382,8 +395,10 @@ class UnitOfWork:
             )
         return results
 
-    def _append_in_python(self, stream_id: str, rows: list[dict[str, Any]], expected: int) -> AppendResult:
-        """The same algorithm as `ledger_append`, for SQLite (whose `BEGIN IMMEDIATE` is the append lock)."""
+    def _append_in_python(
+        self, stream_id: str, rows: list[dict[str, Any]], expected: int, fence: Fence | None = None
+    ) -> AppendResult:
+        """The same algorithm as `ledger_append_events`, for SQLite (whose `BEGIN IMMEDIATE` is the append lock)."""
         conn = self.connection
         head = int(conn.execute(text("SELECT COALESCE(MAX(position), 0) FROM events")).scalar() or 0)
         last = conn.execute(
@@ -399,6 +414,11 @@ class UnitOfWork:
             existing = _existing(conn, chosen)
             if existing:
                 return _idempotent(stream_id, rows, existing)
+
+        if fence is not None:
+            actual = _version_of(conn, fence.stream_id)
+            if actual != fence.version:
+                raise Fenced(fence.stream_id, fence.version, actual, stream_id)
 
         if (expected == ExpectedVersion.NO_STREAM and version != -1) or (
             expected >= 0 and version != expected
@@ -464,12 +484,13 @@ def _checked(
     return [_prepare(e, metadata, shared) for e in events]
 
 
-def _checked_batch(
-    appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]],
-) -> list[tuple[str, list[dict[str, Any]], int]]:
-    return [
-        (stream, _checked(stream, events, expected, None), expected) for stream, events, expected in appends
-    ]
+def _checked_batch(appends: Sequence[Append], fence: Fence | None) -> list[_Checked]:
+    checked: list[_Checked] = []
+    for append in appends:
+        stream, events, expected = append[:3]
+        own = append[3] if len(append) > 3 else fence
+        checked.append((stream, _checked(stream, events, expected, None), expected, own))
+    return checked
 
 
 def _record(row: dict[str, Any]) -> RecordedEvent:
@@ -489,15 +510,17 @@ def _record(row: dict[str, Any]) -> RecordedEvent:
     )
 
 
-def _events_params(appends: list[tuple[str, list[dict[str, Any]], int]]) -> dict[str, Any]:
-    """`ledger_append_events`' arguments: per append its stream, expected version, id check and event
-    count; the events of every append flattened, in order."""
-    events = [row for _, rows, _ in appends for row in rows]
+def _events_params(appends: list[_Checked]) -> dict[str, Any]:
+    """`ledger_append_events`' arguments: per append its stream, expected version, id check, event
+    count and fence; the events of every append flattened, in order."""
+    events = [row for _, rows, _, _ in appends for row in rows]
     return {
-        "streams": [stream for stream, _, _ in appends],
-        "expected": [int(expected) for _, _, expected in appends],
-        "check_ids": [any(r["chosen_id"] for r in rows) for _, rows, _ in appends],
-        "counts": [len(rows) for _, rows, _ in appends],
+        "streams": [stream for stream, _, _, _ in appends],
+        "expected": [int(expected) for _, _, expected, _ in appends],
+        "check_ids": [any(r["chosen_id"] for r in rows) for _, rows, _, _ in appends],
+        "counts": [len(rows) for _, rows, _, _ in appends],
+        "fence_streams": [None if f is None else f.stream_id for _, _, _, f in appends],
+        "fence_versions": [None if f is None else f.version for _, _, _, f in appends],
         "ids": [r["event_id"] for r in events],
         "types": [r["type"] for r in events],
         "versions": [r["schema_version"] for r in events],
@@ -516,11 +539,13 @@ def _blob_params(content: bytes, media_type: str = "application/json") -> dict[s
     return {"digest": _digest(content), "media_type": media_type, "content": content, "now": time.time()}
 
 
-def _raise_refusal(exc: Exception, stream_id: str, expected: int) -> None:
-    """`ledger_append`'s own refusals (SQLSTATE LE001/LE002) as the store's typed errors."""
+def _raise_refusal(exc: Exception, stream_id: str, expected: int, fence: Fence | None) -> None:
+    """`ledger_append_events`' own refusals (SQLSTATE LE001/LE002/LE003) as the store's typed errors."""
     state = getattr(exc, "sqlstate", None)
-    if state == "LE001":
+    if state in ("LE001", "LE003"):
         actual = int(getattr(getattr(exc, "diag", None), "message_detail", -1) or -1)
+        if state == "LE003" and fence is not None:
+            raise Fenced(fence.stream_id, fence.version, actual, stream_id) from None
         raise WrongExpectedVersion(stream_id, int(expected), actual) from None
     if state == "LE002":
         raise EventIdConflict(
@@ -590,7 +615,7 @@ _PG_APPEND_EVENTS = (
     "FROM ledger_append_events(%(streams)b::text[], %(expected)b::bigint[], %(check_ids)b::boolean[], "
     "%(counts)b::int[], %(ids)b::text[], %(types)b::text[], %(versions)b::int[], %(data)b::text[], "
     "%(metadata)b::text[], %(recorded_at)s::double precision, %(blob_digests)b::text[], %(blobs)b::bytea[], "
-    "%(notify)s::boolean)"
+    "%(notify)s::boolean, %(fence_streams)b::text[], %(fence_versions)b::bigint[])"
 )
 _PG_BLOB_INSERT = (
     "INSERT INTO blobs (digest, media_type, content, created_at) "
@@ -601,6 +626,13 @@ _SQLITE_INSERT = text(
     "recorded_at, prev_hash, hash) VALUES (:position, :stream_id, :stream_version, :event_id, :type, "
     ":schema_version, :data, :metadata, :recorded_at, :prev_hash, :hash)"
 )
+
+
+def _version_of(conn: Connection, stream_id: str) -> int:
+    value = conn.execute(
+        text("SELECT MAX(stream_version) FROM events WHERE stream_id = :s"), {"s": stream_id}
+    ).scalar()
+    return -1 if value is None else int(value)
 
 
 def _existing(conn: Connection, event_ids: list[str]) -> dict[str, tuple[Any, ...]]:
