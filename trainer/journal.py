@@ -189,6 +189,12 @@ class Journal:
             self._writer = asyncio.create_task(self._write_batches(), name="journal-writer")
         return await request.future
 
+    async def drain(self) -> None:
+        """Until every append queued so far is written or failed.  A closed coordinator's cancelled
+        drivers leave their appends queued; a process handing the log to another waits for them."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.wait({self._writer})
+
     async def _write_batches(self) -> None:
         """The writer: while appends are queued, writes them a batch (one transaction) at a time."""
         batch: list[_Request] = []

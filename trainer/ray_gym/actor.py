@@ -189,6 +189,7 @@ class LedgerGym:
             self._metrics = None
         if self.coord is not None:
             await self.coord.close()
+            await self.coord.journal.drain()
             self.coord = None
         for client in self.clients.values():
             await client.aclose()
