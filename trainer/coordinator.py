@@ -214,7 +214,9 @@ class RolloutCoordinator:
         """A resubmission must be the request the log holds (the retry budget may differ: it is this
         process's setting, and the group keeps the one it was reserved with)."""
         stream = group_stream(reserved.group_id)
-        first = await asyncio.to_thread(lambda: next(iter(self.store.read_stream(stream)), None))
+        first = await self.journal.read(
+            lambda: next(iter(self.store.read_stream(stream)), None), "reading a group's reservation"
+        )
         if first is None or first.type != GroupReserved.event_type():
             raise GroupConflict(f"group {reserved.group_id!r} is in the log but its reservation is not")
         held = first.decode()
@@ -450,7 +452,7 @@ class RolloutCoordinator:
             blobs = [self.store.get_blob(d) if d else None for d in digests]
             return [json.loads(b) if b is not None else None for b in blobs]
 
-        return dataclasses.replace(group, replies=await asyncio.to_thread(read))
+        return dataclasses.replace(group, replies=await self.journal.read(read, "reading replies"))
 
     async def claim_for_training(self, group_id: str, train_step: int) -> None:
         self._check_alive()
@@ -488,7 +490,7 @@ class RolloutCoordinator:
 
         Counts are folded from the log, so they survive a restart; `journal/*` are this process's own.
         """
-        await asyncio.to_thread(self.figures.catch_up, self.store)
+        await self.journal.read(lambda: self.figures.catch_up(self.store), "folding the log's figures")
         flat = self.figures.flat()
         batches = max(self.journal.batches, 1)
         flat["journal/appends"] = float(self.journal.appends)
@@ -513,10 +515,15 @@ class RolloutCoordinator:
             state = "unknown" if attempt is None else attempt.status
             raise LogprobsMismatch(f"try ({rollout_id}, {attempt_index}) is {state}, not sealed")
         receipt = attempt.rollout_receipt
-        blob = await asyncio.to_thread(self.store.get_blob, receipt.tokens_digest)
+        blob = await self.journal.read(
+            lambda: self.store.get_blob(receipt.tokens_digest), "reading token records"
+        )
         decided = own_logprobs.decide(receipt, blob, rollout_id, attempt_index, logprobs, policy_version)
         source = f"trainer:{self.settings.trainer_id or ''}"
-        return await asyncio.to_thread(own_logprobs.write, self.store, decided, source)
+        # Idempotent by event id: a write retried after an outage that had committed is a no-op.
+        return await self.journal.read(
+            lambda: own_logprobs.write(self.store, decided, source), "recording trainer logprobs"
+        )
 
     async def wait_idle(self, timeout_s: float | None = None) -> None:
         """Until every group driver has finished and every debt is paid (or raises the first error)."""

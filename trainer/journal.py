@@ -113,7 +113,7 @@ class Journal:
             await self._ride_out(self._catch_up_sync, "reading the log")
         await self._notify()
 
-    async def read(self, fn: Callable[[], int], what: str) -> int:
+    async def read(self, fn: Callable[[], _T], what: str) -> _T:
         """A read of the store (e.g. its head), retried through a database outage."""
         return await self._ride_out(fn, what)
 

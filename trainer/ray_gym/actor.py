@@ -234,10 +234,12 @@ class LedgerGym:
         return self._metrics.port if self._metrics is not None else None
 
     async def _records(self, gids: list[str]) -> dict[str, GroupRecord]:
-        store = self.store
-        assert store is not None
-        return await asyncio.to_thread(
-            lambda: {gid: read_group(gid, store.read_stream(group_stream(gid))) for gid in gids}
+        store, coord = self.store, self.coord
+        assert store is not None and coord is not None
+        # Through the journal: a database outage is ridden out as the coordinator's own reads are.
+        return await coord.journal.read(
+            lambda: {gid: read_group(gid, store.read_stream(group_stream(gid))) for gid in gids},
+            "reading group streams",
         )
 
     async def _occurrence(self, digest: str, groups: int) -> tuple[int, dict[str, GroupRecord]]:
@@ -291,7 +293,7 @@ class LedgerGym:
                 out.append((rowidx, row_result(json.loads(reply), tokens)))
             return out
 
-        return await asyncio.to_thread(build)
+        return await coord.journal.read(build, "reading replies and token records")
 
 
 def ledger_gym_actor(**options: Any) -> Any:
