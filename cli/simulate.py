@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -130,7 +131,10 @@ def simulate(
             if use_ray:
                 from simulation.ray_run import run_ray_simulation
 
-                summary = run_async(run_ray_simulation(store, url, config, kill_after=ray_kill_after))
+                # Ray prints the task errors it retries (an actor killed) to stdout: keep stdout the
+                # summary's alone.
+                with contextlib.redirect_stdout(sys.stderr):
+                    summary = run_async(run_ray_simulation(store, url, config, kill_after=ray_kill_after))
             elif as_json:
                 summary = run_async(run_simulation(store, config))
             else:

@@ -55,14 +55,27 @@ async def run_ray_simulation(
 ) -> dict[str, Any]:
     import ray
 
+    if config.run_id and len(config.run_id) > MAX_ID_LENGTH // 4:
+        raise ValueError(f"run id {config.run_id!r} is too long")
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+        ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    try:
+        return await _run(store, db_url, config, kill_after, calls_in_flight)
+    finally:
+        if own_ray:
+            ray.shutdown()  # also ends Ray's thread that prints task errors to stdout
+
+
+async def _run(
+    store: EventStore, db_url: str, config: SimConfig, kill_after: int | None, calls_in_flight: int
+) -> dict[str, Any]:
+    import ray
+
     from trainer.ray_gym import LedgerGymConfig, ledger_gym_actor
 
     run_id = config.run_id or f"s{uuid.uuid4().hex[:6]}"
-    if len(run_id) > MAX_ID_LENGTH // 4:
-        raise ValueError(f"run id {run_id!r} is too long")
-    if not ray.is_initialized():
-        env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-        ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     started = time.monotonic()
     delivered: Counter[tuple[int, int]] = Counter()
     waits: list[float] = []

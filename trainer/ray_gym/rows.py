@@ -27,7 +27,7 @@ from typing import Any, Final
 from eventstore import RecordedEvent
 from eventstore.events import PromptRef
 from protocol.digests import canonical_json, sha256_digest
-from protocol.ids import MAX_ID_LENGTH, rollout_id_of
+from protocol.ids import MAX_ID_LENGTH
 from protocol.wire import TokenEntry
 
 ROW_INDEX: Final = "_rowidx"
@@ -189,7 +189,3 @@ def row_result(reply: dict[str, Any], tokens_blob: bytes) -> dict[str, Any]:
     task = reply.get("task") or {}
     full = {**task, **{k: v for k, v in reply.items() if k != "task"}}
     return {"message_log": log, "input_message_log": log[:1], "full_result": full}
-
-
-def sibling_ids(planned: PlannedGroup) -> list[str]:
-    return [rollout_id_of(planned.group_id, i) for i in range(len(planned.rows))]
