@@ -384,7 +384,7 @@ def run(events: int, url: str | None) -> None:
 
     report, audited = _timed(audit_log, store)
 
-    table = Table(title=f"replay benchmark: {head:,} events ({store.backend.name}, {os.cpu_count()} CPUs)")
+    table = Table(title=f"replay benchmark: {head:,} events ({store.url}, {os.cpu_count()} CPUs)")
     for column in ("measure", "wall", "cpu", "events/s (wall)", "events/s (cpu)", "vs raw read", "goal"):
         table.add_column(column, justify="left" if column == "measure" else "right")
 

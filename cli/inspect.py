@@ -230,7 +230,7 @@ def audit(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Replay the whole log and check every invariant of events.md; exit status 1 on any violation."""
+    """Replay the whole log and check every invariant of docs/events.md; exit status 1 on any violation."""
     with _store(db) as store:
         started = time.perf_counter()
         with _progress("audit", store.head(), quiet=as_json) as advance:

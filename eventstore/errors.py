@@ -47,6 +47,16 @@ class DatabaseUnavailable(EventStoreError):
     pass
 
 
+class StoreBusy(DatabaseUnavailable):
+    """Too many appends already wait for the log, or none of its writes took this one in time;
+    nothing was written."""
+
+
+class AppendOutcomeUnknown(DatabaseUnavailable):
+    """The write carrying an append did not answer in time: it may or may not have been written
+    (a retry with the same event ids is answered from the log)."""
+
+
 class UnknownMigrationHead(EventStoreError):
     pass
 

@@ -1,4 +1,4 @@
-"""The event catalogue of events.md: one pydantic model per event type.
+"""The event catalogue (docs/events.md): one pydantic model per event type.
 
 A model's class name is its `type` in the log, and its schema version is
 written once, as the `version=` class keyword.  Older payload versions are

@@ -1,4 +1,4 @@
-"""The auditor: every invariant of events.md as a named rule, checked in one pass over the log.
+"""The auditor: every invariant of docs/events.md as a named rule, checked in one pass over the log.
 
 Each violation names its rule, the positions of the events involved and a
 sentence.  A row the reader cannot use (unknown type or schema version, a
@@ -69,7 +69,7 @@ CHECKPOINT_CLEAN: Final = "checkpoint-clean"
 HASH_CHAIN: Final = "hash-chain"
 TRAINED_ONCE: Final = "trained-once"
 BOUNDED_RETRIES: Final = "bounded-retries"
-# Not an invariant of events.md: a row the reader cannot decode, reported rather than skipped silently.
+# Not an invariant of docs/events.md: a row the reader cannot decode, reported rather than skipped silently.
 EVENT_READABLE: Final = "event-readable"
 
 RULES: Final = (
@@ -186,7 +186,7 @@ def _group_id(event: RecordedEvent, rollout_id: str) -> str:
 
 
 class AuditProjection(TypedProjection[AuditState]):
-    """The rules of events.md over decoded events (the row checks live in `RowChecker`)."""
+    """The rules of docs/events.md over decoded events (the row checks live in `RowChecker`)."""
 
     name: ClassVar[str] = "audit"
     version: ClassVar[int] = 1
@@ -799,7 +799,7 @@ def audit_events(
 
 
 def audit_log(store: EventStore, progress: Callable[[int], None] | None = None) -> AuditReport:
-    """Replays the whole log through every rule (events.md, "Invariants an auditor checks")."""
+    """Replays the whole log through every rule (docs/events.md, Invariants)."""
     return audit_events(store.read_all(), list_checkpoints(store), subscriber_positions(store), progress)
 
 

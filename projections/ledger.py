@@ -6,7 +6,7 @@ dumped and validated through one pydantic TypeAdapter over `LedgerState`.
 Dataclasses rather than BaseModels because `apply` mutates them in place and
 a model's validated `__setattr__`/`__init__` cost more than the fold itself.
 
-Debts (events.md rule 3): `AckOwed` adds one, `AckAccepted` pays it, and an
+Debts (docs/events.md, Invariants: debts): `AckOwed` adds one, `AckAccepted` pays it, and an
 `AckRejected` of kind `unknown_execution` drops it (the agent restarted and
 lost the result, so there is nothing left to ACK).  An `AckRejected` of kind
 `receipt_mismatch` leaves the debt in place on purpose: the agent still

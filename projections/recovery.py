@@ -1,4 +1,4 @@
-"""The recovery view of the log: `RolloutRecoveryState` (the snapshot) and the restore plan (protocol.md §9).
+"""The recovery view of the log: `RolloutRecoveryState` (the snapshot) and the restore plan (docs/protocol.md, Recovery).
 
 Both are derived, purely, from the ledger and checkpoints projections: the
 snapshot is the ledger's state in one pydantic model, and the plan is what a
@@ -17,7 +17,7 @@ restarted trainer must do, in order, before it goes on:
 
 from __future__ import annotations
 
-from typing import ClassVar, Final, Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -61,17 +61,6 @@ class RolloutRecoveryState(_Model):
 
     def state_hash(self) -> str:
         return sha256_text(canonical(self.model_dump(mode="json")))
-
-
-class RecoveryView:
-    """The recovery state as a (derived) projection: a name, a version and a state hash."""
-
-    name: ClassVar[str] = "recovery"
-    version: ClassVar[int] = RECOVERY_SCHEMA_VERSION
-
-    @staticmethod
-    def derive(ledger: LedgerState, checkpoints: CheckpointsState | None = None) -> RolloutRecoveryState:
-        return RolloutRecoveryState.of(ledger, checkpoints)
 
 
 # --- the restore plan ----------------------------------------------------------------
@@ -264,7 +253,7 @@ def _plan_sibling_group(
 def _plan_prompt_group(
     group: GroupState, settle: list[AttemptToSettle], rerun: list[str], dead: list[str]
 ) -> None:
-    # A partly finished group is never reused (protocol.md §4): settle what the agent may hold, then rerun whole.
+    # A partly finished group is never reused (docs/protocol.md, Prompt groups): settle what the agent may hold, then rerun whole.
     for index in sorted(group.siblings):
         attempt = group.siblings[index].current
         if attempt is None:

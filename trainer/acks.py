@@ -1,4 +1,4 @@
-"""The ACK relay: an outbox that pays the debts the log says are unpaid (protocol.md §2.7).
+"""The ACK relay: an outbox that pays the debts the log says are unpaid (docs/protocol.md, ACK debts).
 
 It reads unpaid debts from the ledger projection (so they survive any crash), sends ONE
 `/acknowledge` per agent carrying every receipt owed to it, and appends `AckAccepted` only after the

@@ -310,7 +310,7 @@ class Attempts:
     # --- retire or adopt ---------------------------------------------------------------------------
 
     async def resolve(self, group_id: str, rollout_id: str, attempt_index: int) -> AttemptOutcome:
-        """Retire the try; adopt it if it finished (protocol.md §5).  Settles it once."""
+        """Retire the try; adopt it if it finished (docs/protocol.md, Retire or adopt).  Settles it once."""
         live = self.ctx.live_attempt(rollout_id, attempt_index)
         async with live.lock:
             if live.outcome is not None:

@@ -1,4 +1,4 @@
-"""Checkpoints: a two-phase commit with presumed abort across the trainer and every agent (protocol.md §6).
+"""Checkpoints: a two-phase commit with presumed abort across the trainer and every agent (docs/protocol.md, Checkpoints).
 
 The `CheckpointCommitted` append is the decision.  Before it, anything that goes wrong aborts; after
 it, the commit is finished and the agents resumed, now or by recovery.  A prepare never waits for a

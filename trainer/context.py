@@ -57,11 +57,6 @@ class LiveAttempt:
     outcome: AttemptOutcome | None = None
 
 
-@dataclass
-class Stats:
-    prepare_waits: list[float] = field(default_factory=list)
-
-
 class Context:
     def __init__(self, journal: Journal, agents: dict[str, GymClient], settings: Settings) -> None:
         self.journal = journal
@@ -103,7 +98,7 @@ class Context:
 
 
 class Lease:
-    """A try's deadline: a clock that does not run while a checkpoint is in flight (protocol.md §7)."""
+    """A try's deadline: a clock that does not run while a checkpoint is in flight (docs/protocol.md, Deadlines and fencing)."""
 
     def __init__(self, ctx: Context, budget_s: float) -> None:
         self.ctx = ctx

@@ -1,6 +1,6 @@
 """The coordinator's only memory: appends to the log and the projections folded back from it.
 
-Every append names the version this process last saw of its stream (fencing, protocol.md §7): a
+Every append names the version this process last saw of its stream (fencing: docs/protocol.md, Deadlines and fencing): a
 second coordinator's write makes this one's next append fail, and this one stops for good.  After
 each append the projections catch up with the log, so what the coordinator knows is always what the
 log says, including other writers' events: from the rows the store reports it wrote when they are

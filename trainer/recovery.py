@@ -1,4 +1,4 @@
-"""Rebuilding a coordinator from the log and carrying on (protocol.md §9).
+"""Rebuilding a coordinator from the log and carrying on (docs/protocol.md, Recovery).
 
 Nothing is restored from a private file: the ledger and checkpoint projections are folded from the
 log and the restore plan is derived from them alone (`projections.recovery.plan_recovery`).  The

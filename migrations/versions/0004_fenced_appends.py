@@ -11,17 +11,15 @@ Revises: 0003
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from alembic import op
+
+from migrations import function_sql
 
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-_FUNCTIONS = Path(__file__).parent.parent / "functions"
 _OLD_SIGNATURE = (
     "ledger_append_events(text[], bigint[], boolean[], int[], text[], text[], int[], text[], text[], "
     "double precision, text[], bytea[], boolean)"
@@ -32,16 +30,10 @@ _SIGNATURE = _OLD_SIGNATURE[:-1] + ", text[], bigint[])"
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"DROP FUNCTION {_OLD_SIGNATURE}")
-        op.execute((_FUNCTIONS / "ledger_append_events.0004.sql").read_text())
+        op.execute(function_sql("ledger_append_events", revision))
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"DROP FUNCTION {_SIGNATURE}")
-        spec = importlib.util.spec_from_file_location(
-            "_0003", Path(__file__).with_name("0003_append_events.py")
-        )
-        assert spec is not None and spec.loader is not None
-        previous = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(previous)
-        op.execute(previous._EVENTS)
+        op.execute(function_sql("ledger_append_events", "0003"))

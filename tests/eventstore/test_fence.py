@@ -3,6 +3,7 @@ that stream is at exactly that version, atomically with the write."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 
@@ -188,3 +189,42 @@ def test_concurrent_owners_never_write_under_a_moved_fence(store_url: str) -> No
             assert ev.metadata["epoch"] == trainer_version, ev.position
     assert all(r.actual > r.expected for r in refusals)
     assert work + len(refusals) > 0 and store.verify_chain() is None
+
+
+def _owner_process(url: str, w: int, rounds: int) -> None:
+    store = open_store(url)
+    for i in range(rounds):
+        current = store.stream_version(TRAINER)
+        try:
+            mine = store.append(TRAINER, [epoch(f"w{w}")], current).stream_version
+        except Exception:
+            continue
+        for j in range(2):
+            event = NewEvent.of(minted(j, f"w{w}r{i}"), metadata={"epoch": mine})
+            with contextlib.suppress(Fenced):
+                store.append(f"group-w{w}", [event], fence=Fence(TRAINER, mine))
+
+
+def test_owner_processes_never_write_under_a_moved_fence(pg_url: str) -> None:
+    """The same race between four processes on one PostgreSQL log (the append lock, not a Python lock)."""
+    import multiprocessing as mp
+
+    from eventstore import upgrade_database
+
+    upgrade_database(pg_url)
+    store = open_store(pg_url)
+    take_epoch(store)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_owner_process, args=(pg_url, w, 10)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert all(p.exitcode == 0 for p in procs)
+    trainer_version = -1
+    for ev in store.read_all():
+        if ev.stream_id == TRAINER:
+            trainer_version = ev.stream_version
+        else:
+            assert ev.metadata["epoch"] == trainer_version, ev.position
+    assert trainer_version >= 1 and store.verify_chain() is None

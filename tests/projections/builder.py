@@ -1,7 +1,7 @@
 """Builds logs for the projection tests by appending catalogue events through the store.
 
 Each helper appends what the coordinator appends at that step, in the same
-atomic groupings (events.md, "Required atomic appends"); tests that need a
+atomic groupings (docs/events.md, Atomic appends); tests that need a
 broken log append raw events with `append`.
 """
 

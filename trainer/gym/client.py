@@ -2,7 +2,7 @@
 
 Two connection pools: `/run` calls are long and many, so they get their own pool and no default
 timeout (the trainer's lease deadline governs them); control calls go through a second pool with a 60 s
-default timeout, so they never queue behind open runs (protocol.md §8).  Every reply is checked
+default timeout, so they never queue behind open runs (docs/protocol.md, Connection pools).  Every reply is checked
 against its wire model; every refusal becomes a typed exception from `trainer.gym.errors`.
 
 The pools are `LeanTransport`s (httpx transports) called through their `exchange` method: the
@@ -96,7 +96,7 @@ def _default_ssl_context() -> ssl.SSLContext:
 
 
 def verify_receipt(reply: RunReply, receipt: CompletionReceipt) -> None:
-    """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (protocol.md §2.4)."""
+    """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (docs/protocol.md, Receipts)."""
     expected = {
         "rollout_id": reply.rollout_id,
         "attempt_index": reply.attempt_index,
