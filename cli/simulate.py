@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 import time
 from typing import Annotated
 
@@ -12,8 +14,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
-from eventstore import open_store
+from cli.metrics import serve_metrics
+from eventstore import EventStore, open_store
+from protocol.streams import group_stream
 from simulation.explore import explore
+from simulation.ray_run import ray_failed
 from simulation.run import DEFAULT_FAULTS, SimConfig, failed, parse_faults, run_simulation
 from trainer.eventloop import run_async
 
@@ -62,6 +67,38 @@ def simulate(
             "core (from --seed) and check each history; exit status 1 on any violation.",
         ),
     ] = 0,
+    use_ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Run the coordinator inside a Ray actor (NeMo RL's NemoGym drop-in), driven through its "
+            "streaming run_rollouts (needs the `ray` extra).",
+        ),
+    ] = False,
+    ray_kill_after: Annotated[
+        int | None,
+        typer.Option(
+            "--ray-kill-after", min=1, help="With --ray: kill the actor once after this many rows came back."
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on /metrics at this port while the run lasts (`metrics` extra).",
+        ),
+    ] = None,
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel",
+            help="After the run, emit an OpenTelemetry trace per rollout (a span per try: /run, receipt, "
+            "seal, ACK) from the log: to OTLP when opentelemetry-exporter-otlp is installed, else to "
+            "stderr (`otel` extra).",
+        ),
+    ] = False,
 ) -> None:
     """Runs GROUPS prompt groups through the coordinator with faults and checkpoints, then reports.
 
@@ -98,10 +135,21 @@ def simulate(
         park_grace_s=park_grace,
         seed=seed,
     )
+    if ray_kill_after is not None and not use_ray:
+        raise typer.BadParameter("--ray-kill-after needs --ray")
     with clear_errors():
-        store = open_store(db_url(db), migrate_schema=True)
+        url = db_url(db)
+        store = open_store(url, migrate_schema=True)
+        exporter = serve_metrics(store, metrics_port, "trainer") if metrics_port is not None else None
         try:
-            if as_json:
+            if use_ray:
+                from simulation.ray_run import run_ray_simulation
+
+                # Ray prints the task errors it retries (an actor killed) to stdout: keep stdout the
+                # summary's alone.
+                with contextlib.redirect_stdout(sys.stderr):
+                    summary = run_async(run_ray_simulation(store, url, config, kill_after=ray_kill_after))
+            elif as_json:
                 summary = run_async(run_simulation(store, config))
             else:
                 with Progress(
@@ -117,7 +165,12 @@ def simulate(
                             store, config, progress=lambda done, total: bar.update(task, completed=done)
                         )
                     )
+            if otel:
+                traced = emit_run_spans(store, summary["run_id"])
+                err_console.print(f"{traced} tries traced")
         finally:
+            if exporter is not None:
+                exporter.close()
             store.close()
     if as_json:
         console.print_json(json.dumps(summary))
@@ -128,7 +181,7 @@ def simulate(
         for key, value in summary.items():
             table.add_row(key, "-" if value is None else str(value))
         console.print(table)
-    if failed(summary):
+    if failed(summary) or (use_ray and ray_failed(summary)):
         raise typer.Exit(1)
 
 
@@ -159,3 +212,28 @@ def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
             )
     if not result.ok:
         raise typer.Exit(1)
+
+
+def emit_run_spans(store: EventStore, run_id: str) -> int:
+    """The run's tries as spans, through an SDK tracer provider flushed before returning."""
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+    except ImportError:
+        raise typer.BadParameter("--otel needs opentelemetry-sdk (the `otel` extra)") from None
+    from trainer.tracing import emit_try_spans
+
+    exporter: SpanExporter
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    except ImportError:
+        exporter = ConsoleSpanExporter(out=sys.stderr)
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    prefix = group_stream(run_id)
+    events = (e for e in store.read_all(0) if e.stream_id.startswith(prefix))
+    traced = emit_try_spans(events, provider.get_tracer("rollout-ledger"))
+    provider.shutdown()
+    return traced

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
+from cli.metrics import serve_metrics
 from eventstore import open_store
 from workers.kernels import Backend
 from workers.logprobs import LogprobWorker, QueueCounts, WorkerConfig, WorkerStats
@@ -49,6 +50,15 @@ def logprobs(
     ] = "auto",
     poll_interval: Annotated[float, typer.Option("--poll-interval", min=0.01)] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on /metrics at this port while the worker runs (`metrics` extra).",
+        ),
+    ] = None,
 ) -> None:
     """Score sealed tries under the current policy and append LogprobsComputed (or LogprobsRefused).
 
@@ -60,7 +70,7 @@ def logprobs(
     previous = signal.signal(signal.SIGTERM, lambda *_: stop_asked.set())
     try:
         _logprobs(db, device, policy, once, batch_tokens, claim_size, lease_seconds, temperature,
-                  backend, poll_interval, as_json, stop_asked)  # fmt: skip
+                  backend, poll_interval, as_json, stop_asked, metrics_port)  # fmt: skip
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -78,6 +88,7 @@ def _logprobs(
     poll_interval: float,
     as_json: bool,
     stop_asked: threading.Event,
+    metrics_port: int | None = None,
 ) -> None:
     if device not in ("cpu", "cuda"):
         raise typer.BadParameter("--device must be cpu or cuda")
@@ -103,11 +114,18 @@ def _logprobs(
         store = open_store(db_url(db), migrate_schema=True)
         try:
             worker = LogprobWorker(store, loaded, config)
+            exporter = (
+                serve_metrics(store, metrics_port, "worker", worker) if metrics_port is not None else None
+            )
             err_console.print(
                 f"worker {worker.worker_id} scoring for policy {worker.policy_version} on {store.url} ({device})"
             )
-            stats = _run(worker, once, quiet=as_json, stop_asked=stop_asked)
-            counts = worker.counts()
+            try:
+                stats = _run(worker, once, quiet=as_json, stop_asked=stop_asked)
+                counts = worker.counts()
+            finally:
+                if exporter is not None:
+                    exporter.close()
         finally:
             store.close()
     _summary(worker, stats, counts, as_json)

@@ -15,6 +15,8 @@ from protocol.ids import AttemptIndex, Identifier
 from protocol.wire import AttemptRef, CompletionReceipt
 
 Mode = Literal["sibling", "prompt_group"]
+# The retry budgets of a group: infrastructure failures, data failures, and the one budget of v1 groups.
+RetryBudget = Literal["infra", "data", "tries"]
 TargetLevel = Literal["turn", "sibling", "prompt_group"]
 
 EVENT_TYPES: dict[str, type[Event]] = {}
@@ -215,6 +217,9 @@ class GroupDeadLettered(Event):
     group_id: Identifier
     tries: list[AttemptRef]
     reasons: list[str]
+    # The retry budget that ran out ("infra", "data", or "tries" for the one-budget groups of v1
+    # reservations); None when the group stopped for another reason (a stranded try).
+    budget: RetryBudget | None = None
 
 
 class GroupClaimedForTraining(Event):

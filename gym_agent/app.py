@@ -167,6 +167,13 @@ def create_app(config: AgentConfig, generation: int) -> tuple[ASGIApp, Execution
     async def status() -> JSONResponse:
         return _json(reg.status())
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        from gym_agent.metrics import render
+
+        body, content_type = render(config.name, reg.status(), reg.debug_runs())
+        return Response(body, media_type=content_type)
+
     @app.get("/capabilities")
     async def capabilities() -> JSONResponse:
         return _json(Capabilities(agent_name=config.name, features=list(ALL_FEATURES)))

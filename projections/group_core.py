@@ -23,10 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from eventstore.events import RetryBudget
 from projections.ledger import AttemptState, GroupState, SiblingState
 
 AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
-Budget = Literal["infra", "data", "tries"]
+Budget = RetryBudget
 
 # RunFailed kinds that say the prompt or its result is at fault, not the infrastructure.
 DATA_FAILURE_KINDS: frozenset[str] = frozenset({"env", "verify"})

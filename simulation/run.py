@@ -125,6 +125,81 @@ def summarize(store: EventStore, run_id: str) -> Counter[str]:
     return Counter(e.type for e in store.read_all(0) if e.stream_id.startswith(prefixes))
 
 
+class Agents:
+    """The workload's agents: K reference agents started on loopback (or the running ones named by
+    URL), the fault mix set on them, and a supervisor that starts again one that crashed (as a real
+    deployment would).  `final_counts` reads what only the agents know: stranded results and
+    duplicate executions."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.processes: list[AgentProcess] = []
+        self.clients: dict[str, GymClient] = {}
+        self.restarts = 0
+        self._stop = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Agents:
+        config = self.config
+        fault = parse_faults(config.faults)
+        urls = dict(config.agent_urls)
+        if not urls:
+            self.processes = [
+                AgentProcess(
+                    f"agent-{i}", seed=config.seed + i, turns=config.turns, delay_s=config.agent_delay_s
+                )
+                for i in range(config.agents)
+            ]
+            await asyncio.gather(*(asyncio.to_thread(p.start) for p in self.processes))
+            urls = {p.name: p.url for p in self.processes}
+        self.clients = {name: GymClient(url, name) for name, url in urls.items()}
+        try:
+            for i, client in enumerate(self.clients.values()):
+                await client.set_faults(RateFaults(rates=fault.rates, seed=config.seed * 1000 + i))
+            if fault.crash_after is not None:
+                await next(iter(self.clients.values())).set_faults(CrashAfter(crash_after=fault.crash_after))
+        except BaseException:
+            await self.__aexit__()
+            raise
+        self._supervisor = asyncio.create_task(self._supervise())
+        return self
+
+    async def _supervise(self) -> None:
+        while not self._stop.is_set():
+            for p in self.processes:
+                if not p.is_running():
+                    self.restarts += 1
+                    await asyncio.to_thread(p.start)
+            await asyncio.sleep(0.1)
+
+    async def stop_supervising(self) -> None:
+        self._stop.set()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+
+    async def final_counts(self) -> tuple[int, int]:
+        """(stranded results, duplicate executions) as the agents report them."""
+        stranded, duplicates = 0, 0
+        for name, client in self.clients.items():
+            try:
+                status = await client.status()
+                runs = await client.debug_runs()
+            except GymError as exc:
+                log.error("final status of %s unavailable: %s", name, exc)
+                continue
+            stranded += status.completed_unacknowledged
+            duplicates += sum(v - 1 for v in runs.values() if v > 1)
+        return stranded, duplicates
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_supervising()
+        for client in self.clients.values():
+            await client.aclose()
+        await asyncio.gather(*(asyncio.to_thread(p.close) for p in self.processes))
+
+
 async def run_simulation(
     store: EventStore,
     config: SimConfig,
@@ -133,37 +208,9 @@ async def run_simulation(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     run_id = config.run_id or f"s{uuid.uuid4().hex[:6]}"
-    fault = parse_faults(config.faults)
-    processes: list[AgentProcess] = []
-    urls = dict(config.agent_urls)
-    if not urls:
-        processes = [
-            AgentProcess(f"agent-{i}", seed=config.seed + i, turns=config.turns, delay_s=config.agent_delay_s)
-            for i in range(config.agents)
-        ]
-        await asyncio.gather(*(asyncio.to_thread(p.start) for p in processes))
-        urls = {p.name: p.url for p in processes}
-    clients = {name: GymClient(url, name) for name, url in urls.items()}
-    stop = asyncio.Event()
-    restarts = 0
-
-    async def supervise() -> None:
-        # crash_after ends an agent process; like a real deployment, it is started again.
-        nonlocal restarts
-        while not stop.is_set():
-            for p in processes:
-                if not p.is_running():
-                    restarts += 1
-                    await asyncio.to_thread(p.start)
-            await asyncio.sleep(0.1)
-
     started = time.monotonic()
-    try:
-        for i, client in enumerate(clients.values()):
-            await client.set_faults(RateFaults(rates=fault.rates, seed=config.seed * 1000 + i))
-        if fault.crash_after is not None:
-            await next(iter(clients.values())).set_faults(CrashAfter(crash_after=fault.crash_after))
-        supervisor = asyncio.create_task(supervise())
+    async with Agents(config) as agents:
+        clients = agents.clients
         coord = coordinator_factory(
             store,
             clients,
@@ -188,7 +235,7 @@ async def run_simulation(
                     PromptRef(sample_id=f"sample-{i}", task_name="arith"),
                     names[i % len(names)],
                     config.siblings,
-                    {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
+                    workload_payload(i),
                 )
 
         feeder = asyncio.create_task(feed())
@@ -212,29 +259,56 @@ async def run_simulation(
         with contextlib.suppress(asyncio.CancelledError):
             await trainer
         elapsed = time.monotonic() - started
-        stranded, duplicates = 0, 0
-        for name, client in clients.items():
-            try:
-                status = await client.status()
-                runs = await client.debug_runs()
-            except GymError as exc:
-                log.error("final status of %s unavailable: %s", name, exc)
-                continue
-            stranded += status.completed_unacknowledged
-            duplicates += sum(v - 1 for v in runs.values() if v > 1)
+        stranded, duplicates = await agents.final_counts()
         await coord.close()
-        stop.set()
-        supervisor.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await supervisor
-    finally:
-        stop.set()
-        for client in clients.values():
-            await client.aclose()
-        await asyncio.gather(*(asyncio.to_thread(p.close) for p in processes))
+        await agents.stop_supervising()
 
+    ledger = coord.ledger
+    return await summarize_run(
+        store,
+        config,
+        run_id,
+        agents,
+        RunFacts(
+            wall_s=elapsed,
+            groups_claimed=len(claimed),
+            prepare_waits=[w for o in outcomes for w in o.prepare_wait_s.values()],
+            stranded=stranded,
+            duplicate_executions=duplicates,
+            debts_outstanding=sum(
+                1 for a, r in ledger.unpaid_debts() if r.rollout_id.startswith(run_id) and a in clients
+            ),
+            journal_appends=coord.journal.appends,
+            journal_batches=coord.journal.batches,
+        ),
+    )
+
+
+def workload_payload(i: int) -> dict[str, Any]:
+    """The task of prompt `i`: a sum the reference agent's arithmetic environment checks."""
+    return {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the driver of a run knows beyond the log and the agents."""
+
+    wall_s: float
+    groups_claimed: int
+    prepare_waits: list[float]
+    stranded: int
+    duplicate_executions: int
+    debts_outstanding: int
+    journal_appends: int
+    journal_batches: int
+
+
+async def summarize_run(
+    store: EventStore, config: SimConfig, run_id: str, agents: Agents, facts: RunFacts
+) -> dict[str, Any]:
+    """The summary `ledger simulate` prints: counts from the log, the agents' own, the audit."""
     counts = await asyncio.to_thread(summarize, store, run_id)
-    waits = [w for o in outcomes for w in o.prepare_wait_s.values()]
+    waits = facts.prepare_waits
     audit: int | None = None
     try:
         from projections.audit import audit_log
@@ -242,16 +316,15 @@ async def run_simulation(
         audit = len((await asyncio.to_thread(audit_log, store)).violations)
     except ImportError:
         audit = None
-    ledger = coord.ledger
     return {
         "run_id": run_id,
         "mode": config.mode,
-        "agents": len(clients),
+        "agents": len(agents.clients),
         "groups": config.groups,
         "siblings": config.siblings,
-        "wall_s": round(elapsed, 2),
+        "wall_s": round(facts.wall_s, 2),
         "groups_sealed": counts["GroupSealed"],
-        "groups_claimed": len(claimed),
+        "groups_claimed": facts.groups_claimed,
         "groups_abandoned": counts["GroupAbandoned"],
         "groups_dead_lettered": counts["GroupDeadLettered"],
         "tries": counts["AttemptMinted"] + counts["ReplacementMinted"],
@@ -260,21 +333,19 @@ async def run_simulation(
         "adopted": counts["AttemptAdopted"],
         "acks_accepted": counts["AckAccepted"],
         "acks_rejected": counts["AckRejected"],
-        "debts_outstanding": sum(
-            1 for a, r in ledger.unpaid_debts() if r.rollout_id.startswith(run_id) and a in clients
-        ),
+        "debts_outstanding": facts.debts_outstanding,
         "checkpoints_committed": counts["CheckpointCommitted"],
         "checkpoints_aborted": counts["CheckpointAborted"],
         "prepare_wait_p50_s": round(statistics.median(waits), 3) if waits else None,
         "prepare_wait_max_s": round(max(waits), 3) if waits else None,
-        "agent_restarts": restarts,
-        "stranded": stranded,
-        "duplicate_executions": duplicates,
+        "agent_restarts": agents.restarts,
+        "stranded": facts.stranded,
+        "duplicate_executions": facts.duplicate_executions,
         "audit_violations": audit,
         "events": sum(counts.values()),
         # Group commit: appends written, and the store transactions (append-lock holds) they took.
-        "journal_appends": coord.journal.appends,
-        "journal_batches": coord.journal.batches,
+        "journal_appends": facts.journal_appends,
+        "journal_batches": facts.journal_batches,
     }
 
 

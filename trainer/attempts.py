@@ -198,7 +198,11 @@ class Attempts:
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
         rid, n = reply.rollout_id, reply.attempt_index
-        digest = reply_digest(reply.model_dump(mode="json", by_alias=True))
+        dumped = reply.model_dump(mode="json", by_alias=True)
+        digest = reply_digest(dumped)
+        # The reply itself goes to the content-addressed blob table with the seal (its address is the
+        # digest the agent's receipt names), so a trainer gets `response` back from the log.
+        reply_blob = canonical_json(dumped).encode()
         try:
             receipt = await client.completion_receipt(rid, n)
         except BadResponseError as exc:
@@ -269,7 +273,7 @@ class Attempts:
                 return [*head, AckOwed(agent_name=group.agent_name, receipt=receipt)]
             return [*head, *self.keep_events(current, rollout_receipt, receipt)]
 
-        await ctx.journal.append(group_stream(group_id), build, blobs=[blob])
+        await ctx.journal.append(group_stream(group_id), build, blobs=[blob, reply_blob])
         ctx.ack_wakeup.set()
         return FINISHED
 

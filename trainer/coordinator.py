@@ -5,6 +5,7 @@
     await coord.submit("p7", PromptRef(sample_id="s7", task_name="math"), "math-agent", 4, payload)
     async for group in coord.sealed_groups(): await coord.claim_for_training(group.group_id, step)
     outcome = await coord.checkpoint("ckpt-1")
+    logger.log(await coord.metrics(), step)                       # a flat dict[str, float]
     coord = await RolloutCoordinator.recover(store, agents)   # after a crash
 
 Every decision is an event appended with the stream version this process last saw; everything the
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from eventstore import EventStore
@@ -35,7 +38,8 @@ from eventstore.events import (
     TargetLevel,
     TrainerEpochTaken,
 )
-from projections.group_core import dead_letter_reason, round_exhausted, round_step, sibling_exhausted
+from projections.figures import LogFigures
+from projections.group_core import Budget, dead_letter_reason, round_exhausted, round_step, sibling_exhausted
 from projections.ledger import GroupState, LedgerState
 from protocol.ids import rollout_id_of
 from protocol.streams import group_stream, trainer_stream
@@ -51,6 +55,8 @@ from trainer.errors import (
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,
+    GroupConflict,
+    LogprobsMismatch,
     NotSealed,
     UnknownGroup,
 )
@@ -61,13 +67,20 @@ from trainer.journal import OUTAGE_BUDGET_S, Journal
 
 @dataclass(frozen=True)
 class SealedGroup:
-    """What training consumes: the group and, per sibling, the sealed try and its reward."""
+    """What training consumes: the group and, per sibling, the sealed try, its reward and its reply.
+
+    `replies` are the agents' `/run` replies (`response`, `reward`, the task fields) read back from the
+    log's blob table under `reply_digests`; `sealed_groups` fills them in, `sealed_unclaimed` does not
+    (it does no I/O).  A try sealed before replies were kept has None there.
+    """
 
     group_id: str
     agent_name: str
     attempts: list[AttemptRef]
     rewards: list[float]
     tokens_digests: list[str]
+    reply_digests: list[str] = field(default_factory=list)
+    replies: list[dict[str, Any] | None] = field(default_factory=list)
 
 
 class RolloutCoordinator:
@@ -112,6 +125,8 @@ class RolloutCoordinator:
         self._reconciler: asyncio.Task[None] | None = None
         self.errors: list[BaseException] = []
         self.stats: dict[str, int] = {"replacements": 0, "abandoned": 0, "dead_lettered": 0}
+        # What `metrics()` reports, folded from the log (so a restart does not reset a count).
+        self.figures = LogFigures()
 
     # --- life ------------------------------------------------------------------------------------
 
@@ -249,35 +264,66 @@ class RolloutCoordinator:
         mode: Mode | None = None,
         target_level: TargetLevel = "sibling",
         target_step: int | None = None,
-    ) -> None:
-        """Reserves the group with its first tries (one append), then dispatches every sibling."""
+    ) -> GroupState | None:
+        """Reserves the group with its first tries (one append), then dispatches every sibling.
+
+        Idempotent: a group id the log already holds with the same request is not reserved again; an
+        open one is driven (a retried call resumes it) and its state returned.  The same id with another
+        request raises `GroupConflict`.  Returns the group as the ledger holds it (None once archived).
+        """
         self._check_alive()
         await self.start()
         self.ctx.client(agent_name)
+        reserved = GroupReserved(
+            group_id=group_id,
+            prompt_ref=prompt_ref,
+            agent_name=agent_name,
+            expected_generations=expected_generations,
+            mode=mode or self.mode,
+            target_level=target_level,
+            target_step=target_step,
+            max_tries=self.settings.max_tries,
+            max_infra_failures=self.settings.max_infra_failures,
+            max_data_failures=self.settings.max_data_failures,
+            payload=payload or {},
+            trainer_id=self.settings.trainer_id,
+        )
         if self.ledger.knows_group(group_id):
-            raise ValueError(f"group {group_id!r} already exists in the log; group ids are never reused")
-        events: list[Event] = [
-            GroupReserved(
-                group_id=group_id,
-                prompt_ref=prompt_ref,
-                agent_name=agent_name,
-                expected_generations=expected_generations,
-                mode=mode or self.mode,
-                target_level=target_level,
-                target_step=target_step,
-                max_tries=self.settings.max_tries,
-                max_infra_failures=self.settings.max_infra_failures,
-                max_data_failures=self.settings.max_data_failures,
-                payload=payload or {},
-                trainer_id=self.settings.trainer_id,
-            ),
-            *(
-                AttemptMinted(rollout_id=rollout_id_of(group_id, i), generation_index=i)
-                for i in range(expected_generations)
-            ),
-        ]
-        await self.journal.append(group_stream(group_id), events)
-        self._drive(group_id)
+            await self._check_same_request(reserved)
+        else:
+            events: list[Event] = [
+                reserved,
+                *(
+                    AttemptMinted(rollout_id=rollout_id_of(group_id, i), generation_index=i)
+                    for i in range(expected_generations)
+                ),
+            ]
+            await self.journal.append(group_stream(group_id), events)
+        group = self.ledger.groups.get(group_id)
+        if group is not None and group.status == "open" and self.owns(group):
+            self._drive(group_id)
+        return group
+
+    async def _check_same_request(self, reserved: GroupReserved) -> None:
+        """A resubmission must be the request the log holds (the retry budgets may differ: they are this
+        process's settings, and the group keeps the ones it was reserved with)."""
+        stream = group_stream(reserved.group_id)
+        first = await self.journal.read(
+            lambda: next(iter(self.store.read_stream(stream)), None), "reading a group's reservation"
+        )
+        if first is None or first.type != GroupReserved.event_type():
+            raise GroupConflict(f"group {reserved.group_id!r} is in the log but its reservation is not")
+        held = first.decode()
+        assert isinstance(held, GroupReserved)
+        budgets = {"max_tries", "max_infra_failures", "max_data_failures"}
+        mine = reserved.model_dump(mode="json", exclude=budgets)
+        theirs = held.model_dump(mode="json", exclude=budgets)
+        if mine != theirs:
+            fields = sorted(k for k in mine if mine[k] != theirs.get(k))
+            raise GroupConflict(
+                f"group {reserved.group_id!r} already exists in the log with another request "
+                f"(differs in {', '.join(fields)}); group ids are never reused"
+            )
 
     def _drive(self, group_id: str) -> None:
         if group_id not in self._drivers or self._drivers[group_id].done():
@@ -315,12 +361,13 @@ class RolloutCoordinator:
         group = self.ledger.groups.get(group_id)  # type: ignore[assignment]
         if group is None or group.status != "open":
             return
-        reasons = [r for r in exhausted if r is not None]
-        if reasons:
-            await self._dead_letter(group, [], reasons[0])
+        spent = [e for e in exhausted if e is not None]
+        if spent:
+            await self._dead_letter(group, [], spent[0][0], spent[0][1])
 
-    async def _drive_sibling(self, group_id: str, gi: int) -> str | None:
-        """Attempts one sibling until it is sealed (None) or a budget is spent (why)."""
+    async def _drive_sibling(self, group_id: str, gi: int) -> tuple[str, Budget | None] | None:
+        """Attempts one sibling until it is sealed (None) or it cannot go on: (why, the budget spent,
+        None for a stranded try)."""
         while True:
             self._check_alive()
             group = self.ledger.groups.get(group_id)
@@ -341,7 +388,7 @@ class RolloutCoordinator:
             if budget is not None or outcome.kind == "stranded":
                 if retired:
                     await self.journal.append(group_stream(group_id), retired)
-                return outcome.reason if budget is None else dead_letter_reason(budget, group)
+                return (outcome.reason if budget is None else dead_letter_reason(budget, group)), budget
             replacement = ReplacementMinted(
                 rollout_id=sibling.rollout_id,
                 generation_index=gi,
@@ -399,7 +446,7 @@ class RolloutCoordinator:
             budget = round_exhausted(group)
             if budget is not None or any(o.kind == "stranded" for o in failed.values()):
                 why = reason if budget is None else f"{dead_letter_reason(budget, group)}; {reason}"
-                await self._dead_letter(group, retired, why[:500])
+                await self._dead_letter(group, retired, why[:500], budget)
                 return
             replacements = [
                 ReplacementMinted(
@@ -446,7 +493,9 @@ class RolloutCoordinator:
             raise
         return {gi: task.result() for gi, task in tasks.items()}
 
-    async def _dead_letter(self, group: GroupState, retired: list[Event], reason: str) -> None:
+    async def _dead_letter(
+        self, group: GroupState, retired: list[Event], reason: str, budget: Budget | None
+    ) -> None:
         tries = [
             AttemptRef(rollout_id=s.rollout_id, attempt_index=a)
             for s in sorted(group.siblings.values(), key=lambda s: s.generation_index)
@@ -467,7 +516,10 @@ class RolloutCoordinator:
             [
                 *retired,
                 GroupDeadLettered(
-                    group_id=group.group_id, tries=tries, reasons=[r[:300] for r in reasons[:100]]
+                    group_id=group.group_id,
+                    tries=tries,
+                    reasons=[r[:300] for r in reasons[:100]],
+                    budget=budget,
                 ),
             ],
         )
@@ -496,7 +548,7 @@ class RolloutCoordinator:
             for group in self.sealed_unclaimed():
                 if group.group_id not in seen:
                     seen.add(group.group_id)
-                    yield group
+                    yield await self.with_replies(group)
             if self.journal.fenced is not None:
                 raise self.journal.fenced
             if self.journal.stopped is not None:
@@ -507,6 +559,16 @@ class RolloutCoordinator:
             async with self.journal.changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.journal.changed.wait(), 0.5)
+
+    async def with_replies(self, group: SealedGroup) -> SealedGroup:
+        """The group with its siblings' replies read from the log's blob table."""
+        digests = group.reply_digests
+
+        def read() -> list[dict[str, Any] | None]:
+            blobs = [self.store.get_blob(d) if d else None for d in digests]
+            return [json.loads(b) if b is not None else None for b in blobs]
+
+        return dataclasses.replace(group, replies=await self.journal.read(read, "reading replies"))
 
     async def claim_for_training(self, group_id: str, train_step: int) -> None:
         self._check_alive()
@@ -536,6 +598,48 @@ class RolloutCoordinator:
     ) -> CheckpointOutcome:
         self._check_alive()
         return await self.checkpointer.checkpoint(checkpoint_id, participants)
+
+    # --- what a trainer logs and records ------------------------------------------------------------------
+
+    async def metrics(self) -> dict[str, float]:
+        """A flat `dict[str, float]` for a trainer's logger (NeMo RL logs one per step).
+
+        Counts are folded from the log, so they survive a restart; `journal/*` are this process's own.
+        """
+        await self.journal.read(lambda: self.figures.catch_up(self.store), "folding the log's figures")
+        flat = self.figures.flat()
+        batches = max(self.journal.batches, 1)
+        flat["journal/appends"] = float(self.journal.appends)
+        flat["journal/batches"] = float(self.journal.batches)
+        flat["journal/appends_per_batch"] = self.journal.appends / batches
+        flat["coordinator/open_groups"] = float(len(self.open_groups()))
+        return flat
+
+    async def record_logprobs(
+        self, rollout_id: str, attempt_index: int, logprobs: Sequence[float], policy_version: str
+    ) -> bool:
+        """Records logprobs the trainer computed for a sealed try as its `LogprobsComputed`.
+
+        Checked against the try's token records like a logprob worker's; `LogprobsMismatch` when they
+        do not fit (or the try is not sealed).  False when the log already holds this very result.
+        """
+        from trainer import own_logprobs
+
+        self._check_alive()
+        attempt = self.ledger.attempt(rollout_id, attempt_index)
+        if attempt is None or attempt.status != "sealed" or attempt.rollout_receipt is None:
+            state = "unknown" if attempt is None else attempt.status
+            raise LogprobsMismatch(f"try ({rollout_id}, {attempt_index}) is {state}, not sealed")
+        receipt = attempt.rollout_receipt
+        blob = await self.journal.read(
+            lambda: self.store.get_blob(receipt.tokens_digest), "reading token records"
+        )
+        decided = own_logprobs.decide(receipt, blob, rollout_id, attempt_index, logprobs, policy_version)
+        source = f"trainer:{self.settings.trainer_id or ''}"
+        # Idempotent by event id: a write retried after an outage that had committed is a no-op.
+        return await self.journal.read(
+            lambda: own_logprobs.write(self.store, decided, source), "recording trainer logprobs"
+        )
 
     async def wait_idle(self, timeout_s: float | None = None) -> None:
         """Until every group driver has finished and every debt is paid (or raises the first error)."""
@@ -569,11 +673,12 @@ def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome)
 
 def _sealed(group: GroupState) -> SealedGroup:
     siblings = sorted(group.siblings.values(), key=lambda s: s.generation_index)
-    refs, rewards, digests = [], [], []
+    refs, rewards, digests, replies = [], [], [], []
     for s in siblings:
         index = s.sealed_attempt if s.sealed_attempt is not None else s.current_attempt
         attempt = s.attempts[index]
         refs.append(AttemptRef(rollout_id=s.rollout_id, attempt_index=index))
         rewards.append(float(s.reward if s.reward is not None else 0.0))
         digests.append(attempt.rollout_receipt.tokens_digest if attempt.rollout_receipt else "")
-    return SealedGroup(group.group_id, group.agent_name, refs, rewards, digests)
+        replies.append(attempt.reply_digest or "")
+    return SealedGroup(group.group_id, group.agent_name, refs, rewards, digests, replies)

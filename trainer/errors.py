@@ -30,3 +30,11 @@ class AlreadyClaimed(RolloutError):
 class AgentMismatch(RolloutError):
     """The agent behind a client names itself differently than the coordinator calls it: every
     receipt and ACK would be attributed to the wrong agent, so the coordinator refuses to start."""
+
+
+class GroupConflict(RolloutError, ValueError):
+    """`submit` named a group id the log already holds with another request: group ids are never reused."""
+
+
+class LogprobsMismatch(RolloutError, ValueError):
+    """Logprobs a trainer computed do not fit the sealed try's token records (or the try is not sealed)."""

@@ -56,6 +56,7 @@ from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState, lookahead
 from protocol.streams import group_of_stream, group_stream, is_group_stream
 from trainer.errors import CoordinatorStopped, FencedOff
+from trainer.telemetry import JOURNAL_BATCHES
 
 log = logging.getLogger("trainer")
 
@@ -121,7 +122,7 @@ class Journal:
             await self._ride_out(self._catch_up_sync, "reading the log")
         await self._notify()
 
-    async def read(self, fn: Callable[[], int], what: str) -> int:
+    async def read(self, fn: Callable[[], _T], what: str) -> _T:
         """A read of the store (e.g. its head), retried through a database outage."""
         return await self._ride_out(fn, what)
 
@@ -196,6 +197,12 @@ class Journal:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_batches(), name="journal-writer")
         return await request.future
+
+    async def drain(self) -> None:
+        """Until every append queued so far is written or failed.  A closed coordinator's cancelled
+        drivers leave their appends queued; a process handing the log to another waits for them."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.wait({self._writer})
 
     async def _write_batches(self) -> None:
         """The writer: while appends are queued, writes them a batch (one transaction) at a time."""
@@ -276,6 +283,7 @@ class Journal:
             else f"appending {sum(len(r.events) for r in ready)} event(s) to {len(ready)} streams"
         )
         state = _BatchState()
+        began = time.monotonic()
         try:
             # A retry after the database went away mid-commit names the same versions and the same
             # deterministic event ids: if the first try committed, the retry is a no-op.
@@ -299,6 +307,7 @@ class Journal:
             return
         self.appends += len(ready)
         self.batches += 1
+        JOURNAL_BATCHES.observe(len(ready), time.monotonic() - began)
         for request in ready:
             _resolve(request, request.events)
 
@@ -311,6 +320,7 @@ class Journal:
         streams: set[str] = set()
         for i, request in enumerate(ready):
             state = _BatchState()
+            began = time.monotonic()
             try:
                 if callable(request.build) and request.stream in streams:
                     # Built against the appends before it in the batch, which may not have been
@@ -334,6 +344,7 @@ class Journal:
                 continue
             self.appends += 1
             self.batches += 1
+            JOURNAL_BATCHES.observe(1, time.monotonic() - began)
             written.append(request)
         if written:
             try:

@@ -1,0 +1,149 @@
+"""The NemoGym drop-in's body without Ray: rows to groups, results from the log, a retried call resumes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from eventstore import EventStore, open_store
+from protocol.streams import group_stream
+from tests.ray.conftest import nemo_rows
+from tests.rollout.conftest import MakeAgent
+from trainer.gym import GymClient
+from trainer.ray_gym import LedgerGym, LedgerGymConfig, RowError
+from trainer.ray_gym.rows import call_digest, group_id, split_groups
+
+
+def test_rows_split_into_contiguous_prompt_groups() -> None:
+    rows = nemo_rows(3, 2, ["a", "b"])
+    runs = split_groups(rows, None)
+    assert [[r["_rowidx"] for r in run] for run in runs] == [[0, 1], [2, 3], [4, 5]]
+    one_agent = nemo_rows(3, 2, ["a"])
+    assert [[r["_rowidx"] for r in run] for run in split_groups(one_agent, 3)] == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(RowError, match="different agents"):
+        split_groups(rows, 3)
+    with pytest.raises(RowError, match="do not split"):
+        split_groups(rows, 4)
+    with pytest.raises(RowError, match="agent_ref"):
+        split_groups([{**rows[0], "agent_ref": {}}], None)
+    with pytest.raises(RowError, match="empty"):
+        split_groups([], None)
+    # A retry sends the same rows: the same digest, so the same group ids.
+    assert call_digest(rows) == call_digest([dict(r) for r in rows])
+    assert call_digest(rows) != call_digest(nemo_rows(3, 2, ["a", "b"], tag="x"))
+
+
+def _config(url: str, agents: dict[str, str], **kw: Any) -> LedgerGymConfig:
+    return LedgerGymConfig(db_url=url, agents=agents, rollout_timeout_s=60.0, prepare_timeout_s=60.0, **kw)
+
+
+async def _collect(gym: LedgerGym, rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], Any]]:
+    return [item async for item in gym.run_rollouts(rows, "timing/rollout")]
+
+
+async def test_every_row_comes_back_once_with_its_reply_and_tokens(
+    sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    a, b = make_agent("a"), make_agent("b")
+    rows = nemo_rows(4, 2, ["a", "b"])
+    gym = LedgerGym(_config(sqlite_url, {"a": a.url, "b": b.url}))
+    try:
+        items = await _collect(gym, rows)
+        await gym.wait_idle(120)
+    finally:
+        await gym.shutdown()
+    assert sorted(i for i, _, _ in items) == list(range(8))
+    # Rows of a group come together, in generation order.
+    for k in range(0, 8, 2):
+        pos = [i for i, _, _ in items].index(k)
+        assert items[pos + 1][0] == k + 1
+    assert items[-1][2] is not None and "timing/rollout/ledger_total_s" in items[-1][2]
+    for rowidx, result, _ in items:
+        full = result["full_result"]
+        assert full["responses_create_params"] == rows[rowidx]["responses_create_params"]
+        assert full["_ng_task_index"] == rows[rowidx]["_ng_task_index"]
+        assert isinstance(full["reward"], float) and "output" in full["response"]
+        log = result["message_log"]
+        assert [m["role"] for m in log[:2]] == ["user", "assistant"] and result["input_message_log"] == log[
+            :1
+        ]
+        assistant = [m for m in log if m["role"] == "assistant"]
+        assert all(len(m["token_ids"]) == len(m["generation_logprobs"]) > 0 for m in assistant)
+
+
+async def test_a_retried_call_resumes_and_replays_in_claim_order(
+    sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    """The first attempt dies after two rows (one group) went out; the retry yields that group first
+    (Ray drops the items its caller has by index), then the rest, and nothing is reserved or run twice."""
+    agent = make_agent("a")
+    rows = nemo_rows(3, 2, ["a"])
+    digest = call_digest(rows)
+    first = LedgerGym(_config(sqlite_url, {"a": agent.url}))
+    stream = first.run_rollouts(rows, "t")
+    got = [await anext(stream), await anext(stream)]
+    await stream.aclose()
+    await first.shutdown()  # the actor died with the call in flight
+    # Whichever group sealed first went out first, both of its rows.
+    assert got[0][0] % 2 == 0 and got[1][0] == got[0][0] + 1
+
+    second = LedgerGym(_config(sqlite_url, {"a": agent.url}))
+    try:
+        retried = await _collect(second, rows)
+        await second.wait_idle(120)
+    finally:
+        await second.shutdown()
+    assert [i for i, _, _ in retried[:2]] == [i for i, _, _ in got]
+    assert sorted(i for i, _, _ in retried) == list(range(6))
+    assert retried[0][1] == got[0][1]
+    store = open_store(sqlite_url)
+    try:
+        for k in range(3):
+            types = [e.type for e in store.read_stream(group_stream(group_id("nrl-", digest, 0, k)))]
+            # Tries in flight when the first one died were retired (or adopted) and replaced, once.
+            assert types.count("GroupReserved") == 1 and types.count("GroupSealed") == 1
+        assert not list(store.read_stream(group_stream(group_id("nrl-", digest, 1, 0))))
+    finally:
+        store.close()
+    async with GymClient(agent.url, "a") as client:
+        assert all(n == 1 for n in (await client.debug_runs()).values())
+        assert (await client.status()).completed_unacknowledged == 0
+
+
+async def test_the_same_rows_again_after_delivery_are_a_new_call(
+    sqlite_url: str, sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    agent = make_agent("a")
+    rows = nemo_rows(1, 2, ["a"])
+    gym = LedgerGym(_config(sqlite_url, {"a": agent.url}))
+    try:
+        await _collect(gym, rows)
+        await _collect(gym, rows)
+        await gym.wait_idle(120)
+    finally:
+        await gym.shutdown()
+    digest = call_digest(rows)
+    for occurrence in (0, 1):
+        types = [
+            e.type for e in sqlite_store.read_stream(group_stream(group_id("nrl-", digest, occurrence, 0)))
+        ]
+        assert types.count("GroupSealed") == 1 and types.count("GroupClaimedForTraining") == 1
+
+
+async def test_the_actor_serves_the_logs_figures(sqlite_url: str, make_agent: MakeAgent) -> None:
+    pytest.importorskip("prometheus_client")
+    import httpx
+
+    agent = make_agent("a")
+    gym = LedgerGym(_config(sqlite_url, {"a": agent.url}, metrics_port=0))
+    try:
+        await _collect(gym, nemo_rows(2, 2, ["a"]))
+        port = gym.metrics_port()
+        assert port is not None
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        figures = await gym.metrics()
+    finally:
+        await gym.shutdown()
+    assert "ledger_groups_sealed_total 2.0" in text and "ledger_groups_claimed_total 2.0" in text
+    assert figures["ledger/groups_sealed"] == 2

@@ -1,0 +1,113 @@
+"""The adapter on a real local Ray: NeMo RL's streaming call, an actor killed mid-run, logprob actors."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from eventstore import open_store
+from projections.audit import audit_log
+from protocol.streams import group_stream
+from tests.ray.conftest import nemo_rows
+from tests.rollout.conftest import MakeAgent
+from trainer.gym import GymClient
+from trainer.ray_gym import LedgerGymConfig, ledger_gym_actor
+from trainer.ray_gym.rows import call_digest, group_id
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())}},
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+async def _stream(gym: Any, rows: list[dict[str, Any]], kill_after: int | None = None) -> list[Any]:
+    """NeMo RL's call site (`run_async_nemo_gym_rollout`), killing the actor after `kill_after` items."""
+    got = []
+    async for ref in gym.run_rollouts.options(num_returns="streaming").remote(rows, "timing/rollout"):
+        got.append(await ref)
+        if kill_after is not None and len(got) == kill_after:
+            ray.kill(gym, no_restart=False)  # a crash: Ray restarts the actor and retries the call
+    return got
+
+
+async def test_an_actor_killed_mid_run_recovers_with_nothing_lost(
+    local_ray: None, sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    a, b = make_agent("a"), make_agent("b")
+    rows = nemo_rows(6, 2, ["a", "b"])
+    config = LedgerGymConfig(
+        db_url=sqlite_url, agents={"a": a.url, "b": b.url}, rollout_timeout_s=60.0, prepare_timeout_s=60.0
+    )
+    gym = ledger_gym_actor().remote(config)
+    await gym._spinup.remote()
+    got = await _stream(gym, rows, kill_after=3)
+    await gym.wait_idle.remote(60)
+    assert ray.get(gym.health_check.remote()) is None
+    await gym.shutdown.remote()
+
+    # Every row exactly once, each with its own reply.
+    assert Counter(i for i, _, _ in got) == Counter(range(12))
+    for rowidx, result, _ in got:
+        assert result["full_result"]["responses_create_params"] == rows[rowidx]["responses_create_params"]
+    store = open_store(sqlite_url)
+    try:
+        digest = call_digest(rows)
+        for k in range(6):
+            types = Counter(e.type for e in store.read_stream(group_stream(group_id("nrl-", digest, 0, k))))
+            assert types["GroupReserved"] == 1 and types["GroupSealed"] == 1
+        # Recovered from the log twice: at the first spin-up and after the kill.
+        assert sum(e.type == "TrainerRestored" for e in store.read_all(0)) == 2
+        assert audit_log(store).violations == []
+    finally:
+        store.close()
+    for agent, name in ((a, "a"), (b, "b")):
+        async with GymClient(agent.url, name) as client:
+            assert all(n == 1 for n in (await client.debug_runs()).values())  # nothing ran twice
+            assert (await client.status()).completed_unacknowledged == 0  # nothing stranded
+
+
+async def test_logprob_workers_run_as_ray_actors(
+    local_ray: None, sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    pytest.importorskip("torch")
+    from trainer.ray_gym.logprobs import start_logprob_workers
+
+    agent = make_agent("a")
+    rows = nemo_rows(2, 2, ["a"])
+    gym = ledger_gym_actor().remote(LedgerGymConfig(db_url=sqlite_url, agents={"a": agent.url}))
+    got = await _stream(gym, rows)
+    await gym.wait_idle.remote(60)
+    await gym.shutdown.remote()
+    assert len(got) == 4
+    [worker] = start_logprob_workers(sqlite_url, 1, config={"poll_interval_s": 0.05})
+    stats = ray.get(worker.run.remote(once=True), timeout=300)
+    ray.get(worker.close.remote())
+    assert stats["scored"] == 4 and stats["refused"] == 0
+    store = open_store(sqlite_url)
+    try:
+        computed = [e for e in store.read_all(0) if e.type == "LogprobsComputed"]
+        sealed = {
+            (e.data["rollout_id"], e.data["attempt_index"])
+            for e in store.read_all(0)
+            if e.type == "SiblingSealed"
+        }
+        assert {(e.data["rollout_id"], e.data["attempt_index"]) for e in computed} == sealed
+    finally:
+        store.close()

@@ -1,0 +1,48 @@
+"""`ledger simulate --ray`: the README's job with the coordinator in a Ray actor, killed once mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+def test_simulate_through_the_ray_actor_loses_nothing_when_it_is_killed(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'sim.db'}"
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "simulate",
+            "--db",
+            db,
+            "--groups",
+            "8",
+            "--siblings",
+            "3",
+            "--ray",
+            "--ray-kill-after",
+            "6",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["ray"] is True and summary["actor_kills"] == 1
+    assert summary["groups_sealed"] == 8 and summary["groups_claimed"] == 8
+    assert summary["rows_delivered"] == summary["rows"] == 24 and summary["rows_delivered_twice"] == 0
+    assert summary["stranded"] == 0 and summary["duplicate_executions"] == 0
+    assert summary["audit_violations"] == 0 and summary["debts_outstanding"] == 0
