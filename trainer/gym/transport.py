@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import h11
 import httpx
@@ -108,8 +108,7 @@ class _Link(asyncio.Protocol):
     # -- asyncio.Protocol callbacks ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass of asyncio's
 
     def data_received(self, data: bytes) -> None:
         if self._reply is None or self._reply.done():

@@ -89,7 +89,7 @@ class Scripted:
 
 @contextlib.asynccontextmanager
 async def serve(
-    script: Callable[[str], tuple[bytes, bool]] = echo, **special: Handler
+    script: Callable[[str], tuple[bytes, bool]] = echo, /, **special: Handler
 ) -> AsyncIterator[Scripted]:
     scripted = Scripted(script, {f"/{name}": h for name, h in special.items()})
     tasks: set[asyncio.Task[None]] = set()
