@@ -276,7 +276,7 @@ def measure(variant: str, concurrency: int, args: argparse.Namespace) -> dict[st
 
 
 def render(rows: list[dict[str, Any]]) -> None:
-    console = Console()
+    console = Console(width=180)
     for concurrency in sorted({r["concurrency"] for r in rows}):
         group = [r for r in rows if r["concurrency"] == concurrency]
         first = group[0]
@@ -314,7 +314,7 @@ def main() -> None:
     parser.add_argument("--min-hold-s", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=2, help="tries per client = rounds x concurrency")
     parser.add_argument("--min-tries", type=int, default=2000)
-    parser.add_argument("--budget-factor", type=float, default=3.0)
+    parser.add_argument("--budget-factor", type=float, default=2.0)
     parser.add_argument("--json", help="also write the rows to this file")
     # The child-process mode: one variant, one concurrency; prints one JSON line.
     parser.add_argument("--client", choices=list(VARIANTS), help=argparse.SUPPRESS)

@@ -5,9 +5,9 @@ timeout (the trainer's lease deadline governs them); control calls go through a 
 default timeout, so they never queue behind open runs (protocol.md §8).  Every reply is checked
 against its wire model; every refusal becomes a typed exception from `trainer.gym.errors`.
 
-The pools are `LeanTransport`s (httpx transports) called through their `exchange` method: the
-requests are the same bytes, the transport errors httpx's own, without httpx's client layer per call
-(`benchmarks/gym_client.py` measures the difference).
+The pools are `LeanTransport`s (a keep-alive pool whose HTTP/1.1 framing is h11's) called through
+their `exchange` method: the transport errors are httpx's own, without httpx's client layer per call
+(`benchmarks/gym_client.py` measures it against aiohttp's and httpx's clients; `docs/http-client.md`).
 """
 
 from __future__ import annotations
