@@ -132,7 +132,7 @@ class _Link(asyncio.Protocol):
             if exc is None:
                 self.parser.receive_data(b"")
                 self._pump()
-            if not self._reply.done():
+            if self._reply is not None and not self._reply.done():
                 self._fail(httpx.ReadError(f"connection lost while reading the response: {exc}"))
         self._wake_writer(ConnectionResetError(f"connection lost: {exc}"))
 
@@ -183,7 +183,7 @@ class _Link(asyncio.Protocol):
         self._head, self._parts, self._size, self._heard = None, [], 0, False
         self.transport.write(wire)
         if self._write_paused:
-            await self._drain(timeouts.write)
+            await self._drain(timeouts.write, reply)
         if timeouts.read is None:
             return await reply
         # A timer that fails the reply costs less per call than an `asyncio.timeout` scope.
@@ -196,8 +196,7 @@ class _Link(asyncio.Protocol):
     def _expire(self) -> None:
         self._fail(httpx.ReadTimeout("no complete response in time"))
 
-    async def _drain(self, timeout: float | None) -> None:
-        assert self._reply is not None
+    async def _drain(self, timeout: float | None, reply: asyncio.Future[Reply]) -> None:
         self._drained = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(timeout):
@@ -205,7 +204,7 @@ class _Link(asyncio.Protocol):
         except TimeoutError:
             raise httpx.WriteTimeout("sending the request timed out") from None
         except OSError as exc:
-            if self._reply.done():  # the server answered (and hung up) before reading everything
+            if reply.done():  # the server answered (and hung up) before reading everything
                 return
             raise httpx.WriteError(f"sending the request failed: {exc}") from exc
         finally:
@@ -222,6 +221,7 @@ class _Link(asyncio.Protocol):
         self.close()
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(exc)
+        self._reply = None
 
     def _pump(self) -> None:
         """Takes every event h11 can frame from what arrived; ends the reply when the response ends."""
@@ -293,6 +293,7 @@ class _Link(asyncio.Protocol):
         self._reply.set_result(
             Reply(head.status_code, list(head.headers), body, b"HTTP/" + head.http_version, head.reason)
         )
+        self._reply = None  # a parked connection holds no reply (nor its body)
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
