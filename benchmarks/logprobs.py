@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks.logprobs                  # CPU: correctness + peak memory, about a minute
     python -m benchmarks.logprobs --quick          # CPU, smaller sizes
-    python -m benchmarks.logprobs --device cuda    # GPU: the sizes of shared/spec/workers.md
+    python -m benchmarks.logprobs --device cuda    # GPU: the sizes of docs/performance.md
 
 One ``rich`` table per run: size (T, H, V, dtype), time, throughput (kernel (b): TFLOP/s of
 ``2*T*H*V``; kernel (a): GB/s of logits read), peak extra memory, max abs error against the fp64

@@ -50,6 +50,7 @@ from eventstore.events import (
     AttemptMinted,
     AttemptRetired,
     CheckpointCommitted,
+    CheckpointParticipantFinished,
     CheckpointPrepareStarted,
     CheckpointResumed,
     Event,
@@ -341,6 +342,12 @@ def generate(store: EventStore, events: int) -> None:
                                     cut_position=head,
                                     prepare_wait_s=dict.fromkeys(participants, 0.02),
                                 ),
+                                *(
+                                    CheckpointParticipantFinished(
+                                        checkpoint_id=cid, agent_name=p, outcome="resumed"
+                                    )
+                                    for p in participants
+                                ),
                                 CheckpointResumed(checkpoint_id=cid, participants=participants),
                             ],
                         ).positions[-1]
@@ -384,7 +391,7 @@ def run(events: int, url: str | None) -> None:
 
     report, audited = _timed(audit_log, store)
 
-    table = Table(title=f"replay benchmark: {head:,} events ({store.backend.name}, {os.cpu_count()} CPUs)")
+    table = Table(title=f"replay benchmark: {head:,} events ({store.url}, {os.cpu_count()} CPUs)")
     for column in ("measure", "wall", "cpu", "events/s (wall)", "events/s (cpu)", "vs raw read", "goal"):
         table.add_column(column, justify="left" if column == "measure" else "right")
 

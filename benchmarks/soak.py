@@ -38,7 +38,7 @@ from rich.table import Table
 
 from eventstore import EventStore, open_store
 from eventstore.backends import mask_url
-from eventstore.pgcluster import PgCluster
+from eventstore.testing import PgCluster
 from gym_agent.launcher import AgentProcess
 from protocol.streams import checkpoint_stream, group_stream
 from simulation.run import SimConfig, run_simulation

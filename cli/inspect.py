@@ -230,7 +230,7 @@ def audit(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Replay the whole log and check every invariant of events.md; exit status 1 on any violation."""
+    """Replay the whole log and check every invariant of docs/events.md; exit status 1 on any violation."""
     with _store(db) as store:
         started = time.perf_counter()
         with _progress("audit", store.head(), quiet=as_json) as advance:
@@ -323,6 +323,20 @@ def status(db: DbOption = None) -> None:
     pending = [c.checkpoint_id for c in checkpoints.in_doubt()]
     if pending:
         console.print(f"checkpoints preparing (undecided): {', '.join(pending)}")
+    # A decided step an agent has not confirmed: stuck (still retried) or lost (never will be).
+    troubled = [
+        (c.checkpoint_id, agent, "lost", "")
+        for c in checkpoints.checkpoints.values()
+        for agent, outcome in sorted(c.finished.items())
+        if outcome == "lost"
+    ] + [(cid, agent, "stuck", reason) for cid, agent, reason in checkpoints.stuck()]
+    if troubled:
+        table = Table(
+            "checkpoint", "participant", "state", "why", title="checkpoint participants not finished"
+        )
+        for cid, agent, state, reason in troubled:
+            table.add_row(escape(cid), escape(agent), f"[red]{state}[/red]", escape(reason[:200]))
+        console.print(table)
     newest = max((c.position for c in stored), default=None)
     console.print(
         f"log head: [bold]{head}[/bold]; newest projection checkpoint: {newest if newest is not None else 'none'}; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Annotated
 
 import typer
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
 from eventstore import open_store
+from simulation.explore import explore
 from simulation.run import DEFAULT_FAULTS, SimConfig, failed, parse_faults, run_simulation
 from trainer.eventloop import run_async
 
@@ -51,6 +53,15 @@ def simulate(
     ] = 1.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    explore_seeds: Annotated[
+        int,
+        typer.Option(
+            "--explore",
+            min=0,
+            help="Instead of the main job: explore this many seeded fault schedules of the protocol "
+            "core (from --seed) and check each history; exit status 1 on any violation.",
+        ),
+    ] = 0,
 ) -> None:
     """Runs GROUPS prompt groups through the coordinator with faults and checkpoints, then reports.
 
@@ -58,6 +69,9 @@ def simulate(
     twice on the same file is fine.  Exit status 1 if any result was stranded, any try ran twice,
     or the auditor found a violation.
     """
+    if explore_seeds:
+        _explore(explore_seeds, seed, as_json)
+        return
     if mode not in ("sibling", "prompt_group"):
         raise typer.BadParameter("--mode must be sibling or prompt_group")
     try:
@@ -115,4 +129,33 @@ def simulate(
             table.add_row(key, "-" if value is None else str(value))
         console.print(table)
     if failed(summary):
+        raise typer.Exit(1)
+
+
+def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
+
+    started = time.monotonic()
+    result = explore(seeds, first_seed)
+    summary = {
+        "seeds_explored": result.seeds,
+        "first_seed": result.first_seed,
+        "calls": result.calls,
+        "agent_restarts": result.restarts,
+        "participants_lost": result.lost,
+        "participants_stuck": result.stuck,
+        "tries_declared_lost": result.tries_lost,
+        "violations": sum(len(v) for v in result.violations.values()),
+        "failing_seeds": sorted(result.violations)[:50],
+        "wall_s": round(time.monotonic() - started, 2),
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for key, value in summary.items():
+            console.print(f"{key}: {value}")
+        for seed_, found in list(result.violations.items())[:10]:
+            console.print(
+                f"[red]seed {seed_}[/red] (replay: ledger simulate --explore 1 --seed {seed_}): {found}"
+            )
+    if not result.ok:
         raise typer.Exit(1)

@@ -9,26 +9,30 @@ from __future__ import annotations
 from sqlalchemy.exc import DBAPIError
 
 from eventstore import migrate
-from eventstore.backends import backend_for, create_engines, mask_url, resolve_url
+from eventstore.backends import create_engines, mask_url, recorder_for, resolve_url
 from eventstore.errors import (
     AppendOnlyViolation,
+    AppendOutcomeUnknown,
     DatabaseUnavailable,
     EventIdConflict,
     EventStoreError,
+    Fenced,
     InvalidEvent,
+    StoreBusy,
     UnknownEventType,
     UnknownMigrationHead,
     UnknownSchemaVersion,
     WrongExpectedVersion,
 )
 from eventstore.events import EVENT_TYPES, Event
-from eventstore.records import AppendResult, ExpectedVersion, NewEvent, RecordedEvent
+from eventstore.records import AppendResult, ExpectedVersion, Fence, NewEvent, RecordedEvent, decode_events
 from eventstore.store import ChainBreak, EventStore, UnitOfWork
 from eventstore.subscription import Subscription
 
 __all__ = [
     "EVENT_TYPES",
     "AppendOnlyViolation",
+    "AppendOutcomeUnknown",
     "AppendResult",
     "ChainBreak",
     "DatabaseUnavailable",
@@ -37,15 +41,19 @@ __all__ = [
     "EventStore",
     "EventStoreError",
     "ExpectedVersion",
+    "Fence",
+    "Fenced",
     "InvalidEvent",
     "NewEvent",
     "RecordedEvent",
+    "StoreBusy",
     "Subscription",
     "UnitOfWork",
     "UnknownEventType",
     "UnknownMigrationHead",
     "UnknownSchemaVersion",
     "WrongExpectedVersion",
+    "decode_events",
     "open_store",
     "upgrade_database",
 ]
@@ -92,7 +100,7 @@ def open_store(
         writer.dispose()
         reader.dispose()
         raise
-    return EventStore(resolved, writer, reader, backend_for(resolved), notify=notify)
+    return EventStore(resolved, writer, reader, recorder_for(resolved, notify), notify=notify)
 
 
 def _check_reachable(url: str, reader: object) -> str | None:

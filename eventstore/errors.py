@@ -15,6 +15,18 @@ class WrongExpectedVersion(EventStoreError):
         )
 
 
+class Fenced(EventStoreError):
+    """An append's fence stream was not at the version the append was fenced on: a newer owner took over."""
+
+    def __init__(self, stream_id: str, expected: int, actual: int, appending_to: str) -> None:
+        self.stream_id, self.expected, self.actual = stream_id, expected, actual
+        self.appending_to = appending_to
+        super().__init__(
+            f"append to {appending_to!r} fenced on {stream_id!r} at {_name(expected)}, which is at version "
+            f"{actual}; nothing was written"
+        )
+
+
 class EventIdConflict(EventStoreError):
     """An event id was appended before with different content."""
 
@@ -33,6 +45,16 @@ class InvalidEvent(EventStoreError):
 
 class DatabaseUnavailable(EventStoreError):
     pass
+
+
+class StoreBusy(DatabaseUnavailable):
+    """Too many appends already wait for the log, or none of its writes took this one in time;
+    nothing was written."""
+
+
+class AppendOutcomeUnknown(DatabaseUnavailable):
+    """The write carrying an append did not answer in time: it may or may not have been written
+    (a retry with the same event ids is answered from the log)."""
 
 
 class UnknownMigrationHead(EventStoreError):

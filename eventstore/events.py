@@ -1,4 +1,4 @@
-"""The event catalogue of events.md: one pydantic model per event type.
+"""The event catalogue (docs/events.md): one pydantic model per event type.
 
 A model's class name is its `type` in the log, and its schema version is
 written once, as the `version=` class keyword.  Older payload versions are
@@ -72,7 +72,10 @@ class RolloutReceipt(Payload):
 # --- groups and tries -------------------------------------------------------
 
 
-class GroupReserved(Event):
+class GroupReserved(Event, version=2):
+    """Version 2 added the two retry budgets (`max_infra_failures`, `max_data_failures`); version 1
+    rows are upcast with both equal to `max_tries`, which then binds first, as it did."""
+
     group_id: Identifier
     prompt_ref: PromptRef
     agent_name: Identifier
@@ -82,6 +85,10 @@ class GroupReserved(Event):
     target_step: int | None = None
     start_weight_version: int | None = None
     max_tries: int = Field(default=4, ge=1)
+    # Tries lost to the infrastructure (agent away, transport, deadline) before the group is
+    # dead-lettered, and tries failed by the data (environment failure, unverifiable, masked).
+    max_infra_failures: int = Field(default=4, ge=1)
+    max_data_failures: int = Field(default=4, ge=1)
     # Kept so that a recovered trainer can dispatch the group again.
     payload: dict[str, Any] = Field(default_factory=dict)
     # The trainer process that owns the group; several trainers share one log, each with its own groups.
@@ -180,10 +187,16 @@ class AckAccepted(Event):
     idempotent: bool
 
 
-class AckRejected(Event):
+class AckRejected(Event, version=2):
+    """Version 2 added `agent_generation`: the agent's execution generation when it refused.  An
+    `unknown_execution` drops the debt only if that generation is newer than the receipt's (the agent
+    restarted and lost the result); otherwise the debt stays owed.  Version 1 rows (no generation
+    checked) are upcast with None and keep their old meaning: dropped."""
+
     rollout_id: Identifier
     attempt_index: AttemptIndex
     error: Literal["receipt_mismatch", "unknown_execution"]
+    agent_generation: int | None = Field(default=None, ge=0)
 
 
 class AttemptRetired(Event):
@@ -218,11 +231,15 @@ class CheckpointPrepareStarted(Event):
     trainer_id: Identifier | None = None
 
 
-class CheckpointCommitted(Event):
+class CheckpointCommitted(Event, version=2):
+    """Version 2 added `trainer_id`: a commit archives only its own trainer's groups (several
+    trainers share one log; another's cut says nothing of where this one may restore to)."""
+
     checkpoint_id: Identifier
     participants: list[Identifier]
     cut_position: int = Field(ge=0)
     prepare_wait_s: dict[str, float]
+    trainer_id: Identifier | None = None
 
 
 class CheckpointResumed(Event):
@@ -235,6 +252,42 @@ class CheckpointAborted(Event):
     participants: list[Identifier]
     reason: str
     prepare_wait_s: dict[str, float] = Field(default_factory=dict)
+
+
+ParticipantOutcome = Literal["resumed", "aborted", "lost"]
+PhaseStep = Literal["commit", "resume", "abort"]
+
+
+class CheckpointParticipantFinished(Event):
+    """One participant confirmed the log's decision (resumed after a commit, or aborted), or showed
+    it lost the checkpoint (it restarted, or aborted what the log committed).  `CheckpointResumed`
+    follows only once every participant of a committed checkpoint finished `resumed`."""
+
+    checkpoint_id: Identifier
+    agent_name: Identifier
+    outcome: ParticipantOutcome
+    reason: str = ""
+
+
+class CheckpointParticipantStuck(Event):
+    """A decided step (commit, resume or abort) spent its retry budget at one agent.  The trainer
+    keeps calling (the step is decided); this is what the operator sees until the agent finishes."""
+
+    checkpoint_id: Identifier
+    agent_name: Identifier
+    step: PhaseStep
+    calls: int = Field(ge=0)
+    reason: str
+
+
+class TrainerEpochTaken(Event):
+    """A coordinator process became the owner of `trainer_id`: every later append of that process is
+    fenced on the version of the trainer's stream this event left, so an earlier owner still running
+    fails its next append (and stops) instead of writing beside the new one."""
+
+    trainer_id: Identifier | None
+    reason: Literal["start", "recovery"]
+    writer: str
 
 
 class TrainerRestored(Event):

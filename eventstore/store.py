@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -16,32 +15,39 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from eventstore.backends import Backend, mask_url
+from eventstore.backends import mask_url
+from eventstore.bulk_gc import fewer_collections
 from eventstore.errors import (
     AppendOnlyViolation,
     DatabaseUnavailable,
-    EventIdConflict,
     EventStoreError,
     InvalidEvent,
     UnknownEventType,
     UnknownSchemaVersion,
-    WrongExpectedVersion,
 )
 from eventstore.events import EVENT_TYPES, Event
+from eventstore.group_commit import GroupCommit
+from eventstore.read_ahead import read_ahead_pages
+from eventstore.recorder import CheckedAppend, Recorder
 from eventstore.records import (
     GENESIS_HASH,
     AppendResult,
     ExpectedVersion,
+    Fence,
     NewEvent,
     RecordedEvent,
     canonical,
-    chain_hash,
+    decode_events,
     from_row,
 )
-from protocol.digests import sha256_digest
 
 if TYPE_CHECKING:
     from eventstore.subscription import Subscription
+
+# One append of a batch: (stream, events, expected version) and optionally its fence.
+Append = (
+    tuple[str, Sequence[Event | NewEvent], int] | tuple[str, Sequence[Event | NewEvent], int, Fence | None]
+)
 
 _WRITER = {"host": socket.gethostname(), "pid": os.getpid()}
 _STREAM_ID_MAX = 400
@@ -57,14 +63,16 @@ class EventStore:
     """An append-only log of events.  Thread-safe; one instance per process is plenty."""
 
     def __init__(
-        self, url: str, writer: Engine, reader: Engine, backend: Backend, notify: bool = False
+        self, url: str, writer: Engine, reader: Engine, recorder: Recorder, notify: bool = False
     ) -> None:
         self.url = mask_url(url)
         self._writer = writer
         self._reader = reader
-        self.backend = backend
+        self.recorder = recorder
         # NOTIFY takes a global lock at commit; it is opt-in (see benchmarks/eventstore.py).
-        self.notify = notify and backend.name == "postgresql"
+        self.notify = notify and recorder.supports_notify
+        # Concurrent `append` calls share one statement and one commit (eventstore/group_commit.py).
+        self.group_commit = GroupCommit(self._append_each)
 
     # --- writing ----------------------------------------------------------
 
@@ -80,12 +88,25 @@ class EventStore:
         events: Sequence[Event | NewEvent],
         expected_version: int = ExpectedVersion.ANY,
         metadata: dict[str, Any] | None = None,
+        fence: Fence | None = None,
     ) -> AppendResult:
-        with self.transaction() as tx:
-            return tx.append(stream_id, events, expected_version, metadata)
+        """Appends `events` to `stream_id` if it is at `expected_version` and `fence` (if any) holds.
+
+        Its own transaction, committed; concurrent calls share one (group commit), each still
+        written or refused on its own.
+        """
+        return self.group_commit.append(
+            lambda: CheckedAppend(
+                stream_id, _checked(stream_id, events, expected_version, metadata), expected_version, fence
+            )
+        )
+
+    def _append_each(self, appends: list[CheckedAppend]) -> list[AppendResult | Exception]:
+        with self._database_errors():
+            return list(self.recorder.append_each(self._writer, appends))
 
     def append_batch(
-        self, appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]], blobs: Sequence[bytes] = ()
+        self, appends: Sequence[Append], blobs: Sequence[bytes] = (), fence: Fence | None = None
     ) -> list[AppendResult]:
         """`UnitOfWork.append_batch` in a transaction of its own, committed.
 
@@ -94,12 +115,9 @@ class EventStore:
         away, and taking it back from a busy event loop thread cost more than the database's own
         work).  Any refusal rolls the whole batch back and raises as `append` would.
         """
-        if self.backend.name != "postgresql":
-            with self.transaction() as tx:
-                return tx.append_batch(appends, blobs)
-        checked = _checked_batch(appends)
-        with self._database_errors(), self._writer.connect() as conn:
-            return UnitOfWork(self, conn)._append_in_postgres(checked, blobs, commit=True)
+        checked = _checked_batch(appends, fence)
+        with self._database_errors():
+            return self.recorder.append_committed(self._writer, checked, blobs)
 
     def put_blob(self, content: bytes, media_type: str = "application/json") -> str:
         with self.transaction() as tx:
@@ -127,7 +145,22 @@ class EventStore:
         batch_size: int = 5000,
     ) -> Iterator[RecordedEvent]:
         """Events with `from_position < position <= to_position`, in position order, gap-free."""
-        p = self.backend.param.format
+        for page in self.read_pages(from_position, to_position, types, batch_size, read_ahead=False):
+            yield from page
+
+    def read_pages(
+        self,
+        from_position: int = 0,
+        to_position: int | None = None,
+        types: Collection[str] | None = None,
+        batch_size: int = 5000,
+        read_ahead: bool = True,
+    ) -> Iterator[list[RecordedEvent]]:
+        """`read_all` in pages of `batch_size`.  With `read_ahead` a reader thread fetches the next page
+        while the caller works on this one (the database's time overlaps the caller's)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        p = self.recorder.param
         where = f"position > {p('after')}"
         params: dict[str, Any] = {"limit": batch_size}
         if to_position is not None:
@@ -137,19 +170,41 @@ class EventStore:
             names = sorted(types)
             where += " AND type IN (" + ", ".join(p(f"t{i}") for i in range(len(names))) + ")"
             params.update({f"t{i}": n for i, n in enumerate(names)})
-        query = f"SELECT {self.backend.select_columns} FROM events WHERE {where} ORDER BY position LIMIT {p('limit')}"
+        query = f"SELECT {self.recorder.select_columns} FROM events WHERE {where} ORDER BY position LIMIT {p('limit')}"
+
+        def fetch(after: int) -> list[RecordedEvent]:
+            return list(map(from_row, self._fetch(query, {**params, "after": after})))
+
+        if read_ahead:
+            yield from read_ahead_pages(fetch, from_position, batch_size)
+            return
         after = from_position
-        make = from_row
         while True:
-            rows = self._fetch(query, {**params, "after": after})
-            yield from map(make, rows)
-            if len(rows) < batch_size:
+            page = fetch(after)
+            if page:
+                yield page
+            if len(page) < batch_size:
                 return
-            after = rows[-1][0]
+            after = page[-1].position
+
+    def read_typed(
+        self, from_position: int = 0, to_position: int | None = None, batch_size: int = 10_000
+    ) -> Iterator[tuple[RecordedEvent, Event]]:
+        """Every event with its typed payload (upcast to the current schema), in position order.
+
+        Pages are read ahead and decoded in one pass each (`decode_events`); an event that cannot be
+        decoded raises its error, naming its position, after every event before it was yielded.
+        """
+        with fewer_collections():
+            for page in self.read_pages(from_position, to_position, batch_size=batch_size):
+                decoded, error = decode_events(page)
+                yield from zip(page, decoded, strict=False)
+                if error is not None:
+                    raise error
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
         query = text(
-            f"SELECT {self.backend.select_columns} FROM events "
+            f"SELECT {self.recorder.select_columns} FROM events "
             "WHERE stream_id = :s AND stream_version >= :v ORDER BY stream_version"
         )
         with self._database_errors(), self._reader.connect() as conn:
@@ -208,14 +263,16 @@ class EventStore:
 
     def listen_connection(self) -> Any:
         """A dedicated driver connection LISTENing for appends (PostgreSQL with `notify=True`)."""
-        raw = self._reader.raw_connection()
-        raw.detach()  # it lives as long as its subscription, outside the pool
-        conn = raw.driver_connection
-        assert conn is not None
-        conn.rollback()
-        conn.autocommit = True
-        conn.execute("LISTEN ledger_events")
-        return conn
+        return self.recorder.listen(self._reader)
+
+    @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """A connection of the read-only engine, for a caller's own queries on the store's tables.
+
+        Reading through the writer would take the append lock (`BEGIN IMMEDIATE` on SQLite).
+        """
+        with self._database_errors(), self._reader.connect() as conn:
+            yield conn
 
     def close(self) -> None:
         self._writer.dispose()
@@ -282,170 +339,42 @@ class UnitOfWork:
         events: Sequence[Event | NewEvent],
         expected_version: int = ExpectedVersion.ANY,
         metadata: dict[str, Any] | None = None,
+        fence: Fence | None = None,
     ) -> AppendResult:
-        rows = _checked(stream_id, events, expected_version, metadata)
-        if self.store.backend.name == "postgresql":
-            [result] = self._append_in_postgres([(stream_id, rows, expected_version)], ())
-        else:
-            result = self._append_in_python(stream_id, rows, expected_version)
+        """Appends `events` to `stream_id` if it is at `expected_version` and `fence` (if any) holds."""
+        append = CheckedAppend(
+            stream_id, _checked(stream_id, events, expected_version, metadata), expected_version, fence
+        )
+        [result] = self.store.recorder.append(self.connection, [append], ())
         self._notify([result])
         return result
 
     def append_batch(
-        self, appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]], blobs: Sequence[bytes] = ()
+        self, appends: Sequence[Append], blobs: Sequence[bytes] = (), fence: Fence | None = None
     ) -> list[AppendResult]:
-        """Several appends `(stream_id, events, expected_version)` and blobs, in order, in this transaction.
+        """Several appends `(stream_id, events, expected_version[, fence])` and blobs, in order, in this
+        transaction.  `fence` is the fence of every append that names none of its own.
 
         The same as `put_blob` for each blob then `append` for each append, but on PostgreSQL one
         `ledger_append_events` statement: a single network round trip however many streams it writes.  Appends to the same
         stream chain (the second expects the version the first leaves).  A refused append raises as
         `append` would, and the transaction is then unusable (roll it back).
         """
-        checked = _checked_batch(appends)
-        if self.store.backend.name == "postgresql":
-            results = self._append_in_postgres(checked, blobs)
-        else:
-            for blob in blobs:
-                self.put_blob(blob)
-            results = [self._append_in_python(stream, rows, expected) for stream, rows, expected in checked]
+        results = self.store.recorder.append(self.connection, _checked_batch(appends, fence), blobs)
         self._notify(results)
         return results
 
     def _notify(self, results: list[AppendResult]) -> None:
         if self.store.notify and not self._notified and not all(r.idempotent for r in results):
-            self.connection.exec_driver_sql("NOTIFY ledger_events")
+            self.store.recorder.notify(self.connection)
             self._notified = True
-
-    def _append_in_postgres(
-        self,
-        appends: list[tuple[str, list[dict[str, Any]], int]],
-        blobs: Sequence[bytes],
-        commit: bool = False,
-    ) -> list[AppendResult]:
-        """One `ledger_append_events` statement (migration 0003): every append and blob, binary arrays.
-
-        Straight on the driver's cursor (no SQLAlchemy statement layer: it cost more than the call).
-        With `commit` the connection is in autocommit mode for the statement, which is then its own
-        transaction: the write and its commit are one network round trip.
-        """
-        driver = self.connection.connection.driver_connection
-        assert driver is not None
-        params = _events_params(appends)
-        unique = {_digest(b): b for b in blobs}
-        # A transaction of the caller NOTIFYs once, at its first append (`_notify`).
-        params.update(
-            blob_digests=list(unique), blobs=list(unique.values()), notify=commit and self.store.notify
-        )
-        cursor = driver.cursor()
-        try:
-            if commit:
-                driver.autocommit = True
-            cursor.execute(_PG_APPEND_EVENTS, params)
-            rows = cursor.fetchall()
-        except Exception as exc:
-            hint = getattr(getattr(exc, "diag", None), "message_hint", None)
-            index = int(hint) if hint is not None and hint.isdigit() else 0
-            if index < len(appends):
-                stream, _, expected = appends[index]
-                _raise_refusal(exc, stream, expected)
-            raise
-        finally:
-            cursor.close()
-            if commit:
-                try:
-                    driver.autocommit = False
-                except Exception:  # a broken connection: never back to the pool in autocommit mode
-                    self.connection.invalidate()
-        by_append: list[list[tuple[Any, ...]]] = [[] for _ in appends]
-        for row in rows:
-            by_append[row[0]].append(row)
-        results = []
-        for (stream, events, _), out in zip(appends, by_append, strict=True):
-            idempotent = bool(out[0][3])
-            if not idempotent:
-                for row, (_, position, version, _, prev_hash, hash_) in zip(events, out, strict=True):
-                    row.update(
-                        position=position,
-                        stream_id=stream,
-                        stream_version=version,
-                        recorded_at=params["recorded_at"],
-                        prev_hash=prev_hash,
-                        hash=hash_,
-                    )
-            results.append(
-                AppendResult(
-                    positions=[r[1] for r in out],
-                    stream_version=out[-1][2],
-                    idempotent=idempotent,
-                    records=[] if idempotent else [_record(row) for row in events],
-                )
-            )
-        return results
-
-    def _append_in_python(self, stream_id: str, rows: list[dict[str, Any]], expected: int) -> AppendResult:
-        """The same algorithm as `ledger_append`, for SQLite (whose `BEGIN IMMEDIATE` is the append lock)."""
-        conn = self.connection
-        head = int(conn.execute(text("SELECT COALESCE(MAX(position), 0) FROM events")).scalar() or 0)
-        last = conn.execute(
-            text(
-                "SELECT stream_version, hash FROM events WHERE stream_id = :s ORDER BY stream_version DESC LIMIT 1"
-            ),
-            {"s": stream_id},
-        ).first()
-        version, prev_hash = (int(last[0]), str(last[1])) if last else (-1, GENESIS_HASH)
-
-        chosen = [r["event_id"] for r in rows if r["chosen_id"]]
-        if chosen:
-            existing = _existing(conn, chosen)
-            if existing:
-                return _idempotent(stream_id, rows, existing)
-
-        if (expected == ExpectedVersion.NO_STREAM and version != -1) or (
-            expected >= 0 and version != expected
-        ):
-            raise WrongExpectedVersion(stream_id, int(expected), version)
-
-        positions = []
-        for row in rows:
-            version += 1
-            head += 1
-            row.update(position=head, stream_id=stream_id, stream_version=version, prev_hash=prev_hash)
-            row["hash"] = prev_hash = chain_hash(
-                prev_hash,
-                stream_id,
-                version,
-                row["event_id"],
-                row["type"],
-                row["schema_version"],
-                row["data"],
-                row["metadata"],
-            )
-            positions.append(head)
-        conn.execute(_SQLITE_INSERT, rows)
-        return AppendResult(
-            positions=positions,
-            stream_version=version,
-            records=[_record(row) for row in rows],
-        )
 
     def put_blob(self, content: bytes, media_type: str = "application/json") -> str:
         """Stores content under its sha256; storing the same content twice is a no-op."""
-        params = _blob_params(content, media_type)
-        digest = str(params["digest"])
-        if self.store.backend.name == "postgresql":
-            cursor = self.connection.connection.cursor()
-            try:
-                cursor.execute(_PG_BLOB_INSERT, params)
-            finally:
-                cursor.close()
-        else:
-            self.connection.execute(text(self.store.backend.blob_insert), params)
-        return digest
+        return self.store.recorder.put_blob(self.connection, content, media_type)
 
     def save_position(self, name: str, position: int) -> None:
-        self.connection.execute(
-            text(self.store.backend.position_upsert), {"name": name, "position": position, "now": time.time()}
-        )
+        self.store.recorder.save_position(self.connection, name, position)
 
 
 def _checked(
@@ -464,74 +393,31 @@ def _checked(
     return [_prepare(e, metadata, shared) for e in events]
 
 
-def _checked_batch(
-    appends: Sequence[tuple[str, Sequence[Event | NewEvent], int]],
-) -> list[tuple[str, list[dict[str, Any]], int]]:
-    return [
-        (stream, _checked(stream, events, expected, None), expected) for stream, events, expected in appends
-    ]
-
-
-def _record(row: dict[str, Any]) -> RecordedEvent:
-    """A row as written (its columns filled in by the append) as the log hands it back."""
-    return RecordedEvent(
-        row["position"],
-        row["stream_id"],
-        row["stream_version"],
-        row["event_id"],
-        row["type"],
-        row["schema_version"],
-        row["data"],
-        row["metadata"],
-        row["recorded_at"],
-        row["prev_hash"],
-        row["hash"],
-    )
-
-
-def _events_params(appends: list[tuple[str, list[dict[str, Any]], int]]) -> dict[str, Any]:
-    """`ledger_append_events`' arguments: per append its stream, expected version, id check and event
-    count; the events of every append flattened, in order."""
-    events = [row for _, rows, _ in appends for row in rows]
-    return {
-        "streams": [stream for stream, _, _ in appends],
-        "expected": [int(expected) for _, _, expected in appends],
-        "check_ids": [any(r["chosen_id"] for r in rows) for _, rows, _ in appends],
-        "counts": [len(rows) for _, rows, _ in appends],
-        "ids": [r["event_id"] for r in events],
-        "types": [r["type"] for r in events],
-        "versions": [r["schema_version"] for r in events],
-        "data": [r["data"] for r in events],
-        "metadata": [r["metadata"] for r in events],
-        # One clock reading for the batch: every row of one transaction records the same instant.
-        "recorded_at": events[0]["recorded_at"],
-    }
-
-
-def _digest(content: bytes) -> str:
-    return sha256_digest(content)
-
-
-def _blob_params(content: bytes, media_type: str = "application/json") -> dict[str, Any]:
-    return {"digest": _digest(content), "media_type": media_type, "content": content, "now": time.time()}
-
-
-def _raise_refusal(exc: Exception, stream_id: str, expected: int) -> None:
-    """`ledger_append`'s own refusals (SQLSTATE LE001/LE002) as the store's typed errors."""
-    state = getattr(exc, "sqlstate", None)
-    if state == "LE001":
-        actual = int(getattr(getattr(exc, "diag", None), "message_detail", -1) or -1)
-        raise WrongExpectedVersion(stream_id, int(expected), actual) from None
-    if state == "LE002":
-        raise EventIdConflict(
-            f"append to {stream_id!r}: event ids already recorded with other content or in another "
-            "stream; nothing was written"
-        ) from None
+def _checked_batch(appends: Sequence[Append], fence: Fence | None) -> list[CheckedAppend]:
+    checked = []
+    for append in appends:
+        stream, events, expected = append[:3]
+        own = append[3] if len(append) > 3 else fence
+        checked.append(CheckedAppend(stream, _checked(stream, events, expected, None), expected, own))
+    return checked
 
 
 def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None, shared_meta: str) -> dict[str, Any]:
     """Validates one event and renders the exact JSON text that is stored and hashed."""
     if isinstance(event, Event):
+        model = type(event)
+        if EVENT_TYPES.get(model.__name__) is model:
+            # A catalogue model is valid by construction: its JSON as `NewEvent.of` renders it,
+            # without the dict `NewEvent.data` would carry (nothing here reads it).
+            return {
+                "event_id": str(uuid.uuid4()),
+                "chosen_id": False,
+                "type": model.__name__,
+                "schema_version": model.schema_version,
+                "data": event.model_dump_json(),
+                "metadata": shared_meta,
+                "recorded_at": time.time(),
+            }
         event = NewEvent.of(event)
     elif not isinstance(event, NewEvent):
         raise TypeError(f"expected a catalogue event or a NewEvent, got {type(event).__name__}")
@@ -580,64 +466,6 @@ def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None, shared_me
         "metadata": meta,
         "recorded_at": time.time(),
     }
-
-
-# Driver (psycopg) parameter markers: run on the DBAPI cursor, not through SQLAlchemy.  The arrays go
-# in binary (`%(x)b`): the text format escapes every quote of every JSON document with a regex, which
-# cost the trainer more CPU than anything else it did (4.5x slower per append, measured).
-_PG_APPEND_EVENTS = (
-    "SELECT out_append, out_position, out_stream_version, out_idempotent, out_prev_hash, out_hash "
-    "FROM ledger_append_events(%(streams)b::text[], %(expected)b::bigint[], %(check_ids)b::boolean[], "
-    "%(counts)b::int[], %(ids)b::text[], %(types)b::text[], %(versions)b::int[], %(data)b::text[], "
-    "%(metadata)b::text[], %(recorded_at)s::double precision, %(blob_digests)b::text[], %(blobs)b::bytea[], "
-    "%(notify)s::boolean)"
-)
-_PG_BLOB_INSERT = (
-    "INSERT INTO blobs (digest, media_type, content, created_at) "
-    "VALUES (%(digest)s, %(media_type)s, %(content)s, %(now)s) ON CONFLICT (digest) DO NOTHING"
-)
-_SQLITE_INSERT = text(
-    "INSERT INTO events (position, stream_id, stream_version, event_id, type, schema_version, data, metadata, "
-    "recorded_at, prev_hash, hash) VALUES (:position, :stream_id, :stream_version, :event_id, :type, "
-    ":schema_version, :data, :metadata, :recorded_at, :prev_hash, :hash)"
-)
-
-
-def _existing(conn: Connection, event_ids: list[str]) -> dict[str, tuple[Any, ...]]:
-    marks = ", ".join(f":e{i}" for i in range(len(event_ids)))
-    rows = conn.execute(
-        text(
-            f"SELECT event_id, position, stream_id, stream_version, type, data "
-            f"FROM events WHERE event_id IN ({marks})"
-        ),
-        {f"e{i}": e for i, e in enumerate(event_ids)},
-    ).all()
-    return {str(r[0]): tuple(r) for r in rows}
-
-
-def _idempotent(
-    stream_id: str, rows: list[dict[str, Any]], existing: dict[str, tuple[Any, ...]]
-) -> AppendResult:
-    """Same ids and same content: the original positions, nothing written.  Anything else: an error."""
-    originals = []
-    for row in rows:
-        found = existing.get(row["event_id"])
-        if found is None:
-            raise EventIdConflict(
-                f"append to {stream_id!r} mixes already-recorded and new event ids; nothing was written"
-            )
-        _, position, stream, version, type_, data = found
-        if stream != stream_id or type_ != row["type"] or not _same_json(data, row["data"]):
-            raise EventIdConflict(
-                f"event id {row['event_id']} was already recorded at position {position} with other content; "
-                "nothing was written"
-            )
-        originals.append((int(position), int(version)))
-    return AppendResult(positions=[p for p, _ in originals], stream_version=originals[-1][1], idempotent=True)
-
-
-def _same_json(stored: str, new: str) -> bool:
-    return bool(stored == new or json.loads(stored) == json.loads(new))
 
 
 def _first_line(exc: BaseException | None) -> str:

@@ -53,3 +53,22 @@ def _run_failed_v1(data: dict[str, Any]) -> dict[str, Any]:
     reason = str(data.get("reason", "")).lower()
     kind = next((k for prefix, k in _KIND_BY_PREFIX if reason.startswith(prefix)), "unknown")
     return {**data, "kind": kind}
+
+
+@upcaster("AckRejected", 1)
+def _ack_rejected_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not record the agent's generation (its unknown_execution dropped the debt unchecked)."""
+    return {**data, "agent_generation": None}
+
+
+@upcaster("CheckpointCommitted", 1)
+def _checkpoint_committed_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not name its trainer: read as the unnamed trainer's."""
+    return {**data, "trainer_id": None}
+
+
+@upcaster("GroupReserved", 1)
+def _group_reserved_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 had one budget, `max_tries`: both failure budgets equal it (so it binds first, as before)."""
+    tries = data.get("max_tries", 4)
+    return {**data, "max_infra_failures": tries, "max_data_failures": tries}

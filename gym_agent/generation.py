@@ -1,7 +1,7 @@
 """`execution_generation`: a per-agent counter that rises on every start of the agent process.
 
 Chosen over wall-clock milliseconds because it cannot go backwards when the clock is stepped, and it
-stays small and readable (`3`, as in the spec).  The counter lives in `<state dir>/generation`; an
+stays small and readable (`3`).  The counter lives in `<state dir>/generation`; an
 exclusive `flock` serialises two processes started at once with the same state dir, and the new value
 is written to a temporary file and renamed, so a crash mid-write leaves the old value intact.  Only this
 number survives a restart: stored replies never touch the disk.

@@ -1,4 +1,4 @@
-"""The auditor: every invariant of events.md as a named rule, checked in one pass over the log.
+"""The auditor: every invariant of docs/events.md as a named rule, checked in one pass over the log.
 
 Each violation names its rule, the positions of the events involved and a
 sentence.  A row the reader cannot use (unknown type or schema version, a
@@ -30,6 +30,7 @@ from eventstore.events import (
     AttemptRetired,
     CheckpointAborted,
     CheckpointCommitted,
+    CheckpointParticipantFinished,
     CheckpointPrepareStarted,
     CheckpointResumed,
     Event,
@@ -45,6 +46,7 @@ from eventstore.events import (
     RunReplied,
     SiblingHeld,
     SiblingSealed,
+    TrainerEpochTaken,
     TrainerRestored,
 )
 from eventstore.records import GENESIS_HASH
@@ -69,7 +71,13 @@ CHECKPOINT_CLEAN: Final = "checkpoint-clean"
 HASH_CHAIN: Final = "hash-chain"
 TRAINED_ONCE: Final = "trained-once"
 BOUNDED_RETRIES: Final = "bounded-retries"
-# Not an invariant of events.md: a row the reader cannot decode, reported rather than skipped silently.
+# A claim or checkpoint event written by a process after another took its trainer's owner epoch.
+OWNER_EPOCH: Final = "owner-epoch"
+# CheckpointResumed only after every participant confirmed it resumed.
+RESUMED_BY_EVERY_PARTICIPANT: Final = "resumed-by-every-participant"
+# An unknown_execution drops a debt only with the agent's newer generation as evidence.
+DEBT_DROPPED_ON_EVIDENCE: Final = "debt-dropped-on-evidence"
+# Not an invariant of docs/events.md: a row the reader cannot decode, reported rather than skipped silently.
 EVENT_READABLE: Final = "event-readable"
 
 RULES: Final = (
@@ -84,6 +92,9 @@ RULES: Final = (
     HASH_CHAIN,
     TRAINED_ONCE,
     BOUNDED_RETRIES,
+    OWNER_EPOCH,
+    RESUMED_BY_EVERY_PARTICIPANT,
+    DEBT_DROPPED_ON_EVIDENCE,
     EVENT_READABLE,
 )
 # Keys of `TrainerRestored.plan` that count the debts a restarted trainer flushes: RecoveryPlan.summary()'s,
@@ -148,6 +159,9 @@ class CheckpointFacts:
     prepared: int | None = None
     decision: str | None = None
     decided: int | None = None
+    trainer_id: str | None = None
+    # participant -> its confirmed outcome (CheckpointParticipantFinished)
+    finished: dict[str, str] = field(default_factory=dict)
 
 
 @with_config(_FORBID)
@@ -167,6 +181,8 @@ class AuditState:
     checkpoints: dict[str, CheckpointFacts] = field(default_factory=dict)
     claims: dict[str, list[int]] = field(default_factory=dict)  # group -> positions of standing claims
     claim_log: list[tuple[int, str]] = field(default_factory=list)  # standing claims in log order
+    # trainer id ("" for the unnamed trainer) -> (writer, position) of its newest TrainerEpochTaken
+    owners: dict[str, tuple[str, int]] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
 
     def violate(self, rule: str, positions: Iterable[int | None], message: str) -> None:
@@ -186,7 +202,7 @@ def _group_id(event: RecordedEvent, rollout_id: str) -> str:
 
 
 class AuditProjection(TypedProjection[AuditState]):
-    """The rules of events.md over decoded events (the row checks live in `RowChecker`)."""
+    """The rules of docs/events.md over decoded events (the row checks live in `RowChecker`)."""
 
     name: ClassVar[str] = "audit"
     version: ClassVar[int] = 1
@@ -440,6 +456,16 @@ def _rejected(st: AuditState, ev: RecordedEvent, e: AckRejected) -> None:
             "receipt the trainer had not durably recorded",
         )
     if e.error == "unknown_execution":
+        generation = t.fetched.execution_generation if t is not None and t.fetched is not None else None
+        if e.agent_generation is not None and generation is not None and e.agent_generation <= generation:
+            return  # recorded as what it is; the debt stays owed (no evidence the agent lost it)
+        if e.agent_generation is None:
+            st.violate(
+                DEBT_DROPPED_ON_EVIDENCE,
+                [t.owed if t is not None else None, ev.position],
+                f"the debt of {e.rollout_id}#{e.attempt_index} was dropped on an unknown_execution with no "
+                "agent generation recorded: nothing shows the agent restarted and lost the result",
+            )
         if t is not None:
             t.rejected_unknown = ev.position
         _pay(st, ev, key)
@@ -522,7 +548,28 @@ def _dead(st: AuditState, ev: RecordedEvent, e: GroupDeadLettered) -> None:
         group.dead = ev.position
 
 
+def _epoch(st: AuditState, ev: RecordedEvent, e: TrainerEpochTaken) -> None:
+    st.owners[e.trainer_id or ""] = (e.writer, ev.position)
+
+
+def _check_owner(st: AuditState, ev: RecordedEvent, trainer_id: str | None, what: str) -> None:
+    """`what` must come from the process holding its trainer's newest owner epoch."""
+    owner = st.owners.get(trainer_id or "")
+    if owner is None:
+        return
+    writer = ev.metadata.get("writer")
+    if writer is not None and writer != owner[0]:
+        st.violate(
+            OWNER_EPOCH,
+            [owner[1], ev.position],
+            f"{what} was written by {writer}, a fenced owner of trainer {trainer_id!r}: {owner[0]} took "
+            f"its owner epoch at {owner[1]}",
+        )
+
+
 def _claimed(st: AuditState, ev: RecordedEvent, e: GroupClaimedForTraining) -> None:
+    claimed_group = st.groups.get(e.group_id)
+    _check_owner(st, ev, claimed_group.trainer_id if claimed_group else None, f"the claim of {e.group_id}")
     standing = st.claims.setdefault(e.group_id, [])
     if standing:
         st.violate(
@@ -573,6 +620,8 @@ def _prepare(st: AuditState, ev: RecordedEvent, e: CheckpointPrepareStarted) -> 
     facts = st.checkpoints.setdefault(e.checkpoint_id, CheckpointFacts())
     if facts.prepared is None:
         facts.prepared = ev.position
+        facts.trainer_id = e.trainer_id
+    _check_owner(st, ev, e.trainer_id, f"the prepare of checkpoint {e.checkpoint_id}")
 
 
 def _decide(st: AuditState, ev: RecordedEvent, checkpoint_id: str, decision: str) -> CheckpointFacts | None:
@@ -595,6 +644,7 @@ def _decide(st: AuditState, ev: RecordedEvent, checkpoint_id: str, decision: str
 
 
 def _committed(st: AuditState, ev: RecordedEvent, e: CheckpointCommitted) -> None:
+    _check_owner(st, ev, e.trainer_id, f"the commit of checkpoint {e.checkpoint_id}")
     if _decide(st, ev, e.checkpoint_id, "committed") is None:
         return
     cut = e.cut_position
@@ -629,6 +679,19 @@ def _resumed(st: AuditState, ev: RecordedEvent, e: CheckpointResumed) -> None:
             [facts.decided if facts is not None else None, ev.position],
             f"checkpoint {e.checkpoint_id} is resumed but was never committed",
         )
+    missing = sorted(p for p in e.participants if facts is None or facts.finished.get(p) != "resumed")
+    if missing:
+        st.violate(
+            RESUMED_BY_EVERY_PARTICIPANT,
+            [facts.decided if facts is not None else None, ev.position],
+            f"checkpoint {e.checkpoint_id} is resumed in the log but {', '.join(missing)} never confirmed "
+            "it resumed (no CheckpointParticipantFinished resumed)",
+        )
+
+
+def _participant_finished(st: AuditState, ev: RecordedEvent, e: CheckpointParticipantFinished) -> None:
+    facts = st.checkpoints.setdefault(e.checkpoint_id, CheckpointFacts())
+    facts.finished[e.agent_name] = e.outcome
 
 
 def _aborted(st: AuditState, ev: RecordedEvent, e: CheckpointAborted) -> None:
@@ -658,6 +721,8 @@ _HANDLERS: dict[type[Event], Callable[[AuditState, RecordedEvent, Any], None]] =
     CheckpointCommitted: _committed,
     CheckpointResumed: _resumed,
     CheckpointAborted: _aborted,
+    CheckpointParticipantFinished: _participant_finished,
+    TrainerEpochTaken: _epoch,
 }
 
 
@@ -799,7 +864,7 @@ def audit_events(
 
 
 def audit_log(store: EventStore, progress: Callable[[int], None] | None = None) -> AuditReport:
-    """Replays the whole log through every rule (events.md, "Invariants an auditor checks")."""
+    """Replays the whole log through every rule (docs/events.md, Invariants)."""
     return audit_events(store.read_all(), list_checkpoints(store), subscriber_positions(store), progress)
 
 

@@ -35,7 +35,7 @@ class ReplayRefused(Exception):
         super().__init__(f"replay stopped before position {position}: {reason}")
 
 
-canonical = canonical_json  # the one canonical JSON (protocol.md §2)
+canonical = canonical_json  # the one canonical JSON (docs/protocol.md, Canonical JSON and digests)
 
 
 def sha256_text(text: str) -> str:

@@ -11,6 +11,8 @@ from eventstore import RecordedEvent
 from eventstore.events import (
     CheckpointAborted,
     CheckpointCommitted,
+    CheckpointParticipantFinished,
+    CheckpointParticipantStuck,
     CheckpointPrepareStarted,
     CheckpointResumed,
     Event,
@@ -37,6 +39,10 @@ class CheckpointState:
     committed_position: int | None = None
     resumed_position: int | None = None
     aborted_position: int | None = None
+    # Each participant's confirmed outcome of the decision (resumed, aborted, lost).
+    finished: dict[str, str] = field(default_factory=dict)
+    # Participants whose decided step spent its retry budget, with the reason (until they finish).
+    stuck: dict[str, str] = field(default_factory=dict)
 
 
 @with_config(_FORBID)
@@ -75,6 +81,14 @@ class CheckpointsState:
         """Prepare started, no decision recorded: presumed abort."""
         return [c for c in self.checkpoints.values() if c.status == "preparing"]
 
+    def stuck(self) -> list[tuple[str, str, str]]:
+        """(checkpoint, agent, reason) of every participant whose decided step is stuck."""
+        return [
+            (c.checkpoint_id, agent, reason)
+            for c in self.checkpoints.values()
+            for agent, reason in sorted(c.stuck.items())
+        ]
+
     def to_resume(self) -> list[CheckpointState]:
         """Committed, agents maybe still paused: recovery finishes the commit and resumes them."""
         return [c for c in self.checkpoints.values() if c.status == "committed"]
@@ -85,7 +99,15 @@ class CheckpointsProjection(TypedProjection[CheckpointsState]):
     version: ClassVar[int] = 1
     state_type: ClassVar[Any] = CheckpointsState
     handles: ClassVar[frozenset[type[Event]] | None] = frozenset(
-        {CheckpointPrepareStarted, CheckpointCommitted, CheckpointResumed, CheckpointAborted, TrainerRestored}
+        {
+            CheckpointPrepareStarted,
+            CheckpointCommitted,
+            CheckpointResumed,
+            CheckpointAborted,
+            CheckpointParticipantFinished,
+            CheckpointParticipantStuck,
+            TrainerRestored,
+        }
     )
 
     def initial(self) -> CheckpointsState:
@@ -124,6 +146,16 @@ class CheckpointsProjection(TypedProjection[CheckpointsState]):
                 c.abort_reason = decoded.reason
                 c.prepare_wait_s = dict(decoded.prepare_wait_s)
                 c.aborted_position = event.position
+        elif kind is CheckpointParticipantFinished:
+            assert isinstance(decoded, CheckpointParticipantFinished)
+            c = _get(state, decoded.checkpoint_id, [])
+            c.finished[decoded.agent_name] = decoded.outcome
+            c.stuck.pop(decoded.agent_name, None)
+        elif kind is CheckpointParticipantStuck:
+            assert isinstance(decoded, CheckpointParticipantStuck)
+            c = _get(state, decoded.checkpoint_id, [])
+            if decoded.agent_name not in c.finished:
+                c.stuck[decoded.agent_name] = f"{decoded.step}: {decoded.reason}"
         elif kind is TrainerRestored:
             assert isinstance(decoded, TrainerRestored)
             state.restores.append(

@@ -1,4 +1,4 @@
-"""The running digest of the log that projection checkpoints record (events.md, `prev_hash`/`hash`).
+"""The running digest of the log that projection checkpoints record (docs/events.md, The hash chain).
 
 The per-stream hash chain cannot see a row removed from the end of a stream,
 nor a whole stream removed; a digest over every event's `hash` in position

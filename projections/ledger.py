@@ -6,9 +6,11 @@ dumped and validated through one pydantic TypeAdapter over `LedgerState`.
 Dataclasses rather than BaseModels because `apply` mutates them in place and
 a model's validated `__setattr__`/`__init__` cost more than the fold itself.
 
-Debts (events.md rule 3): `AckOwed` adds one, `AckAccepted` pays it, and an
-`AckRejected` of kind `unknown_execution` drops it (the agent restarted and
-lost the result, so there is nothing left to ACK).  An `AckRejected` of kind
+Debts (docs/events.md, Invariants: debts): `AckOwed` adds one, `AckAccepted` pays it, and an
+`AckRejected` of kind `unknown_execution` drops it only when the agent's
+generation it records is newer than the receipt's (the agent restarted and
+lost the result, so there is nothing left to ACK); from the agent's own
+generation it is recorded and the debt stays owed.  An `AckRejected` of kind
 `receipt_mismatch` leaves the debt in place on purpose: the agent still
 holds a result the trainer's receipt does not match, so it stays visible as
 unpaid (and blocks checkpoint-clean) until an operator looks at it.
@@ -120,6 +122,8 @@ class GroupState:
     mode: Mode
     expected_generations: int
     max_tries: int
+    max_infra_failures: int = 4
+    max_data_failures: int = 4
     payload: dict[str, Any] = field(default_factory=dict)
     prompt_ref: PromptRef
     target_level: TargetLevel = "sibling"
@@ -313,6 +317,8 @@ def _reserved(state: LedgerState, ev: RecordedEvent, e: GroupReserved) -> None:
         mode=e.mode,
         expected_generations=e.expected_generations,
         max_tries=e.max_tries,
+        max_infra_failures=e.max_infra_failures,
+        max_data_failures=e.max_data_failures,
         payload=dict(e.payload),
         prompt_ref=e.prompt_ref,
         target_level=e.target_level,
@@ -468,21 +474,23 @@ def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None
 
 
 def _committed(state: LedgerState, ev: RecordedEvent, e: CheckpointCommitted) -> None:
-    _archive(state, e.cut_position)
+    _archive(state, e.cut_position, e.trainer_id)
 
 
-def _archive(state: LedgerState, cut: int) -> None:
-    """Moves every group that no legal later event can change into `archived`.
+def _archive(state: LedgerState, cut: int, trainer_id: str | None) -> None:
+    """Moves every group of `trainer_id` that no legal later event can change into `archived`.
 
     Done for good = sealed and claimed (or dead-lettered), no debt left on any
     of its tries, and everything about it at or before a committed cut, so a
-    restore to that cut or a later one keeps it as it is.
+    restore to that cut or a later one keeps it as it is.  Only the committing
+    trainer's groups: another trainer restores to its own cuts.
     """
     indebted = {group_id_of(key.rpartition("/")[0]) for owed in state.debts.values() for key in owed}
     done = [
         g
         for g in state.groups.values()
-        if g.last_position <= cut
+        if g.trainer_id == trainer_id
+        and g.last_position <= cut
         and g.group_id not in indebted
         and (
             g.status == "dead_lettered"
@@ -526,8 +534,29 @@ def _ack_accepted(state: LedgerState, ev: RecordedEvent, e: AckAccepted) -> None
 
 
 def _ack_rejected(state: LedgerState, ev: RecordedEvent, e: AckRejected) -> None:
-    if e.error == "unknown_execution":
+    if e.error == "unknown_execution" and debt_dropped_by(
+        e, _owed_receipt(state, e.rollout_id, e.attempt_index)
+    ):
         _pay(state, e.rollout_id, e.attempt_index)
+
+
+def debt_dropped_by(e: AckRejected, owed: CompletionReceipt | None) -> bool:
+    """Whether an `unknown_execution` refusal drops the debt: only on evidence that the agent lost
+    the result, i.e. its generation is newer than the receipt's (None: a v1 row, dropped as then)."""
+    if e.error != "unknown_execution":
+        return False
+    if e.agent_generation is None or owed is None:
+        return True
+    return e.agent_generation > owed.execution_generation
+
+
+def _owed_receipt(state: LedgerState, rollout_id: str, attempt_index: int) -> CompletionReceipt | None:
+    key = debt_key(rollout_id, attempt_index)
+    for owed in state.debts.values():
+        found = owed.get(key)
+        if found is not None:
+            return found
+    return None
 
 
 def _retired(state: LedgerState, ev: RecordedEvent, e: AttemptRetired) -> None:

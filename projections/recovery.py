@@ -1,4 +1,4 @@
-"""The recovery view of the log: `RolloutRecoveryState` (the snapshot) and the restore plan (protocol.md §9).
+"""The recovery view of the log: `RolloutRecoveryState` (the snapshot) and the restore plan (docs/protocol.md, Recovery).
 
 Both are derived, purely, from the ledger and checkpoints projections: the
 snapshot is the ledger's state in one pydantic model, and the plan is what a
@@ -17,12 +17,13 @@ restarted trainer must do, in order, before it goes on:
 
 from __future__ import annotations
 
-from typing import ClassVar, Final, Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from projections.base import canonical, sha256_text
 from projections.checkpoints import CheckpointsState, CheckpointState
+from projections.group_core import AttemptAction, attempt_action, round_step, sibling_exhausted
 from projections.ledger import ArchivedGroup, AttemptState, GroupState, LedgerState
 from protocol.ids import rollout_id_of
 from protocol.wire import AcknowledgeItem, CompletionReceipt
@@ -63,20 +64,7 @@ class RolloutRecoveryState(_Model):
         return sha256_text(canonical(self.model_dump(mode="json")))
 
 
-class RecoveryView:
-    """The recovery state as a (derived) projection: a name, a version and a state hash."""
-
-    name: ClassVar[str] = "recovery"
-    version: ClassVar[int] = RECOVERY_SCHEMA_VERSION
-
-    @staticmethod
-    def derive(ledger: LedgerState, checkpoints: CheckpointsState | None = None) -> RolloutRecoveryState:
-        return RolloutRecoveryState.of(ledger, checkpoints)
-
-
 # --- the restore plan ----------------------------------------------------------------
-
-AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
 
 
 class AttemptToSettle(_Model):
@@ -141,18 +129,8 @@ class RecoveryPlan(_Model):
         }
 
 
-# A try in these states may be running at the agent, or finished there without the trainer knowing.
-_IN_FLIGHT: frozenset[str] = frozenset({"dispatched", "failed"})
-
-
 def _settle_action(attempt: AttemptState) -> AttemptAction | None:
-    if attempt.status == "minted":
-        return "dispatch"
-    if attempt.status == "replied" or attempt.retire_outcome == "completed_unacknowledged":
-        return "adopt"
-    if attempt.status in _IN_FLIGHT:
-        return "retire_or_adopt"
-    return None  # held/sealed (owned), retired/discarded (settled)
+    return attempt_action(attempt)
 
 
 def plan_recovery(
@@ -245,7 +223,7 @@ def _plan_sibling_group(
         if action is not None:
             settle.append(_attempt_to_settle(group, index, attempt, action))
         elif attempt.status in ("retired", "discarded"):
-            if attempt.attempt_index + 1 >= group.max_tries:
+            if sibling_exhausted(group, sibling) is not None:
                 exhausted = True
             else:
                 replace.append(
@@ -264,16 +242,13 @@ def _plan_sibling_group(
 def _plan_prompt_group(
     group: GroupState, settle: list[AttemptToSettle], rerun: list[str], dead: list[str]
 ) -> None:
-    # A partly finished group is never reused (protocol.md §4): settle what the agent may hold, then rerun whole.
-    for index in sorted(group.siblings):
-        attempt = group.siblings[index].current
-        if attempt is None:
-            continue
-        action = _settle_action(attempt)
-        # A try that never left the trainer is not sent: the round it belongs to is thrown away whole.
-        if action is not None and action != "dispatch":
-            settle.append(_attempt_to_settle(group, index, attempt, action))
-    if group.attempts_used >= group.max_tries:
+    # The driver's own rule (projections.group_core.round_step): a round a crash interrupted is
+    # continued (its tries settled, adopted when finished); it is rerun whole only once one of its
+    # siblings settled without a result, or dead-lettered when a budget is spent.
+    step = round_step(group)
+    for index, attempt, action in step.settle:
+        settle.append(_attempt_to_settle(group, index, attempt, action))
+    if step.verdict == "dead_letter":
         dead.append(group.group_id)
-    else:
+    elif step.verdict == "rerun":
         rerun.append(group.group_id)

@@ -6,25 +6,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 
 from eventstore import EventStore
 
 
-def _reader(store: EventStore) -> Engine:
-    # The store keeps its read-only engine private; reading these tables through the writer would
-    # take the append lock (`BEGIN IMMEDIATE` on SQLite) for a read.
-    engine: Engine = store._reader
-    return engine
-
-
-def _marks(store: EventStore) -> str:
-    return "?" if store.backend.name == "sqlite" else "%s"
-
-
 def read_hashes(store: EventStore, after: int, to: int) -> list[str]:
-    mark = _marks(store)
-    with _reader(store).connect() as conn:
+    mark = store.recorder.positional_mark
+    with store.read_connection() as conn:
         rows = conn.exec_driver_sql(
             f"SELECT hash FROM events WHERE position > {mark} AND position <= {mark} ORDER BY position",
             (after, to),
@@ -51,7 +40,7 @@ def list_checkpoints(store: EventStore, projection: str | None = None) -> list[S
     if projection is not None:
         query += " WHERE projection = :p"
         params["p"] = projection
-    with _reader(store).connect() as conn:
+    with store.read_connection() as conn:
         rows = conn.execute(text(query + " ORDER BY position, projection"), params).all()
     return [
         StoredCheckpoint(str(r[0]), int(r[1]), int(r[2]), str(r[3]), str(r[4]), float(r[5])) for r in rows
@@ -59,8 +48,8 @@ def list_checkpoints(store: EventStore, projection: str | None = None) -> list[S
 
 
 def load_checkpoint_state(store: EventStore, projection: str, version: int, position: int) -> str | None:
-    column = "state" if store.backend.name == "sqlite" else "state::text"
-    with _reader(store).connect() as conn:
+    column = store.recorder.json_text("state")
+    with store.read_connection() as conn:
         value = conn.execute(
             text(
                 f"SELECT {column} FROM projection_checkpoints WHERE projection = :p AND version = :v AND position = :n"
@@ -84,7 +73,7 @@ def save_checkpoints(
     restarted runner resumes exactly where its checkpoint says.  With `keep`,
     only the newest `keep` checkpoints of each projection stay.
     """
-    state_param = "CAST(:state AS json)" if store.backend.name == "postgresql" else ":state"
+    state_param = store.recorder.json_param("state")
     now = time.time()
     with store.transaction() as tx:
         conn = tx.connection
@@ -124,6 +113,6 @@ def save_checkpoints(
 
 
 def subscriber_positions(store: EventStore) -> dict[str, int]:
-    with _reader(store).connect() as conn:
+    with store.read_connection() as conn:
         rows = conn.execute(text("SELECT name, position FROM subscriptions")).all()
     return {str(r[0]): int(r[1]) for r in rows}

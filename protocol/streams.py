@@ -7,6 +7,8 @@ from typing import Final
 GROUP_STREAM_PREFIX: Final = "group-"
 CHECKPOINT_STREAM_PREFIX: Final = "checkpoint-"
 LOGPROBS_STREAM_PREFIX: Final = "logprobs-"
+# A trainer's own stream: its owner epochs and restores.  The unnamed trainer's is "trainer".
+TRAINER_STREAM: Final = "trainer"
 
 
 def group_stream(group_id: str) -> str:
@@ -19,6 +21,10 @@ def checkpoint_stream(checkpoint_id: str) -> str:
 
 def logprobs_stream(group_id: str) -> str:
     return f"{LOGPROBS_STREAM_PREFIX}{group_id}"
+
+
+def trainer_stream(trainer_id: str | None) -> str:
+    return TRAINER_STREAM if trainer_id is None else f"{TRAINER_STREAM}-{trainer_id}"
 
 
 def is_group_stream(stream_id: str) -> bool:

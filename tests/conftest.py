@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from eventstore import upgrade_database
-from eventstore.pgcluster import PgCluster
+from eventstore.testing import PgCluster
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from trainer.checkpoint import CheckpointOutcome
 from trainer.coordinator import RolloutCoordinator, SealedGroup
 from trainer.errors import (
+    AgentMismatch,
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,
@@ -12,6 +13,7 @@ from trainer.errors import (
 )
 
 __all__ = [
+    "AgentMismatch",
     "AlreadyClaimed",
     "CheckpointOutcome",
     "CoordinatorStopped",

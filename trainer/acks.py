@@ -1,4 +1,4 @@
-"""The ACK relay: an outbox that pays the debts the log says are unpaid (protocol.md §2.7).
+"""The ACK relay: an outbox that pays the debts the log says are unpaid (docs/protocol.md, ACK debts).
 
 It reads unpaid debts from the ledger projection (so they survive any crash), sends ONE
 `/acknowledge` per agent carrying every receipt owed to it, and appends `AckAccepted` only after the
@@ -16,12 +16,12 @@ from collections.abc import Callable
 
 from eventstore.events import AckAccepted, AckOwed, AckRejected, Event, ReceiptFetched, RunFailed
 from projections.ledger import LedgerState, debt_key
-from protocol.errors import RECEIPT_MISMATCH
 from protocol.ids import capture_key
 from protocol.streams import group_stream
 from protocol.wire import CompletionReceipt
 from trainer.attempts import group_id_of
 from trainer.context import Context, log
+from trainer.core import debt as debt_core
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.gym import GymClient
 from trainer.gym.errors import (
@@ -112,26 +112,27 @@ class AckRelay:
             self._backoff.pop(agent_name, None)
             self._not_before.pop(agent_name, None)
             by_group: dict[str, list[tuple[CompletionReceipt, list[Event]]]] = defaultdict(list)
+            generation: int | None = None
+            if any(not r.acknowledged and r.error == "unknown_execution" for r in results):
+                # A debt drops only on evidence: the agent's generation now, against the receipt's.
+                try:
+                    generation = (await client.status()).execution_generation
+                except GymError as exc:
+                    log.info(
+                        "ACK to %s: unknown_execution, generation unavailable (kept owed): %s",
+                        agent_name,
+                        exc,
+                    )
             for receipt, result in zip(owed, results, strict=True):
-                events: list[Event]
-                if result.acknowledged:
-                    events = [
-                        AckAccepted(
-                            rollout_id=receipt.rollout_id,
-                            attempt_index=receipt.attempt_index,
-                            idempotent=result.idempotent,
-                        )
-                    ]
-                else:
-                    error = result.error or RECEIPT_MISMATCH
-                    events = [
-                        AckRejected(
-                            rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, error=error
-                        )
-                    ]
-                    if error == RECEIPT_MISMATCH:
-                        events += await self._refetch(agent_name, client, receipt)
-                by_group[group_id_of(receipt.rollout_id)].append((receipt, events))
+                decided = debt_core.on_ack(receipt, result, generation)
+                events: list[Event] = list(decided.events)
+                if decided.verdict == "refetch":
+                    events += await self._refetch(agent_name, client, receipt)
+                elif decided.verdict == "kept":
+                    self._mismatched.add(debt_key(receipt.rollout_id, receipt.attempt_index))
+                    log.error("ACK to %s: %s", agent_name, decided.reason)
+                if events:
+                    by_group[group_id_of(receipt.rollout_id)].append((receipt, events))
             # Concurrently, so the journal writes them all in one batch.
             appended = await asyncio.gather(
                 *(

@@ -8,12 +8,12 @@ try is settled once however many parties race for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import random
+import time
 
 from eventstore.events import (
     AckOwed,
     AttemptAdopted,
-    AttemptRetired,
     Event,
     FailureKind,
     GroupSealed,
@@ -31,6 +31,7 @@ from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
 from protocol.wire import AttemptRef, CompletionReceipt, RunReply, RunRequest, TokenEntry
 from trainer.context import AttemptOutcome, Context, Lease, log
+from trainer.core import attempt as core
 from trainer.gym import GymClient, verify_receipt
 from trainer.gym.errors import (
     AgentServerError,
@@ -42,6 +43,7 @@ from trainer.gym.errors import (
     GoneError,
     GymError,
     InvalidPhaseError,
+    NotFoundError,
     ReceiptMismatchError,
     StaleCheckpointError,
 )
@@ -61,9 +63,9 @@ class _Garbage(_FetchFailed):
     """The agent answered, but not with a receipt of this try: nothing can be sealed or owed."""
 
 
-# Adoptions that fail because the agent answers garbage (not because it is away) before the try is
-# given up as stranded at the agent: recorded, and its group dead-lettered, never replaced.
-ADOPT_GARBAGE_LIMIT = 3
+class _OtherGeneration(_Garbage):
+    """An adoption's receipt comes from another execution than the one that answered retire: the
+    agent restarted in between and this is not the result retire described."""
 
 
 def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRequest:
@@ -188,7 +190,9 @@ class Attempts:
 
     # --- a reply in hand ------------------------------------------------------------------------
 
-    async def finish(self, group_id: str, reply: RunReply, *, adopted: bool) -> AttemptOutcome:
+    async def finish(
+        self, group_id: str, reply: RunReply, *, adopted: bool, expect_generation: int | None = None
+    ) -> AttemptOutcome:
         """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt."""
         ctx = self.ctx
         group = ctx.journal.ledger.groups[group_id]
@@ -201,6 +205,11 @@ class Attempts:
             raise _Garbage(f"completion receipt of ({rid}, {n}): {exc}") from exc
         except GymError as exc:
             raise _FetchFailed(f"completion receipt of ({rid}, {n}): {exc}") from exc
+        if expect_generation is not None and receipt.execution_generation != expect_generation:
+            raise _OtherGeneration(
+                f"the receipt of ({rid}, {n}) is from execution generation {receipt.execution_generation}, "
+                f"retire described generation {expect_generation}"
+            )
         adopted_events: list[Event] = [AttemptAdopted(rollout_id=rid, attempt_index=n)] if adopted else []
         try:
             verify_receipt(reply, receipt)
@@ -306,7 +315,7 @@ class Attempts:
     # --- retire or adopt ---------------------------------------------------------------------------
 
     async def resolve(self, group_id: str, rollout_id: str, attempt_index: int) -> AttemptOutcome:
-        """Retire the try; adopt it if it finished (protocol.md §5).  Settles it once."""
+        """Retire the try; adopt it if it finished (docs/protocol.md, Retire or adopt).  Settles it once."""
         live = self.ctx.live_attempt(rollout_id, attempt_index)
         async with live.lock:
             if live.outcome is not None:
@@ -317,107 +326,83 @@ class Attempts:
             return live.outcome
 
     async def _resolve_locked(self, group_id: str, rid: str, n: int) -> AttemptOutcome:
+        """Performs the retire/adopt steps of trainer.core.attempt until the try is settled."""
         ctx = self.ctx
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
-        delay = 0.05
-        recorded_completed = False
-        garbage: list[str] = []
-        unknown_at_agent: str | None = None
+        state = core.Retiring(rid, n, policy=ctx.settings.retire_policy)
+        action: core.CallRetire | core.CallAdopt | core.Settled = core.CallRetire()
+        adopted: AttemptOutcome | None = None
         while True:
             if ctx.stopping:
                 raise asyncio.CancelledError
-            checkpoint_id = ctx.active_checkpoint
-            if checkpoint_id is not None and checkpoint_id == unknown_at_agent:
-                checkpoint_id = None
-            try:
-                answer = await client.retire(rid, n, checkpoint_id)
-            except InvalidPhaseError:
-                # committing / committed_paused: wait until the checkpoint is over, then retire again.
-                await _wait_idle(ctx, 0.2)
-                continue
-            except StaleCheckpointError as exc:
-                # The agent does not know our active checkpoint (it restarted mid-prepare and lost it,
-                # or already finished it): it is idle for that id, so retire without one.
-                log.info("retire (%s, %d): the agent has no checkpoint %s: %s", rid, n, checkpoint_id, exc)
-                unknown_at_agent = checkpoint_id
-                await asyncio.sleep(0.05)
-                continue
-            except CheckpointConflictError:
-                # Our view of the active checkpoint moved under the call (or another coordinator's is
-                # active): look again shortly.  An agent that called our checkpoint unknown may have
-                # just received its prepare (the retire overtook it): name it again.
-                unknown_at_agent = None
-                await asyncio.sleep(0.05)
-                continue
-            except GymError as exc:
-                log.info("retire (%s, %d) failed, retrying: %s", rid, n, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            if answer.completed_unacknowledged:
-                if not recorded_completed:
-                    await self._append(
-                        group_id,
-                        [
-                            AttemptRetired(
-                                rollout_id=rid,
-                                attempt_index=n,
-                                outcome="completed_unacknowledged",
-                                checkpoint_id=checkpoint_id,
-                            )
-                        ],
-                    )
-                    recorded_completed = True
-                adopted = await self._adopt(group_id, client, rid, n, garbage)
-                if adopted is not None:
-                    return adopted
-                if len(garbage) >= ADOPT_GARBAGE_LIMIT:
-                    reason = (
-                        f"the agent holds a finished result it does not describe consistently "
-                        f"({len(garbage)} adoptions failed): {garbage[-1]}"
-                    )
-                    await self._append(
-                        group_id,
-                        [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind="receipt")],
-                    )
-                    return AttemptOutcome("stranded", reason)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            if answer.retired:
-                return AttemptOutcome("retired", "retired while running", "cancelled")
-            if answer.tombstoned:
-                return AttemptOutcome("retired", "never started at the agent (tombstoned)", "tombstoned")
-            return AttemptOutcome("retired", "already done for good at the agent", "done")
+            if isinstance(action, core.Settled):
+                break
+            if action.delay_s:
+                await asyncio.sleep(action.delay_s)
+            named = core.checkpoint_to_name(state, ctx.active_checkpoint)
+            got: core.Input
+            if isinstance(action, core.CallAdopt):
+                got, adopted = await self._adopt(group_id, client, rid, n, action.expect_generation)
+            else:
+                got = await _retire_answer(client, rid, n, named)
+            step = core.on(state, got, now=time.monotonic(), jitter=random.random(), checkpoint_id=named)
+            state, action = step.state, step.action
+            if step.events:
+                await self._append(group_id, list(step.events))
+        if action.kind == "finished":
+            assert adopted is not None
+            return adopted
+        if action.kind in ("stranded", "lost"):
+            log.error("(%s, %d): %s", rid, n, action.reason)
+            return AttemptOutcome("stranded", action.reason)
+        return AttemptOutcome("retired", action.reason, action.retire_outcome)
 
     async def _adopt(
-        self, group_id: str, client: GymClient, rid: str, n: int, garbage: list[str]
-    ) -> AttemptOutcome | None:
-        """Re-POST /run: the agent replays the stored reply without running the try again."""
+        self, group_id: str, client: GymClient, rid: str, n: int, generation: int | None
+    ) -> tuple[core.Input, AttemptOutcome | None]:
+        """Re-POST /run marked adopt-only: the agent replays the stored reply or answers not found,
+        and never runs the try again.  The receipt must come from `generation` (the execution that
+        answered retire)."""
         group = self.ctx.journal.ledger.groups[group_id]
         try:
-            reply = await client.run(run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s)
-            return await self.finish(group_id, reply, adopted=True)
+            reply = await client.run(
+                run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s, adopt_only=True
+            )
+            outcome = await self.finish(group_id, reply, adopted=True, expect_generation=generation)
+            return core.AdoptResult("adopted"), outcome
+        except _OtherGeneration as exc:
+            log.warning("adopting (%s, %d): %s", rid, n, exc)
+            return core.AdoptResult("other_generation", str(exc)), None
+        except (BadResponseError, _Garbage) as exc:
+            log.warning("adopting (%s, %d): the agent answered garbage: %s", rid, n, exc)
+            return core.AdoptResult("garbage", str(exc)[:300]), None
+        except NotFoundError as exc:
+            return core.AdoptResult("not_found", str(exc)[:300]), None
+        except GoneError as exc:
+            return core.AdoptResult("gone", str(exc)[:300]), None
         except (GymError, _FetchFailed) as exc:
-            if isinstance(exc, BadResponseError | _Garbage):
-                garbage.append(str(exc))
-                log.warning("adopting (%s, %d): the agent answered garbage: %s", rid, n, exc)
-            elif isinstance(exc, GoneError):
-                log.info("adopting (%s, %d): gone meanwhile: %s", rid, n, exc)
-            else:
-                log.info("adopting (%s, %d) failed, will retire again: %s", rid, n, exc)
-            return None
+            return core.CallFailed(f"adoption: {exc}"[:300]), None
 
     async def _append(self, group_id: str, events: list[Event]) -> None:
         await self.ctx.journal.append(group_stream(group_id), events)
 
 
-async def _wait_idle(ctx: Context, poll_s: float) -> None:
-    # Our own checkpoint ends with checkpoint_idle; another coordinator's only shows at the agent.
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(ctx.checkpoint_idle.wait(), poll_s)
-    await asyncio.sleep(poll_s if ctx.checkpoint_idle.is_set() else 0)
+async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str | None) -> core.Input:
+    """One /retire, its answer in the core's terms."""
+    try:
+        a = await client.retire(rid, n, checkpoint_id)
+    except InvalidPhaseError:
+        return core.RetireRefused("invalid_phase")
+    except StaleCheckpointError:
+        return core.RetireRefused("stale")
+    except CheckpointConflictError:
+        return core.RetireRefused("conflict")
+    except GymError as exc:
+        return core.CallFailed(f"retire: {type(exc).__name__}: {exc}"[:300])
+    return core.RetireAnswer(
+        a.retired, a.tombstoned, a.completed_unacknowledged, a.done, a.execution_generation
+    )
 
 
 def build_rollout_receipt(

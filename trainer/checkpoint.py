@@ -1,4 +1,4 @@
-"""Checkpoints: a two-phase commit with presumed abort across the trainer and every agent (protocol.md §6).
+"""Checkpoints: a two-phase commit with presumed abort across the trainer and every agent (docs/protocol.md, Checkpoints).
 
 The `CheckpointCommitted` append is the decision.  Before it, anything that goes wrong aborts; after
 it, the commit is finished and the agents resumed, now or by recovery.  A prepare never waits for a
@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import random
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from eventstore.events import (
     CheckpointAborted,
@@ -25,16 +28,28 @@ from protocol.streams import checkpoint_stream
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts, group_id_of
 from trainer.context import Context, log
+from trainer.core.checkpoint import (
+    Accepted,
+    Answer,
+    Done,
+    Failed,
+    Op,
+    Participant,
+    Refused,
+    StatusSeen,
+    Target,
+    first_call,
+    resumed_event_due,
+    step,
+)
+from trainer.gym import GymClient
 from trainer.gym.errors import (
-    AgentUnavailableError,
     CheckpointConflictError,
     GymError,
     InvalidPhaseError,
     NotReadyError,
     StaleCheckpointError,
 )
-
-PHASE_RETRIES = 20
 
 
 @dataclass
@@ -47,6 +62,10 @@ class CheckpointOutcome:
     adopted: int = 0
     retired: int = 0
     acked_during_prepare: int = 0
+    # Participants still being driven to the decision in the background (their step is stuck).
+    stuck: list[str] = field(default_factory=list)
+    # Participants that showed they lost the checkpoint (the log keeps it committed, not resumed).
+    lost: list[str] = field(default_factory=list)
 
     @property
     def committed(self) -> bool:
@@ -82,6 +101,11 @@ class Checkpointer:
         self.tries = tries
         self.relay = relay
         self._lock = asyncio.Lock()
+        # Participants still being driven to a decided outcome, and the CheckpointResumed appenders.
+        self._finishers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._completions: dict[str, asyncio.Task[None]] = {}
+        # Set whenever a participant's step wrote to the log (a finish, a stuck).
+        self._changed = asyncio.Event()
 
     async def checkpoint(
         self, checkpoint_id: str, participants: list[str] | None = None
@@ -133,7 +157,7 @@ class Checkpointer:
                             )
                         ],
                     )
-                    await self.abort_agents(checkpoint_id, names)
+                    ends = await self.abort_agents(checkpoint_id, names)
                     return CheckpointOutcome(
                         checkpoint_id,
                         "aborted",
@@ -143,6 +167,8 @@ class Checkpointer:
                         state.adopted,
                         state.retired,
                         state.acked,
+                        stuck=sorted(a for a, e in ends.items() if e == "stuck"),
+                        lost=sorted(a for a, e in ends.items() if e == "lost"),
                     )
                 cut = await ctx.journal.read(ctx.journal.store.head, "reading the head for the cut")
                 # From here the decision may be in the log even if the append raises: recovery decides.
@@ -155,10 +181,11 @@ class Checkpointer:
                             participants=names,
                             cut_position=cut,
                             prepare_wait_s=state.ready,
+                            trainer_id=ctx.settings.trainer_id,
                         )
                     ],
                 )
-                await self.finish_commit(checkpoint_id, names)
+                ends = await self.finish_commit(checkpoint_id, names)
                 return CheckpointOutcome(
                     checkpoint_id,
                     "committed",
@@ -168,6 +195,8 @@ class Checkpointer:
                     state.adopted,
                     state.retired,
                     state.acked,
+                    stuck=sorted(a for a, e in ends.items() if e == "stuck"),
+                    lost=sorted(a for a, e in ends.items() if e == "lost"),
                 )
             except BaseException:
                 if not decided:
@@ -274,52 +303,115 @@ class Checkpointer:
 
     # --- after the decision ----------------------------------------------------------------------
 
-    async def finish_commit(self, checkpoint_id: str, names: list[str]) -> None:
-        """Commit and resume every agent, then record the resume.  Safe to repeat (recovery)."""
-        await asyncio.gather(*(self._commit_and_resume(checkpoint_id, n) for n in names))
-        await self.ctx.journal.append(
-            checkpoint_stream(checkpoint_id),
-            [CheckpointResumed(checkpoint_id=checkpoint_id, participants=names)],
-        )
+    async def finish_commit(self, checkpoint_id: str, names: list[str]) -> dict[str, str]:
+        """Commit and resume every agent; `CheckpointResumed` once every one confirmed.  Safe to
+        repeat (recovery).  Returns when each agent finished or was reported stuck (a stuck one keeps
+        being retried in the background: the commit is decided)."""
+        return await self.finish(checkpoint_id, names, "resumed")
 
-    async def _commit_and_resume(self, checkpoint_id: str, name: str) -> None:
-        client = self.ctx.client(name)
-        for op in (client.commit, client.resume):
-            for attempt in range(PHASE_RETRIES):
-                try:
-                    await op(checkpoint_id)
-                    break
-                except (InvalidPhaseError, StaleCheckpointError, CheckpointConflictError) as exc:
-                    # Already past this step, or the agent restarted and lost the checkpoint: nothing
-                    # of it is left paused.
-                    log.info("%s %s on %s: %s", op.__name__, checkpoint_id, name, exc)
-                    break
-                except GymError as exc:
-                    if attempt == PHASE_RETRIES - 1:
-                        log.error("%s %s on %s gave up: %s", op.__name__, checkpoint_id, name, exc)
-                        return
-                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+    async def abort_agents(self, checkpoint_id: str, names: list[str]) -> dict[str, str]:
+        """Abort at every agent until each confirms (or is reported stuck, and retried in the
+        background)."""
+        return await self.finish(checkpoint_id, names, "aborted")
 
-    async def abort_agents(self, checkpoint_id: str, names: list[str]) -> None:
-        async def one(name: str) -> None:
-            client = self.ctx.client(name)
-            for attempt in range(PHASE_RETRIES):
-                try:
-                    await client.abort(checkpoint_id)
-                    return
-                except (InvalidPhaseError, StaleCheckpointError, CheckpointConflictError) as exc:
-                    log.info("abort %s on %s: %s", checkpoint_id, name, exc)
-                    return
-                except AgentUnavailableError as exc:
-                    if attempt == PHASE_RETRIES - 1:
-                        log.error("abort %s on %s gave up: %s", checkpoint_id, name, exc)
-                        return
-                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
-                except GymError as exc:
-                    log.error("abort %s on %s: %s", checkpoint_id, name, exc)
-                    return
+    async def finish(self, checkpoint_id: str, names: list[str], target: Target) -> dict[str, str]:
+        """Drives each participant's steps (trainer.core.checkpoint) towards the log's decision.
+        Returns when each has finished or is recorded stuck (the log says which), with each agent's
+        outcome or "stuck"; a stuck one goes on being driven in the background."""
+        drivers: list[asyncio.Task[None]] = []
+        for name in names:
+            if name in self._logged(checkpoint_id)[0]:
+                continue
+            key = (checkpoint_id, name)
+            task = self._finishers.get(key)
+            if task is None or task.done():
+                task = asyncio.create_task(
+                    self._drive_participant(Participant.finishing(checkpoint_id, name, target)),
+                    name=f"checkpoint:{checkpoint_id}:{name}",
+                )
+                self._finishers[key] = task
+                task.add_done_callback(functools.partial(_forget, self._finishers, key))
+            drivers.append(task)
+        if target == "resumed":
+            completion = self._completions.get(checkpoint_id)
+            if completion is None or completion.done():
+                completion = asyncio.create_task(self._complete(checkpoint_id, names, drivers))
+                self._completions[checkpoint_id] = completion
+                completion.add_done_callback(functools.partial(_forget, self._completions, checkpoint_id))
+        while True:
+            finished, stuck = self._logged(checkpoint_id)
+            if all(d.done() for d in drivers) or all(n in finished or n in stuck for n in names):
+                break
+            self._changed.clear()
+            waiter = asyncio.create_task(self._changed.wait())
+            await asyncio.wait(
+                [waiter, *[d for d in drivers if not d.done()]], return_when=asyncio.FIRST_COMPLETED
+            )
+            waiter.cancel()
+        for d in drivers:
+            if d.done() and not d.cancelled():
+                failure = d.exception()
+                if failure is not None:
+                    raise failure
+        completion = self._completions.get(checkpoint_id)
+        if target == "resumed" and completion is not None and all(d.done() for d in drivers):
+            await completion
+        finished, _ = self._logged(checkpoint_id)
+        return {n: finished.get(n, "stuck") for n in names}
 
-        await asyncio.gather(*(one(n) for n in names))
+    def _logged(self, checkpoint_id: str) -> tuple[dict[str, str], dict[str, str]]:
+        """The participants' outcomes and the stuck ones, as the log says."""
+        known = self.ctx.journal.checkpoints.checkpoints.get(checkpoint_id)
+        return (known.finished, known.stuck) if known is not None else ({}, {})
+
+    async def _complete(
+        self, checkpoint_id: str, names: list[str], drivers: list[asyncio.Task[None]]
+    ) -> None:
+        await asyncio.gather(*drivers, return_exceptions=True)
+        known = self.ctx.journal.checkpoints.checkpoints.get(checkpoint_id)
+        finished = dict(known.finished) if known is not None else {}
+        if resumed_event_due(finished, names):  # type: ignore[arg-type]
+            await self.ctx.journal.append(
+                checkpoint_stream(checkpoint_id),
+                [CheckpointResumed(checkpoint_id=checkpoint_id, participants=names)],
+            )
+        else:
+            log.error(
+                "checkpoint %s committed but not every participant resumed: %s", checkpoint_id, finished
+            )
+
+    async def _drive_participant(self, p: Participant) -> None:
+        """Performs the calls `p`'s steps name and appends their events (the shell of the core)."""
+        client = self.ctx.client(p.agent_name)
+        call = first_call(p)
+        while True:
+            if call.delay_s:
+                await asyncio.sleep(call.delay_s)
+            answer = await _phase_answer(client, call.op, p.checkpoint_id)
+            result = step(p, answer, time.monotonic(), random.random())
+            p = result.participant
+            if result.events:
+                await self.ctx.journal.append(checkpoint_stream(p.checkpoint_id), list(result.events))
+                self._changed.set()
+            if isinstance(result.action, Done):
+                if result.action.outcome == "lost":
+                    log.error(
+                        "checkpoint %s: agent %s lost it: %s",
+                        p.checkpoint_id,
+                        p.agent_name,
+                        result.action.reason,
+                    )
+                return
+            call = result.action
+
+    async def stop(self) -> None:
+        """Cancels the participants still being driven (recovery drives them again from the log)."""
+        tasks = [*self._finishers.values(), *self._completions.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
 
     async def recover(
         self, to_abort: list[str] | None = None, to_resume: list[str] | None = None
@@ -353,17 +445,78 @@ class Checkpointer:
             await self.finish_commit(c.checkpoint_id, [p for p in c.participants if p in ctx.agents])
             done["resumed"] += 1
         for name, client in ctx.agents.items():
-            try:
-                status = await client.status()
-            except GymError as exc:
-                log.warning("recovery: status of %s unavailable: %s", name, exc)
-                continue
-            active = status.active_checkpoint_id
-            if active is None:
-                continue
-            decided = known.get(active)
-            if decided is not None and decided.status in ("committed", "resumed"):
-                await self._commit_and_resume(active, name)
-            else:
-                await self.abort_agents(active, [name])
+            await self.reconcile(name, client)
         return done
+
+    async def reconcile(self, name: str, client: GymClient) -> None:
+        """Brings one agent's checkpoint phase in line with the log (at recovery, and whenever the
+        coordinator finds an agent with an active checkpoint it is not driving).
+
+        A checkpoint the agent holds is looked up in the log as it is now (read again: its owner may
+        have started it after this process last folded).  Decided: driven to the decision.  Started
+        by this trainer and undecided: presumed abort, written to the log first, so that a live
+        coordinator still preparing it fails its decision append instead of committing what the
+        agent aborted.  Another trainer's undecided checkpoint is that trainer's: left alone.  Never
+        started in this log: nobody can decide it, so it is aborted at the agent.
+        """
+        ctx = self.ctx
+        try:
+            status = await client.status()
+        except GymError as exc:
+            log.warning("reconcile: status of %s unavailable: %s", name, exc)
+            return
+        active = status.active_checkpoint_id
+        if (
+            active is None
+            or any(key[0] == active for key in self._finishers)
+            or ctx.active_checkpoint == active
+        ):
+            return
+        await ctx.journal.catch_up()
+        known = ctx.journal.checkpoints.checkpoints.get(active)
+        if known is None:
+            await self.abort_agents(active, [name])
+        elif known.status in ("committed", "resumed"):
+            await self.finish_commit(active, [name])
+        elif known.status == "aborted":
+            await self.abort_agents(active, [name])
+        elif known.trainer_id == ctx.settings.trainer_id:
+            await ctx.journal.append(
+                checkpoint_stream(active),
+                [
+                    CheckpointAborted(
+                        checkpoint_id=active,
+                        participants=known.participants,
+                        reason="presumed abort: found active at an agent with no decision in the log",
+                    )
+                ],
+            )
+            await self.abort_agents(active, [p for p in known.participants if p in ctx.agents])
+
+
+def _forget(tasks: dict[Any, asyncio.Task[None]], key: object, _task: asyncio.Task[None]) -> None:
+    tasks.pop(key, None)
+
+
+_FINISHED_AS = re.compile(r"already finished with outcome '(resumed|aborted)'")
+
+
+async def _phase_answer(client: GymClient, op: Op, checkpoint_id: str) -> Answer:
+    """One call of a participant's step, its answer in the core's terms."""
+    try:
+        if op == "status":
+            status = await client.status()
+            return StatusSeen(status.phase, status.active_checkpoint_id, status.execution_generation)
+        response = await getattr(client, op)(checkpoint_id)
+        return Accepted(response.phase)
+    except StaleCheckpointError as exc:
+        # The reference agent names the outcome it finished the checkpoint with; any other wording
+        # (or an agent that forgot it) leaves the core to ask for the agent's status.
+        found = _FINISHED_AS.search(exc.message)
+        return Refused("stale", found.group(1) if found else None, exc.message)  # type: ignore[arg-type]
+    except InvalidPhaseError as exc:
+        return Refused("invalid_phase", None, exc.message)
+    except CheckpointConflictError as exc:
+        return Refused("conflict", None, exc.message)
+    except GymError as exc:
+        return Failed(f"{type(exc).__name__}: {exc}"[:300])

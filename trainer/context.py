@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from protocol.ids import group_id_of
+from trainer.core.attempt import RETIRE_POLICY
+from trainer.core.retry import RetryPolicy
 from trainer.gym import GymClient
 from trainer.journal import Journal
 
@@ -22,6 +24,8 @@ class Settings:
     rollout_timeout_s: float = 600.0
     prepare_timeout_s: float = 300.0
     max_tries: int = 4
+    max_infra_failures: int = 4
+    max_data_failures: int = 4
     # A try still RUNNING this long into a prepare is stuck inside a model call: it is retired.
     park_grace_s: float = 1.0
     # Server-side wait of one prepare call before it answers 409 and the coordinator acts on it.
@@ -29,6 +33,10 @@ class Settings:
     adopt_timeout_s: float = 60.0
     # Several trainers may share one log; each owns the groups and checkpoints it started.
     trainer_id: str | None = None
+    # How often each agent's checkpoint phase is compared with the log (0: only at recovery).
+    reconcile_every_s: float = 5.0
+    # Transport failures of one try's retire/adopt calls before the try is declared lost.
+    retire_policy: RetryPolicy = RETIRE_POLICY
 
 
 @dataclass(frozen=True)
@@ -57,11 +65,6 @@ class LiveAttempt:
     outcome: AttemptOutcome | None = None
 
 
-@dataclass
-class Stats:
-    prepare_waits: list[float] = field(default_factory=list)
-
-
 class Context:
     def __init__(self, journal: Journal, agents: dict[str, GymClient], settings: Settings) -> None:
         self.journal = journal
@@ -74,6 +77,8 @@ class Context:
         self.checkpoint_idle.set()
         self.stopping = False
         self.ack_wakeup = asyncio.Event()
+        # Each agent's execution generation as last seen (at start, and when an ACK needed it).
+        self.generations: dict[str, int] = {}
 
     def live_attempt(self, rollout_id: str, attempt_index: int) -> LiveAttempt:
         key = (rollout_id, attempt_index)
@@ -103,7 +108,7 @@ class Context:
 
 
 class Lease:
-    """A try's deadline: a clock that does not run while a checkpoint is in flight (protocol.md §7)."""
+    """A try's deadline: a clock that does not run while a checkpoint is in flight (docs/protocol.md, Deadlines and fencing)."""
 
     def __init__(self, ctx: Context, budget_s: float) -> None:
         self.ctx = ctx

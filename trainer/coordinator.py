@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from eventstore import EventStore
 from eventstore.events import (
@@ -33,16 +33,21 @@ from eventstore.events import (
     PromptRef,
     ReplacementMinted,
     TargetLevel,
+    TrainerEpochTaken,
 )
+from projections.group_core import dead_letter_reason, round_exhausted, round_step, sibling_exhausted
 from projections.ledger import GroupState, LedgerState
 from protocol.ids import rollout_id_of
-from protocol.streams import group_stream
+from protocol.streams import group_stream, trainer_stream
 from protocol.wire import AttemptRef
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts
 from trainer.checkpoint import Checkpointer, CheckpointOutcome
 from trainer.context import AttemptOutcome, Context, Settings, log
+from trainer.core.attempt import RETIRE_POLICY
+from trainer.core.retry import RetryPolicy
 from trainer.errors import (
+    AgentMismatch,
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,
@@ -50,6 +55,7 @@ from trainer.errors import (
     UnknownGroup,
 )
 from trainer.gym import GymClient
+from trainer.gym.errors import GymError
 from trainer.journal import OUTAGE_BUDGET_S, Journal
 
 
@@ -74,9 +80,13 @@ class RolloutCoordinator:
         rollout_timeout_s: float = 600.0,
         prepare_timeout_s: float = 300.0,
         max_tries: int = 4,
+        max_infra_failures: int | None = None,
+        max_data_failures: int | None = None,
         park_grace_s: float = 1.0,
         outage_budget_s: float = OUTAGE_BUDGET_S,
         trainer_id: str | None = None,
+        retire_policy: RetryPolicy = RETIRE_POLICY,
+        reconcile_every_s: float = 5.0,
     ) -> None:
         self.store = store
         self.mode: Mode = mode
@@ -84,8 +94,12 @@ class RolloutCoordinator:
             rollout_timeout_s=rollout_timeout_s,
             prepare_timeout_s=prepare_timeout_s,
             max_tries=max_tries,
+            max_infra_failures=max_infra_failures or max_tries,
+            max_data_failures=max_data_failures or max_tries,
             park_grace_s=park_grace_s,
             trainer_id=trainer_id,
+            retire_policy=retire_policy,
+            reconcile_every_s=reconcile_every_s,
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)
         self.ctx = Context(self.journal, dict(agents), self.settings)
@@ -94,6 +108,8 @@ class RolloutCoordinator:
         self.checkpointer = Checkpointer(self.ctx, self.tries, self.relay)
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._started = False
+        self._epoch_reason: Literal["start", "recovery"] = "start"
+        self._reconciler: asyncio.Task[None] | None = None
         self.errors: list[BaseException] = []
         self.stats: dict[str, int] = {"replacements": 0, "abandoned": 0, "dead_lettered": 0}
 
@@ -107,9 +123,78 @@ class RolloutCoordinator:
         """Folds the log and starts the ACK relay (idempotent)."""
         if not self._started:
             await self.journal.load()
+            await self.journal.take_epoch(
+                trainer_stream(self.settings.trainer_id),
+                TrainerEpochTaken(
+                    trainer_id=self.settings.trainer_id, reason=self._epoch_reason, writer=self.journal.writer
+                ),
+            )
+            await self._check_agents()
             self.relay.start()
+            if self.settings.reconcile_every_s > 0:
+                self._reconciler = asyncio.create_task(self._reconcile_loop(), name="reconcile")
             self._started = True
         return self
+
+    async def _reconcile_loop(self) -> None:
+        """An agent's checkpoint phase is compared with the log continuously, not only at recovery:
+        an agent left preparing or paused by a checkpoint nobody drives any more (its coordinator
+        died, an abort never reached it) is brought to the log's decision."""
+        while not self.ctx.stopping:
+            await asyncio.sleep(self.settings.reconcile_every_s)
+            for name, client in sorted(self.ctx.agents.items()):
+                if self.ctx.checkpoint_in_flight or self.ctx.stopping:
+                    break
+                try:
+                    if not await self._check_identity(name, client):
+                        continue
+                    await self.checkpointer.reconcile(name, client)
+                except (FencedOff, CoordinatorStopped) as exc:
+                    log.error("reconciliation stops: %s", exc)
+                    return
+                except Exception:
+                    log.exception(
+                        "reconciling %s failed; tried again in %.1f s", name, self.settings.reconcile_every_s
+                    )
+
+    async def _check_identity(self, name: str, client: GymClient) -> bool:
+        """The agent behind `client` is still `name` (a reconnect may reach another process); a new
+        generation (it restarted) is recorded.  False when it cannot be driven now."""
+        try:
+            health = await client.health()
+        except GymError as exc:
+            log.info("agent %s unreachable: %s", name, exc)
+            return False
+        if health.agent_name != name:
+            error = AgentMismatch(
+                f"the agent at {client.base_url} is now {health.agent_name!r}, not {name!r}: not driven "
+                "until it is (its receipts would be owed to the wrong agent)"
+            )
+            log.error("%s", error)
+            if not any(isinstance(e, AgentMismatch) and str(e) == str(error) for e in self.errors):
+                self.errors.append(error)
+            return False
+        known = self.ctx.generations.get(name)
+        if known is not None and health.execution_generation != known:
+            log.warning("agent %s restarted: generation %d -> %d", name, known, health.execution_generation)
+        self.ctx.generations[name] = health.execution_generation
+        return True
+
+    async def _check_agents(self) -> None:
+        """Each agent must be who the coordinator calls it; its generation is recorded for the log's
+        evidence.  An agent away now is checked when the relay first needs its generation."""
+        for name, client in sorted(self.ctx.agents.items()):
+            try:
+                health = await client.health()
+            except GymError as exc:
+                log.warning("agent %s not reachable at start (identity checked later): %s", name, exc)
+                continue
+            if health.agent_name != name:
+                raise AgentMismatch(
+                    f"the agent at {client.base_url} is {health.agent_name!r}, not {name!r}: fix the "
+                    "coordinator's agents mapping (its receipts would be owed to the wrong agent)"
+                )
+            self.ctx.generations[name] = health.execution_generation
 
     async def __aenter__(self) -> RolloutCoordinator:
         return await self.start()
@@ -127,6 +212,11 @@ class RolloutCoordinator:
             with contextlib.suppress(BaseException):
                 await task
         await self.relay.stop()
+        if self._reconciler is not None:
+            self._reconciler.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reconciler
+        await self.checkpointer.stop()
 
     @classmethod
     async def recover(
@@ -134,7 +224,9 @@ class RolloutCoordinator:
     ) -> RolloutCoordinator:
         from trainer.recovery import recover
 
-        return await recover(cls(store, agents, **kwargs))
+        coord = cls(store, agents, **kwargs)
+        coord._epoch_reason = "recovery"
+        return await recover(coord)
 
     def _check_alive(self) -> None:
         if self.journal.fenced is not None:
@@ -174,6 +266,8 @@ class RolloutCoordinator:
                 target_level=target_level,
                 target_step=target_step,
                 max_tries=self.settings.max_tries,
+                max_infra_failures=self.settings.max_infra_failures,
+                max_data_failures=self.settings.max_data_failures,
                 payload=payload or {},
                 trainer_id=self.settings.trainer_id,
             ),
@@ -221,29 +315,33 @@ class RolloutCoordinator:
         group = self.ledger.groups.get(group_id)  # type: ignore[assignment]
         if group is None or group.status != "open":
             return
-        if any(exhausted):
-            await self._dead_letter(group, [], "a sibling used up its retry budget")
+        reasons = [r for r in exhausted if r is not None]
+        if reasons:
+            await self._dead_letter(group, [], reasons[0])
 
-    async def _drive_sibling(self, group_id: str, gi: int) -> bool:
-        """Attempts one sibling until it is sealed (False) or out of tries (True)."""
+    async def _drive_sibling(self, group_id: str, gi: int) -> str | None:
+        """Attempts one sibling until it is sealed (None) or a budget is spent (why)."""
         while True:
             self._check_alive()
             group = self.ledger.groups.get(group_id)
             if group is None or group.status != "open":
-                return False
+                return None
             sibling = group.siblings[gi]
             if sibling.status == "sealed":
-                return False
+                return None
             n = sibling.current_attempt
             outcome = await self.tries.settle(group_id, gi, n)
             if outcome.kind == "finished":
                 continue
             retired = _retired_event(sibling.rollout_id, n, outcome)
+            group = self.ledger.groups[group_id]
+            # The same rule as the recovery plan's (projections.group_core).
+            budget = sibling_exhausted(group, group.siblings[gi])
             # A stranded try may still be finished at the agent: never replaced (retire-before-replace).
-            if n + 1 >= group.max_tries or outcome.kind == "stranded":
+            if budget is not None or outcome.kind == "stranded":
                 if retired:
                     await self.journal.append(group_stream(group_id), retired)
-                return True
+                return outcome.reason if budget is None else dead_letter_reason(budget, group)
             replacement = ReplacementMinted(
                 rollout_id=sibling.rollout_id,
                 generation_index=gi,
@@ -270,9 +368,15 @@ class RolloutCoordinator:
                 if seals:
                     await self.journal.append(group_stream(group_id), seals)
                     continue
+            # The plan's rule (projections.group_core.round_step): a round a crash interrupted between
+            # its dispatches is not completed with tries sent now (its siblings would come from
+            # different policy versions): its unsent tries count as retired and the round is rerun.
+            interrupted = round_step(group).interrupted
             tasks = {
                 s.generation_index: asyncio.create_task(
-                    self.tries.settle(group_id, s.generation_index, s.current_attempt)
+                    _never_sent()
+                    if interrupted and s.current is not None and s.current.status == "minted"
+                    else self.tries.settle(group_id, s.generation_index, s.current_attempt)
                 )
                 for s in siblings
             }
@@ -292,9 +396,10 @@ class RolloutCoordinator:
                 AttemptRef(rollout_id=group.siblings[gi].rollout_id, attempt_index=n)
                 for gi, n in sorted(current.items())
             ]
-            round_index = max(current.values())
-            if round_index + 1 >= group.max_tries or any(o.kind == "stranded" for o in failed.values()):
-                await self._dead_letter(group, retired, reason)
+            budget = round_exhausted(group)
+            if budget is not None or any(o.kind == "stranded" for o in failed.values()):
+                why = reason if budget is None else f"{dead_letter_reason(budget, group)}; {reason}"
+                await self._dead_letter(group, retired, why[:500])
                 return
             replacements = [
                 ReplacementMinted(
@@ -347,12 +452,16 @@ class RolloutCoordinator:
             for s in sorted(group.siblings.values(), key=lambda s: s.generation_index)
             for a in sorted(s.attempts)
         ]
+        # Why first (the budget spent, or the stranded try), then every try's recorded failures.
         reasons = [
-            f"{s.rollout_id}#{a.attempt_index}: {f}"
-            for s in group.siblings.values()
-            for a in s.attempts.values()
-            for f in a.failures
-        ] or [reason]
+            reason,
+            *(
+                f"{s.rollout_id}#{a.attempt_index}: {f}"
+                for s in group.siblings.values()
+                for a in s.attempts.values()
+                for f in a.failures
+            ),
+        ]
         await self.journal.append(
             group_stream(group.group_id),
             [
@@ -444,6 +553,10 @@ class RolloutCoordinator:
                 for agent in owed:
                     await self.relay.flush(agent, 5.0)
                 await asyncio.sleep(0.05)
+
+
+async def _never_sent() -> AttemptOutcome:
+    return AttemptOutcome("retired", "never sent: its round was interrupted between its dispatches")
 
 
 def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome) -> list[Event]:

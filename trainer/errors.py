@@ -25,3 +25,8 @@ class NotSealed(RolloutError):
 
 class AlreadyClaimed(RolloutError):
     """A group is trained on once (unless a restore rolled the claim back)."""
+
+
+class AgentMismatch(RolloutError):
+    """The agent behind a client names itself differently than the coordinator calls it: every
+    receipt and ACK would be attributed to the wrong agent, so the coordinator refuses to start."""

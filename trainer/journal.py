@@ -1,6 +1,6 @@
 """The coordinator's only memory: appends to the log and the projections folded back from it.
 
-Every append names the version this process last saw of its stream (fencing, protocol.md §7): a
+Every append names the version this process last saw of its stream (fencing: docs/protocol.md, Deadlines and fencing): a
 second coordinator's write makes this one's next append fail, and this one stops for good.  After
 each append the projections catch up with the log, so what the coordinator knows is always what the
 log says, including other writers' events: from the rows the store reports it wrote when they are
@@ -29,6 +29,8 @@ import asyncio
 import functools
 import hashlib
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -42,6 +44,8 @@ from eventstore import (
     DatabaseUnavailable,
     EventStore,
     ExpectedVersion,
+    Fence,
+    Fenced,
     NewEvent,
     RecordedEvent,
     WrongExpectedVersion,
@@ -79,12 +83,17 @@ class Journal:
     outage_retries: int = 0
     # Stream -> the version this process last saw (its fencing token).
     versions: dict[str, int] = field(default_factory=dict)
+    # The owner epoch: every append is refused by the store unless the trainer's stream is still
+    # where this process's `TrainerEpochTaken` (or its own later append there) left it.
+    owner: Fence | None = None
     appends: int = 0
     # Store transactions that wrote appends (group commit: one per batch, `appends / batches` per batch).
     batches: int = 0
 
     def __post_init__(self) -> None:
         self._nonce = uuid.uuid4()  # one per coordinator instance: its take-overs are its own
+        # Who writes: part of every deterministic event id, so two writers never collapse into one.
+        self.writer = f"{socket.gethostname()}/{os.getpid()}/{self._nonce.hex[:12]}"
         self.ledger = self.ledger_projection.initial()
         self.checkpoints = self.checkpoints_projection.initial()
         self._lock = asyncio.Lock()
@@ -337,9 +346,41 @@ class Journal:
             else:
                 _resolve(request, request.events)
 
+    def _fence_of(self, stream: str, chain: dict[str, int]) -> Fence | None:
+        """The owner fence of an append to `stream` (`chain`: the batch's earlier appends).  An append
+        to the trainer's own stream is fenced by its expected version already; one after it in the
+        same batch expects the version that append leaves."""
+        owner = self.owner
+        if owner is None or stream == owner.stream_id:
+            return None
+        return Fence(owner.stream_id, chain.get(owner.stream_id, owner.version))
+
+    async def take_epoch(self, stream: str, event: Event) -> None:
+        """Becomes the owner of the trainer whose stream is `stream`: appends `event` there at whatever
+        version it is, and fences every later append of this process on the version that leaves."""
+
+        def write() -> None:
+            with self._thread_lock:
+                news = [_new_event(stream, -1, event, self.writer)]
+                result = self.store.append(stream, news, ExpectedVersion.ANY)
+                self.versions[stream] = result.stream_version
+                self.owner = Fence(stream, result.stream_version)
+
+        async with self._lock:
+            await self._ride_out(write, f"taking the owner epoch of {stream!r}")
+            await self._ride_out(self._catch_up_sync, f"reading the log after taking {stream!r}")
+        await self._notify()
+
     def _settle_alone(self, request: _Request, exc: BaseException) -> None:
         """The answer of one append that failed on its own, as `append` gave it one at a time."""
-        if isinstance(exc, WrongExpectedVersion):
+        if isinstance(exc, Fenced):
+            self.fenced = FencedOff(
+                f"another coordinator took over trainer stream {exc.stream_id!r} (now at version "
+                f"{exc.actual}, this coordinator's epoch is {exc.expected}); this coordinator is stale "
+                "and has stopped"
+            )
+            exc = self.fenced
+        elif isinstance(exc, WrongExpectedVersion):
             try:
                 self._fence(request.stream, exc)
             except FencedOff as fenced:
@@ -351,19 +392,21 @@ class Journal:
         with self._thread_lock:
             if not state.committed:
                 chain: dict[str, int] = {}  # a stream's version after the batch's earlier appends to it
-                appends: list[tuple[str, Sequence[NewEvent], int]] = []
+                appends: list[tuple[str, Sequence[NewEvent], int, Fence | None]] = []
                 for request in batch:
                     if request.prepared is None:
                         request.prepared = self._prepare_sync(request, chain.get(request.stream))
                     expected, news = request.prepared
+                    appends.append((request.stream, news, expected, self._fence_of(request.stream, chain)))
                     chain[request.stream] = (
                         expected + len(news) if expected >= ExpectedVersion.NO_STREAM else expected
                     )
-                    appends.append((request.stream, news, expected))
                 results = self.store.append_batch(appends, [blob for r in batch for blob in r.blobs])
                 state.committed = True
                 for request, result in zip(batch, results, strict=True):
                     self.versions[request.stream] = result.stream_version
+                    if self.owner is not None and request.stream == self.owner.stream_id:
+                        self.owner = Fence(request.stream, result.stream_version)
                 if fold and self._fold_written(batch, results):
                     return
             if fold:
@@ -394,7 +437,7 @@ class Journal:
             self.versions[stream] = self.store.stream_version(stream)
         expected = after if after is not None else self.versions.get(stream, ExpectedVersion.NO_STREAM)
         start = expected + 1 if expected >= 0 else 0
-        return expected, [_new_event(stream, start + i, e) for i, e in enumerate(request.events)]
+        return expected, [_new_event(stream, start + i, e, self.writer) for i, e in enumerate(request.events)]
 
     async def take_over(self, stream: str, event: Event) -> None:
         """Appends at whatever version `stream` is at, and adopts the result as this process's version.
@@ -408,7 +451,10 @@ class Journal:
         def write() -> None:
             with self._thread_lock:
                 result = self.store.append(
-                    stream, [NewEvent.of(event, event_id=event_id)], ExpectedVersion.ANY
+                    stream,
+                    [NewEvent.of(event, event_id=event_id)],
+                    ExpectedVersion.ANY,
+                    fence=self._fence_of(stream, {}),
                 )
                 self.versions[stream] = result.stream_version
 
@@ -474,21 +520,31 @@ def _provisional(stream: str, version: int, position: int, event: Event) -> Reco
     )
 
 
-def _new_event(stream: str, version: int, event: Event) -> NewEvent:
-    """The event as stored, with an id derived from where it goes and what it says.
+_WRITER_ATTESTED = frozenset(
+    {"GroupClaimedForTraining", "CheckpointPrepareStarted", "CheckpointCommitted", "CheckpointResumed"}
+)
+
+
+def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent:
+    """The event as stored, with an id derived from who writes it, where it goes and what it says.
 
     The id hashes the event's own JSON (pydantic writes fields in declaration order, so equal events
-    give equal text): a retry of the same append names the same ids and is a no-op.
+    give equal text): a retry of the same append by the same writer names the same ids and is a
+    no-op, while two writers appending the same event at the same version (two trainers claiming one
+    group) name different ids, so the second is refused instead of told it succeeded.
     """
     text = event.model_dump_json()
     type_ = event.event_type()
-    digest = hashlib.sha256(f"{stream}\x1f{version}\x1f{type_}\x1f{text}".encode()).hexdigest()
+    # Claims and checkpoint events name their writer, so the auditor can tell a fenced owner's.
+    metadata = {"writer": writer} if type_ in _WRITER_ATTESTED else {}
+    digest = hashlib.sha256(f"{writer}\x1f{stream}\x1f{version}\x1f{type_}\x1f{text}".encode()).hexdigest()
     return NewEvent(
         type=type_,
         data=event.model_dump(mode="json"),
         event_id=str(uuid.uuid5(_EVENT_NS, digest)),
         schema_version=event.schema_version,
         validated_json=text,
+        metadata=metadata,
     )
 
 

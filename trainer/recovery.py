@@ -1,4 +1,4 @@
-"""Rebuilding a coordinator from the log and carrying on (protocol.md §9).
+"""Rebuilding a coordinator from the log and carrying on (docs/protocol.md, Recovery).
 
 Nothing is restored from a private file: the ledger and checkpoint projections are folded from the
 log and the restore plan is derived from them alone (`projections.recovery.plan_recovery`).  The
@@ -15,15 +15,11 @@ from typing import TYPE_CHECKING
 
 from eventstore.events import GroupTakenOver, TrainerRestored
 from projections.recovery import RecoveryPlan, plan_recovery
-from protocol.streams import group_stream
+from protocol.streams import group_stream, trainer_stream
 from trainer.context import log
 
 if TYPE_CHECKING:
     from trainer.coordinator import RolloutCoordinator
-
-
-def trainer_stream(trainer_id: str | None) -> str:
-    return "trainer" if trainer_id is None else f"trainer-{trainer_id}"
 
 
 def groups_to_drive(plan: RecoveryPlan) -> list[str]:

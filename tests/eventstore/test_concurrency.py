@@ -141,7 +141,7 @@ def test_sigkill_mid_append_leaves_all_or_none(store_url: str, kill_after_s: flo
 
 def test_database_restart_and_outage_are_survived_without_a_manual_step() -> None:
     from eventstore import DatabaseUnavailable, upgrade_database
-    from eventstore.pgcluster import PgCluster
+    from eventstore.testing import PgCluster
 
     with PgCluster() as cluster:
         url = cluster.url(cluster.create_database("outage")).replace("postgres@", "postgres:pw@")

@@ -1,15 +1,14 @@
-"""Control calls have their own connection pool (protocol.md §8)."""
+"""Control calls have their own connection pool (docs/protocol.md, Connection pools)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from protocol.wire import FaultRates, RateFaults
 from tests.gym.conftest import MakeAgent, run_request, wait_for
-from trainer.gym import GoneError, GymClient
+from trainer.gym import GoneError, GymClient, NotFoundError
 
 RUNS = 200
 
@@ -25,13 +24,12 @@ async def test_control_call_answers_while_the_run_pool_is_full(make_agent: MakeA
             return (await c.status()).running == RUNS
 
         await wait_for(all_running, timeout_s=30)
-        start = time.perf_counter()
+        # Every run connection is held by a hung run: a control call that queued behind them would
+        # never be answered and would end in a timeout after control_timeout_s.  Both are answered.
         status = await c.status()
-        receipt_miss = c.completion_receipt("h0", 0)
-        await asyncio.gather(receipt_miss, return_exceptions=True)
-        elapsed = time.perf_counter() - start
         assert status.running == RUNS
-        assert elapsed < 2.0, f"control calls took {elapsed:.2f} s behind {RUNS} open runs"
+        with pytest.raises(NotFoundError):  # the agent's answer for a running try, not a pool timeout
+            await c.completion_receipt("h0", 0)
         assert "queued" not in await c.debug_runs()  # the 201st run really is queued in the client
 
         # Retiring one hung run (its call ends with 410) frees a connection for the queued run.

@@ -1,9 +1,9 @@
-"""Every row of the retire table and of the phase-fence table (protocol.md §5)."""
+"""Every row of the retire table and of the phase-fence table (docs/protocol.md, Retire or adopt; Checkpoints)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -180,8 +180,12 @@ async def test_fence_committed_paused(make_agent: MakeAgent) -> None:
 
 
 async def test_fence_committing(make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The commit's write waits for the test's gate, so the agent stays `committing` for as long as the
+    # retires below take, however slowly they are served.
+    release = threading.Event()
+
     def slow_write(state_dir: Path, checkpoint: AgentCheckpoint) -> Path:
-        time.sleep(0.5)
+        release.wait(30)
         return write_checkpoint(state_dir, checkpoint)
 
     monkeypatch.setattr(executions, "write_checkpoint", slow_write)
@@ -197,5 +201,6 @@ async def test_fence_committing(make_agent: MakeAgent, monkeypatch: pytest.Monke
             with pytest.raises(InvalidPhaseError) as invalid:
                 await c.retire("x", 0, checkpoint_id=checkpoint_id)
             assert invalid.value.message == f"operation not valid in phase 'committing' {VALID_FROM}"
+        release.set()
         assert (await commit).phase == "committed_paused"
         await c.resume("ckpt-A")

@@ -10,8 +10,12 @@ from gym_agent.server import ThreadAgent
 from protocol.digests import reply_digest
 from protocol.ids import capture_key
 from protocol.wire import AttemptFault, FaultRates, RateFaults
-from tests.gym.conftest import MakeAgent, fresh_id, run_request
+from tests.gym.conftest import MakeAgent, fresh_id, run_request, wait_for
 from trainer.gym import ConnectionLostError, GoneError, GymClient, NotFoundError, verify_receipt
+
+
+async def _is_running(client: GymClient, rollout_id: str) -> bool:
+    return any(a.rollout_id == rollout_id for a in (await client.status()).blocking_attempts)
 
 
 async def test_run_returns_a_reply_with_receipt_and_tokens(client: GymClient) -> None:
@@ -119,12 +123,15 @@ async def test_receipt_of_an_unknown_or_unfinished_try_is_404(client: GymClient)
         await client.completion_receipt(rid, 0)
     with pytest.raises(NotFoundError):
         await client.token_capture(capture_key(rid, 0))
-    await client.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, delay_s=0.3))
+    # A hung try is unfinished for as long as the test needs, however slowly it is scheduled.
+    await client.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, hang=True))
     task = asyncio.create_task(client.run(run_request(rid)))
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: _is_running(client, rid))
     with pytest.raises(NotFoundError):
         await client.completion_receipt(rid, 0)
-    await task
+    assert (await client.retire(rid, 0)).retired
+    with pytest.raises(GoneError):
+        await task
 
 
 async def test_acknowledged_try_is_gone(client: GymClient) -> None:

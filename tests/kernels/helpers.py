@@ -7,7 +7,7 @@ import torch
 from workers.kernels.reference import fused_linear_logprobs_torch, logprobs_from_logits_torch
 from workers.kernels.validate import Temperature
 
-# workers.md: fp32 inputs within 1e-5 absolute of the reference, bf16/fp16 inputs within 2e-2.
+# The kernels' promise (docs/performance.md, Logprob kernels): fp32 inputs within 1e-5 absolute of the reference, bf16/fp16 inputs within 2e-2.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 
 

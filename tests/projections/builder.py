@@ -1,7 +1,7 @@
 """Builds logs for the projection tests by appending catalogue events through the store.
 
 Each helper appends what the coordinator appends at that step, in the same
-atomic groupings (events.md, "Required atomic appends"); tests that need a
+atomic groupings (docs/events.md, Atomic appends); tests that need a
 broken log append raw events with `append`.
 """
 
@@ -20,6 +20,7 @@ from eventstore.events import (
     AttemptRetired,
     CheckpointAborted,
     CheckpointCommitted,
+    CheckpointParticipantFinished,
     CheckpointPrepareStarted,
     CheckpointResumed,
     Event,
@@ -257,10 +258,24 @@ class LogBuilder:
             [AckAccepted(rollout_id=rollout_id, attempt_index=attempt_index, idempotent=False)],
         )
 
-    def reject(self, rollout_id: str, attempt_index: int = 0, error: str = "unknown_execution") -> list[int]:
+    def reject(
+        self,
+        rollout_id: str,
+        attempt_index: int = 0,
+        error: str = "unknown_execution",
+        agent_generation: int | None = 1_000_000,
+    ) -> list[int]:
+        """By default the agent answers from a newer generation than any receipt (it restarted)."""
         return self.group(
             group_of(rollout_id),
-            [AckRejected(rollout_id=rollout_id, attempt_index=attempt_index, error=error)],
+            [
+                AckRejected(
+                    rollout_id=rollout_id,
+                    attempt_index=attempt_index,
+                    error=error,  # type: ignore[arg-type]
+                    agent_generation=agent_generation,
+                )
+            ],
         )
 
     def retire(self, rollout_id: str, attempt_index: int, outcome: str) -> list[int]:
@@ -337,10 +352,19 @@ class LogBuilder:
             ],
         )
 
-    def resume(self, checkpoint_id: str) -> list[int]:
+    def resume(self, checkpoint_id: str, confirmed: bool = True) -> list[int]:
+        """`confirmed`: the participant's CheckpointParticipantFinished(resumed) comes first."""
+        finished = [
+            CheckpointParticipantFinished(
+                checkpoint_id=checkpoint_id, agent_name=self.agent, outcome="resumed"
+            )
+        ]
         return self.append(
             checkpoint_stream(checkpoint_id),
-            [CheckpointResumed(checkpoint_id=checkpoint_id, participants=[self.agent])],
+            [
+                *(finished if confirmed else []),
+                CheckpointResumed(checkpoint_id=checkpoint_id, participants=[self.agent]),
+            ],
         )
 
     def abort(self, checkpoint_id: str) -> list[int]:

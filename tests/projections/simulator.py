@@ -1,4 +1,4 @@
-"""A random but legal trainer: drives the coordinator's state machine (protocol.md) into a log.
+"""A random but legal trainer: drives the coordinator's state machine (docs/protocol.md) into a log.
 
 Every step picks one transition the protocol allows from the current state:
 reserve, dispatch, reply (sealed, held or masked), fail then retire (cancelled

@@ -1,9 +1,13 @@
-"""`ledger replay | snapshot | audit | show | status | tail` on a small log."""
+"""`ledger replay | snapshot | audit | show | status | tail | projections run` on a small log."""
 
 from __future__ import annotations
 
 import json
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,12 +16,13 @@ from typer.testing import CliRunner
 from cli.main import app
 from eventstore import EventStore
 from projections.recovery import RECOVERY_SCHEMA_VERSION, RolloutRecoveryState
-from projections.runner import ProjectionRunner
+from projections.runner import RUNNER_NAME, ProjectionRunner
 from tests.projections.builder import LogBuilder
 from tests.projections.simulator import Simulator
 from tests.projections.tamper import append_raw
 
 cli = CliRunner()
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture
@@ -100,3 +105,52 @@ def test_tail_follows_and_stops_when_idle(history: EventStore, db_url: str) -> N
     code, out = run("tail", "--db", db_url, "--from", str(history.head() - 3), "--idle-exit", "0.2")
     lines = [line for line in out.splitlines() if line.strip()]
     assert code == 0 and len(lines) == 3 and "RunFailed" in lines[-1]
+
+
+def test_projections_run_stores_a_checkpoint_that_replay_and_status_use(
+    history: EventStore, log: LogBuilder, db_url: str
+) -> None:
+    head = history.head()
+    code, out = run("projections", "run", "--db", db_url, "--once", "--checkpoint-every", "25")
+    assert code == 0 and f"to {head}; last checkpoint at {head}" in out, out
+    code, out = run("status", "--db", db_url)
+    assert code == 0 and f"projection runner at {head}" in out, out
+    code, out = run("replay", "--db", db_url, "--verify")
+    assert code == 0 and "rebuilds agree" in out and f"live (stored at {head})" in out, out
+    # Following the log: it resumes from its checkpoint, folds what came since, and stops when idle.
+    log.clean_sibling_group("later", 2)
+    code, out = run("projections", "run", "--db", db_url, "--idle-exit", "0.2", "--poll-interval", "0.02")
+    assert code == 0 and f"from position {head} to {history.head()}" in out, out
+    code, out = run("status", "--db", db_url)
+    assert f"projection runner at {history.head()}" in out, out
+
+
+def test_projections_run_follows_the_log_and_stops_on_sigterm_with_a_checkpoint(
+    store: EventStore, log: LogBuilder, db_url: str
+) -> None:
+    """The runner as its own process: it follows appends made after it started, and SIGTERM ends it
+    cleanly with a checkpoint at the position it reached.  Each step waits for its gate (the runner's
+    stored position, one checkpoint per event here), never for a time."""
+    log.clean_sibling_group("before", 2)
+    cmd = [sys.executable, "-m", "cli.main", "projections", "run", "--db", db_url, "--checkpoint-every", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+
+        def reaches(position: int) -> None:
+            deadline = time.monotonic() + 60
+            while store.subscriber_position(RUNNER_NAME) < position:
+                assert proc.poll() is None, proc.communicate()[0]
+                assert time.monotonic() < deadline, f"the runner did not reach position {position}"
+                time.sleep(0.05)
+
+        reaches(store.head())
+        log.clean_sibling_group("after", 2)  # appended while it follows
+        reaches(store.head())
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, out
+    assert f"last checkpoint at {store.head()}" in out, out

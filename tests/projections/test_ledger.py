@@ -146,6 +146,8 @@ def test_recovery_state_and_plan(store: EventStore, log: LogBuilder) -> None:
     plan = plan_recovery(ledger, checkpoints)
     assert [r.rollout_id for r in plan.debts_to_flush["agent-a"]] == ["s_g3"]
     actions = {(t.rollout_id, t.action) for t in plan.attempts_to_settle}
+    # The prompt-group round was interrupted between its dispatches: what left is settled, the
+    # unsent try is not sent, and the round is rerun whole (as its driver does).
     assert actions == {("s_g0", "retire_or_adopt"), ("s_g1", "adopt"), ("pg_g0", "retire_or_adopt")}
     assert [(s.rollout_id, s.next_attempt) for s in plan.siblings_to_replace] == [("s_g2", 1)]
     assert plan.groups_to_rerun == ["pg"]

@@ -62,16 +62,9 @@ def sqlite_store(sqlite_url: str) -> Iterator[EventStore]:
     s.close()
 
 
-MakeCoord = Callable[..., Any]
-
-
 @pytest.fixture
 async def clients() -> AsyncIterator[Callable[[ThreadAgent], GymClient]]:
     async with AsyncExitStack() as stack:
-
-        async def _noop() -> None:
-            return None
-
         made: list[GymClient] = []
 
         def make(agent: Any, name: str | None = None) -> GymClient:

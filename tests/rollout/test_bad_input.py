@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from eventstore import EventStore, RecordedEvent, open_store, upgrade_database
-from eventstore.pgcluster import PgCluster
+from eventstore.testing import PgCluster
 from gym_agent.config import AgentConfig
 from projections.audit import audit_log
 from protocol.wire import AttemptFault
@@ -327,17 +327,24 @@ async def test_a_database_restart_mid_append_is_ridden_out(own_cluster: PgCluste
     try:
         with serve_hostile(_config(tmp_path, delay_s=0.1), []) as agent:
             async with GymClient(agent.url, "h") as client:
-                coord = coordinator(store, {"h": client}, mode="sibling")
+                # One try hangs until its lease (3 s) runs out, so the coordinator has an append to make
+                # while the database is down however fast the rest goes; the outage lasts until it did.
+                await client.set_faults(
+                    AttemptFault(rollout_id=f"{groups[0]}_g0", attempt_index=0, hang=True)
+                )
+                coord = coordinator(store, {"h": client}, mode="sibling", rollout_timeout_s=3)
                 async with coord:
                     for g in groups:
                         await coord.submit(g, PROMPT, "h", 3, PAYLOAD)
-                    await asyncio.sleep(0.2)
+                    while (await client.status()).running == 0:
+                        await asyncio.sleep(0.02)
                     await asyncio.to_thread(own_cluster.pg_ctl, "stop", "-m", "immediate")
-                    await asyncio.sleep(1.0)
+                    async with asyncio.timeout(20):  # under the coordinator's outage budget (30 s)
+                        while coord.journal.outage_retries == 0:
+                            await asyncio.sleep(0.05)
                     await asyncio.to_thread(own_cluster.pg_ctl, "start")
                     await coord.wait_idle(60)
                     assert not coord.errors and not coord.ledger.debts
-                    assert coord.journal.outage_retries > 0  # the outage did hit the coordinator
                 assert (await client.status()).completed_unacknowledged == 0
         for g in groups:
             events = _events(store, g)

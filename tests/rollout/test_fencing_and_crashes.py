@@ -15,7 +15,7 @@ import pytest
 from eventstore import open_store, upgrade_database
 from gym_agent.launcher import AgentProcess
 from projections.audit import audit_log
-from protocol.wire import CrashAfter, FaultRates, RateFaults
+from protocol.wire import AttemptFault, CrashAfter, FaultRates, RateFaults
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer import FencedOff, RolloutCoordinator
 from trainer.gym import GymClient
@@ -34,8 +34,9 @@ async def test_a_stale_coordinator_is_fenced_off(pg_url: str, make_agent: MakeAg
             a = coordinator(store_a, {"a": ca}, mode="sibling")
             await a.start()
             g = gid()
+            # A try that hangs keeps the group in flight at A when B recovers, however the threads run.
+            await ca.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
             await a.submit(g, PROMPT, "a", 2, PAYLOAD)
-            await asyncio.sleep(0.1)
             b = await RolloutCoordinator.recover(store_b, {"a": cb}, mode="sibling", rollout_timeout_s=10)
             outcomes = await asyncio.gather(a.wait_idle(30), b.wait_idle(30), return_exceptions=True)
             fenced = [c for c, o in zip((a, b), outcomes, strict=True) if isinstance(o, FencedOff)]
@@ -85,36 +86,60 @@ async def test_an_agent_crash_reruns_the_lost_siblings_under_new_tries(
 
 TRAINER = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio, os, sys
     from eventstore import open_store
     from eventstore.events import PromptRef
+    from simulation.run import CheckpointLoop
     from trainer.gym import GymClient
     from trainer import RolloutCoordinator
 
-    async def main(url, agent_url, first):
+    async def main(url, agent_url, run, mode, stop_file):
         store = open_store(url, migrate_schema=True)
         client = GymClient(agent_url, "a")
-        if first:
-            coord = RolloutCoordinator(store, {"a": client}, mode=sys.argv[4], rollout_timeout_s=5)
+        if run == "0":
+            coord = RolloutCoordinator(store, {"a": client}, mode=mode, rollout_timeout_s=5)
             await coord.start()
-            for i in range(6):
-                await coord.submit(f"k{i}", PromptRef(sample_id="s", task_name="t"), "a", 3, {})
         else:
-            coord = await RolloutCoordinator.recover(store, {"a": client}, mode=sys.argv[4], rollout_timeout_s=5)
-        k = 0
+            coord = await RolloutCoordinator.recover(store, {"a": client}, mode=mode, rollout_timeout_s=5)
+
+        checkpointing = CheckpointLoop(coord, 0.2, lambda k: f"ck-{run}-{k}", [])
+        # Feeds groups k0, k1, ... (two open at a time) until the stop file exists, so a kill always
+        # lands mid-work; a recovered run skips the groups the log already knows.
+        i = 0
+        while not os.path.exists(stop_file):
+            if coord.ledger.knows_group(f"k{i}"):
+                i += 1
+            elif len(coord.open_groups()) < 2:
+                await coord.submit(f"k{i}", PromptRef(sample_id="s", task_name="t"), "a", 3, {})
+                i += 1
+            else:
+                await asyncio.sleep(0.02)
         while coord.open_groups():
-            await coord.checkpoint(f"ck-{sys.argv[3]}-{k}")
-            k += 1
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.05)
+        await checkpointing.finish()
         await coord.wait_idle(60)
         await coord.close()
         await client.aclose()
         store.close()
         print("DONE", flush=True)
 
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] == "0"))
+    asyncio.run(main(*sys.argv[1:6]))
     """
 )
+
+
+def _count(url: str, *event_types: str) -> int:
+    store = open_store(url)
+    try:
+        return sum(1 for _ in store.read_all(0, types=list(event_types)))
+    finally:
+        store.close()
+
+
+def _mid_work(url: str, sealed_before: int) -> bool:
+    """The run sealed siblings of its own, and a group is open (reserved, not yet ended)."""
+    ended = _count(url, "GroupSealed", "GroupDeadLettered")
+    return _count(url, "SiblingSealed") >= sealed_before + 2 and _count(url, "GroupReserved") > ended
 
 
 @pytest.mark.slow
@@ -122,26 +147,38 @@ TRAINER = textwrap.dedent(
 async def test_a_trainer_killed_at_random_points_recovers(
     sqlite_url: str, make_agent: MakeAgent, tmp_path: Path, mode: str
 ) -> None:
-    """(g) SIGKILL the trainer process mid-work, twice, then recover: all groups end, nothing strands."""
+    """(g) SIGKILL the trainer process mid-work, twice, then recover: all groups end, nothing strands.
+
+    Each kill waits for a gate, not a time: the run has sealed siblings of its own and holds an open
+    group; it feeds groups until the stop file exists, so it never runs out of work first."""
     agent = make_agent("a", delay_s=0.03)
     script = tmp_path / "trainer_process.py"
     script.write_text(TRAINER)
+    stop_file = tmp_path / "stop"
+    upgrade_database(sqlite_url)
     async with GymClient(agent.url, "a") as client:
         await client.set_faults(RateFaults(rates=FaultRates(drop_reply=0.1, fail=0.1), seed=5))
         env = dict(os.environ)
-        for run, kill_after in enumerate([0.8, 1.1, None]):
+        for run, kill in enumerate([True, True, False]):
+            if not kill:
+                stop_file.touch()
+            sealed_before = await asyncio.to_thread(_count, sqlite_url, "SiblingSealed")
             proc = subprocess.Popen(
-                [sys.executable, str(script), sqlite_url, agent.url, str(run), mode],
+                [sys.executable, str(script), sqlite_url, agent.url, str(run), mode, str(stop_file)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).parents[2],
             )  # fmt: skip
-            if kill_after is not None:
-                await asyncio.sleep(kill_after)
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
+            if kill:
+                async with asyncio.timeout(120):
+                    while not await asyncio.to_thread(_mid_work, sqlite_url, sealed_before):
+                        assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
+                        await asyncio.sleep(0.05)
+                proc.send_signal(signal.SIGKILL)
                 proc.wait(10)
             else:
                 out, _ = await asyncio.to_thread(proc.communicate, timeout=120)
                 assert b"DONE" in out, out.decode()[-3000:]
+        assert await asyncio.to_thread(_count, sqlite_url, "TrainerRestored") == 2
+        assert await asyncio.to_thread(_count, sqlite_url, "GroupTakenOver") >= 1
         status = await client.status()
         assert status.completed_unacknowledged == 0 and status.phase == "idle"
         assert all(v == 1 for v in (await client.debug_runs()).values())

@@ -1,4 +1,4 @@
-"""No module of the project unpickles anything: saved data is JSON (protocol.md §10).
+"""No module of the project unpickles anything: saved data is JSON (docs/security.md, Saved data).
 
 Greps the package sources (not the tests) for pickle, shelve, marshal, dill/cloudpickle/joblib, numpy
 loads that allow pickles, and `torch.load` without `weights_only=True`.
@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("eventstore", "projections", "workers", "gym_agent", "cli", "migrations", "benchmarks")
+PACKAGES = (
+    "protocol", "eventstore", "projections", "participant", "workers", "trainer", "gym_agent",
+    "simulation", "cli", "migrations", "benchmarks",
+)  # fmt: skip
 FORBIDDEN_MODULES = {
     "pickle",
     "cPickle",

@@ -1,12 +1,16 @@
 """One trainer process of the multi-process system test (`python -m tests.system.trainer ...`).
 
     python -m tests.system.trainer --db URL --trainer-id A --agent agent-1=http://... --agent agent-2=...
-           --groups 16 --siblings 4 --mode prompt_group [--resume]
+           --groups 16 --siblings 4 --mode prompt_group [--stop-file PATH] [--resume]
 
-Drives groups `<trainer-id>-p0 .. -p<N-1>` through its own agents only (a checkpoint is a cut across
+Drives groups `<trainer-id>-p0, -p1, ...` through its own agents only (a checkpoint is a cut across
 one trainer and the agents it drives: two trainers never checkpoint the same agent), checkpoints
 every `--checkpoint-every` seconds, claims sealed groups for training, and prints `DONE <json>` once
 every group of its own is sealed or dead-lettered and every debt is paid.
+
+It submits `--groups` groups, or, with `--stop-file`, keeps submitting until that file exists: a test
+then decides when the workload ends, so a phase that needs the trainer busy (a database restart, a
+crash) never finds it already done, however fast or slow this process runs next to the others.
 
 With `--resume` it first recovers from the log (`RolloutCoordinator.recover`, which takes over this
 trainer's open groups and fences any stale owner), then submits whatever groups of the workload the
@@ -29,8 +33,10 @@ import signal
 import sys
 import time
 import uuid
+from itertools import count
+from pathlib import Path
 
-from eventstore import open_store
+from eventstore import EventStore, open_store
 from eventstore.events import PromptRef
 from simulation.run import CheckpointLoop, claim_as_sealed
 from trainer import RolloutCoordinator
@@ -41,15 +47,39 @@ from trainer.gym import GymClient
 log = logging.getLogger("trainer")
 
 
+class Backlog:
+    """Sealed attempts that no logprob worker has scored yet, counted from the log as it grows (every
+    trainer's and every worker's), so that a workload fed for as long as a test needs stays within what
+    the workers can score, however slowly they run next to everything else."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.position = 0
+        self.unscored = 0
+
+    def refresh(self) -> int:
+        for e in self.store.read_all(self.position, types=["SiblingSealed", "LogprobsComputed"]):
+            self.unscored += 1 if e.type == "SiblingSealed" else -1
+            self.position = e.position
+        return self.position
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.system.trainer")
     p.add_argument("--db", required=True)
     p.add_argument("--trainer-id", required=True)
     p.add_argument("--agent", action="append", required=True, help="NAME=URL (repeatable)")
-    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--groups", type=int, default=16, help="how many groups (without --stop-file)")
+    p.add_argument("--stop-file", type=Path, help="submit groups until this file exists")
     p.add_argument("--siblings", type=int, default=4)
     p.add_argument("--mode", choices=["sibling", "prompt_group"], default="prompt_group")
     p.add_argument("--window", type=int, default=6, help="groups open at once")
+    p.add_argument(
+        "--max-unscored",
+        type=int,
+        default=0,
+        help="hold new groups back while more sealed attempts than this wait for a logprob worker (0: no limit)",
+    )
     p.add_argument("--checkpoint-every", type=float, default=1.0)
     p.add_argument("--rollout-timeout", type=float, default=8.0)
     p.add_argument("--prepare-timeout", type=float, default=20.0)
@@ -113,13 +143,28 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                     seen = n
                 await asyncio.sleep(0.1)
 
+        def stopped() -> bool:
+            return args.stop_file is not None and args.stop_file.exists()
+
+        backlog = Backlog(store)
+
+        async def held_back() -> bool:
+            if len(coord.open_groups()) >= args.window:
+                return True
+            if args.max_unscored <= 0:
+                return False
+            await coord.journal.read(backlog.refresh, "the logprob backlog")
+            return backlog.unscored > args.max_unscored
+
         async def feed() -> None:
-            for i in range(args.groups):
+            for i in count() if args.stop_file is not None else range(args.groups):
                 group_id = f"{tid}-p{i}"
                 if coord.ledger.knows_group(group_id):
                     continue  # submitted before a crash: recovery drives it
-                while len(coord.open_groups()) >= args.window:
-                    await asyncio.sleep(0.02)
+                while not stopped() and await held_back():
+                    await asyncio.sleep(0.05)
+                if stopped():
+                    return
                 await coord.submit(
                     group_id,
                     PromptRef(sample_id=f"{tid}-s{i}", task_name="arith"),

@@ -1,4 +1,4 @@
-"""The trainer's side of the Gym agent HTTP contract (`gym-agent-api.md`)."""
+"""The trainer's side of the Gym agent HTTP contract (docs/protocol.md, The HTTP contract)."""
 
 from trainer.gym.client import GymClient, verify_receipt
 from trainer.gym.errors import (

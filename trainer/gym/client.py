@@ -2,7 +2,7 @@
 
 Two connection pools: `/run` calls are long and many, so they get their own pool and no default
 timeout (the trainer's lease deadline governs them); control calls go through a second pool with a 60 s
-default timeout, so they never queue behind open runs (protocol.md §8).  Every reply is checked
+default timeout, so they never queue behind open runs (docs/protocol.md, Connection pools).  Every reply is checked
 against its wire model; every refusal becomes a typed exception from `trainer.gym.errors`.
 
 The pools are `LeanTransport`s (a keep-alive pool whose HTTP/1.1 framing is h11's) called through
@@ -27,6 +27,7 @@ from protocol.digests import reply_digest
 from protocol.errors import CHECKPOINT_CONFLICT, GONE, INVALID_PHASE, NOT_READY, STALE_CHECKPOINT
 from protocol.ids import capture_key
 from protocol.wire import (
+    ADOPT_ONLY_HEADER,
     AcknowledgeItem,
     AcknowledgeRequest,
     AcknowledgeResponse,
@@ -84,6 +85,9 @@ _FENCE_ERRORS: dict[str, type[GymError]] = {
 }
 
 
+_ADOPT_ONLY = ((ADOPT_ONLY_HEADER.encode(), b"1"),)
+
+
 @functools.cache
 def _timeouts(total_s: float | None, connect_s: float) -> Timeouts:
     connect = connect_s if total_s is None else min(total_s, connect_s)
@@ -97,7 +101,7 @@ def _default_ssl_context() -> ssl.SSLContext:
 
 
 def verify_receipt(reply: RunReply, receipt: CompletionReceipt) -> None:
-    """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (protocol.md §2.4)."""
+    """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (docs/protocol.md, Receipts)."""
     expected = {
         "rollout_id": reply.rollout_id,
         "attempt_index": reply.attempt_index,
@@ -178,11 +182,12 @@ class GymClient:
         *,
         body: BaseModel | None = None,
         timeout_s: float | None = None,
+        extra_headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> bytes:
         """One call; returns the body of a 200 (for `_parse`), raises a typed error otherwise."""
         what = f"{method} {self.base_url}{path}"
         content = b"" if body is None else body.model_dump_json(by_alias=True).encode()
-        headers = [*self._headers, (b"Content-Length", str(len(content)).encode())]
+        headers = [*self._headers, *extra_headers, (b"Content-Length", str(len(content)).encode())]
         if body is not None:
             headers.append((b"Content-Type", b"application/json"))
         if timeout_s is not None:
@@ -256,9 +261,19 @@ class GymClient:
 
     # -- the run pool ----------------------------------------------------------------------------------
 
-    async def run(self, request: RunRequest, *, timeout_s: float | None = None) -> RunReply:
-        """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it."""
-        payload = await self._send(self._run, "POST", "/run", body=request, timeout_s=timeout_s)
+    async def run(
+        self, request: RunRequest, *, timeout_s: float | None = None, adopt_only: bool = False
+    ) -> RunReply:
+        """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it.
+        `adopt_only`: replay a stored result or answer 404, never start the try (an adoption)."""
+        payload = await self._send(
+            self._run,
+            "POST",
+            "/run",
+            body=request,
+            timeout_s=timeout_s,
+            extra_headers=_ADOPT_ONLY if adopt_only else (),
+        )
         reply = self._parse(RunReply, payload, "/run")
         if (reply.rollout_id, reply.attempt_index) != (request.rollout_id, request.attempt_index):
             raise BadResponseError(

@@ -1,4 +1,4 @@
-"""Logprob kernels for the logprob workers (see ``shared/spec/workers.md``).
+"""Logprob kernels for the logprob workers.
 
 Public API::
 

@@ -1,4 +1,4 @@
-"""Logprob workers: score sealed tries under the current policy with the fused kernel (`workers.md`).
+"""Logprob workers: score sealed tries under the current policy with the fused kernel.
 
     from workers.logprobs import LogprobWorker, WorkerConfig
     worker = LogprobWorker(open_store(url), load_policy("tiny"), WorkerConfig(batch_tokens=4096))

@@ -27,7 +27,6 @@ both or neither.
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 from itertools import islice
@@ -106,15 +105,10 @@ class LeaseBoard:
         self.owner = owner
         self.lease_s = lease_s
         self.subscription = f"logprobs-enqueue:{policy_version}"
-        self._postgres = store.backend.name == "postgresql"
 
     def now(self, conn: Connection) -> float:
         """The lease clock: the database's on PostgreSQL (shared by every host), ours on SQLite (one host)."""
-        if self._postgres:
-            return float(
-                conn.execute(text("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")).scalar_one()
-            )
-        return time.time()
+        return self.store.recorder.clock(conn)
 
     # --- filling -----------------------------------------------------------
 
@@ -154,7 +148,7 @@ class LeaseBoard:
             with self.store.transaction() as tx:
                 conn = tx.connection
                 now = self.now(conn)
-                select = _SELECT_OPEN + (" FOR UPDATE SKIP LOCKED" if self._postgres else "")
+                select = _SELECT_OPEN + self.store.recorder.lock_rows_clause()
                 rows = conn.execute(text(select), {"kind": self.kind, "now": now, "n": n}).all()
                 if not rows:
                     return []

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL cluster on a free loopback port, for tests and benchmarks.
+"""A throwaway PostgreSQL cluster on a free loopback port: a test and benchmark helper, never production.
 
 PostgreSQL refuses to run as root; when we are root the cluster is created
 and run as the `postgres` user (`runuser`), in a temporary directory.

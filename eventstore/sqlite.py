@@ -1,0 +1,190 @@
+"""The log on SQLite: the append algorithm of `ledger_append_events`, in Python, under `BEGIN IMMEDIATE`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, text
+
+from eventstore.errors import EventIdConflict, EventStoreError, Fenced, WrongExpectedVersion
+from eventstore.recorder import CheckedAppend, Recorder, blob_params, record_of, select_columns
+from eventstore.records import GENESIS_HASH, AppendResult, ExpectedVersion, chain_hash
+
+_INSERT = text(
+    "INSERT INTO events (position, stream_id, stream_version, event_id, type, schema_version, data, metadata, "
+    "recorded_at, prev_hash, hash) VALUES (:position, :stream_id, :stream_version, :event_id, :type, "
+    ":schema_version, :data, :metadata, :recorded_at, :prev_hash, :hash)"
+)
+_BLOB_INSERT = text(
+    "INSERT INTO blobs (digest, media_type, content, created_at) VALUES (:digest, :media_type, :content, :now) "
+    "ON CONFLICT (digest) DO NOTHING"
+)
+_HEAD = text("SELECT COALESCE(MAX(position), 0) FROM events")
+_STREAM_HEAD = text(
+    "SELECT stream_version, hash FROM events WHERE stream_id = :s ORDER BY stream_version DESC LIMIT 1"
+)
+
+
+class SqliteRecorder(Recorder):
+    select_columns = select_columns("data", "metadata")
+    positional_mark = "?"
+
+    def create_engines(self, url: str, pool_size: int) -> tuple[Engine, Engine]:
+        """The writer's transactions start with `BEGIN IMMEDIATE` so that the write lock is taken
+        before the head is read (commit order = position order); readers use plain deferred
+        transactions and never block writers (WAL)."""
+        return _engine(url, immediate=True), _engine(url, immediate=False)
+
+    def param(self, name: str) -> str:
+        return f":{name}"
+
+    def json_text(self, column: str) -> str:
+        return column
+
+    def json_param(self, name: str) -> str:
+        return f":{name}"
+
+    def append(
+        self, conn: Connection, appends: list[CheckedAppend], blobs: Sequence[bytes]
+    ) -> list[AppendResult]:
+        for blob in blobs:
+            self.put_blob(conn, blob, "application/json")
+        return [_append_one(conn, append) for append in appends]
+
+    def append_committed(
+        self, writer: Engine, appends: list[CheckedAppend], blobs: Sequence[bytes]
+    ) -> list[AppendResult]:
+        with writer.begin() as conn:
+            return self.append(conn, appends, blobs)
+
+    def append_each(
+        self, writer: Engine, appends: list[CheckedAppend]
+    ) -> list[AppendResult | EventStoreError]:
+        """One `BEGIN IMMEDIATE` transaction; each append in a savepoint it is rolled back to if refused."""
+        results: list[AppendResult | EventStoreError] = []
+        with writer.begin() as conn:
+            for append in appends:
+                savepoint = conn.begin_nested()
+                try:
+                    results.append(_append_one(conn, append))
+                except (WrongExpectedVersion, Fenced, EventIdConflict) as refusal:
+                    savepoint.rollback()
+                    results.append(refusal)
+                else:
+                    savepoint.commit()
+        return results
+
+    def put_blob(self, conn: Connection, content: bytes, media_type: str) -> str:
+        params = blob_params(content, media_type)
+        conn.execute(_BLOB_INSERT, params)
+        return str(params["digest"])
+
+    def clock(self, conn: Connection) -> float:
+        return time.time()  # one host shares a SQLite file
+
+    def lock_rows_clause(self) -> str:
+        return ""  # `BEGIN IMMEDIATE` serialises writers
+
+
+def _append_one(conn: Connection, append: CheckedAppend) -> AppendResult:
+    """The same algorithm as `ledger_append_events`: head, stream head, idempotency, fence, expected
+    version, hash chain, insert.  The writer's `BEGIN IMMEDIATE` is the append lock."""
+    stream_id, rows, expected, fence = append
+    head = int(conn.execute(_HEAD).scalar() or 0)
+    last = conn.execute(_STREAM_HEAD, {"s": stream_id}).first()
+    version, prev_hash = (int(last[0]), str(last[1])) if last else (-1, GENESIS_HASH)
+
+    chosen = [r["event_id"] for r in rows if r["chosen_id"]]
+    if chosen:
+        existing = _existing(conn, chosen)
+        if existing:
+            return _idempotent(stream_id, rows, existing)
+
+    if fence is not None:
+        fence_head = conn.execute(_STREAM_HEAD, {"s": fence.stream_id}).first()
+        actual = -1 if fence_head is None else int(fence_head[0])
+        if actual != fence.version:
+            raise Fenced(fence.stream_id, fence.version, actual, stream_id)
+
+    if (expected == ExpectedVersion.NO_STREAM and version != -1) or (expected >= 0 and version != expected):
+        raise WrongExpectedVersion(stream_id, int(expected), version)
+
+    positions = []
+    for row in rows:
+        version += 1
+        head += 1
+        row.update(position=head, stream_id=stream_id, stream_version=version, prev_hash=prev_hash)
+        row["hash"] = prev_hash = chain_hash(
+            prev_hash,
+            stream_id,
+            version,
+            row["event_id"],
+            row["type"],
+            row["schema_version"],
+            row["data"],
+            row["metadata"],
+        )
+        positions.append(head)
+    conn.execute(_INSERT, rows)
+    return AppendResult(positions=positions, stream_version=version, records=[record_of(row) for row in rows])
+
+
+def _existing(conn: Connection, event_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    marks = ", ".join(f":e{i}" for i in range(len(event_ids)))
+    rows = conn.execute(
+        text(
+            f"SELECT event_id, position, stream_id, stream_version, type, data "
+            f"FROM events WHERE event_id IN ({marks})"
+        ),
+        {f"e{i}": e for i, e in enumerate(event_ids)},
+    ).all()
+    return {str(r[0]): tuple(r) for r in rows}
+
+
+def _idempotent(
+    stream_id: str, rows: list[dict[str, Any]], existing: dict[str, tuple[Any, ...]]
+) -> AppendResult:
+    """Same ids and same content: the original positions, nothing written.  Anything else: an error."""
+    originals = []
+    for row in rows:
+        found = existing.get(row["event_id"])
+        if found is None:
+            raise EventIdConflict(
+                f"append to {stream_id!r} mixes already-recorded and new event ids; nothing was written"
+            )
+        _, position, stream, version, type_, data = found
+        if stream != stream_id or type_ != row["type"] or not _same_json(data, row["data"]):
+            raise EventIdConflict(
+                f"event id {row['event_id']} was already recorded at position {position} with other content; "
+                "nothing was written"
+            )
+        originals.append((int(position), int(version)))
+    return AppendResult(positions=[p for p, _ in originals], stream_version=originals[-1][1], idempotent=True)
+
+
+def _same_json(stored: str, new: str) -> bool:
+    return bool(stored == new or json.loads(stored) == json.loads(new))
+
+
+def _engine(url: str, immediate: bool) -> Engine:
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module so BEGIN is ours.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine

@@ -1,0 +1,129 @@
+-- ledger_append_events as of migration 0004: 0003's function plus a fence per append.
+-- An append with a fence (p_fence_streams[j] not NULL) is written only if the fence stream's version,
+-- read under the append lock, is exactly p_fence_versions[j]; else SQLSTATE LE003 (DETAIL: the
+-- actual version, HINT: the append's index) and the statement writes nothing.
+CREATE FUNCTION ledger_append_events(
+    p_streams text[], p_expected bigint[], p_check_ids boolean[], p_counts int[],
+    p_ids text[], p_types text[], p_versions int[], p_data text[], p_metadata text[],
+    p_recorded_at double precision, p_blob_digests text[], p_blobs bytea[], p_notify boolean,
+    p_fence_streams text[], p_fence_versions bigint[]
+) RETURNS TABLE (out_append int, out_position bigint, out_stream_version bigint, out_idempotent boolean,
+                 out_prev_hash text, out_hash text)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    n_appends int := cardinality(p_streams);
+    n int := cardinality(p_ids);
+    v_head bigint;
+    seen text[] := '{}';
+    seen_version bigint[] := '{}';
+    seen_hash text[] := '{}';
+    v_apps int[] := array_fill(0, ARRAY[n]);
+    v_vers bigint[] := array_fill(0::bigint, ARRAY[n]);
+    v_prev text[] := array_fill(''::text, ARRAY[n]);
+    v_hash text[] := array_fill(''::text, ARRAY[n]);
+    j int;
+    k int;
+    e int := 0;
+    s int;
+    cur_v bigint;
+    cur_h text;
+    fence_v bigint;
+    r record;
+BEGIN
+    -- The payloads the events refer to (content-addressed, so writing one twice is a no-op).
+    INSERT INTO blobs (digest, media_type, content, created_at)
+        SELECT u.digest, 'application/json', u.content, p_recorded_at
+        FROM unnest(p_blob_digests, p_blobs) AS u(digest, content)
+        ON CONFLICT (digest) DO NOTHING;
+    IF p_notify THEN
+        PERFORM pg_notify('ledger_events', '');
+    END IF;
+    PERFORM pg_advisory_xact_lock(2021093);
+    IF true = ANY (p_check_ids) AND EXISTS (SELECT 1 FROM events WHERE event_id = ANY (p_ids)) THEN
+        -- A retry of appends that may have committed: each append on its own, with idempotency.
+        FOR j IN 1..n_appends LOOP
+            IF p_fence_streams[j] IS NOT NULL AND NOT (p_check_ids[j] AND EXISTS (
+                    SELECT 1 FROM events WHERE event_id = ANY (p_ids[e + 1:e + p_counts[j]]))) THEN
+                -- Not a retry of rows already recorded: the fence holds or nothing is written.
+                SELECT ev.stream_version INTO fence_v FROM events ev
+                    WHERE ev.stream_id = p_fence_streams[j] ORDER BY ev.stream_version DESC LIMIT 1;
+                IF NOT FOUND THEN
+                    fence_v := -1;
+                END IF;
+                IF fence_v <> p_fence_versions[j] THEN
+                    RAISE EXCEPTION 'fenced' USING ERRCODE = 'LE003', DETAIL = fence_v::text, HINT = (j - 1)::text;
+                END IF;
+            END IF;
+            BEGIN
+                FOR r IN SELECT * FROM ledger_append(p_streams[j], p_expected[j], p_ids[e + 1:e + p_counts[j]],
+                        p_types[e + 1:e + p_counts[j]], p_versions[e + 1:e + p_counts[j]], p_data[e + 1:e + p_counts[j]],
+                        p_metadata[e + 1:e + p_counts[j]], p_recorded_at, p_check_ids[j]) LOOP
+                    RETURN QUERY SELECT j - 1, r.out_position, r.out_stream_version, r.out_idempotent, ev.prev_hash, ev.hash
+                        FROM events ev WHERE ev.position = r.out_position;
+                END LOOP;
+            EXCEPTION WHEN SQLSTATE 'LE001' OR SQLSTATE 'LE002' THEN
+                DECLARE v_state text; v_message text; v_detail text; BEGIN
+                    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_detail = PG_EXCEPTION_DETAIL;
+                    RAISE EXCEPTION '%', v_message USING ERRCODE = v_state, DETAIL = v_detail, HINT = (j - 1)::text;
+                END;
+            END;
+            e := e + p_counts[j];
+        END LOOP;
+        RETURN;
+    END IF;
+    SELECT COALESCE(MAX(position), 0) INTO v_head FROM events;
+    FOR j IN 1..n_appends LOOP
+        IF p_fence_streams[j] IS NOT NULL THEN
+            -- The fence stream as the batch's earlier appends leave it (as appending one by one would).
+            s := array_position(seen, p_fence_streams[j]);
+            IF s IS NULL THEN
+                SELECT ev.stream_version INTO fence_v FROM events ev
+                    WHERE ev.stream_id = p_fence_streams[j] ORDER BY ev.stream_version DESC LIMIT 1;
+                IF NOT FOUND THEN
+                    fence_v := -1;
+                END IF;
+            ELSE
+                fence_v := seen_version[s];
+            END IF;
+            IF fence_v <> p_fence_versions[j] THEN
+                RAISE EXCEPTION 'fenced' USING ERRCODE = 'LE003', DETAIL = fence_v::text, HINT = (j - 1)::text;
+            END IF;
+        END IF;
+        s := array_position(seen, p_streams[j]);
+        IF s IS NULL THEN
+            SELECT ev.stream_version, ev.hash INTO cur_v, cur_h FROM events ev
+                WHERE ev.stream_id = p_streams[j] ORDER BY ev.stream_version DESC LIMIT 1;
+            IF NOT FOUND THEN
+                cur_v := -1;
+                cur_h := repeat('0', 64);
+            END IF;
+            seen := seen || p_streams[j];
+            s := cardinality(seen);
+        ELSE
+            cur_v := seen_version[s];
+            cur_h := seen_hash[s];
+        END IF;
+        IF (p_expected[j] = -1 AND cur_v <> -1) OR (p_expected[j] >= 0 AND cur_v <> p_expected[j]) THEN
+            RAISE EXCEPTION 'wrong expected version' USING ERRCODE = 'LE001', DETAIL = cur_v::text, HINT = (j - 1)::text;
+        END IF;
+        FOR k IN e + 1..e + p_counts[j] LOOP
+            cur_v := cur_v + 1;
+            v_apps[k] := j - 1;
+            v_vers[k] := cur_v;
+            v_prev[k] := cur_h;
+            cur_h := encode(sha256(convert_to(concat_ws(chr(31), cur_h, p_streams[j], cur_v::text,
+                p_ids[k], p_types[k], p_versions[k]::text, p_data[k], p_metadata[k]), 'UTF8')), 'hex');
+            v_hash[k] := cur_h;
+        END LOOP;
+        e := e + p_counts[j];
+        seen_version[s] := cur_v;
+        seen_hash[s] := cur_h;
+    END LOOP;
+    INSERT INTO events (position, stream_id, stream_version, event_id, type, schema_version, data, metadata,
+                        recorded_at, prev_hash, hash)
+    SELECT v_head + u.ord, p_streams[u.app + 1], u.ver, u.id, u.t, u.sv, u.d::json, u.m::json, p_recorded_at, u.ph, u.h
+    FROM unnest(v_apps, v_vers, p_ids, p_types, p_versions, p_data, p_metadata, v_prev, v_hash)
+        WITH ORDINALITY AS u(app, ver, id, t, sv, d, m, ph, h, ord);
+    RETURN QUERY SELECT u.app, v_head + u.ord, u.ver, false, u.ph, u.h
+        FROM unnest(v_apps, v_vers, v_prev, v_hash) WITH ORDINALITY AS u(app, ver, ph, h, ord);
+END $$;

@@ -1,0 +1,146 @@
+"""The group state machine's rules, from a group's folded state alone: shared by the recovery plan
+and the group drivers, so what recovery plans and what a driver does cannot disagree.
+
+    a try            minted -> dispatch; replied or completed_unacknowledged -> adopt;
+                     dispatched or failed -> retire_or_adopt; held/sealed/retired/discarded -> none
+    a sibling        (sibling mode) its try settled without a result -> replace, or dead-letter the
+                     group when a budget is spent
+    a round          (prompt_group) every sibling of the round held -> seal; one settled without a
+                     result -> abandon the round and rerun it whole, or dead-letter when a budget is
+                     spent; otherwise settle its tries.  A round a crash interrupted after every
+                     try left the trainer is continued (its held results are valid, its tries in
+                     flight adopted or retired: all from one policy version); one interrupted
+                     between its dispatches is rerun whole (sending the rest now would mix versions)
+
+Two retry budgets, each with its own dead-letter reason: infrastructure failures (the agent away, a
+transport error, a deadline: another try may well succeed) and data failures (the environment failed,
+the result did not verify, the sample was masked: the prompt itself may be at fault).  `max_tries`
+caps the tries of a sibling (or the rounds of a prompt group) whatever their causes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from projections.ledger import AttemptState, GroupState, SiblingState
+
+AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
+Budget = Literal["infra", "data", "tries"]
+
+# RunFailed kinds that say the prompt or its result is at fault, not the infrastructure.
+DATA_FAILURE_KINDS: frozenset[str] = frozenset({"env", "verify"})
+
+# A try in these states may be running at the agent, or finished there without the trainer knowing.
+_IN_FLIGHT: frozenset[str] = frozenset({"dispatched", "failed"})
+
+
+def attempt_action(attempt: AttemptState) -> AttemptAction | None:
+    """What a try needs before its group can move on (None: it owns its outcome already)."""
+    if attempt.status == "minted":
+        return "dispatch"
+    if attempt.status == "replied" or attempt.retire_outcome == "completed_unacknowledged":
+        return "adopt"
+    if attempt.status in _IN_FLIGHT:
+        return "retire_or_adopt"
+    return None
+
+
+def failure_budget(attempt: AttemptState) -> Literal["infra", "data"]:
+    """Which budget a try that ended without a usable result spends."""
+    if attempt.mask_sample:
+        return "data"
+    kinds = {f.partition(":")[0] for f in attempt.failures}
+    return "data" if kinds & DATA_FAILURE_KINDS else "infra"
+
+
+def spent(group: GroupState, attempts: list[AttemptState]) -> dict[Budget, int]:
+    """The failures of `attempts` (settled without a result) counted against each budget."""
+    counts: dict[Budget, int] = {"infra": 0, "data": 0, "tries": len(attempts)}
+    for attempt in attempts:
+        if attempt.status in ("retired", "discarded", "failed"):
+            counts[failure_budget(attempt)] += 1
+    return counts
+
+
+def exhausted_budget(group: GroupState, attempts: list[AttemptState]) -> Budget | None:
+    """The budget a sibling's (or a round's) tries so far have spent, if any: no new try then."""
+    counts = spent(group, attempts)
+    if counts["tries"] >= group.max_tries:
+        return "tries"
+    if counts["infra"] >= group.max_infra_failures:
+        return "infra"
+    if counts["data"] >= group.max_data_failures:
+        return "data"
+    return None
+
+
+def dead_letter_reason(budget: Budget, group: GroupState) -> str:
+    limits = {
+        "tries": f"max_tries={group.max_tries}",
+        "infra": f"max_infra_failures={group.max_infra_failures}",
+        "data": f"max_data_failures={group.max_data_failures}",
+    }
+    return f"{budget} budget spent ({limits[budget]})"
+
+
+@dataclass(frozen=True)
+class RoundStep:
+    """prompt_group: what the current round needs."""
+
+    verdict: Literal["settle", "seal", "rerun", "dead_letter"]
+    settle: tuple[tuple[int, AttemptState, AttemptAction], ...] = ()
+    reason: str = ""
+    # Some of the round's tries left the trainer and some never did (a crash between dispatches).
+    interrupted: bool = False
+
+
+def round_step(group: GroupState) -> RoundStep:
+    siblings = sorted(group.siblings.values(), key=lambda s: s.generation_index)
+    currents = [(s.generation_index, s.current) for s in siblings]
+    settle = tuple(
+        (gi, a, action) for gi, a in currents if a is not None and (action := attempt_action(a)) is not None
+    )
+    failed = [a for _, a in currents if a is not None and a.status in ("retired", "discarded")]
+    unsent = [a for _, a in currents if a is not None and a.status == "minted"]
+    if unsent and len(unsent) < len(currents):
+        # Sending the rest now would mix policy versions within the group: rerun it whole, after
+        # settling (adopting or retiring) what already left, so nothing strands.
+        budget = round_exhausted(group)
+        verdict: Literal["rerun", "dead_letter"] = "dead_letter" if budget is not None else "rerun"
+        sent = tuple(item for item in settle if item[2] != "dispatch")
+        reason = (
+            dead_letter_reason(budget, group)
+            if budget is not None
+            else "round interrupted between its dispatches"
+        )
+        return RoundStep(verdict, sent, reason, interrupted=True)
+    if failed:
+        budget = round_exhausted(group)
+        if budget is not None:
+            return RoundStep("dead_letter", settle, dead_letter_reason(budget, group))
+        return RoundStep("rerun", settle)
+    if settle:
+        return RoundStep("settle", settle)
+    if siblings and all(s.status == "held" for s in siblings):
+        return RoundStep("seal")
+    return RoundStep("settle")
+
+
+def round_exhausted(group: GroupState) -> Budget | None:
+    """prompt_group: the budget the rounds so far have spent (each round counts once, for the kind
+    of its first failed try)."""
+    rounds = [_round_attempts(group, n) for n in range(group.attempts_used)]
+    return exhausted_budget(group, [r for r in rounds if r is not None])
+
+
+def _round_attempts(group: GroupState, round_index: int) -> AttemptState | None:
+    """One try standing for a finished round: its first try that failed (else any of the round)."""
+    tries = [s.attempts[round_index] for s in group.siblings.values() if round_index in s.attempts]
+    failed = [a for a in tries if a.status in ("retired", "discarded", "failed")]
+    found = failed or tries
+    return found[0] if found else None
+
+
+def sibling_exhausted(group: GroupState, sibling: SiblingState) -> Budget | None:
+    return exhausted_budget(group, [sibling.attempts[i] for i in sorted(sibling.attempts)])

@@ -1,0 +1,59 @@
+"""What an ACK answer proves (trainer.core.debt) and how the ledger folds it."""
+
+from __future__ import annotations
+
+from eventstore.events import AckAccepted, AckRejected
+from projections.ledger import debt_dropped_by
+from protocol.wire import AcknowledgeResult, CompletionReceipt
+from trainer.core.debt import on_ack
+
+RECEIPT = CompletionReceipt(
+    rollout_id="p1-0",
+    attempt_index=0,
+    execution_generation=2,
+    result_identity="r",
+    result_digest="sha256:" + "0" * 64,
+    manifest_capture_key="p1-0",
+    terminal_model_call_id="m1",
+)
+
+
+def result(acknowledged: bool, error: str | None = None) -> AcknowledgeResult:
+    return AcknowledgeResult(rollout_id="p1-0", attempt_index=0, acknowledged=acknowledged, error=error)  # type: ignore[arg-type]
+
+
+def test_accepted_pays() -> None:
+    step = on_ack(RECEIPT, result(True), None)
+    assert step.verdict == "paid" and isinstance(step.events[0], AckAccepted)
+
+
+def test_receipt_mismatch_is_recorded_and_refetched() -> None:
+    step = on_ack(RECEIPT, result(False, "receipt_mismatch"), 2)
+    assert step.verdict == "refetch"
+    (rejected,) = step.events
+    assert isinstance(rejected, AckRejected) and not debt_dropped_by(rejected, RECEIPT)
+
+
+def test_unknown_execution_without_a_generation_records_nothing_yet() -> None:
+    step = on_ack(RECEIPT, result(False, "unknown_execution"), None)
+    assert step.verdict == "need_generation" and not step.events
+
+
+def test_unknown_execution_from_a_newer_generation_drops_the_debt() -> None:
+    step = on_ack(RECEIPT, result(False, "unknown_execution"), 3)
+    (rejected,) = step.events
+    assert step.verdict == "dropped" and isinstance(rejected, AckRejected)
+    assert rejected.agent_generation == 3 and debt_dropped_by(rejected, RECEIPT)
+
+
+def test_unknown_execution_from_the_same_generation_keeps_the_debt() -> None:
+    """Case 7: no evidence of a restart, so the debt is not dropped."""
+    step = on_ack(RECEIPT, result(False, "unknown_execution"), 2)
+    (rejected,) = step.events
+    assert step.verdict == "kept" and "stays owed" in step.reason
+    assert isinstance(rejected, AckRejected) and not debt_dropped_by(rejected, RECEIPT)
+
+
+def test_a_v1_row_keeps_its_old_meaning() -> None:
+    legacy = AckRejected(rollout_id="p1-0", attempt_index=0, error="unknown_execution")
+    assert legacy.agent_generation is None and debt_dropped_by(legacy, RECEIPT)
