@@ -5,9 +5,9 @@ timeout (the trainer's lease deadline governs them); control calls go through a 
 default timeout, so they never queue behind open runs (docs/protocol.md, Connection pools).  Every reply is checked
 against its wire model; every refusal becomes a typed exception from `trainer.gym.errors`.
 
-The pools are `LeanTransport`s (httpx transports) called through their `exchange` method: the
-requests are the same bytes, the transport errors httpx's own, without httpx's client layer per call
-(`benchmarks/gym_client.py` measures the difference).
+The pools are `LeanTransport`s (a keep-alive pool whose HTTP/1.1 framing is h11's) called through
+their `exchange` method: the transport errors are httpx's own, without httpx's client layer per call
+(`benchmarks/gym_client.py` measures it against aiohttp's and httpx's clients; `docs/http-client.md`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import json
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -71,6 +71,7 @@ from trainer.gym.errors import (
 from trainer.gym.transport import LeanTransport, Timeouts, origin_of
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 DEFAULT_CONTROL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -182,10 +183,10 @@ class GymClient:
         body: BaseModel | None = None,
         timeout_s: float | None = None,
         extra_headers: Sequence[tuple[bytes, bytes]] = (),
-    ) -> Any:
-        """One call; returns the decoded JSON of a 200, raises a typed error otherwise."""
+    ) -> bytes:
+        """One call; returns the body of a 200 (for `_parse`), raises a typed error otherwise."""
         what = f"{method} {self.base_url}{path}"
-        content = b"" if body is None else json.dumps(body.model_dump(mode="json", by_alias=True)).encode()
+        content = b"" if body is None else body.model_dump_json(by_alias=True).encode()
         headers = [*self._headers, *extra_headers, (b"Content-Length", str(len(content)).encode())]
         if body is not None:
             headers.append((b"Content-Type", b"application/json"))
@@ -202,6 +203,8 @@ class GymClient:
             raise ConnectionLostError(f"{what}: connection lost before a complete reply ({exc})") from exc
         except httpx.TransportError as exc:
             raise AgentUnavailableError(f"{what}: agent unreachable ({type(exc).__name__}: {exc})") from exc
+        if reply.status == 200:
+            return reply.body  # parsed and validated in one pass by `_parse`
         try:
             payload = json.loads(reply.body)
         except ValueError:
@@ -209,12 +212,10 @@ class GymClient:
                 f"{what}: HTTP {reply.status} with a body that is not JSON: {reply.body[:200]!r}",
                 status_code=reply.status,
             ) from None
-        if reply.status == 200:
-            return payload
         self._raise_refusal(what, reply.status, payload)
 
     @staticmethod
-    def _raise_refusal(what: str, code: int, payload: Any) -> None:
+    def _raise_refusal(what: str, code: int, payload: Any) -> NoReturn:
         error = payload.get("error") if isinstance(payload, dict) else None
         message = payload.get("message") if isinstance(payload, dict) else None
         text = f"{what}: HTTP {code} {error or ''}: {message or payload!r}"
@@ -243,11 +244,20 @@ class GymClient:
             cls = BadResponseError
         raise cls(text, status_code=code, error=error)
 
-    def _parse(self, model: type[M], payload: Any, what: str) -> M:
+    def _parse(self, model: type[M], body: bytes, what: str) -> M:
+        return self._validated(model.model_validate_json, model.__name__, body, what)
+
+    def _validated(self, validate: Callable[[bytes], T], name: str, body: bytes, what: str) -> T:
+        """`validate(body)`: JSON decoding and the wire model in one pass (pydantic's, in Rust)."""
         try:
-            return model.model_validate(payload)
+            return validate(body)
         except ValidationError as exc:
-            raise BadResponseError(f"{self.base_url} {what}: reply fails {model.__name__}: {exc}") from None
+            if any(error["type"] == "json_invalid" for error in exc.errors()):
+                raise BadResponseError(
+                    f"{self.base_url}{what}: HTTP 200 with a body that is not JSON: {body[:200]!r}",
+                    status_code=200,
+                ) from None
+            raise BadResponseError(f"{self.base_url} {what}: reply fails {name}: {exc}") from None
 
     # -- the run pool ----------------------------------------------------------------------------------
 
@@ -294,11 +304,8 @@ class GymClient:
 
     async def token_capture(self, capture_key: str) -> list[TokenEntry]:
         path = f"/token_capture/{capture_key}"
-        payload = await self._send(self._control, "GET", path)
-        try:
-            entries = _TOKEN_LIST.validate_python(payload)
-        except ValidationError as exc:
-            raise BadResponseError(f"{self.base_url}{path}: reply fails list[TokenEntry]: {exc}") from None
+        body = await self._send(self._control, "GET", path)
+        entries = self._validated(_TOKEN_LIST.validate_json, "list[TokenEntry]", body, path)
         if any(e.rollout_id != capture_key for e in entries):
             raise BadResponseError(f"{self.base_url}{path}: token records of another capture key")
         return entries
