@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gym_agent import executions
-from gym_agent.checkpoint import AgentCheckpoint, write_checkpoint
 from gym_agent.server import ThreadAgent
+from participant.checkpoint import AgentCheckpoint, write_checkpoint
 from protocol.wire import AttemptFault, RetireResponse
 from tests.gym.conftest import MakeAgent, fresh_id, run_request, wait_for
 from trainer.gym import (

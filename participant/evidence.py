@@ -1,0 +1,177 @@
+"""Durable execution evidence: one JSON line per thing that happens to a try, fsync'd before it counts.
+
+The participant appends to `<state dir>/executions.jsonl` when a try starts executing (before it
+runs), completes, fails, is acknowledged, or is retired (cancelled while running, or tombstoned).  The
+file outlives restarts, so "executed twice" and "stranded" are counted from it across every process
+generation, not from a process's memory.  `read_evidence` is the one reader (tests, `ledger simulate`).
+
+Only whole lines count: a crash mid-write leaves a torn last line, which the reader skips and reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from protocol.ids import AttemptIndex, Identifier
+
+EVIDENCE_FILE: Final = "executions.jsonl"
+
+EvidenceKind = Literal["started", "completed", "failed", "acknowledged", "cancelled", "tombstoned"]
+
+
+class EvidenceRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: EvidenceKind
+    rollout_id: Identifier
+    attempt_index: AttemptIndex
+    capture_key: Identifier
+    execution_generation: int
+    at: float
+
+
+class EvidenceLog:
+    """The append side; every `record` call is one write and one fsync (a batch of records too)."""
+
+    def __init__(self, state_dir: Path, generation: int) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = state_dir / EVIDENCE_FILE
+        self.generation = generation
+        self._lock = threading.Lock()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def record(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> None:
+        """Appends one `kind` line per (rollout id, try, capture key), durably, in one write."""
+        if not tries:
+            return
+        now = time.time()
+        lines = "".join(
+            EvidenceRecord(
+                kind=kind,
+                rollout_id=rid,
+                attempt_index=n,
+                capture_key=key,
+                execution_generation=self.generation,
+                at=now,
+            ).model_dump_json()
+            + "\n"
+            for rid, n, key in tries
+        ).encode()
+        with self._lock:
+            os.write(self._fd, lines)
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+@dataclass
+class TryEvidence:
+    rollout_id: str
+    attempt_index: int
+    capture_key: str
+    # Generations that started executing this try, in order (more than one: it was executed twice).
+    started: list[int] = field(default_factory=list)
+    completed: list[int] = field(default_factory=list)
+    acknowledged: bool = False
+    retired: bool = False
+    failed: bool = False
+
+    @property
+    def executions(self) -> int:
+        return len(self.started)
+
+    @property
+    def outstanding(self) -> bool:
+        """Finished, and neither acknowledged nor retired: a result nobody has released."""
+        return bool(self.completed) and not self.acknowledged and not self.retired
+
+
+@dataclass
+class Evidence:
+    tries: dict[tuple[str, int], TryEvidence]
+    generations: list[int]
+    torn_lines: int = 0
+
+    @property
+    def executed_twice(self) -> list[TryEvidence]:
+        return [t for t in self.tries.values() if t.executions > 1]
+
+    @property
+    def duplicate_executions(self) -> int:
+        return sum(t.executions - 1 for t in self.tries.values() if t.executions > 1)
+
+    @property
+    def stranded(self) -> list[TryEvidence]:
+        """Finished results the newest generation still holds, never acknowledged nor retired."""
+        newest = self.generations[-1] if self.generations else None
+        return [t for t in self.tries.values() if t.outstanding and t.completed[-1] == newest]
+
+    @property
+    def lost_in_restart(self) -> list[TryEvidence]:
+        """Finished results an older generation held unreleased when it ended (its memory went with
+        it); the trainer has them only if it sealed them before the restart."""
+        newest = self.generations[-1] if self.generations else None
+        return [t for t in self.tries.values() if t.outstanding and t.completed[-1] != newest]
+
+    def counts(self) -> Counter[str]:
+        return Counter(
+            {
+                "tries": len(self.tries),
+                "executions": sum(t.executions for t in self.tries.values()),
+                "duplicate_executions": self.duplicate_executions,
+                "stranded": len(self.stranded),
+                "lost_in_restart": len(self.lost_in_restart),
+                "acknowledged": sum(t.acknowledged for t in self.tries.values()),
+                "retired": sum(t.retired for t in self.tries.values()),
+                "failed": sum(t.failed for t in self.tries.values()),
+            }
+        )
+
+
+def read_evidence(state_dir: Path) -> Evidence:
+    """Folds `<state dir>/executions.jsonl` (an absent file is no evidence: nothing ran)."""
+    path = Path(state_dir) / EVIDENCE_FILE
+    tries: dict[tuple[str, int], TryEvidence] = {}
+    generations: set[int] = set()
+    torn = 0
+    if not path.exists():
+        return Evidence(tries, [])
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                torn += 1  # the last write of a process that died mid-line
+                continue
+            try:
+                rec = EvidenceRecord.model_validate(json.loads(raw))
+            except (ValueError, ValidationError):
+                torn += 1
+                continue
+            generations.add(rec.execution_generation)
+            t = tries.setdefault(
+                (rec.rollout_id, rec.attempt_index),
+                TryEvidence(rec.rollout_id, rec.attempt_index, rec.capture_key),
+            )
+            if rec.kind == "started":
+                t.started.append(rec.execution_generation)
+            elif rec.kind == "completed":
+                t.completed.append(rec.execution_generation)
+            elif rec.kind == "acknowledged":
+                t.acknowledged = True
+            elif rec.kind == "failed":
+                t.failed = True
+            else:
+                t.retired = True
+    return Evidence(tries, sorted(generations), torn)
