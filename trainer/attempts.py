@@ -26,7 +26,7 @@ from eventstore.events import (
     SiblingSealed,
 )
 from projections.ledger import AttemptState, GroupState, LedgerState
-from protocol.digests import canonical_json, reply_digest, sha256_digest
+from protocol.digests import canonical_json, sha256_digest
 from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
 from protocol.wire import AttemptRef, CompletionReceipt, RunReply, RunRequest, TokenEntry
@@ -194,7 +194,7 @@ class Attempts:
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
         rid, n = reply.rollout_id, reply.attempt_index
-        digest = reply_digest(reply.model_dump(mode="json", by_alias=True))
+        digest = reply.digest()
         try:
             receipt = await client.completion_receipt(rid, n)
         except BadResponseError as exc:
@@ -397,7 +397,9 @@ class Attempts:
         """Re-POST /run: the agent replays the stored reply without running the try again."""
         group = self.ctx.journal.ledger.groups[group_id]
         try:
-            reply = await client.run(run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s)
+            reply = await client.run(
+                run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s, adopt_only=True
+            )
             return await self.finish(group_id, reply, adopted=True)
         except (GymError, _FetchFailed) as exc:
             if isinstance(exc, BadResponseError | _Garbage):
