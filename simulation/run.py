@@ -1,8 +1,11 @@
 """`ledger simulate`: K reference agents, a faulty workload, checkpoints, and a summary of what happened.
 
 Used by `cli/simulate.py` and `benchmarks/checkpoint_stall.py`.  Counts come from the log (the
-events of this run's streams), the agents' /status (stranded results) and /debug/runs (duplicate
-executions), and the auditor when it is importable.
+events of this run's streams), the agents' durable execution evidence where their state directory
+is known (agents started here, or `agent_state_dirs`): duplicate executions and stranded results
+across restarts; otherwise the agents' /status and /debug/runs.  Agents given by URL may be real
+Gym agents: one without fault injection (/debug/faults) runs without injected faults, one without
+the participant routes in reduced mode.
 """
 
 from __future__ import annotations
@@ -15,18 +18,20 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from eventstore import EventStore
 from eventstore.events import PromptRef
 from gym_agent.launcher import AgentProcess
+from participant.evidence import read_evidence
 from protocol.streams import checkpoint_stream, group_stream
 from protocol.wire import CrashAfter, FaultRates, RateFaults
 from trainer.checkpoint import CheckpointOutcome
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
 from trainer.gym import GymClient
-from trainer.gym.errors import GymError
+from trainer.gym.errors import GymError, NotFoundError
 
 DEFAULT_FAULTS = "drop_reply=0.05,fail=0.05,hang=0.01"
 
@@ -50,6 +55,10 @@ class SimConfig:
     agent_delay_s: float = 0.02
     max_tries: int = 4
     run_id: str = ""
+    # State directories of agents given by URL, for their durable execution evidence.
+    agent_state_dirs: dict[str, Path] = field(default_factory=dict)
+    # Fields every `/run` row carries besides the prompt (e.g. a NeMo RL row's `agent_ref`).
+    row_fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -130,6 +139,7 @@ async def run_simulation(
     config: SimConfig,
     *,
     coordinator_factory: Callable[..., RolloutCoordinator] = RolloutCoordinator,
+    client_factory: Callable[[str, str], GymClient] = GymClient,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     run_id = config.run_id or f"s{uuid.uuid4().hex[:6]}"
@@ -143,7 +153,9 @@ async def run_simulation(
         ]
         await asyncio.gather(*(asyncio.to_thread(p.start) for p in processes))
         urls = {p.name: p.url for p in processes}
-    clients = {name: GymClient(url, name) for name, url in urls.items()}
+    state_dirs = {p.name: p.state_dir for p in processes} | dict(config.agent_state_dirs)
+    clients = {name: client_factory(url, name) for name, url in urls.items()}
+    injectable: list[str] = []
     stop = asyncio.Event()
     restarts = 0
 
@@ -159,10 +171,14 @@ async def run_simulation(
 
     started = time.monotonic()
     try:
-        for i, client in enumerate(clients.values()):
-            await client.set_faults(RateFaults(rates=fault.rates, seed=config.seed * 1000 + i))
-        if fault.crash_after is not None:
-            await next(iter(clients.values())).set_faults(CrashAfter(crash_after=fault.crash_after))
+        for i, (name, client) in enumerate(clients.items()):
+            try:
+                await client.set_faults(RateFaults(rates=fault.rates, seed=config.seed * 1000 + i))
+                injectable.append(name)
+            except NotFoundError:
+                log.warning("agent %s has no fault injection (a real Gym agent): no faults injected", name)
+        if fault.crash_after is not None and injectable:
+            await clients[injectable[0]].set_faults(CrashAfter(crash_after=fault.crash_after))
         supervisor = asyncio.create_task(supervise())
         coord = coordinator_factory(
             store,
@@ -188,7 +204,10 @@ async def run_simulation(
                     PromptRef(sample_id=f"sample-{i}", task_name="arith"),
                     names[i % len(names)],
                     config.siblings,
-                    {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}},
+                    {
+                        **config.row_fields,
+                        "responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]},
+                    },
                 )
 
         feeder = asyncio.create_task(feed())
@@ -214,14 +233,20 @@ async def run_simulation(
         elapsed = time.monotonic() - started
         stranded, duplicates = 0, 0
         for name, client in clients.items():
+            state_dir = state_dirs.get(name)
+            if state_dir is not None:  # durable: counts across restarts
+                evidence = await asyncio.to_thread(read_evidence, state_dir)
+                stranded += len(evidence.stranded)
+                duplicates += evidence.duplicate_executions
+                continue
             try:
                 status = await client.status()
-                runs = await client.debug_runs()
+                stranded += status.completed_unacknowledged
+                if name in injectable:  # the reference agent's in-memory counters
+                    runs = await client.debug_runs()
+                    duplicates += sum(v - 1 for v in runs.values() if v > 1)
             except GymError as exc:
                 log.error("final status of %s unavailable: %s", name, exc)
-                continue
-            stranded += status.completed_unacknowledged
-            duplicates += sum(v - 1 for v in runs.values() if v > 1)
         await coord.close()
         stop.set()
         supervisor.cancel()
@@ -268,6 +293,7 @@ async def run_simulation(
         "prepare_wait_p50_s": round(statistics.median(waits), 3) if waits else None,
         "prepare_wait_max_s": round(max(waits), 3) if waits else None,
         "agent_restarts": restarts,
+        "reduced_mode_agents": sorted(n for n, c in clients.items() if c.reduced is not None),
         "stranded": stranded,
         "duplicate_executions": duplicates,
         "audit_violations": audit,

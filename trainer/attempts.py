@@ -67,7 +67,11 @@ ADOPT_GARBAGE_LIMIT = 3
 
 
 def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRequest:
+    """The try's `/run` row: its identity, the task payload, and the payload's other fields (a NeMo
+    RL row's `agent_ref`, `_ng_task_index`, environment fields) as the row's own top-level fields."""
     payload = dict(group.payload)
+    payload.pop("_ng_rollout_id", None)  # the try's identity is the log's, never the payload's
+    payload.pop("_ng_attempt_index", None)
     return RunRequest(
         rollout_id=rollout_id,
         attempt_index=attempt_index,
@@ -75,6 +79,7 @@ def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRe
         task=payload.pop(
             "task", {"sample_id": group.prompt_ref.sample_id, "task_name": group.prompt_ref.task_name}
         ),
+        **payload,
     )
 
 
