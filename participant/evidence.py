@@ -21,6 +21,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from participant.generation import read_generation
 from protocol.ids import AttemptIndex, Identifier
 
 EVIDENCE_FILE: Final = "executions.jsonl"
@@ -102,7 +103,9 @@ class TryEvidence:
 @dataclass
 class Evidence:
     tries: dict[tuple[str, int], TryEvidence]
+    # Generations that wrote a record, and the newest that started (from the generation counter).
     generations: list[int]
+    newest_generation: int | None = None
     torn_lines: int = 0
 
     @property
@@ -116,15 +119,13 @@ class Evidence:
     @property
     def stranded(self) -> list[TryEvidence]:
         """Finished results the newest generation still holds, never acknowledged nor retired."""
-        newest = self.generations[-1] if self.generations else None
-        return [t for t in self.tries.values() if t.outstanding and t.completed[-1] == newest]
+        return [t for t in self.tries.values() if t.outstanding and t.completed[-1] == self.newest_generation]
 
     @property
     def lost_in_restart(self) -> list[TryEvidence]:
         """Finished results an older generation held unreleased when it ended (its memory went with
         it); the trainer has them only if it sealed them before the restart."""
-        newest = self.generations[-1] if self.generations else None
-        return [t for t in self.tries.values() if t.outstanding and t.completed[-1] != newest]
+        return [t for t in self.tries.values() if t.outstanding and t.completed[-1] != self.newest_generation]
 
     def counts(self) -> Counter[str]:
         return Counter(
@@ -147,8 +148,9 @@ def read_evidence(state_dir: Path) -> Evidence:
     tries: dict[tuple[str, int], TryEvidence] = {}
     generations: set[int] = set()
     torn = 0
+    newest = read_generation(Path(state_dir))
     if not path.exists():
-        return Evidence(tries, [])
+        return Evidence(tries, [], newest)
     with open(path, "rb") as f:
         for raw in f:
             if not raw.endswith(b"\n"):
@@ -174,4 +176,6 @@ def read_evidence(state_dir: Path) -> Evidence:
                 t.failed = True
             else:
                 t.retired = True
-    return Evidence(tries, sorted(generations), torn)
+    if newest is None and generations:
+        newest = max(generations)
+    return Evidence(tries, sorted(generations), newest, torn)

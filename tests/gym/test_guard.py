@@ -102,7 +102,6 @@ BAD_RUN_BODIES: list[Any] = [
     {"_ng_rollout_id": "ok", "_ng_attempt_index": 1.5},
     {"_ng_rollout_id": "ok"},
     {"_ng_attempt_index": 0},
-    {"_ng_rollout_id": "ok", "_ng_attempt_index": 0, "surprise": 1},
     [],
     "text",
 ]

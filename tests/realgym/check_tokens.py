@@ -16,13 +16,12 @@ import json
 import sys
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from nemo_gym.openai_utils import (
     NeMoGymResponseFunctionToolCallForTraining,
     NeMoGymResponseOutputMessageForTraining,
     NeMoGymResponseReasoningItemForTraining,
 )
+from pydantic import TypeAdapter, ValidationError
 
 TRAINING_ITEMS: dict[str, Any] = {
     "message": NeMoGymResponseOutputMessageForTraining,

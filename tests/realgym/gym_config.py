@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from omegaconf import DictConfig, OmegaConf
-
 from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
+from omegaconf import DictConfig, OmegaConf
 
 HOST = "127.0.0.1"
 

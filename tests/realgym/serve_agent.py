@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from fastapi import FastAPI
+from responses_api_agents.simple_agent.app import SimpleAgent
 
 from participant import mount_participant
-from responses_api_agents.simple_agent.app import SimpleAgent
 
 
 class ParticipatingSimpleAgent(SimpleAgent):

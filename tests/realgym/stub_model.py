@@ -17,7 +17,6 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-
 from nemo_gym.openai_utils import NeMoGymResponse
 
 
