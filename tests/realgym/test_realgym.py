@@ -111,6 +111,11 @@ async def test_plain_agents_answer_run_and_only_the_mounted_one_participates(gym
         mounted = (await http.post(agent + "/run", json=row)).json()
         assert mounted["_ng_rollout_id"] == "probe" and mounted["reward"] == real["reward"] == 1.0
         tokens = (await http.get(agent + "/token_capture/probe")).json()
+    # Released, so the probe does not hold up the workloads' checkpoints (a result the log never
+    # minted blocks a prepare until it is gone).
+    async with GymClient(agent, "simple_agent") as client:
+        [ack] = await client.acknowledge([await client.completion_receipt("probe", 0)])
+        assert ack.acknowledged
     assert [t["model_call_id"] for t in tokens] == ["call-1", "call-2"]
     assert all(t["routed_experts"] for t in tokens)
     _check_tokens(gym, tokens, "probe")
