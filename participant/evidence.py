@@ -1,5 +1,9 @@
 """Durable execution evidence: one JSON line per thing that happens to a try, fsync'd before it counts.
 
+Group commit: records appended while a write is in flight go out together in the next write (one
+`write` and one `fsync` in a worker thread), so many tries starting or finishing at once cost one
+fsync, and the event loop never blocks on the disk.
+
 The participant appends to `<state dir>/executions.jsonl` when a try starts executing (before it
 runs), completes, fails, is acknowledged, or is retired (cancelled while running, or tombstoned).  The
 file outlives restarts, so "executed twice" and "stranded" are counted from it across every process
@@ -10,6 +14,7 @@ Only whole lines count: a crash mid-write leaves a torn last line, which the rea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -41,7 +46,7 @@ class EvidenceRecord(BaseModel):
 
 
 class EvidenceLog:
-    """The append side; every `record` call is one write and one fsync (a batch of records too)."""
+    """The append side.  `commit` returns once its records are on disk."""
 
     def __init__(self, state_dir: Path, generation: int) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -49,13 +54,12 @@ class EvidenceLog:
         self.generation = generation
         self._lock = threading.Lock()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
-    def record(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> None:
-        """Appends one `kind` line per (rollout id, try, capture key), durably, in one write."""
-        if not tries:
-            return
+    def lines(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> bytes:
         now = time.time()
-        lines = "".join(
+        return "".join(
             EvidenceRecord(
                 kind=kind,
                 rollout_id=rid,
@@ -67,8 +71,37 @@ class EvidenceLog:
             + "\n"
             for rid, n, key in tries
         ).encode()
+
+    async def commit(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> None:
+        """Appends one `kind` line per (rollout id, try, capture key); returns once they are durable
+        (raises OSError when they could not be written)."""
+        if not tries:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((self.lines(kind, tries), done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        await asyncio.shield(done)  # a cancelled caller does not cancel the others' write
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await asyncio.to_thread(self._write, b"".join(data for data, _ in batch))
+            except BaseException as exc:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc if isinstance(exc, Exception) else OSError(str(exc)))
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+
+    def _write(self, data: bytes) -> None:
         with self._lock:
-            os.write(self._fd, lines)
+            os.write(self._fd, data)
             os.fsync(self._fd)
 
     def close(self) -> None:

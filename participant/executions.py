@@ -272,9 +272,6 @@ class ExecutionRegistry:
         if owner is not None and owner != key:
             raise InvalidRequestError(f"capture key '{ck}' of try {key} collides with try {owner}")
         ex = Execution(request=request, capture_key=ck, notify=self._notify)
-        # Durable before the try runs: a crash from here on still counts this execution.
-        self.evidence.record("started", [ex.evidence])
-        self.hooks.started(request)
         self._executions[key] = ex
         self._active[key] = ex
         self._by_capture_key[ck] = key
@@ -297,6 +294,9 @@ class ExecutionRegistry:
 
     async def _execute(self, ex: Execution) -> None:
         try:
+            # Durable before the try runs: a crash from here on still counts this execution.
+            await self.evidence.commit("started", [ex.evidence])
+            self.hooks.started(ex.request)
             reply = await self.runner(ex.request, ex)
             if (reply.rollout_id, reply.attempt_index) != ex.key:
                 raise ValueError(f"the runner answered for ({reply.rollout_id}, {reply.attempt_index})")
@@ -314,7 +314,8 @@ class ExecutionRegistry:
                 manifest_capture_key=ex.capture_key,
                 terminal_model_call_id=ex.tokens[-1].model_call_id if ex.tokens else "",
             )
-            self.evidence.record("completed", [ex.evidence])
+            # Durable before anyone is given the reply or the receipt.
+            await self.evidence.commit("completed", [ex.evidence])
             ex.state = ExecState.COMPLETED
             self.hooks.completed(ex.request)
         except asyncio.CancelledError:
@@ -323,14 +324,16 @@ class ExecutionRegistry:
         except Exception as exc:
             log.exception("try %s failed", ex.key)
             ex.state, ex.error = ExecState.FAILED, f"{type(exc).__name__}: {exc}"
-            self._record("failed", [ex])
+            ex.done.set()
+            self._notify()
+            await self._record("failed", [ex])
         finally:
             ex.done.set()
             self._notify()
 
-    def _record(self, kind: EvidenceKind, executions: list[Execution]) -> None:
+    async def _record(self, kind: EvidenceKind, executions: list[Execution]) -> None:
         try:
-            self.evidence.record(kind, [e.evidence for e in executions])
+            await self.evidence.commit(kind, [e.evidence for e in executions])
         except OSError:
             # The try's state already moved; a lost evidence line is logged loudly, never hidden.
             log.exception("could not record %s of %d tries in %s", kind, len(executions), self.evidence.path)
@@ -380,7 +383,7 @@ class ExecutionRegistry:
 
     # -- acknowledgement and retirement ---------------------------------------------------------
 
-    def acknowledge(self, request: AcknowledgeRequest) -> list[AcknowledgeResult]:
+    async def acknowledge(self, request: AcknowledgeRequest) -> list[AcknowledgeResult]:
         results: list[AcknowledgeResult] = []
         released: list[Execution] = []
         for item in request.executions:
@@ -412,12 +415,12 @@ class ExecutionRegistry:
                 released.append(ex)
                 result.acknowledged = True
             results.append(result)
-        # Durable before the results leave: an ACK the trainer saw accepted is in the evidence.
-        self.evidence.record("acknowledged", [e.evidence for e in released])
         for ex in released:
             if ex.state is ExecState.COMPLETED:  # two items of one batch may name the same try
                 self._forget(ex, ExecState.ACKNOWLEDGED)
         self._notify()
+        # Durable before the results leave: an ACK the trainer saw accepted is in the evidence.
+        await self.evidence.commit("acknowledged", [e.evidence for e in released])
         return results
 
     def _fence_retire(self, checkpoint_id: str | None, rollout_id: str) -> None:
@@ -434,7 +437,7 @@ class ExecutionRegistry:
                 raise CheckpointConflictError(active, self.phase, rollout_id)
             raise StaleCheckpointError.unknown(checkpoint_id)
 
-    def retire(self, request: RetireRequest) -> RetireResponse:
+    async def retire(self, request: RetireRequest) -> RetireResponse:
         self._fence_retire(request.checkpoint_id, request.rollout_id)
         key = (request.rollout_id, request.attempt_index)
         gen = self.generation
@@ -452,10 +455,6 @@ class ExecutionRegistry:
                 retired=False, tombstoned=False, completed_unacknowledged=True, execution_generation=gen
             )
         retired = ex is not None and ex.state in LIVE_STATES
-        ck = capture_key(*key)
-        self.evidence.record(
-            "cancelled" if retired else "tombstoned", [(request.rollout_id, request.attempt_index, ck)]
-        )
         self._tombstones.add(key)
         if ex is not None and retired:
             task = ex.task
@@ -464,6 +463,11 @@ class ExecutionRegistry:
                 task.cancel()
             log.info("retired running try %s", key)
         self._notify()
+        # Decided and applied above (nothing can slip in between); durable before the answer leaves.
+        ck = capture_key(*key)
+        await self.evidence.commit(
+            "cancelled" if retired else "tombstoned", [(request.rollout_id, request.attempt_index, ck)]
+        )
         # A FAILED try is tombstoned like a never-started one: it produced nothing to adopt.
         return RetireResponse(
             retired=retired, tombstoned=True, completed_unacknowledged=False, execution_generation=gen

@@ -108,11 +108,11 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
 
     @app.post("/acknowledge")
     async def acknowledge(request: AcknowledgeRequest) -> JSONResponse:
-        return _json(AcknowledgeResponse(results=reg.acknowledge(request)))
+        return _json(AcknowledgeResponse(results=await reg.acknowledge(request)))
 
     @app.post("/retire")
     async def retire(request: RetireRequest) -> JSONResponse:
-        return _json(reg.retire(request))
+        return _json(await reg.retire(request))
 
     @app.post("/checkpoint/prepare")
     async def prepare(request: PrepareRequest) -> JSONResponse:
