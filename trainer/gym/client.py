@@ -12,6 +12,7 @@ requests are the same bytes, the transport errors httpx's own, without httpx's c
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import ssl
@@ -158,6 +159,8 @@ class GymClient:
         # What the agent said it supports (`connect`); `reduced` is set for a plain Gym agent.
         self.capabilities_seen: Capabilities | None = None
         self.reduced: ReducedMode | None = None
+        # One /capabilities call at a time; callers queue in order (their /run calls keep that order).
+        self._connecting = asyncio.Lock()
 
     def __repr__(self) -> str:  # the token stays out of reprs
         return f"GymClient({self.base_url!r}, agent_name={self.agent_name!r})"
@@ -296,19 +299,22 @@ class GymClient:
         call's own error when it gets no answer (it is asked again next time)."""
         if self.capabilities_seen is not None:
             return self.capabilities_seen
-        try:
-            seen = await self.capabilities()
-        except NotFoundError:
-            self.reduced = ReducedMode(self.agent_name)
-            seen = self.reduced.capabilities()
-        else:
-            if seen.agent_name != self.agent_name:
-                raise AgentIdentityError(
-                    f"{self.base_url}/capabilities: the agent is {seen.agent_name!r}, "
-                    f"this client drives {self.agent_name!r}"
-                )
-        self.capabilities_seen = seen
-        return seen
+        async with self._connecting:
+            if self.capabilities_seen is not None:
+                return self.capabilities_seen
+            try:
+                seen = await self.capabilities()
+            except NotFoundError:
+                self.reduced = ReducedMode(self.agent_name)
+                seen = self.reduced.capabilities()
+            else:
+                if seen.agent_name != self.agent_name:
+                    raise AgentIdentityError(
+                        f"{self.base_url}/capabilities: the agent is {seen.agent_name!r}, "
+                        f"this client drives {self.agent_name!r}"
+                    )
+            self.capabilities_seen = seen
+            return seen
 
     async def connect_quietly(self) -> None:
         """`connect`, where only a wrong identity is fatal: an agent away or answering garbage is
