@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import Body, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp
 
@@ -18,7 +17,7 @@ from gym_agent.config import AgentConfig
 from gym_agent.episode import Environment
 from gym_agent.faults import FaultInjector, FaultRequest
 from participant import ExecutionRegistry, RunSession, mount_participant
-from protocol.errors import INVALID_REQUEST
+from participant.routes import install_json_errors
 from protocol.wire import DebugRuns, Health, OkResponse, RunReply, RunRequest
 from workers.policy import load_policy
 
@@ -64,10 +63,7 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title=f"reference Gym agent {config.name}", lifespan=lifespan, openapi_url=None)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": INVALID_REQUEST, "message": str(exc.errors())[:500]}, status_code=422)
+    install_json_errors(app)
 
     participant = mount_participant(
         app,

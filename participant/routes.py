@@ -63,9 +63,8 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -> FastAPI:
-    """The routes over `reg`.  Every answer is JSON, a 500 included."""
-    app = FastAPI(title=f"checkpoint participant {reg.agent_name}", openapi_url=None)
+def install_json_errors(app: FastAPI) -> None:
+    """Every refusal and failure of `app` answers `{"error": NAME, "message": ...}`, a 500 included."""
 
     @app.exception_handler(AgentError)
     async def _agent_error(_: Request, exc: AgentError) -> JSONResponse:
@@ -82,10 +81,16 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        log.error("internal error answering a participant call", exc_info=exc)
+        log.error("internal error answering %s", app.title, exc_info=exc)
         return JSONResponse(
             {"error": INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"}, status_code=500
         )
+
+
+def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -> FastAPI:
+    """The routes over `reg`.  Every answer is JSON, a 500 included."""
+    app = FastAPI(title=f"checkpoint participant {reg.agent_name}", openapi_url=None)
+    install_json_errors(app)
 
     @app.post("/run")
     async def run(
