@@ -29,7 +29,8 @@ from simulation.run import SimConfig, run_simulation
 from tests.realgym.servers import RealGym, real_gym
 from trainer.gym import ConnectionLostError, GymClient
 
-pytestmark = pytest.mark.slow
+# One worker runs them all (`--dist=loadgroup`): one set of servers, one environment build.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("realgym")]
 
 # Every 29th model call fails: with two model calls per try, about one try in fifteen fails, and a
 # prompt group (whose siblings are replaced together when one fails) seals within a few rounds.
