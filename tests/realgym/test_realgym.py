@@ -150,7 +150,10 @@ async def test_coordinator_with_faults_against_the_participant(gym: RealGym, sto
     assert summary["replacements"] > 0, summary
     evidence = read_evidence(gym.state_dir)
     assert evidence.duplicate_executions == 0 and not evidence.stranded
-    result = _check_tokens(gym, _sealed_token_records(store, "rgp"), "participant")
+    records = _sealed_token_records(store, "rgp")
+    # The MoE router's choices reached the log with the token arrays.
+    assert records and all(r["routed_experts"] for r in records)
+    result = _check_tokens(gym, records, "participant")
     assert not result["errors"]
 
 
