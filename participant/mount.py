@@ -200,11 +200,13 @@ def mount_participant(
     boundaries to park at).  `hooks` and `deliver` are the reference agent's fault-injection points.
     """
     generation = next_generation(state_dir)
-    asgi_runner = AsgiRunner() if runner is None else None
+    asgi_runner: AsgiRunner | None = None
+    if runner is None:
+        asgi_runner = runner = AsgiRunner()
     registry = ExecutionRegistry(
         agent_name=agent_name,
         generation=generation,
-        runner=asgi_runner if asgi_runner is not None else runner,  # type: ignore[arg-type]
+        runner=runner,
         state_dir=state_dir,
         hooks=hooks,
     )
