@@ -81,6 +81,8 @@ class Runner(Protocol):
 
 
 class ExecState(StrEnum):
+    # Admitted, its start being made durable; it runs next.  Blocks a prepare like a running try.
+    STARTING = "STARTING"
     RUNNING = "RUNNING"
     PARK_REQUESTED = "PARK_REQUESTED"
     PARKED = "PARKED"
@@ -90,8 +92,10 @@ class ExecState(StrEnum):
     CANCELLED = "CANCELLED"
 
 
-LIVE_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED, ExecState.PARKED})
-BLOCKING_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED})
+LIVE_STATES: Final = frozenset(
+    {ExecState.STARTING, ExecState.RUNNING, ExecState.PARK_REQUESTED, ExecState.PARKED}
+)
+BLOCKING_STATES: Final = frozenset({ExecState.STARTING, ExecState.RUNNING, ExecState.PARK_REQUESTED})
 
 AttemptKey = tuple[str, int]
 
@@ -121,7 +125,7 @@ class Execution:
     capture_key: str
     # The registry's notify: a park at a boundary wakes whoever waits for tries to park.
     notify: Callable[[], None] = field(repr=False, default=lambda: None)
-    state: ExecState = ExecState.RUNNING
+    state: ExecState = ExecState.STARTING
     task: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     # Set while the run may proceed; cleared when a checkpoint asks it to park.
@@ -296,6 +300,12 @@ class ExecutionRegistry:
         try:
             # Durable before the try runs: a crash from here on still counts this execution.
             await self.evidence.commit("started", [ex.evidence])
+            if self.phase == "preparing":  # a prepare came while the start was being written
+                ex.state = ExecState.PARK_REQUESTED
+                ex.may_run.clear()
+            else:
+                ex.state = ExecState.RUNNING
+            self._notify()
             self.hooks.started(ex.request)
             reply = await self.runner(ex.request, ex)
             if (reply.rollout_id, reply.attempt_index) != ex.key:
