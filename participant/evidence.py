@@ -72,16 +72,21 @@ class EvidenceLog:
             for rid, n, key in tries
         ).encode()
 
-    async def commit(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> None:
-        """Appends one `kind` line per (rollout id, try, capture key); returns once they are durable
-        (raises OSError when they could not be written)."""
-        if not tries:
-            return
+    def append(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> asyncio.Future[None]:
+        """Queues one `kind` line per (rollout id, try, capture key), in call order; the future is
+        done once they are durable (or failed with the OSError that kept them off the disk)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not tries:
+            done.set_result(None)
+            return done
         self._pending.append((self.lines(kind, tries), done))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
-        await asyncio.shield(done)  # a cancelled caller does not cancel the others' write
+        return done
+
+    async def commit(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> None:
+        """`append`, then wait until the lines are durable (raises OSError when they could not be)."""
+        await asyncio.shield(self.append(kind, tries))  # a cancelled caller does not cancel the write
 
     async def _flush(self) -> None:
         while self._pending:

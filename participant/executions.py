@@ -81,8 +81,6 @@ class Runner(Protocol):
 
 
 class ExecState(StrEnum):
-    # Admitted, its start being made durable; it runs next.  Blocks a prepare like a running try.
-    STARTING = "STARTING"
     RUNNING = "RUNNING"
     PARK_REQUESTED = "PARK_REQUESTED"
     PARKED = "PARKED"
@@ -92,10 +90,8 @@ class ExecState(StrEnum):
     CANCELLED = "CANCELLED"
 
 
-LIVE_STATES: Final = frozenset(
-    {ExecState.STARTING, ExecState.RUNNING, ExecState.PARK_REQUESTED, ExecState.PARKED}
-)
-BLOCKING_STATES: Final = frozenset({ExecState.STARTING, ExecState.RUNNING, ExecState.PARK_REQUESTED})
+LIVE_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED, ExecState.PARKED})
+BLOCKING_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED})
 
 AttemptKey = tuple[str, int]
 
@@ -125,7 +121,9 @@ class Execution:
     capture_key: str
     # The registry's notify: a park at a boundary wakes whoever waits for tries to park.
     notify: Callable[[], None] = field(repr=False, default=lambda: None)
-    state: ExecState = ExecState.STARTING
+    state: ExecState = ExecState.RUNNING
+    # The durable write of this try's `started` evidence, queued before it runs.
+    started: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     # Set while the run may proceed; cleared when a checkpoint asks it to park.
@@ -167,6 +165,11 @@ class RunOutcome:
     # True when this call waited for the try to finish (a live delivery), False for a replay of a
     # reply already stored; the reference agent's drop_reply fault breaks off live deliveries only.
     live: bool
+
+
+def _log_write_failure(done: asyncio.Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("could not record an execution's start", exc_info=done.exception())
 
 
 class Hooks:
@@ -276,6 +279,11 @@ class ExecutionRegistry:
         if owner is not None and owner != key:
             raise InvalidRequestError(f"capture key '{ck}' of try {key} collides with try {owner}")
         ex = Execution(request=request, capture_key=ck, notify=self._notify)
+        # Queued before the try runs (in order: no later record of it can be written first), and
+        # awaited before its result leaves; the runner does not wait for the disk.
+        ex.started = self.evidence.append("started", [ex.evidence])
+        ex.started.add_done_callback(_log_write_failure)
+        self.hooks.started(request)
         self._executions[key] = ex
         self._active[key] = ex
         self._by_capture_key[ck] = key
@@ -298,15 +306,6 @@ class ExecutionRegistry:
 
     async def _execute(self, ex: Execution) -> None:
         try:
-            # Durable before the try runs: a crash from here on still counts this execution.
-            await self.evidence.commit("started", [ex.evidence])
-            if self.phase == "preparing":  # a prepare came while the start was being written
-                ex.state = ExecState.PARK_REQUESTED
-                ex.may_run.clear()
-            else:
-                ex.state = ExecState.RUNNING
-            self._notify()
-            self.hooks.started(ex.request)
             reply = await self.runner(ex.request, ex)
             if (reply.rollout_id, reply.attempt_index) != ex.key:
                 raise ValueError(f"the runner answered for ({reply.rollout_id}, {reply.attempt_index})")
@@ -324,7 +323,10 @@ class ExecutionRegistry:
                 manifest_capture_key=ex.capture_key,
                 terminal_model_call_id=ex.tokens[-1].model_call_id if ex.tokens else "",
             )
-            # Durable before anyone is given the reply or the receipt.
+            # Both durable before anyone is given the reply or the receipt: an execution whose result
+            # can leave this process is always in the evidence.
+            if ex.started is not None:
+                await asyncio.shield(ex.started)
             await self.evidence.commit("completed", [ex.evidence])
             ex.state = ExecState.COMPLETED
             self.hooks.completed(ex.request)
