@@ -176,10 +176,10 @@ class Hooks:
     """Extension points for a host that injects faults (the reference agent); these do nothing."""
 
     def started(self, request: RunRequest) -> None:
-        """A try is about to start executing (its evidence is already durable)."""
+        """A try is about to start executing (its `started` evidence is queued)."""
 
     def completed(self, request: RunRequest) -> None:
-        """A try completed (its evidence is already durable)."""
+        """A try completed (its `started` and `completed` evidence are durable)."""
 
 
 class ExecutionRegistry:
