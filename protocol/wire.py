@@ -68,9 +68,16 @@ class WireModel(BaseModel):
 
 
 class GymModel(BaseModel):
-    """A shape the real NeMo Gym owns (`/run` rows and replies): fields it or NeMo RL add are kept."""
+    """A shape the real NeMo Gym owns (`/run` rows and replies): fields it or NeMo RL add are kept,
+    nested no deeper than MAX_JSON_DEPTH like the fields we name."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
+
+    @model_validator(mode="after")
+    def _extras_not_too_deep(self) -> GymModel:
+        if self.model_extra:
+            check_depth(self.model_extra, MAX_JSON_DEPTH - 1)
+        return self
 
 
 class AttemptRef(WireModel):

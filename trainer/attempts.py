@@ -70,8 +70,8 @@ def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRe
     """The try's `/run` row: its identity, the task payload, and the payload's other fields (a NeMo
     RL row's `agent_ref`, `_ng_task_index`, environment fields) as the row's own top-level fields."""
     payload = dict(group.payload)
-    payload.pop("_ng_rollout_id", None)  # the try's identity is the log's, never the payload's
-    payload.pop("_ng_attempt_index", None)
+    for identity in ("_ng_rollout_id", "_ng_attempt_index", "rollout_id", "attempt_index"):
+        payload.pop(identity, None)  # the try's identity is the log's, never the payload's
     return RunRequest(
         rollout_id=rollout_id,
         attempt_index=attempt_index,

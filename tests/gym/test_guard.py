@@ -107,6 +107,17 @@ BAD_RUN_BODIES: list[Any] = [
 ]
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+# A field the Gym owns (kept as an extra) nested deeper than any reply could carry back.
+BAD_RUN_BODIES.append({"_ng_rollout_id": "ok", "_ng_attempt_index": 0, "agent_ref": _nested(80)})
+
+
 @pytest.mark.parametrize("body", BAD_RUN_BODIES, ids=[json.dumps(b)[:40] for b in BAD_RUN_BODIES])
 async def test_malformed_run_bodies_are_422(
     raw: httpx.AsyncClient, token_client: GymClient, body: Any
