@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import ssl
 from collections.abc import Sequence
 from types import TracebackType
@@ -75,6 +76,7 @@ from trainer.gym.reduced import ReducedMode
 from trainer.gym.transport import LeanTransport, Timeouts, origin_of
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("trainer")
 
 DEFAULT_CONTROL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -305,6 +307,12 @@ class GymClient:
             try:
                 seen = await self.capabilities()
             except NotFoundError:
+                log.warning(
+                    "agent %s (%s) has no /capabilities: a plain Gym agent, driven in reduced mode "
+                    "(no ACK, not in checkpoints)",
+                    self.agent_name,
+                    self.base_url,
+                )
                 self.reduced = ReducedMode(self.agent_name)
                 seen = self.reduced.capabilities()
             else:
