@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -36,6 +37,14 @@ def simulate(
     agent_url: Annotated[
         list[str] | None,
         typer.Option("--agent-url", help="NAME=URL of a running agent (repeatable); no agents are started."),
+    ] = None,
+    agent_state_dir: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--agent-state-dir",
+            help="NAME=DIR: the state directory of an --agent-url agent with the participant mounted; "
+            "its durable execution evidence counts duplicates and stranded results (repeatable).",
+        ),
     ] = None,
     groups: Annotated[int, typer.Option("--groups", min=1)] = 48,
     siblings: Annotated[int, typer.Option("--siblings", min=1)] = 4,
@@ -121,10 +130,19 @@ def simulate(
         if not sep or not name or not url:
             raise typer.BadParameter(f"--agent-url wants NAME=URL, got {item!r}")
         urls[name] = url
+    state_dirs: dict[str, Path] = {}
+    for item in agent_state_dir or []:
+        name, sep, path = item.partition("=")
+        if not sep or name not in urls or not path:
+            raise typer.BadParameter(
+                f"--agent-state-dir wants NAME=DIR for an --agent-url NAME, got {item!r}"
+            )
+        state_dirs[name] = Path(path)
     logging.basicConfig(level=logging.ERROR)
     config = SimConfig(
         agents=agents,
         agent_urls=urls,
+        agent_state_dirs=state_dirs,
         groups=groups,
         siblings=siblings,
         mode=mode,

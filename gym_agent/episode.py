@@ -133,8 +133,9 @@ class Environment:
                     prompt_token_ids=prompt,
                     generation_token_ids=token_ids,
                     generation_log_probs=logprobs,
+                    # The call's own output: one item, the one that carried the token arrays.
                     output_items=[item],
-                    token_item_index=len(output),
+                    token_item_index=0,
                     created_at=time.time(),
                 )
             )

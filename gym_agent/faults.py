@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Final
 
-from protocol.wire import AttemptFault, CrashAfter, FaultRates, RateFaults
+from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from participant import Hooks
+from protocol.wire import AttemptFault, CrashAfter, FaultRates, RateFaults, RunRequest
+
+log = logging.getLogger("gym_agent")
+
+CRASH_EXIT_CODE: Final = 70
 
 FaultRequest = AttemptFault | RateFaults | CrashAfter
 
@@ -75,3 +89,62 @@ class FaultTable:
             return False
         self._crash_remaining -= 1
         return self._crash_remaining <= 0
+
+
+class DroppedReply(Response):
+    """The drop_reply fault: announce the whole reply, send half of it, and hang up.
+
+    Returning without finishing the body makes uvicorn close the connection, so the client sees a
+    broken connection (not a short 200) while the try stays COMPLETED with its reply stored.
+    """
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        super().__init__(content=json.dumps(reply).encode(), media_type="application/json")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send(
+            {"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True}
+        )
+
+
+def _exit_process() -> None:
+    log.error("crash_after fault: exiting the process now (stored replies are lost)")
+    logging.shutdown()
+    os._exit(CRASH_EXIT_CODE)
+
+
+class FaultInjector(Hooks):
+    """The reference agent's faults through the participant's extension points: a try's fault is
+    fixed when it starts, fail/hang/delay act inside the episode, drop_reply on its live delivery,
+    crash_after after a completion is durable."""
+
+    def __init__(self, crash: Callable[[], None] = _exit_process) -> None:
+        self.table = FaultTable()
+        self._crash = crash
+        self._resolved: dict[tuple[str, int], ResolvedFault] = {}
+
+    def apply(self, request: FaultRequest) -> None:
+        self.table.apply(request)
+        if isinstance(request, CrashAfter) and request.crash_after == 0:
+            # Give the 200 answer a moment to leave before the process goes away.
+            asyncio.get_running_loop().call_later(0.05, self._crash)
+
+    def started(self, request: RunRequest) -> None:
+        fault = self.table.for_attempt(request.rollout_id, request.attempt_index)
+        if fault != NO_FAULT:  # only faulty tries are remembered
+            self._resolved[(request.rollout_id, request.attempt_index)] = fault
+
+    def fault_of(self, request: RunRequest) -> ResolvedFault:
+        return self._resolved.get((request.rollout_id, request.attempt_index), NO_FAULT)
+
+    def completed(self, request: RunRequest) -> None:
+        if self.table.count_completion():
+            self._crash()
+
+    def deliver(self, request: RunRequest, reply: dict[str, Any]) -> Response | None:
+        fault = self._resolved.pop((request.rollout_id, request.attempt_index), NO_FAULT)
+        if fault.drop_reply:
+            log.info("drop_reply fault: breaking off the reply of %s", request.rollout_id)
+            return DroppedReply(reply)
+        return None

@@ -17,8 +17,7 @@ from starlette.types import ASGIApp
 
 from gym_agent.app import create_app
 from gym_agent.config import AgentConfig
-from gym_agent.executions import ExecutionRegistry
-from gym_agent.generation import next_generation
+from participant import ExecutionRegistry
 from protocol.logsafety import install_log_masking
 
 log = logging.getLogger("gym_agent")
@@ -37,9 +36,8 @@ class AgentServer(uvicorn.Server):
 
 
 def build_server(config: AgentConfig) -> AgentServer:
-    """Allocates this start's execution generation and builds the server (not started)."""
-    generation = next_generation(config.resolved_state_dir)
-    app, registry = create_app(config, generation)
+    """Builds the server (not started); mounting the participant takes this start's generation."""
+    app, registry = create_app(config)
     uv_config = uvicorn.Config(
         app,
         host=config.host,
@@ -51,7 +49,7 @@ def build_server(config: AgentConfig) -> AgentServer:
         # Many long /run calls stay open at once; keep-alive idles are cheap.
         backlog=4096,
     )
-    log.info("agent %s starting, execution_generation %d", config.name, generation)
+    log.info("agent %s starting, execution_generation %d", config.name, registry.generation)
     return AgentServer(uv_config, registry)
 
 

@@ -10,9 +10,9 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from protocol.digests import Digest
+from protocol.digests import Digest, reply_digest
 from protocol.errors import NOT_READY
-from protocol.ids import AttemptIndex, Identifier
+from protocol.ids import AttemptIndex, Identifier, capture_key
 
 GYM_SCHEMA_VERSION: Final = 1
 GymSchemaVersion = Literal[1]
@@ -62,7 +62,22 @@ def check_depth(value: dict[str, Any], limit: int = MAX_JSON_DEPTH) -> dict[str,
 
 
 class WireModel(BaseModel):
+    """A shape this project owns: unknown fields are refused."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+
+class GymModel(BaseModel):
+    """A shape the real NeMo Gym owns (`/run` rows and replies): fields it or NeMo RL add are kept,
+    nested no deeper than MAX_JSON_DEPTH like the fields we name."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
+
+    @model_validator(mode="after")
+    def _extras_not_too_deep(self) -> GymModel:
+        if self.model_extra:
+            check_depth(self.model_extra, MAX_JSON_DEPTH - 1)
+        return self
 
 
 class AttemptRef(WireModel):
@@ -70,8 +85,10 @@ class AttemptRef(WireModel):
     attempt_index: AttemptIndex
 
 
-class RunRequest(WireModel):
-    """Body of `POST /run`: the try's identity plus the task payload."""
+class RunRequest(GymModel):
+    """Body of `POST /run`: the try's identity plus the task payload.  A NeMo RL row's own fields
+    (`agent_ref`, `_ng_task_index`, `_ng_rollout_index`, the environment's task fields) ride along as
+    extras and reach the agent unchanged."""
 
     rollout_id: Identifier = Field(alias="_ng_rollout_id")
     attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
@@ -85,13 +102,49 @@ class RunRequest(WireModel):
         return check_depth(value)
 
 
-class RunReply(RunRequest):
-    """`BaseVerifyResponse`: the only way the reward reaches the trainer."""
+class RunReply(GymModel):
+    """`BaseVerifyResponse`: the only way the reward reaches the trainer.
 
+    The real Gym answers `{responses_create_params, response, reward, ...}`; `gym_reply` fills in the
+    try's identity where it is missing.  `payload()` is the reply as it travels (exactly the fields
+    that were set), and the one thing `digest()` is taken of, on every side.
+    """
+
+    rollout_id: Identifier = Field(alias="_ng_rollout_id")
+    attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
+    responses_create_params: dict[str, Any] = Field(default_factory=dict)
+    task: dict[str, Any] = Field(default_factory=dict)
     id: str
     response: dict[str, Any]
     reward: float
-    mask_sample: bool
+    mask_sample: bool = False
+
+    @field_validator("responses_create_params", "task", "response")
+    @classmethod
+    def _not_too_deep(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_depth(value)
+
+    def payload(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def digest(self) -> str:
+        return reply_digest(self.payload())
+
+
+def gym_reply(payload: Any, rollout_id: str, attempt_index: int) -> RunReply:
+    """A `/run` reply as the trainer keeps it: the try's identity and a result id filled in where the
+    agent (a plain Gym agent) left them out; ValidationError when it is no reply at all.  A reply that
+    names another try keeps that name, so the caller can refuse it."""
+    if not isinstance(payload, dict):
+        return RunReply.model_validate(payload)  # raises: not an object
+    data = dict(payload)
+    data.setdefault("_ng_rollout_id", rollout_id)
+    data.setdefault("_ng_attempt_index", attempt_index)
+    if "id" not in data:
+        response = data.get("response")
+        response_id = response.get("id") if isinstance(response, dict) else None
+        data["id"] = response_id if isinstance(response_id, str) else capture_key(rollout_id, attempt_index)
+    return RunReply.model_validate(data)
 
 
 class CompletionReceipt(WireModel):
@@ -112,7 +165,11 @@ class CompletionReceipt(WireModel):
 
 
 class TokenEntry(WireModel):
-    """One record per model call, in the shape of Gym's `TokenEntry`."""
+    """One record per model call, in the shape of the real Gym's `TokenEntry`
+    (`nemo_gym.token_id_capture.records`), and checked by the same rules: `output_items` are the model
+    call's output items without their token arrays, `token_item_index` names the one item that carried
+    them, `routed_experts` is the MoE router's choice per token (router replay), kept as the model
+    server gave it."""
 
     schema_version: GymSchemaVersion = Field(default=GYM_SCHEMA_VERSION, validate_default=True)
     rollout_id: Identifier  # the capture key of the try
@@ -121,14 +178,20 @@ class TokenEntry(WireModel):
     prompt_token_ids: list[int]
     generation_token_ids: list[int]
     generation_log_probs: list[float]
+    routed_experts: Any | None = None
     output_items: list[dict[str, Any]]
-    token_item_index: int = Field(ge=0)
+    token_item_index: int | None = Field(default=None, ge=0)
     created_at: float
 
     @model_validator(mode="after")
-    def _lengths_match(self) -> TokenEntry:
+    def _consistent(self) -> TokenEntry:
         if len(self.generation_token_ids) != len(self.generation_log_probs):
             raise ValueError("generation_token_ids and generation_log_probs differ in length")
+        if self.token_item_index is not None and self.token_item_index >= len(self.output_items):
+            raise ValueError(
+                f"token_item_index {self.token_item_index} is outside output_items "
+                f"of length {len(self.output_items)}"
+            )
         return self
 
 

@@ -1,8 +1,11 @@
 """`ledger simulate`: K reference agents, a faulty workload, checkpoints, and a summary of what happened.
 
 Used by `cli/simulate.py` and `benchmarks/checkpoint_stall.py`.  Counts come from the log (the
-events of this run's streams), the agents' /status (stranded results) and /debug/runs (duplicate
-executions), and the auditor when it is importable.
+events of this run's streams), the agents' durable execution evidence where their state directory
+is known (agents started here, or `agent_state_dirs`): duplicate executions and stranded results
+across restarts; otherwise the agents' /status and /debug/runs.  Agents given by URL may be real
+Gym agents: one without fault injection (/debug/faults) runs without injected faults, one without
+the participant routes in reduced mode.
 """
 
 from __future__ import annotations
@@ -15,18 +18,20 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from eventstore import EventStore
 from eventstore.events import PromptRef
 from gym_agent.launcher import AgentProcess
+from participant.evidence import read_evidence
 from protocol.streams import checkpoint_stream, group_stream
 from protocol.wire import CrashAfter, FaultRates, RateFaults
 from trainer.checkpoint import CheckpointOutcome
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
 from trainer.gym import GymClient
-from trainer.gym.errors import GymError
+from trainer.gym.errors import GymError, NotFoundError
 
 DEFAULT_FAULTS = "drop_reply=0.05,fail=0.05,hang=0.01"
 
@@ -50,6 +55,10 @@ class SimConfig:
     agent_delay_s: float = 0.02
     max_tries: int = 4
     run_id: str = ""
+    # State directories of agents given by URL, for their durable execution evidence.
+    agent_state_dirs: dict[str, Path] = field(default_factory=dict)
+    # Fields every `/run` row carries besides the prompt (e.g. a NeMo RL row's `agent_ref`).
+    row_fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,10 +140,16 @@ class Agents:
     deployment would).  `final_counts` reads what only the agents know: stranded results and
     duplicate executions."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(
+        self, config: SimConfig, client_factory: Callable[[str, str], GymClient] = GymClient
+    ) -> None:
         self.config = config
+        self.client_factory = client_factory
         self.processes: list[AgentProcess] = []
         self.clients: dict[str, GymClient] = {}
+        self.state_dirs: dict[str, Path] = {}
+        # Agents that take injected faults (the reference agent; a real Gym agent has no /debug/faults).
+        self.injectable: list[str] = []
         self.restarts = 0
         self._stop = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
@@ -152,12 +167,19 @@ class Agents:
             ]
             await asyncio.gather(*(asyncio.to_thread(p.start) for p in self.processes))
             urls = {p.name: p.url for p in self.processes}
-        self.clients = {name: GymClient(url, name) for name, url in urls.items()}
+        self.state_dirs = {p.name: p.state_dir for p in self.processes} | dict(config.agent_state_dirs)
+        self.clients = {name: self.client_factory(url, name) for name, url in urls.items()}
         try:
-            for i, client in enumerate(self.clients.values()):
-                await client.set_faults(RateFaults(rates=fault.rates, seed=config.seed * 1000 + i))
-            if fault.crash_after is not None:
-                await next(iter(self.clients.values())).set_faults(CrashAfter(crash_after=fault.crash_after))
+            for i, (name, client) in enumerate(self.clients.items()):
+                try:
+                    await client.set_faults(RateFaults(rates=fault.rates, seed=config.seed * 1000 + i))
+                    self.injectable.append(name)
+                except NotFoundError:
+                    log.warning(
+                        "agent %s has no fault injection (a real Gym agent): no faults injected", name
+                    )
+            if fault.crash_after is not None and self.injectable:
+                await self.clients[self.injectable[0]].set_faults(CrashAfter(crash_after=fault.crash_after))
         except BaseException:
             await self.__aexit__()
             raise
@@ -180,17 +202,24 @@ class Agents:
                 await self._supervisor
 
     async def final_counts(self) -> tuple[int, int]:
-        """(stranded results, duplicate executions) as the agents report them."""
+        """(stranded results, duplicate executions): from an agent's durable execution evidence where
+        its state directory is known (counts across restarts), else as the agent reports them."""
         stranded, duplicates = 0, 0
         for name, client in self.clients.items():
+            state_dir = self.state_dirs.get(name)
+            if state_dir is not None:
+                evidence = await asyncio.to_thread(read_evidence, state_dir)
+                stranded += len(evidence.stranded)
+                duplicates += evidence.duplicate_executions
+                continue
             try:
                 status = await client.status()
-                runs = await client.debug_runs()
+                stranded += status.completed_unacknowledged
+                if name in self.injectable:  # the reference agent's in-memory counters
+                    runs = await client.debug_runs()
+                    duplicates += sum(v - 1 for v in runs.values() if v > 1)
             except GymError as exc:
                 log.error("final status of %s unavailable: %s", name, exc)
-                continue
-            stranded += status.completed_unacknowledged
-            duplicates += sum(v - 1 for v in runs.values() if v > 1)
         return stranded, duplicates
 
     async def __aexit__(self, *exc: object) -> None:
@@ -205,11 +234,12 @@ async def run_simulation(
     config: SimConfig,
     *,
     coordinator_factory: Callable[..., RolloutCoordinator] = RolloutCoordinator,
+    client_factory: Callable[[str, str], GymClient] = GymClient,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     run_id = config.run_id or f"s{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
-    async with Agents(config) as agents:
+    async with Agents(config, client_factory) as agents:
         clients = agents.clients
         coord = coordinator_factory(
             store,
@@ -235,7 +265,7 @@ async def run_simulation(
                     PromptRef(sample_id=f"sample-{i}", task_name="arith"),
                     names[i % len(names)],
                     config.siblings,
-                    workload_payload(i),
+                    {**config.row_fields, **workload_payload(i)},
                 )
 
         feeder = asyncio.create_task(feed())
@@ -339,6 +369,7 @@ async def summarize_run(
         "prepare_wait_p50_s": round(statistics.median(waits), 3) if waits else None,
         "prepare_wait_max_s": round(max(waits), 3) if waits else None,
         "agent_restarts": agents.restarts,
+        "reduced_mode_agents": sorted(n for n, c in agents.clients.items() if c.reduced is not None),
         "stranded": facts.stranded,
         "duplicate_executions": facts.duplicate_executions,
         "audit_violations": audit,

@@ -26,7 +26,7 @@ from eventstore.events import (
     SiblingSealed,
 )
 from projections.ledger import AttemptState, GroupState, LedgerState
-from protocol.digests import canonical_json, reply_digest, sha256_digest
+from protocol.digests import canonical_json, sha256_digest
 from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
 from protocol.wire import AttemptRef, CompletionReceipt, RunReply, RunRequest, TokenEntry
@@ -69,7 +69,11 @@ class _OtherGeneration(_Garbage):
 
 
 def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRequest:
+    """The try's `/run` row: its identity, the task payload, and the payload's other fields (a NeMo
+    RL row's `agent_ref`, `_ng_task_index`, environment fields) as the row's own top-level fields."""
     payload = dict(group.payload)
+    for identity in ("_ng_rollout_id", "_ng_attempt_index", "rollout_id", "attempt_index"):
+        payload.pop(identity, None)  # the try's identity is the log's, never the payload's
     return RunRequest(
         rollout_id=rollout_id,
         attempt_index=attempt_index,
@@ -77,6 +81,7 @@ def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRe
         task=payload.pop(
             "task", {"sample_id": group.prompt_ref.sample_id, "task_name": group.prompt_ref.task_name}
         ),
+        **payload,
     )
 
 
@@ -198,11 +203,10 @@ class Attempts:
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
         rid, n = reply.rollout_id, reply.attempt_index
-        dumped = reply.model_dump(mode="json", by_alias=True)
-        digest = reply_digest(dumped)
         # The reply itself goes to the content-addressed blob table with the seal (its address is the
-        # digest the agent's receipt names), so a trainer gets `response` back from the log.
-        reply_blob = canonical_json(dumped).encode()
+        # digest the agent's receipt names, `RunReply.digest()`), so a trainer gets `response` back.
+        reply_blob = canonical_json(reply.payload()).encode()
+        digest = sha256_digest(reply_blob)
         try:
             receipt = await client.completion_receipt(rid, n)
         except BadResponseError as exc:

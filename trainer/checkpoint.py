@@ -111,7 +111,13 @@ class Checkpointer:
         self, checkpoint_id: str, participants: list[str] | None = None
     ) -> CheckpointOutcome:
         ctx = self.ctx
-        names = sorted(participants if participants is not None else ctx.agents)
+        if participants is None:
+            # An agent without the participant routes (reduced mode) cannot pause: it is left out.
+            participants = [n for n, c in ctx.agents.items() if c.checkpoint_participant]
+            left_out = sorted(set(ctx.agents) - set(participants))
+            if left_out:
+                log.warning("checkpoint %s cannot include %s (reduced mode)", checkpoint_id, left_out)
+        names = sorted(participants)
         async with self._lock:
             stream = checkpoint_stream(checkpoint_id)
             await ctx.journal.append(

@@ -137,6 +137,8 @@ class RolloutCoordinator:
     async def start(self) -> RolloutCoordinator:
         """Folds the log and starts the ACK relay (idempotent)."""
         if not self._started:
+            # What each agent supports (a plain Gym agent is driven in reduced mode) and who it is.
+            await asyncio.gather(*(client.connect_quietly() for client in self.ctx.agents.values()))
             await self.journal.load()
             await self.journal.take_epoch(
                 trainer_stream(self.settings.trainer_id),

@@ -11,7 +11,7 @@ import pytest
 
 from gym_agent.launcher import free_port
 from protocol.digests import reply_digest
-from protocol.wire import CompletionReceipt, RunReply
+from protocol.wire import ALL_FEATURES, CompletionReceipt, RunReply
 from tests.gym.conftest import fresh_id, run_request
 from trainer.gym import (
     AgentServerError,
@@ -90,6 +90,7 @@ async def test_error_names_map_to_typed_errors() -> None:
         "/retire": httpx.Response(409, json={"error": "CheckpointConflictError", "message": "m"}),
         "/run": httpx.Response(410, json={"error": "gone", "message": "m"}),
         "/status": httpx.Response(503, json={"error": "shutting_down", "message": "m"}),
+        "/capabilities": httpx.Response(200, json={"agent_name": "a", "features": list(ALL_FEATURES)}),
     }
     async with _with_transport(GymClient("http://agent", "a"), lambda r: answers[r.url.path]) as c:
         with pytest.raises(CheckpointConflictError):

@@ -102,10 +102,20 @@ BAD_RUN_BODIES: list[Any] = [
     {"_ng_rollout_id": "ok", "_ng_attempt_index": 1.5},
     {"_ng_rollout_id": "ok"},
     {"_ng_attempt_index": 0},
-    {"_ng_rollout_id": "ok", "_ng_attempt_index": 0, "surprise": 1},
     [],
     "text",
 ]
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+# A field the Gym owns (kept as an extra) nested deeper than any reply could carry back.
+BAD_RUN_BODIES.append({"_ng_rollout_id": "ok", "_ng_attempt_index": 0, "agent_ref": _nested(80)})
 
 
 @pytest.mark.parametrize("body", BAD_RUN_BODIES, ids=[json.dumps(b)[:40] for b in BAD_RUN_BODIES])

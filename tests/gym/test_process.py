@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gym_agent import cli as gym_cli
-from gym_agent.executions import CRASH_EXIT_CODE
+from gym_agent.faults import CRASH_EXIT_CODE
 from gym_agent.launcher import AgentProcess
 from protocol.digests import reply_digest
 from protocol.wire import AttemptFault, CompletionReceipt, CrashAfter, RunReply

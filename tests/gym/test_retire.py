@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gym_agent import executions
-from gym_agent.checkpoint import AgentCheckpoint, write_checkpoint
 from gym_agent.server import ThreadAgent
+from participant import executions
+from participant.checkpoint import AgentCheckpoint, write_checkpoint
 from protocol.wire import AttemptFault, RetireResponse
 from tests.gym.conftest import MakeAgent, fresh_id, run_request, wait_for
 from trainer.gym import (
@@ -27,6 +27,14 @@ RETIRED = RetireResponse(retired=True, tombstoned=True, completed_unacknowledged
 REFUSED = RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=True)
 TOMBSTONED = RetireResponse(retired=False, tombstoned=True, completed_unacknowledged=False)
 DONE = RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=False, done=True)
+
+
+def _answer(answer: RetireResponse) -> RetireResponse:
+    """The answer without its generation, after checking it names the answering process's."""
+    assert answer.execution_generation is not None and answer.execution_generation >= 1
+    return answer.model_copy(update={"execution_generation": None})
+
+
 VALID_FROM = "(valid from: ['idle', 'prepared', 'preparing'])"
 
 
@@ -54,13 +62,13 @@ async def _running(client: GymClient, *, delay_s: float = 0.0) -> tuple[str, asy
 
 async def test_retire_running_try_cancels_it(client: GymClient) -> None:
     rid, task = await _running(client)
-    assert await client.retire(rid, 0) == RETIRED
+    assert _answer(await client.retire(rid, 0)) == RETIRED
     with pytest.raises(GoneError):
         await task  # the open /run call ends: the try is cancelled for good
     assert all(a.rollout_id != rid for a in (await client.status()).blocking_attempts)
     with pytest.raises(GoneError):
         await client.run(run_request(rid))
-    assert await client.retire(rid, 0) == DONE  # already retired
+    assert _answer(await client.retire(rid, 0)) == DONE  # already retired
 
 
 async def test_retire_parked_try_cancels_it(make_agent: MakeAgent) -> None:
@@ -69,7 +77,7 @@ async def test_retire_parked_try_cancels_it(make_agent: MakeAgent) -> None:
         rid, task = await _running(c, delay_s=0.3)
         await c.prepare("ckpt-A", timeout_s=10)
         assert (await c.status()).parked == 1
-        assert await c.retire(rid, 0, checkpoint_id="ckpt-A") == RETIRED
+        assert _answer(await c.retire(rid, 0, checkpoint_id="ckpt-A")) == RETIRED
         with pytest.raises(GoneError):
             await task
         status = await c.status()
@@ -79,7 +87,7 @@ async def test_retire_parked_try_cancels_it(make_agent: MakeAgent) -> None:
 async def test_retire_completed_unacknowledged_is_refused(client: GymClient) -> None:
     rid = fresh_id("rD")
     await client.run(run_request(rid))
-    assert await client.retire(rid, 0) == REFUSED
+    assert _answer(await client.retire(rid, 0)) == REFUSED
     # Adopt it: the re-sent /run replays, the ACK releases it.
     reply = await client.run(run_request(rid))
     assert (await client.debug_runs())[rid] == 1
@@ -87,23 +95,23 @@ async def test_retire_completed_unacknowledged_is_refused(client: GymClient) -> 
     assert receipt.result_identity == reply.id
     [ack] = await client.acknowledge([receipt])
     assert ack.acknowledged and not ack.idempotent
-    assert await client.retire(rid, 0) == DONE
+    assert _answer(await client.retire(rid, 0)) == DONE
 
 
 async def test_retire_never_seen_tombstones(client: GymClient) -> None:
     rid = fresh_id()
-    assert await client.retire(rid, 3) == TOMBSTONED
+    assert _answer(await client.retire(rid, 3)) == TOMBSTONED
     with pytest.raises(GoneError):
         await client.run(run_request(rid, 3))
     assert rid not in await client.debug_runs()
-    assert await client.retire(rid, 3) == DONE
+    assert _answer(await client.retire(rid, 3)) == DONE
 
 
 async def test_retire_acknowledged_is_done(client: GymClient) -> None:
     rid = fresh_id()
     await client.run(run_request(rid))
     await client.acknowledge([await client.completion_receipt(rid, 0)])
-    assert await client.retire(rid, 0) == DONE
+    assert _answer(await client.retire(rid, 0)) == DONE
 
 
 async def test_retire_tombstones_a_try_waiting_for_admission(make_agent: MakeAgent) -> None:
@@ -111,7 +119,7 @@ async def test_retire_tombstones_a_try_waiting_for_admission(make_agent: MakeAge
         await c.prepare("ckpt-A", timeout_s=5)
         waiting = asyncio.create_task(c.run(run_request("late")))
         await asyncio.sleep(0.1)
-        assert await c.retire("late", 0, checkpoint_id="ckpt-A") == TOMBSTONED
+        assert _answer(await c.retire("late", 0, checkpoint_id="ckpt-A")) == TOMBSTONED
         await c.abort("ckpt-A")
         with pytest.raises(GoneError):
             await waiting
@@ -123,7 +131,7 @@ async def test_retire_tombstones_a_try_waiting_for_admission(make_agent: MakeAge
 
 async def test_fence_idle(make_agent: MakeAgent) -> None:
     async with connect(make_agent()) as c:
-        assert await c.retire("a", 0) == TOMBSTONED
+        assert _answer(await c.retire("a", 0)) == TOMBSTONED
         await c.prepare("ckpt-A", timeout_s=5)
         await c.commit("ckpt-A")
         await c.resume("ckpt-A")
@@ -135,7 +143,7 @@ async def test_fence_idle(make_agent: MakeAgent) -> None:
         assert stale.value.status_code == 409 and stale.value.error == "StaleCheckpointError"
         with pytest.raises(StaleCheckpointError):
             await c.retire("b", 0, checkpoint_id="never-seen")
-        assert await c.retire("b", 0) == TOMBSTONED  # refused calls changed nothing
+        assert _answer(await c.retire("b", 0)) == TOMBSTONED  # refused calls changed nothing
 
 
 @pytest.mark.parametrize("phase", ["preparing", "prepared"])
@@ -161,7 +169,7 @@ async def test_fence_preparing_and_prepared(make_agent: MakeAgent, phase: str) -
             await c.retire("rl-retire-2", 0, checkpoint_id="ckpt-B")
         with pytest.raises(StaleCheckpointError, match="outcome 'aborted'"):
             await c.retire("rl-retire-2", 0, checkpoint_id="ckpt-old")
-        assert await c.retire("rl-retire-2", 0, checkpoint_id="ckpt-A") == TOMBSTONED
+        assert _answer(await c.retire("rl-retire-2", 0, checkpoint_id="ckpt-A")) == TOMBSTONED
         await c.abort("ckpt-A")
 
 
@@ -176,7 +184,7 @@ async def test_fence_committed_paused(make_agent: MakeAgent) -> None:
                 await c.retire("x", 0, checkpoint_id=checkpoint_id)
             assert invalid.value.message == f"operation not valid in phase 'committed_paused' {VALID_FROM}"
         await c.resume("ckpt-A")
-        assert await c.retire("x", 0) == TOMBSTONED
+        assert _answer(await c.retire("x", 0)) == TOMBSTONED
 
 
 async def test_fence_committing(make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch) -> None:

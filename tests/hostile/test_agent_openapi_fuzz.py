@@ -26,6 +26,7 @@ from schemathesis.checks import not_a_server_error
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
+from participant.mount import ParticipantMiddleware
 from protocol.wire import (
     AcknowledgeResponse,
     AgentStatus,
@@ -81,9 +82,22 @@ def fuzz_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadAgent
 
 
 def _document(agent: ThreadAgent) -> dict[str, Any]:
-    guarded = agent.server.config.app  # GuardMiddleware around the FastAPI app
-    doc: dict[str, Any] = guarded.app.openapi()
-    doc = {**doc, "paths": {k: v for k, v in doc["paths"].items() if k not in FUZZ_EXCLUDED}}
+    # The agent's own app (health, faults) with the participant mounted as its middleware, whose
+    # routes are an app of their own: the document is both apps' paths.
+    app = agent.server.config.app
+    routes = next(m.kwargs["routes"] for m in app.user_middleware if m.cls is ParticipantMiddleware)
+    doc: dict[str, Any] = app.openapi()
+    mounted: dict[str, Any] = routes.openapi()
+    paths = {**doc["paths"], **mounted["paths"]}
+    schemas = {
+        **doc.get("components", {}).get("schemas", {}),
+        **mounted.get("components", {}).get("schemas", {}),
+    }
+    doc = {
+        **doc,
+        "paths": {k: v for k, v in paths.items() if k not in FUZZ_EXCLUDED},
+        "components": {"schemas": schemas},
+    }
     # The agent answers a refused body with its own error shape ({"error", "message"}), not FastAPI's
     # default `HTTPValidationError`; document that, so schemathesis checks the shape actually sent.
     doc.setdefault("components", {}).setdefault("schemas", {})["AgentError"] = (

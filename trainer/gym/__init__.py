@@ -2,6 +2,7 @@
 
 from trainer.gym.client import GymClient, verify_receipt
 from trainer.gym.errors import (
+    AgentIdentityError,
     AgentServerError,
     AgentTimeoutError,
     AgentUnavailableError,
@@ -21,6 +22,7 @@ from trainer.gym.errors import (
 )
 
 __all__ = [
+    "AgentIdentityError",
     "AgentServerError",
     "AgentTimeoutError",
     "AgentUnavailableError",

@@ -12,8 +12,10 @@ their `exchange` method: the transport errors are httpx's own, without httpx's c
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import logging
 import ssl
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -23,11 +25,11 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from protocol.digests import reply_digest
 from protocol.errors import CHECKPOINT_CONFLICT, GONE, INVALID_PHASE, NOT_READY, STALE_CHECKPOINT
 from protocol.ids import capture_key
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
+    FEATURE_CHECKPOINT_PARTICIPATION,
     AcknowledgeItem,
     AcknowledgeRequest,
     AcknowledgeResponse,
@@ -50,8 +52,10 @@ from protocol.wire import (
     RunReply,
     RunRequest,
     TokenEntry,
+    gym_reply,
 )
 from trainer.gym.errors import (
+    AgentIdentityError,
     AgentServerError,
     AgentTimeoutError,
     AgentUnavailableError,
@@ -68,16 +72,19 @@ from trainer.gym.errors import (
     StaleCheckpointError,
     UnauthorizedError,
 )
+from trainer.gym.reduced import ReducedMode
 from trainer.gym.transport import LeanTransport, Timeouts, origin_of
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
+log = logging.getLogger("trainer")
 
 DEFAULT_CONTROL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # prepare waits server-side up to its own timeout_s; the HTTP call gets this much on top.
 PREPARE_MARGIN_S = 15.0
 _TOKEN_LIST = TypeAdapter(list[TokenEntry])
+_JSON: TypeAdapter[Any] = TypeAdapter(Any)
 _FENCE_ERRORS: dict[str, type[GymError]] = {
     CHECKPOINT_CONFLICT: CheckpointConflictError,
     INVALID_PHASE: InvalidPhaseError,
@@ -106,7 +113,7 @@ def verify_receipt(reply: RunReply, receipt: CompletionReceipt) -> None:
         "rollout_id": reply.rollout_id,
         "attempt_index": reply.attempt_index,
         "result_identity": reply.id,
-        "result_digest": reply_digest(reply.model_dump(mode="json", by_alias=True)),
+        "result_digest": reply.digest(),
         "manifest_capture_key": capture_key(reply.rollout_id, reply.attempt_index),
     }
     wrong = {k: (getattr(receipt, k), v) for k, v in expected.items() if getattr(receipt, k) != v}
@@ -156,6 +163,11 @@ class GymClient:
         self._control_timeouts = _timeouts(control_timeout_s, connect_timeout_s)
         self._run = LeanTransport(ssl_context=verify, max_connections=max_run_connections)
         self._control = LeanTransport(ssl_context=verify, max_connections=max_control_connections)
+        # What the agent said it supports (`connect`); `reduced` is set for a plain Gym agent.
+        self.capabilities_seen: Capabilities | None = None
+        self.reduced: ReducedMode | None = None
+        # One /capabilities call at a time; callers queue in order (their /run calls keep that order).
+        self._connecting = asyncio.Lock()
 
     def __repr__(self) -> str:  # the token stays out of reprs
         return f"GymClient({self.base_url!r}, agent_name={self.agent_name!r})"
@@ -265,8 +277,19 @@ class GymClient:
         self, request: RunRequest, *, timeout_s: float | None = None, adopt_only: bool = False
     ) -> RunReply:
         """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it.
-        `adopt_only`: replay a stored result or answer 404, never start the try (an adoption)."""
-        payload = await self._send(
+
+        `adopt_only`: the agent replays a stored reply or answers 404, and never starts the try.  A
+        plain Gym agent's reply is completed with the try's identity (`gym_reply`); in reduced mode
+        the trainer keeps it (its receipt and token records are made here) and replays it itself."""
+        await self.connect_quietly()
+        key = (request.rollout_id, request.attempt_index)
+        if self.reduced is not None:
+            held = self.reduced.replay(*key)
+            if held is not None:
+                return held
+            if adopt_only:
+                raise NotFoundError(f"{self.base_url} (reduced mode): no reply held for {key}; not re-run")
+        body = await self._send(
             self._run,
             "POST",
             "/run",
@@ -274,13 +297,69 @@ class GymClient:
             timeout_s=timeout_s,
             extra_headers=_ADOPT_ONLY if adopt_only else (),
         )
-        reply = self._parse(RunReply, payload, "/run")
-        if (reply.rollout_id, reply.attempt_index) != (request.rollout_id, request.attempt_index):
+        payload = self._validated(_JSON.validate_json, "JSON", body, "/run")
+        try:
+            reply = gym_reply(payload, request.rollout_id, request.attempt_index)
+        except ValidationError as exc:
+            raise BadResponseError(f"{self.base_url} /run: reply fails RunReply: {exc}") from None
+        if (reply.rollout_id, reply.attempt_index) != key:
             raise BadResponseError(
                 f"{self.base_url} /run answered for ({reply.rollout_id}, {reply.attempt_index}) "
                 f"instead of ({request.rollout_id}, {request.attempt_index})"
             )
+        if self.reduced is not None:
+            return self.reduced.keep(reply)
         return reply
+
+    # -- what the agent supports ------------------------------------------------------------------------
+
+    async def connect(self) -> Capabilities:
+        """Asks `/capabilities` once: a participant answers its name and features; a plain Gym agent
+        answers 404, and the client drives it in reduced mode (`trainer.gym.reduced`).  Raises
+        `AgentIdentityError` when the agent answers with another name than this client's, and the
+        call's own error when it gets no answer (it is asked again next time)."""
+        if self.capabilities_seen is not None:
+            return self.capabilities_seen
+        async with self._connecting:
+            if self.capabilities_seen is not None:
+                return self.capabilities_seen
+            try:
+                seen = await self.capabilities()
+            except NotFoundError:
+                log.warning(
+                    "agent %s (%s) has no /capabilities: a plain Gym agent, driven in reduced mode "
+                    "(no ACK, not in checkpoints)",
+                    self.agent_name,
+                    self.base_url,
+                )
+                self.reduced = ReducedMode(self.agent_name)
+                seen = self.reduced.capabilities()
+            else:
+                if seen.agent_name != self.agent_name:
+                    raise AgentIdentityError(
+                        f"{self.base_url}/capabilities: the agent is {seen.agent_name!r}, "
+                        f"this client drives {self.agent_name!r}"
+                    )
+            self.capabilities_seen = seen
+            return seen
+
+    async def connect_quietly(self) -> None:
+        """`connect`, where only a wrong identity is fatal: an agent away or answering garbage is
+        asked again on the next call, and meanwhile treated as a participant (its routes will say)."""
+        if self.capabilities_seen is not None:
+            return
+        try:
+            await self.connect()
+        except AgentIdentityError:
+            raise
+        except GymError:
+            pass
+
+    @property
+    def checkpoint_participant(self) -> bool:
+        """False for an agent known to lack the participant routes: checkpoints cannot include it."""
+        seen = self.capabilities_seen
+        return seen is None or FEATURE_CHECKPOINT_PARTICIPATION in seen.features
 
     # -- the control pool ------------------------------------------------------------------------------
 
@@ -293,9 +372,13 @@ class GymClient:
         )
 
     async def status(self) -> AgentStatus:
+        if self.reduced is not None:
+            return self.reduced.status()
         return self._parse(AgentStatus, await self._send(self._control, "GET", "/status"), "/status")
 
     async def completion_receipt(self, rollout_id: str, attempt_index: int) -> CompletionReceipt:
+        if self.reduced is not None:
+            return self.reduced.completion_receipt(rollout_id, attempt_index)
         path = f"/completion_receipt/{rollout_id}/{attempt_index}"
         receipt = self._parse(CompletionReceipt, await self._send(self._control, "GET", path), path)
         if receipt.attempt != (rollout_id, attempt_index):
@@ -303,6 +386,8 @@ class GymClient:
         return receipt
 
     async def token_capture(self, capture_key: str) -> list[TokenEntry]:
+        if self.reduced is not None:
+            return self.reduced.token_capture(capture_key)
         path = f"/token_capture/{capture_key}"
         body = await self._send(self._control, "GET", path)
         entries = self._validated(_TOKEN_LIST.validate_json, "list[TokenEntry]", body, path)
@@ -314,6 +399,8 @@ class GymClient:
         """ONE `/acknowledge` request carrying every receipt; one result per receipt, in order."""
         if not receipts:
             return []
+        if self.reduced is not None:
+            return self.reduced.acknowledge(receipts)
         body = AcknowledgeRequest(
             executions=[AcknowledgeItem(agent_name=self.agent_name, receipt=r) for r in receipts]
         )
@@ -329,6 +416,8 @@ class GymClient:
     async def retire(
         self, rollout_id: str, attempt_index: int, checkpoint_id: str | None = None
     ) -> RetireResponse:
+        if self.reduced is not None:
+            return self.reduced.retire(rollout_id, attempt_index)
         body = RetireRequest(rollout_id=rollout_id, attempt_index=attempt_index, checkpoint_id=checkpoint_id)
         return self._parse(
             RetireResponse, await self._send(self._control, "POST", "/retire", body=body), "/retire"
@@ -336,6 +425,8 @@ class GymClient:
 
     async def prepare(self, checkpoint_id: str, timeout_s: float = 300.0) -> PhaseResponse:
         """Ready: the answer (phase `prepared`). Not ready: raises `NotReadyError` listing the tries to ACK/adopt."""
+        if self.reduced is not None:
+            raise self.reduced.refuse_checkpoint("prepare", checkpoint_id)
         body = PrepareRequest(checkpoint_id=checkpoint_id, timeout_s=timeout_s)
         http_timeout = max(self.control_timeout_s, timeout_s + PREPARE_MARGIN_S)
         payload = await self._send(
@@ -344,6 +435,8 @@ class GymClient:
         return self._parse(PhaseResponse, payload, "/checkpoint/prepare")
 
     async def _phase_call(self, op: str, checkpoint_id: str) -> PhaseResponse:
+        if self.reduced is not None:
+            raise self.reduced.refuse_checkpoint(op, checkpoint_id)
         path = f"/checkpoint/{op}"
         payload = await self._send(
             self._control, "POST", path, body=CheckpointRequest(checkpoint_id=checkpoint_id)

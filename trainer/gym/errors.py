@@ -31,6 +31,10 @@ class BadResponseError(GymError):
     """A reply that is not what the contract promises (not JSON, or fails its wire model)."""
 
 
+class AgentIdentityError(BadResponseError):
+    """The agent answers with another name than the one the trainer drives it under."""
+
+
 class UnauthorizedError(GymError):
     """401: missing or wrong bearer token."""
 

@@ -38,3 +38,11 @@ def next_generation(state_dir: Path) -> int:
             return current
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_generation(state_dir: Path) -> int | None:
+    """The newest generation started with `state_dir` (None before the first start), without taking one."""
+    try:
+        return int((state_dir / GENERATION_FILE).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None

@@ -1,7 +1,9 @@
 """The execution registry: every try's state, the checkpoint phase machine and its fences.
 
 Everything here runs on the server's event loop; a state change is a plain assignment followed by
-`_notify()`, which wakes whoever waits for a condition (a prepare waiting for tries to park).
+`_notify()`, which wakes whoever waits for a condition (a prepare waiting for tries to park).  What a
+try does is the `Runner`'s business (the reference agent's episode, or a wrapped Gym agent's own
+`/run`); what happens to it is recorded durably in the evidence log before it counts.
 """
 
 from __future__ import annotations
@@ -10,17 +12,17 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from gym_agent.checkpoint import AgentCheckpoint, ParkedContinuation, write_checkpoint
-from gym_agent.episode import Environment
-from gym_agent.errors import (
+from participant.checkpoint import AgentCheckpoint, ParkedContinuation, write_checkpoint
+from participant.errors import (
     CheckpointConflictError,
+    CheckpointWriteError,
     ExecutionFailedError,
     GoneError,
     InvalidPhaseError,
@@ -30,28 +32,27 @@ from gym_agent.errors import (
     ShuttingDownError,
     StaleCheckpointError,
 )
-from gym_agent.faults import FaultRequest, FaultTable, ResolvedFault
-from protocol.digests import reply_digest
+from participant.evidence import EvidenceKind, EvidenceLog
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key
+from protocol.tokens import token_records_from_reply
 from protocol.wire import (
     AcknowledgeRequest,
     AcknowledgeResult,
     AgentStatus,
     AttemptRef,
     CompletionReceipt,
-    CrashAfter,
     Phase,
     PhaseResponse,
     RetireRequest,
     RetireResponse,
+    RunReply,
     RunRequest,
     TokenEntry,
 )
 
-log = logging.getLogger("gym_agent")
+log = logging.getLogger("participant")
 
-CRASH_EXIT_CODE: Final = 70
 RETIRE_PHASES: Final[tuple[Phase, ...]] = ("idle", "preparing", "prepared")
 CHECKPOINT_OPS: Final[dict[str, tuple[Phase, ...]]] = {
     "prepare": ("idle", "preparing", "prepared"),
@@ -59,6 +60,24 @@ CHECKPOINT_OPS: Final[dict[str, tuple[Phase, ...]]] = {
     "resume": ("committed_paused",),
     "abort": ("preparing", "prepared"),
 }
+
+
+class RunSession(Protocol):
+    """What a runner may do while it plays a try."""
+
+    async def at_boundary(self) -> None:
+        """A model-call boundary: a checkpoint parks the try here until it is resumed or aborted."""
+
+    def record(self, entry: TokenEntry) -> None:
+        """Keeps one model call's token record (in call order)."""
+
+
+class Runner(Protocol):
+    """Plays one try to its reply.  A runner that records no token records leaves them to be read
+    off the reply (`protocol.tokens`); one that never calls `at_boundary` cannot park mid-try, so a
+    prepare waits for its tries to finish (or the trainer retires them)."""
+
+    def __call__(self, request: RunRequest, session: RunSession) -> Awaitable[RunReply]: ...
 
 
 class ExecState(StrEnum):
@@ -96,10 +115,15 @@ def _receipt_digest(receipt: CompletionReceipt) -> bytes:
 
 @dataclass(eq=False)
 class Execution:
+    """One try in this process; it is also the `RunSession` its runner plays it with."""
+
     request: RunRequest
     capture_key: str
-    fault: ResolvedFault
+    # The registry's notify: a park at a boundary wakes whoever waits for tries to park.
+    notify: Callable[[], None] = field(repr=False, default=lambda: None)
     state: ExecState = ExecState.RUNNING
+    # The durable write of this try's `started` evidence, queued before it runs.
+    started: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     # Set while the run may proceed; cleared when a checkpoint asks it to park.
@@ -120,18 +144,42 @@ class Execution:
     def ref(self) -> AttemptRef:
         return AttemptRef(rollout_id=self.request.rollout_id, attempt_index=self.request.attempt_index)
 
+    @property
+    def evidence(self) -> tuple[str, int, str]:
+        return (self.request.rollout_id, self.request.attempt_index, self.capture_key)
+
+    async def at_boundary(self) -> None:
+        if self.state is ExecState.PARK_REQUESTED:
+            self.state = ExecState.PARKED
+            self.notify()
+        # Whoever clears the park (resume, abort) sets the state back to RUNNING before waking us.
+        await self.may_run.wait()
+
+    def record(self, entry: TokenEntry) -> None:
+        self.tokens.append(entry)
+
 
 @dataclass(frozen=True)
 class RunOutcome:
     reply: dict[str, Any]
-    # True when this delivery must be broken off mid-body (the drop_reply fault).
-    drop: bool
+    # True when this call waited for the try to finish (a live delivery), False for a replay of a
+    # reply already stored; the reference agent's drop_reply fault breaks off live deliveries only.
+    live: bool
 
 
-def _exit_process() -> None:
-    log.error("crash_after fault: exiting the process now (stored replies are lost)")
-    logging.shutdown()
-    os._exit(CRASH_EXIT_CODE)
+def _log_write_failure(done: asyncio.Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("could not record an execution's start", exc_info=done.exception())
+
+
+class Hooks:
+    """Extension points for a host that injects faults (the reference agent); these do nothing."""
+
+    def started(self, request: RunRequest) -> None:
+        """A try is about to start executing (its `started` evidence is queued)."""
+
+    def completed(self, request: RunRequest) -> None:
+        """A try completed (its `started` and `completed` evidence are durable)."""
 
 
 class ExecutionRegistry:
@@ -140,16 +188,16 @@ class ExecutionRegistry:
         *,
         agent_name: str,
         generation: int,
-        environment: Environment,
+        runner: Runner,
         state_dir: Path,
-        crash: Callable[[], None] = _exit_process,
+        hooks: Hooks | None = None,
     ) -> None:
         self.agent_name = agent_name
         self.generation = generation
-        self.environment = environment
+        self.runner = runner
         self.state_dir = state_dir
-        self.faults = FaultTable()
-        self._crash = crash
+        self.hooks = hooks if hooks is not None else Hooks()
+        self.evidence = EvidenceLog(state_dir, generation)
         self._executions: dict[AttemptKey, Execution] = {}
         # Attempts not yet done for good: what status and checkpoints look at, so their cost follows the
         # tries in play, not every try the agent ever ran.  Pruned lazily by `_in_state`.
@@ -202,7 +250,9 @@ class ExecutionRegistry:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    async def run(self, request: RunRequest) -> RunOutcome:
+    async def run(self, request: RunRequest, *, adopt_only: bool = False) -> RunOutcome:
+        """Starts the try, or joins/replays the execution this process already has of it.  An
+        adopt-only call never starts one: without a record of the try it answers 404."""
         key = (request.rollout_id, request.attempt_index)
         while True:
             self._check_open()
@@ -212,6 +262,11 @@ class ExecutionRegistry:
             if existing is not None:
                 # A finished try is replayed here, before (and regardless of) the admission check.
                 return await self._join(existing)
+            if adopt_only:
+                raise NotFoundError(
+                    f"no record of try {key} in execution generation {self.generation}; "
+                    "an adopt-only call never starts it"
+                )
             if self._admission.is_set():
                 break
             await self._admission.wait()
@@ -223,7 +278,12 @@ class ExecutionRegistry:
         owner = self._by_capture_key.get(ck)
         if owner is not None and owner != key:
             raise InvalidRequestError(f"capture key '{ck}' of try {key} collides with try {owner}")
-        ex = Execution(request=request, capture_key=ck, fault=self.faults.for_attempt(*key))
+        ex = Execution(request=request, capture_key=ck, notify=self._notify)
+        # Queued before the try runs (in order: no later record of it can be written first), and
+        # awaited before its result leaves; the runner does not wait for the disk.
+        ex.started = self.evidence.append("started", [ex.evidence])
+        ex.started.add_done_callback(_log_write_failure)
+        self.hooks.started(request)
         self._executions[key] = ex
         self._active[key] = ex
         self._by_capture_key[ck] = key
@@ -234,54 +294,61 @@ class ExecutionRegistry:
 
     async def _join(self, ex: Execution) -> RunOutcome:
         if ex.state is ExecState.COMPLETED and ex.reply is not None:
-            return RunOutcome(reply=ex.reply, drop=False)
+            return RunOutcome(reply=ex.reply, live=False)
         if ex.state in LIVE_STATES:
             await ex.done.wait()
             self._check_open()
             if ex.state is ExecState.COMPLETED and ex.reply is not None:
-                return RunOutcome(reply=ex.reply, drop=ex.fault.drop_reply)
+                return RunOutcome(reply=ex.reply, live=True)
         if ex.state is ExecState.FAILED:
             raise ExecutionFailedError(f"try {ex.key} failed inside the agent: {ex.error}")
         raise GoneError(f"try {ex.key} is done for good ({ex.state.value.lower()})")
 
-    async def _at_boundary(self, ex: Execution) -> None:
-        if ex.state is ExecState.PARK_REQUESTED:
-            ex.state = ExecState.PARKED
-            self._notify()
-        # Whoever clears the park (resume, abort) sets the state back to RUNNING before waking us.
-        await ex.may_run.wait()
-
     async def _execute(self, ex: Execution) -> None:
         try:
-            reply = await self.environment.play(
-                ex.request,
-                fault=ex.fault,
-                at_boundary=lambda: self._at_boundary(ex),
-                record=ex.tokens.append,
-            )
-            reply_json = reply.model_dump(mode="json", by_alias=True)
+            reply = await self.runner(ex.request, ex)
+            if (reply.rollout_id, reply.attempt_index) != ex.key:
+                raise ValueError(f"the runner answered for ({reply.rollout_id}, {reply.attempt_index})")
+            if not ex.tokens:
+                # A runner that does not capture call by call: read the records off the reply.
+                ex.tokens = token_records_from_reply(reply, ex.capture_key, time.time())
+            reply_json = reply.payload()
             ex.reply = reply_json
             ex.receipt = CompletionReceipt(
                 rollout_id=ex.request.rollout_id,
                 attempt_index=ex.request.attempt_index,
                 execution_generation=self.generation,
                 result_identity=reply.id,
-                result_digest=reply_digest(reply_json),
+                result_digest=reply.digest(),
                 manifest_capture_key=ex.capture_key,
-                terminal_model_call_id=ex.tokens[-1].model_call_id,
+                terminal_model_call_id=ex.tokens[-1].model_call_id if ex.tokens else "",
             )
+            # Both durable before anyone is given the reply or the receipt: an execution whose result
+            # can leave this process is always in the evidence.
+            if ex.started is not None:
+                await asyncio.shield(ex.started)
+            await self.evidence.commit("completed", [ex.evidence])
             ex.state = ExecState.COMPLETED
-            if self.faults.count_completion():
-                self._crash()
+            self.hooks.completed(ex.request)
         except asyncio.CancelledError:
             self._forget(ex, ExecState.CANCELLED)
             raise
         except Exception as exc:
             log.exception("try %s failed", ex.key)
             ex.state, ex.error = ExecState.FAILED, f"{type(exc).__name__}: {exc}"
+            ex.done.set()
+            self._notify()
+            await self._record("failed", [ex])
         finally:
             ex.done.set()
             self._notify()
+
+    async def _record(self, kind: EvidenceKind, executions: list[Execution]) -> None:
+        try:
+            await self.evidence.commit(kind, [e.evidence for e in executions])
+        except OSError:
+            # The try's state already moved; a lost evidence line is logged loudly, never hidden.
+            log.exception("could not record %s of %d tries in %s", kind, len(executions), self.evidence.path)
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -328,8 +395,9 @@ class ExecutionRegistry:
 
     # -- acknowledgement and retirement ---------------------------------------------------------
 
-    def acknowledge(self, request: AcknowledgeRequest) -> list[AcknowledgeResult]:
+    async def acknowledge(self, request: AcknowledgeRequest) -> list[AcknowledgeResult]:
         results: list[AcknowledgeResult] = []
+        released: list[Execution] = []
         for item in request.executions:
             receipt = item.receipt
             ex = self._executions.get(receipt.attempt)
@@ -339,6 +407,11 @@ class ExecutionRegistry:
             )
             if item.agent_name != self.agent_name:
                 result.error = UNKNOWN_EXECUTION
+            elif ex is not None and ex in released:  # named twice in one batch
+                if ex.receipt == receipt:
+                    result.acknowledged, result.idempotent = True, True
+                else:
+                    result.error = RECEIPT_MISMATCH
             elif done is not None and done.receipt_digest is not None:  # ACKNOWLEDGED before
                 if done.receipt_digest == _receipt_digest(receipt):
                     result.acknowledged, result.idempotent = True, True
@@ -351,10 +424,15 @@ class ExecutionRegistry:
             else:
                 # The trainer sealed its own copy of the reply and the token records before it ACKed:
                 # both are released here, so a long-running agent's memory does not grow with its history.
-                self._forget(ex, ExecState.ACKNOWLEDGED)
+                released.append(ex)
                 result.acknowledged = True
             results.append(result)
+        for ex in released:
+            if ex.state is ExecState.COMPLETED:  # two items of one batch may name the same try
+                self._forget(ex, ExecState.ACKNOWLEDGED)
         self._notify()
+        # Durable before the results leave: an ACK the trainer saw accepted is in the evidence.
+        await self.evidence.commit("acknowledged", [e.evidence for e in released])
         return results
 
     def _fence_retire(self, checkpoint_id: str | None, rollout_id: str) -> None:
@@ -371,16 +449,25 @@ class ExecutionRegistry:
                 raise CheckpointConflictError(active, self.phase, rollout_id)
             raise StaleCheckpointError.unknown(checkpoint_id)
 
-    def retire(self, request: RetireRequest) -> RetireResponse:
+    async def retire(self, request: RetireRequest) -> RetireResponse:
         self._fence_retire(request.checkpoint_id, request.rollout_id)
         key = (request.rollout_id, request.attempt_index)
+        gen = self.generation
         if self._is_done_for_good(key):
-            return RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=False, done=True)
+            return RetireResponse(
+                retired=False,
+                tombstoned=False,
+                completed_unacknowledged=False,
+                done=True,
+                execution_generation=gen,
+            )
         ex = self._executions.get(key)
         if ex is not None and ex.state is ExecState.COMPLETED:
-            return RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=True)
-        self._tombstones.add(key)
+            return RetireResponse(
+                retired=False, tombstoned=False, completed_unacknowledged=True, execution_generation=gen
+            )
         retired = ex is not None and ex.state in LIVE_STATES
+        self._tombstones.add(key)
         if ex is not None and retired:
             task = ex.task
             self._forget(ex, ExecState.CANCELLED)
@@ -388,8 +475,15 @@ class ExecutionRegistry:
                 task.cancel()
             log.info("retired running try %s", key)
         self._notify()
+        # Decided and applied above (nothing can slip in between); durable before the answer leaves.
+        ck = capture_key(*key)
+        await self.evidence.commit(
+            "cancelled" if retired else "tombstoned", [(request.rollout_id, request.attempt_index, ck)]
+        )
         # A FAILED try is tombstoned like a never-started one: it produced nothing to adopt.
-        return RetireResponse(retired=retired, tombstoned=True, completed_unacknowledged=False)
+        return RetireResponse(
+            retired=retired, tombstoned=True, completed_unacknowledged=False, execution_generation=gen
+        )
 
     # -- checkpoint phases ------------------------------------------------------------------------
 
@@ -464,9 +558,13 @@ class ExecutionRegistry:
         )
         try:
             path = await asyncio.to_thread(write_checkpoint, self.state_dir, artefact)
-        except BaseException:
+        except BaseException as exc:
             self.phase = "prepared"  # nothing was published; the coordinator may retry or abort
             self._notify()
+            if isinstance(exc, OSError):
+                raise CheckpointWriteError(
+                    f"checkpoint {checkpoint_id}: artefact not written: {exc}"
+                ) from exc
             raise
         self.phase = "committed_paused"
         self._notify()
@@ -493,13 +591,7 @@ class ExecutionRegistry:
             self._finish_checkpoint(checkpoint_id, "aborted")
         return self._phase_response()
 
-    # -- faults and shutdown -----------------------------------------------------------------------
-
-    def set_faults(self, request: FaultRequest) -> None:
-        self.faults.apply(request)
-        if isinstance(request, CrashAfter) and request.crash_after == 0:
-            # Give the 200 answer a moment to leave before the process goes away.
-            asyncio.get_running_loop().call_later(0.05, self._crash)
+    # -- shutdown ----------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Stops every run: waiting calls answer 503 and the process can exit promptly."""

@@ -1,4 +1,4 @@
-"""Refusals the agent answers with a JSON body `{"error": <name>, "message": ...}`."""
+"""Refusals the participant answers with a JSON body `{"error": <name>, "message": ...}`."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from collections.abc import Iterable
 
 from protocol.errors import (
     CHECKPOINT_CONFLICT,
+    CHECKPOINT_WRITE_FAILED,
     EXECUTION_FAILED,
     GONE,
+    INTERNAL_ERROR,
     INVALID_PHASE,
     INVALID_REQUEST,
     NOT_FOUND,
@@ -20,7 +22,7 @@ from protocol.wire import AgentStatus, AttemptRef, ErrorResponse, NotReadyRespon
 
 class AgentError(Exception):
     status_code = 500
-    error = "internal_error"
+    error = INTERNAL_ERROR
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -48,6 +50,14 @@ class InvalidRequestError(AgentError):
 class ExecutionFailedError(AgentError):
     status_code = 500
     error = EXECUTION_FAILED
+
+
+class CheckpointWriteError(AgentError):
+    """The checkpoint artefact could not be written (its directory cannot be made, the disk is full):
+    nothing was published and the phase stays `prepared`, so commit can be retried or aborted."""
+
+    status_code = 500
+    error = CHECKPOINT_WRITE_FAILED
 
 
 class ShuttingDownError(AgentError):

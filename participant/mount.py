@@ -1,0 +1,221 @@
+"""`mount_participant(app, agent_name=..., state_dir=...)`: the whole participant side onto an existing
+FastAPI Gym agent, in one call, without changing the agent's code.
+
+The call adds one ASGI middleware in front of the agent.  It answers the participant routes itself
+(their own FastAPI app, behind the bearer-token and body-size guard) and sends every other path to
+the agent unchanged.  A `POST /run` goes through the execution registry: a new try is run by calling
+the agent's own `/run` in-process (the agent sees exactly the row it was sent), a try already known is
+joined or replayed, an adopt-only call never starts one.  The agent's reply is kept with the try's
+identity filled in, and its token records are read off the reply (`protocol.tokens`).
+
+    app = SimpleAgent(...).setup_webserver()          # any FastAPI app with a POST /run
+    mount_participant(app, agent_name="simple_agent", state_dir=Path("/var/lib/gym/simple_agent"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from participant.executions import ExecutionRegistry, Hooks, Runner, RunSession
+from participant.generation import next_generation
+from participant.guard import GuardMiddleware
+from participant.routes import Deliver, is_participant_path, participant_app
+from protocol.wire import MAX_BODY_BYTES, RunReply, RunRequest, gym_reply
+
+RUN_PATH: Final = "/run"
+# What a call the participant makes to the agent's own /run keeps of the request that started it.
+_SCOPE_KEYS: Final = ("asgi", "http_version", "scheme", "server", "client", "root_path", "app", "state")
+
+
+class AgentRunError(RuntimeError):
+    """The agent's own `/run` answered something other than a 200 reply: the try failed."""
+
+
+class AsgiRunner:
+    """Runs a try through the agent's own `POST /run`, in-process (no socket, no second server)."""
+
+    def __init__(self) -> None:
+        self.inner: ASGIApp | None = None
+        self._template: dict[str, Any] = {}
+
+    def remember(self, scope: Scope) -> None:
+        self._template = {k: scope[k] for k in _SCOPE_KEYS if k in scope}
+
+    async def __call__(self, request: RunRequest, session: RunSession) -> RunReply:
+        if self.inner is None:
+            raise RuntimeError("the participant middleware was never built")
+        body = json.dumps(request.model_dump(mode="json", by_alias=True, exclude_unset=True)).encode()
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "scheme": "http",
+            "root_path": "",
+            **self._template,
+            "method": "POST",
+            "path": RUN_PATH,
+            "raw_path": RUN_PATH.encode(),
+            "query_string": b"",
+            "headers": [
+                (b"host", b"participant"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+        sent = False
+
+        async def receive() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            # The agent never sees a disconnect: the try runs until it finishes or is retired.
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        status = 0
+        chunks: list[bytes] = []
+
+        async def send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        try:
+            await self.inner(scope, receive, send)
+        except Exception as exc:
+            raise AgentRunError(f"the agent's /run raised {type(exc).__name__}: {exc}") from exc
+        raw = b"".join(chunks)
+        if status != 200:
+            raise AgentRunError(f"the agent's /run answered HTTP {status}: {raw[:300]!r}")
+        try:
+            payload = json.loads(raw)
+        except ValueError as exc:
+            raise AgentRunError(f"the agent's /run answered a body that is not JSON: {raw[:200]!r}") from exc
+        return gym_reply(payload, request.rollout_id, request.attempt_index)
+
+
+@dataclass(frozen=True)
+class Guarding:
+    token: str | None
+    max_body_bytes: int
+    open_paths: frozenset[str]
+    # "participant": the guard covers the participant's routes only (a Gym agent calls its own routes
+    # without a token); "all": every path but `open_paths` (the reference agent).
+    scope: Literal["participant", "all"]
+
+
+class ParticipantMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        registry: ExecutionRegistry,
+        routes: ASGIApp,
+        runner: AsgiRunner | None,
+        guarding: Guarding,
+    ) -> None:
+        self.inner = app
+        self.registry = registry
+        self.runner = runner
+        if runner is not None:
+            runner.inner = app
+        self.routes = GuardMiddleware(
+            routes,
+            token=guarding.token,
+            max_body_bytes=guarding.max_body_bytes,
+            open_paths=guarding.open_paths,
+        )
+        self.agent: ASGIApp = app
+        if guarding.scope == "all":
+            self.agent = GuardMiddleware(
+                app,
+                token=guarding.token,
+                max_body_bytes=guarding.max_body_bytes,
+                open_paths=guarding.open_paths,
+            )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.inner(scope, self._closing_on_shutdown(receive), send)
+            return
+        if scope["type"] != "http" or not is_participant_path(scope["path"]):
+            await self.agent(scope, receive, send)
+            return
+        if self.runner is not None:
+            self.runner.remember(scope)
+        # The routes are an app of their own: give them a copy, the agent's scope stays untouched.
+        await self.routes(dict(scope), receive, send)
+
+    def _closing_on_shutdown(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                # Open /run calls answer 503 at once instead of holding the server's shutdown.
+                self.registry.close()
+            return message
+
+        return wrapped
+
+
+@dataclass(frozen=True)
+class Participant:
+    """What `mount_participant` set up: the registry (this process's tries) and its generation."""
+
+    registry: ExecutionRegistry
+    routes: FastAPI
+
+    @property
+    def generation(self) -> int:
+        return self.registry.generation
+
+
+def mount_participant(
+    app: FastAPI,
+    *,
+    agent_name: str,
+    state_dir: Path,
+    token: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    runner: Runner | None = None,
+    hooks: Hooks | None = None,
+    deliver: Deliver | None = None,
+    open_paths: frozenset[str] = frozenset({"/health"}),
+    guard: Literal["participant", "all"] = "participant",
+) -> Participant:
+    """Mounts the participant onto `app` (before it starts serving) and returns it.
+
+    `state_dir` keeps the execution-generation counter (taken here: one per process start), the
+    durable execution evidence and the checkpoint artefacts.  By default a try runs through the
+    agent's own `POST /run`; `runner` replaces that (the reference agent plays its episodes with
+    boundaries to park at).  `hooks` and `deliver` are the reference agent's fault-injection points.
+    """
+    generation = next_generation(state_dir)
+    asgi_runner: AsgiRunner | None = None
+    if runner is None:
+        asgi_runner = runner = AsgiRunner()
+    registry = ExecutionRegistry(
+        agent_name=agent_name,
+        generation=generation,
+        runner=runner,
+        state_dir=state_dir,
+        hooks=hooks,
+    )
+    routes = participant_app(registry, deliver=deliver)
+    app.add_middleware(
+        ParticipantMiddleware,
+        registry=registry,
+        routes=routes,
+        runner=asgi_runner,
+        guarding=Guarding(token, max_body_bytes, open_paths, guard),
+    )
+    return Participant(registry=registry, routes=routes)

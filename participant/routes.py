@@ -1,0 +1,146 @@
+"""The participant's routes, as a FastAPI app of their own (own error format, own validation), so
+mounting them changes nothing of the agent's app: `/run` (through the registry), completion receipts,
+token capture, acknowledge, retire, the checkpoint phases, status and capabilities."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from participant.errors import AgentError
+from participant.executions import ExecutionRegistry
+from protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_ALLOWED, NOT_FOUND
+from protocol.ids import ID_PATTERN, MAX_ATTEMPT_INDEX, MAX_ID_LENGTH
+from protocol.wire import (
+    ADOPT_ONLY_HEADER,
+    ALL_FEATURES,
+    AcknowledgeRequest,
+    AcknowledgeResponse,
+    Capabilities,
+    CheckpointRequest,
+    PrepareRequest,
+    RetireRequest,
+    RunRequest,
+    WireModel,
+)
+
+log = logging.getLogger("participant")
+
+IdPath = Annotated[str, Path(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID_LENGTH)]
+AttemptPath = Annotated[int, Path(ge=0, le=MAX_ATTEMPT_INDEX)]
+
+# Paths the participant answers; every other path goes to the agent's own app.
+PARTICIPANT_PATHS = frozenset(
+    {"/run", "/acknowledge", "/retire", "/status", "/capabilities"}
+    | {f"/checkpoint/{op}" for op in ("prepare", "commit", "resume", "abort")}
+)
+PARTICIPANT_PREFIXES = ("/completion_receipt/", "/token_capture/")
+
+# Replaces the JSON answer of a live `/run` delivery (the reference agent's drop_reply fault).
+Deliver = Callable[[RunRequest, dict[str, Any]], Response | None]
+
+
+def is_participant_path(path: str) -> bool:
+    return path in PARTICIPANT_PATHS or path.startswith(PARTICIPANT_PREFIXES)
+
+
+def _json(model: WireModel | list[Any] | dict[str, Any], status_code: int = 200) -> JSONResponse:
+    content = model.model_dump(mode="json") if isinstance(model, WireModel) else model
+    return JSONResponse(content, status_code=status_code)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_json_errors(app: FastAPI) -> None:
+    """Every refusal and failure of `app` answers `{"error": NAME, "message": ...}`, a 500 included."""
+
+    @app.exception_handler(AgentError)
+    async def _agent_error(_: Request, exc: AgentError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": INVALID_REQUEST, "message": _validation_message(exc)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        name = {404: NOT_FOUND, 405: METHOD_NOT_ALLOWED}.get(exc.status_code, "http_error")
+        return JSONResponse({"error": name, "message": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.error("internal error answering %s", app.title, exc_info=exc)
+        return JSONResponse(
+            {"error": INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"}, status_code=500
+        )
+
+
+def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -> FastAPI:
+    """The routes over `reg`.  Every answer is JSON, a 500 included."""
+    app = FastAPI(title=f"checkpoint participant {reg.agent_name}", openapi_url=None)
+    install_json_errors(app)
+
+    @app.post("/run")
+    async def run(
+        request: RunRequest, adopt_only: Annotated[str | None, Header(alias=ADOPT_ONLY_HEADER)] = None
+    ) -> Response:
+        outcome = await reg.run(request, adopt_only=adopt_only == "1")
+        if outcome.live and deliver is not None:
+            special = deliver(request, outcome.reply)
+            if special is not None:
+                return special
+        return JSONResponse(outcome.reply)
+
+    @app.get("/completion_receipt/{rollout_id:path}/{attempt_index}")
+    async def completion_receipt(rollout_id: IdPath, attempt_index: AttemptPath) -> JSONResponse:
+        return _json(reg.completion_receipt(rollout_id, attempt_index))
+
+    @app.get("/token_capture/{capture_key:path}")
+    async def token_capture(capture_key: IdPath) -> JSONResponse:
+        return _json([e.model_dump(mode="json") for e in reg.token_capture(capture_key)])
+
+    @app.post("/acknowledge")
+    async def acknowledge(request: AcknowledgeRequest) -> JSONResponse:
+        return _json(AcknowledgeResponse(results=await reg.acknowledge(request)))
+
+    @app.post("/retire")
+    async def retire(request: RetireRequest) -> JSONResponse:
+        return _json(await reg.retire(request))
+
+    @app.post("/checkpoint/prepare")
+    async def prepare(request: PrepareRequest) -> JSONResponse:
+        return _json(await reg.prepare(request.checkpoint_id, request.timeout_s))
+
+    @app.post("/checkpoint/commit")
+    async def commit(request: CheckpointRequest) -> JSONResponse:
+        return _json(await reg.commit(request.checkpoint_id))
+
+    @app.post("/checkpoint/resume")
+    async def resume(request: CheckpointRequest) -> JSONResponse:
+        return _json(reg.resume(request.checkpoint_id))
+
+    @app.post("/checkpoint/abort")
+    async def abort(request: CheckpointRequest) -> JSONResponse:
+        return _json(reg.abort(request.checkpoint_id))
+
+    @app.get("/status")
+    async def status() -> JSONResponse:
+        return _json(reg.status())
+
+    @app.get("/capabilities")
+    async def capabilities() -> JSONResponse:
+        return _json(Capabilities(agent_name=reg.agent_name, features=list(ALL_FEATURES)))
+
+    return app

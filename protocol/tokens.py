@@ -1,0 +1,72 @@
+"""Token records read off a `/run` reply, for agents that do not capture them call by call.
+
+A Gym model server that returns token ids puts them on one output item per model call (the real
+Gym's `...ForTraining` items: `prompt_token_ids`, `generation_token_ids`, `generation_log_probs`, and
+for MoE backends `routed_experts`).  The agent's reply concatenates every call's output items with the
+tool outputs between them, so the reply alone tells the model calls apart: a call's items run from
+after the previous token-carrying item to its own token-carrying item, tool outputs (the next call's
+input, not a model's output) left out.  The participant library (wrapping a plain Gym agent) and the
+trainer's reduced mode both build the records here, in the real Gym's `TokenEntry` shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from protocol.wire import RunReply, TokenEntry
+
+TOKEN_FIELDS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts")
+_REQUIRED: Final = TOKEN_FIELDS[:3]
+# Output items the environment adds between model calls (tool results), never a model's output.
+ENVIRONMENT_ITEM_TYPES: Final = frozenset({"function_call_output"})
+
+
+class TokenRecordError(ValueError):
+    """The reply carries token metadata that cannot make a record (part of the arrays missing)."""
+
+
+def _carries_tokens(item: dict[str, Any]) -> bool:
+    return any(item.get(name) is not None for name in _REQUIRED)
+
+
+def model_call_id(index: int) -> str:
+    """The id of the reply's `index`-th model call (0-based): `call-1`, `call-2`, ..."""
+    return f"call-{index + 1}"
+
+
+def token_records_from_reply(reply: RunReply, capture_key: str, created_at: float) -> list[TokenEntry]:
+    """One record per model call that carried token ids, in call order; [] when none did.
+
+    Raises `TokenRecordError` for an item with only part of the arrays, and pydantic's
+    ValidationError for arrays that break `TokenEntry`'s rules (lengths that differ)."""
+    output = reply.response.get("output")
+    if not isinstance(output, list):
+        return []
+    records: list[TokenEntry] = []
+    pending: list[dict[str, Any]] = []
+    for item in output:
+        if not isinstance(item, dict) or item.get("type") in ENVIRONMENT_ITEM_TYPES:
+            continue
+        if not _carries_tokens(item):
+            pending.append(item)
+            continue
+        missing = [name for name in _REQUIRED if item.get(name) is None]
+        if missing:
+            raise TokenRecordError(f"output item {item.get('id')!r} lacks {', '.join(missing)}")
+        stripped = {k: v for k, v in item.items() if k not in TOKEN_FIELDS}
+        records.append(
+            TokenEntry(
+                rollout_id=capture_key,
+                model_call_id=model_call_id(len(records)),
+                model=str(reply.response.get("model") or ""),
+                prompt_token_ids=item["prompt_token_ids"],
+                generation_token_ids=item["generation_token_ids"],
+                generation_log_probs=item["generation_log_probs"],
+                routed_experts=item.get("routed_experts"),
+                output_items=[*pending, stripped],
+                token_item_index=len(pending),
+                created_at=created_at,
+            )
+        )
+        pending = []
+    return records

@@ -1,0 +1,254 @@
+"""The participant library on its own: mounted onto a small FastAPI Gym-like agent (its code untouched),
+served by uvicorn on loopback; and the trainer's reduced mode against the same agent without it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from participant import mount_participant, read_evidence
+from protocol.tokens import token_records_from_reply
+from protocol.wire import ADOPT_ONLY_HEADER, RunRequest, TokenEntry, gym_reply
+from trainer.gym import GymClient, NotFoundError, verify_receipt
+from trainer.gym.reduced import REDUCED_GENERATION, NotParticipantError
+
+
+def gym_like_agent(calls: list[dict[str, Any]]) -> FastAPI:
+    """A Gym agent as the real one answers: `{responses_create_params, response, reward}` plus the row's
+    own fields, token arrays on the one item each model call returned."""
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"mine": "yes"}
+
+    @app.post("/run")
+    async def run(request: Request) -> JSONResponse:
+        body = await request.json()
+        calls.append(body)
+        call = {"type": "function_call", "id": "fc", "call_id": "c1", "name": "f", "arguments": "{}"}
+        message = {"type": "message", "id": "m", "role": "assistant", "content": []}
+        output = [
+            {
+                **call,
+                "prompt_token_ids": [1],
+                "generation_token_ids": [2, 3],
+                "generation_log_probs": [-1.0, -2.0],
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            {"type": "reasoning", "id": "r", "summary": []},
+            {
+                **message,
+                "prompt_token_ids": [4],
+                "generation_token_ids": [5],
+                "generation_log_probs": [-0.5],
+                "routed_experts": [[[1, 2]]],
+            },
+        ]
+        return JSONResponse(
+            {
+                **body,
+                "response": {"id": f"resp-{len(calls)}", "model": "m", "output": output},
+                "reward": 1,
+            }
+        )
+
+    return app
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def row(rid: str, n: int = 0) -> RunRequest:
+    """A NeMo RL row: the Gym's own fields ride along."""
+    return RunRequest.model_validate(
+        {
+            "_ng_rollout_id": rid,
+            "_ng_attempt_index": n,
+            "responses_create_params": {"input": "hi"},
+            "agent_ref": {"type": "responses_api_agents", "name": "a"},
+            "_ng_task_index": 3,
+            "_ng_rollout_index": 1,
+        }
+    )
+
+
+async def test_mounted_agent_answers_the_protocol(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    app = gym_like_agent(calls)
+    participant = mount_participant(app, agent_name="a", state_dir=tmp_path)
+    with serve(app) as url:
+        async with GymClient(url, "a") as client:
+            caps = await client.connect()
+            assert client.reduced is None and "checkpoint_participation" in caps.features
+            reply = await client.run(row("g_g0"))
+            # The agent saw the row as sent, extras included; the reply keeps them.
+            assert calls[0]["agent_ref"] == {"type": "responses_api_agents", "name": "a"}
+            assert reply.model_extra is not None and reply.model_extra["_ng_task_index"] == 3
+            receipt = await client.completion_receipt("g_g0", 0)
+            verify_receipt(reply, receipt)
+            assert receipt.execution_generation == participant.generation == 1
+            tokens = await client.token_capture("g_g0")
+            assert (
+                [t.model_call_id for t in tokens]
+                == ["call-1", "call-2"]
+                == ["call-1", receipt.terminal_model_call_id]
+            )
+            # A call's output items exclude the tool output and keep no token arrays.
+            assert [i["type"] for i in tokens[1].output_items] == ["reasoning", "message"]
+            assert tokens[1].token_item_index == 1 and tokens[1].routed_experts == [[[1, 2]]]
+            assert all("generation_token_ids" not in i for t in tokens for i in t.output_items)
+            # A re-sent /run replays; the agent ran it once.
+            assert (await client.run(row("g_g0"))).digest() == reply.digest()
+            assert len(calls) == 1
+            [ack] = await client.acknowledge([receipt])
+            assert ack.acknowledged
+            # The agent's own routes are its own.
+            assert httpx.get(url + "/health").json() == {"mine": "yes"}
+    evidence = read_evidence(tmp_path)
+    assert (
+        evidence.counts()["executions"] == 1 and not evidence.stranded and evidence.duplicate_executions == 0
+    )
+
+
+async def test_adopt_only_never_starts_a_try_and_evidence_survives_restarts(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    first = gym_like_agent(calls)
+    mount_participant(first, agent_name="a", state_dir=tmp_path)
+    with serve(first) as url:
+        async with GymClient(url, "a") as client:
+            await client.run(row("x_g0"))
+            answer = httpx.post(
+                url + "/run",
+                json=row("never_g0").model_dump(mode="json", by_alias=True),
+                headers={ADOPT_ONLY_HEADER: "1"},
+            )
+            assert answer.status_code == 404 and answer.json()["error"] == "not_found"
+            assert len(calls) == 1
+    # A restart: the new process (generation 2) has no record of x_g0 and will not run it on adoption.
+    second = gym_like_agent(calls)
+    restarted = mount_participant(second, agent_name="a", state_dir=tmp_path)
+    assert restarted.generation == 2
+    with serve(second) as url:
+        async with GymClient(url, "a") as client:
+            with pytest.raises(NotFoundError):
+                await client.run(row("x_g0"), adopt_only=True)
+            assert len(calls) == 1
+            retired = await client.retire("x_g0", 0)
+            assert retired.tombstoned and retired.execution_generation == 2
+            # The first process completed x_g0 and nobody released it before the restart took it.
+    evidence = read_evidence(tmp_path)
+    assert evidence.generations == [1, 2] and evidence.newest_generation == 2
+    assert all(t.started == [1] for t in evidence.tries.values())  # generation 2 started nothing
+    x = evidence.tries[("x_g0", 0)]
+    assert x.started == [1] and x.completed == [1] and x.retired
+    assert evidence.duplicate_executions == 0 and not evidence.stranded
+
+
+async def test_a_try_run_again_after_a_restart_is_counted_twice(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    for _ in range(2):
+        app = gym_like_agent(calls)
+        mount_participant(app, agent_name="a", state_dir=tmp_path)
+        with serve(app) as url:
+            async with GymClient(url, "a") as client:
+                await client.run(row("twice_g0"))  # no adopt-only mark: the new process runs it again
+    evidence = read_evidence(tmp_path)
+    assert [t.started for t in evidence.executed_twice] == [[1, 2]]
+    assert evidence.duplicate_executions == 1
+    assert [t.rollout_id for t in evidence.stranded] == ["twice_g0"]  # held by generation 2, unACKed
+    assert not evidence.lost_in_restart  # generation 1's copy was superseded by the rerun
+
+
+async def test_a_checkpoint_that_cannot_be_written_is_a_json_500(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    app = gym_like_agent([])
+    mount_participant(app, agent_name="a", state_dir=state)
+    (state / "checkpoints").write_text("a file where the directory should be")
+    with serve(app) as url:
+        assert httpx.post(url + "/checkpoint/prepare", json={"checkpoint_id": "c1"}).status_code == 200
+        answer = httpx.post(url + "/checkpoint/commit", json={"checkpoint_id": "c1"})
+        assert answer.status_code == 500
+        assert answer.json()["error"] == "checkpoint_write_failed"
+        assert httpx.get(url + "/status").json()["phase"] == "prepared"  # nothing published
+        assert httpx.post(url + "/checkpoint/abort", json={"checkpoint_id": "c1"}).json()["phase"] == "idle"
+
+
+async def test_reduced_mode_against_a_plain_agent(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    with serve(gym_like_agent(calls)) as url:
+        async with GymClient(url, "a") as client:
+            await client.connect()
+            assert client.reduced is not None and not client.checkpoint_participant
+            reply = await client.run(row("p_g0"))
+            receipt = await client.completion_receipt("p_g0", 0)
+            verify_receipt(reply, receipt)
+            assert receipt.execution_generation == REDUCED_GENERATION
+            assert len(await client.token_capture("p_g0")) == 2
+            retired = await client.retire("p_g0", 0)
+            assert retired.completed_unacknowledged
+            # Adoption replays the trainer's own copy: no second POST.
+            assert (await client.run(row("p_g0"), adopt_only=True)).digest() == reply.digest()
+            assert len(calls) == 1
+            with pytest.raises(NotFoundError):
+                await client.run(row("q_g0"), adopt_only=True)
+            assert (await client.retire("q_g0", 0)).tombstoned
+            with pytest.raises(NotParticipantError):
+                await client.prepare("c1")
+            [ack] = await client.acknowledge([receipt])
+            assert ack.acknowledged and len(calls) == 1
+
+
+def test_token_records_follow_the_real_gyms_rules() -> None:
+    base: dict[str, Any] = {
+        "rollout_id": "k",
+        "model_call_id": "call-1",
+        "model": "m",
+        "prompt_token_ids": [1],
+        "generation_token_ids": [2],
+        "generation_log_probs": [-1.0],
+        "output_items": [{"type": "message"}],
+        "created_at": 0.0,
+    }
+    assert TokenEntry.model_validate(base | {"token_item_index": 0}).token_item_index == 0
+    for bad in (
+        {"token_item_index": 1},
+        {"generation_log_probs": []},
+        {"schema_version": 2},
+    ):
+        with pytest.raises(ValidationError):
+            TokenEntry.model_validate(base | bad)
+    reply = gym_reply(
+        {"response": {"output": [{"type": "message", "generation_token_ids": [1]}]}, "reward": 0}, "k", 0
+    )
+    with pytest.raises(ValueError, match="lacks"):
+        token_records_from_reply(reply, "k", 0.0)

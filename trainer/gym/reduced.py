@@ -1,0 +1,171 @@
+"""Reduced mode: driving a plain Gym agent, one without the participant routes.
+
+A plain agent answers `/run` and nothing else of the hand-off.  The client then gives the answers the
+participant would have given, from what the trainer itself holds, so the coordinator runs unchanged:
+
+- the completion receipt is made here: the reply's digest computed by the trainer, the token records
+  read off the reply (`protocol.tokens`), execution generation `REDUCED_GENERATION` (0; a participant's
+  generations start at 1), so every receipt of a reduced-mode try says so in the log;
+- acknowledge releases the trainer's own copy; nothing is sent (the agent keeps nothing to release);
+- retire answers from what the trainer holds: a reply in hand is `completed_unacknowledged` (adopting
+  it replays the trainer's copy, never a second `/run`), anything else is tombstoned here, and a reply
+  that arrives for a tombstoned try afterwards is refused (410);
+- status is always idle, and a checkpoint cannot include the agent: prepare/commit/resume/abort raise
+  `NotParticipantError`, and the checkpointer leaves reduced agents out of its participants.
+
+What remains guaranteed: no try is POSTed twice by the trainer (so none is executed twice on its
+account), nothing is stranded at the agent (it keeps nothing), every group is sealed or dead-lettered.
+What is lost: a try whose reply was lost cannot be adopted (its work is wasted and a replacement
+runs), a running try cannot be cancelled at the agent (a retire only stops the trainer waiting), and
+checkpoints do not pause the agent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
+from protocol.ids import capture_key
+from protocol.tokens import TokenRecordError, token_records_from_reply
+from protocol.wire import (
+    AcknowledgeResult,
+    AgentStatus,
+    Capabilities,
+    CompletionReceipt,
+    RetireResponse,
+    RunReply,
+    TokenEntry,
+)
+from trainer.gym.errors import GoneError, NotFoundError, PhaseFenceError
+
+REDUCED_GENERATION: Final = 0
+
+
+class NotParticipantError(PhaseFenceError):
+    """The agent has no participant routes (reduced mode): a checkpoint cannot include it."""
+
+
+@dataclass
+class _Held:
+    reply: RunReply
+    receipt: CompletionReceipt
+    tokens: list[TokenEntry]
+
+
+class ReducedMode:
+    def __init__(self, agent_name: str) -> None:
+        self.agent_name = agent_name
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._tombstones: set[tuple[str, int]] = set()
+        self._released: set[tuple[str, int]] = set()
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(agent_name=self.agent_name, features=[])
+
+    def keep(self, reply: RunReply) -> RunReply:
+        """Holds a reply the agent answered; refuses one of a try retired meanwhile."""
+        key = (reply.rollout_id, reply.attempt_index)
+        if key in self._tombstones or key in self._released:
+            raise GoneError(f"reduced mode: try {key} was retired or released; its late reply is dropped")
+        ck = capture_key(*key)
+        try:
+            tokens = token_records_from_reply(reply, ck, time.time())
+        except (TokenRecordError, ValueError):
+            tokens = []  # no usable records: the try is owed, never sealed (the trainer's verify says so)
+        receipt = CompletionReceipt(
+            rollout_id=reply.rollout_id,
+            attempt_index=reply.attempt_index,
+            execution_generation=REDUCED_GENERATION,
+            result_identity=reply.id,
+            result_digest=reply.digest(),
+            manifest_capture_key=ck,
+            terminal_model_call_id=tokens[-1].model_call_id if tokens else "",
+        )
+        self._held[key] = _Held(reply, receipt, tokens)
+        return reply
+
+    def replay(self, rollout_id: str, attempt_index: int) -> RunReply | None:
+        held = self._held.get((rollout_id, attempt_index))
+        return held.reply if held is not None else None
+
+    def completion_receipt(self, rollout_id: str, attempt_index: int) -> CompletionReceipt:
+        held = self._held.get((rollout_id, attempt_index))
+        if held is None:
+            raise NotFoundError(f"reduced mode: no reply held for ({rollout_id}, {attempt_index})")
+        return held.receipt
+
+    def token_capture(self, key: str) -> list[TokenEntry]:
+        for held in self._held.values():
+            if held.receipt.manifest_capture_key == key:
+                return list(held.tokens)
+        raise NotFoundError(f"reduced mode: no token records held under {key!r}")
+
+    def acknowledge(self, receipts: Sequence[CompletionReceipt]) -> list[AcknowledgeResult]:
+        results = []
+        for receipt in receipts:
+            key = receipt.attempt
+            result = AcknowledgeResult(
+                rollout_id=receipt.rollout_id, attempt_index=receipt.attempt_index, acknowledged=False
+            )
+            held = self._held.get(key)
+            if held is not None and held.receipt == receipt:
+                del self._held[key]
+                self._released.add(key)
+                result.acknowledged = True
+            elif key in self._released:
+                result.acknowledged, result.idempotent = True, True
+            else:
+                result.error = RECEIPT_MISMATCH if held is not None else UNKNOWN_EXECUTION
+            results.append(result)
+        return results
+
+    def retire(self, rollout_id: str, attempt_index: int) -> RetireResponse:
+        key = (rollout_id, attempt_index)
+        if key in self._held:
+            return RetireResponse(
+                retired=False,
+                tombstoned=False,
+                completed_unacknowledged=True,
+                execution_generation=REDUCED_GENERATION,
+            )
+        if key in self._released:
+            return RetireResponse(
+                retired=False,
+                tombstoned=False,
+                completed_unacknowledged=False,
+                done=True,
+                execution_generation=REDUCED_GENERATION,
+            )
+        self._tombstones.add(key)
+        return RetireResponse(
+            retired=False,
+            tombstoned=True,
+            completed_unacknowledged=False,
+            execution_generation=REDUCED_GENERATION,
+        )
+
+    def status(self) -> AgentStatus:
+        return AgentStatus(
+            phase="idle",
+            active_checkpoint_id=None,
+            execution_generation=REDUCED_GENERATION,
+            running=0,
+            park_requested=0,
+            parked=0,
+            completed_unacknowledged=len(self._held),
+            blocking_attempts=[],
+            parked_without_boundary=0,
+            # Never ready: a checkpoint cannot include this agent.
+            ready_to_commit=False,
+        )
+
+    def refuse_checkpoint(self, op: str, checkpoint_id: str) -> NotParticipantError:
+        return NotParticipantError(
+            f"{op} {checkpoint_id}: agent {self.agent_name!r} has no participant routes (reduced mode); "
+            "a checkpoint cannot include it",
+            status_code=None,
+            error="not_participant",
+        )
