@@ -3,7 +3,6 @@
 from trainer.checkpoint import CheckpointOutcome
 from trainer.coordinator import RolloutCoordinator, SealedGroup
 from trainer.errors import (
-    AgentMismatch,
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,
@@ -13,7 +12,6 @@ from trainer.errors import (
 )
 
 __all__ = [
-    "AgentMismatch",
     "AlreadyClaimed",
     "CheckpointOutcome",
     "CoordinatorStopped",

@@ -51,7 +51,6 @@ from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.retry import RetryPolicy
 from trainer.errors import (
-    AgentMismatch,
     AlreadyClaimed,
     CoordinatorStopped,
     FencedOff,
@@ -61,7 +60,7 @@ from trainer.errors import (
     UnknownGroup,
 )
 from trainer.gym import GymClient
-from trainer.gym.errors import GymError
+from trainer.gym.errors import AgentIdentityError, GymError
 from trainer.journal import OUTAGE_BUDGET_S, Journal
 
 
@@ -183,12 +182,12 @@ class RolloutCoordinator:
             log.info("agent %s unreachable: %s", name, exc)
             return False
         if health.agent_name != name:
-            error = AgentMismatch(
+            error = AgentIdentityError(
                 f"the agent at {client.base_url} is now {health.agent_name!r}, not {name!r}: not driven "
                 "until it is (its receipts would be owed to the wrong agent)"
             )
             log.error("%s", error)
-            if not any(isinstance(e, AgentMismatch) and str(e) == str(error) for e in self.errors):
+            if not any(isinstance(e, AgentIdentityError) and str(e) == str(error) for e in self.errors):
                 self.errors.append(error)
             return False
         known = self.ctx.generations.get(name)
@@ -207,7 +206,7 @@ class RolloutCoordinator:
                 log.warning("agent %s not reachable at start (identity checked later): %s", name, exc)
                 continue
             if health.agent_name != name:
-                raise AgentMismatch(
+                raise AgentIdentityError(
                     f"the agent at {client.base_url} is {health.agent_name!r}, not {name!r}: fix the "
                     "coordinator's agents mapping (its receipts would be owed to the wrong agent)"
                 )

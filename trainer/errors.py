@@ -27,11 +27,6 @@ class AlreadyClaimed(RolloutError):
     """A group is trained on once (unless a restore rolled the claim back)."""
 
 
-class AgentMismatch(RolloutError):
-    """The agent behind a client names itself differently than the coordinator calls it: every
-    receipt and ACK would be attributed to the wrong agent, so the coordinator refuses to start."""
-
-
 class GroupConflict(RolloutError, ValueError):
     """`submit` named a group id the log already holds with another request: group ids are never reused."""
 

@@ -25,9 +25,9 @@ from projections.base import decode
 from protocol.streams import checkpoint_stream
 from protocol.wire import PhaseResponse
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
-from trainer import AgentMismatch, FencedOff, RolloutCoordinator
+from trainer import FencedOff, RolloutCoordinator
 from trainer.core.retry import RetryPolicy
-from trainer.gym import GymClient
+from trainer.gym import AgentIdentityError, GymClient
 from trainer.gym.errors import AgentServerError
 
 
@@ -176,7 +176,7 @@ async def test_case7_a_client_named_for_another_agent_is_refused_at_start(
     agent = make_agent("a")
     async with GymClient(agent.url, "b") as client:
         coord = coordinator(sqlite_store, {"b": client})
-        with pytest.raises(AgentMismatch, match="is 'a', not 'b'"):
+        with pytest.raises(AgentIdentityError, match="is 'a', not 'b'"):
             await coord.start()
         await coord.close()
 
@@ -280,7 +280,7 @@ async def test_another_agent_behind_the_same_address_after_a_reconnect_is_not_dr
     sqlite_store: EventStore, make_agent: MakeAgent
 ) -> None:
     """Agent "a" goes away and agent "z" comes up on its port: the coordinator's periodic check sees
-    the other name, records an `AgentMismatch` the operator gets from `wait_idle`, and stops driving
+    the other name, records an `AgentIdentityError` the operator gets from `wait_idle`, and stops driving
     it (no reconcile, so nothing of a's checkpoint is done at z)."""
     first = make_agent("a")
     port = first.port
@@ -290,8 +290,8 @@ async def test_another_agent_behind_the_same_address_after_a_reconnect_is_not_dr
         await asyncio.to_thread(first.stop)
         make_agent("z", port=port)
         async with asyncio.timeout(20):
-            while not any(isinstance(e, AgentMismatch) for e in coord.errors):
+            while not any(isinstance(e, AgentIdentityError) for e in coord.errors):
                 await asyncio.sleep(0.05)
-        with pytest.raises(AgentMismatch, match="now 'z', not 'a'"):
+        with pytest.raises(AgentIdentityError, match="now 'z', not 'a'"):
             await coord.wait_idle(5)
         await coord.close()

@@ -337,8 +337,8 @@ class GymClient:
             else:
                 if seen.agent_name != self.agent_name:
                     raise AgentIdentityError(
-                        f"{self.base_url}/capabilities: the agent is {seen.agent_name!r}, "
-                        f"this client drives {self.agent_name!r}"
+                        f"the agent at {self.base_url} is {seen.agent_name!r}, not {self.agent_name!r}: "
+                        "fix the agents mapping (its receipts would be owed to the wrong agent)"
                     )
             self.capabilities_seen = seen
             return seen

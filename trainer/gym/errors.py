@@ -32,7 +32,8 @@ class BadResponseError(GymError):
 
 
 class AgentIdentityError(BadResponseError):
-    """The agent answers with another name than the one the trainer drives it under."""
+    """The agent answers with another name than the one the trainer drives it under: every receipt and
+    ACK would be owed to the wrong agent, so it is not driven (a coordinator refuses to start)."""
 
 
 class UnauthorizedError(GymError):
