@@ -293,6 +293,8 @@ class Checkpointer:
         if state.failures:
             reason = "; ".join(f"{a}: {r}" for a, r in sorted(state.failures.items()))
             return await self._abort(prepared, reason)
+        if ctx.stopping:  # closed while preparing: nobody is left to decide
+            return await self._abort(prepared, "the coordinator closed before the checkpoint was decided")
         self._held = prepared
         return prepared
 
