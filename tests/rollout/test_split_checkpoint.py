@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from eventstore import EventStore, open_store, upgrade_database
+from projections.audit import audit_log
 from protocol.streams import checkpoint_stream
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
@@ -74,6 +75,8 @@ async def test_prepare_save_commit(store: EventStore, make_agent: MakeAgent, tmp
         assert saved.read_text() == ck
         assert types(store, ck)[:2] == ["CheckpointPrepareStarted", "CheckpointCommitted"]
         assert "CheckpointResumed" in types(store, ck) and "CheckpointAborted" not in types(store, ck)
+        report = audit_log(store)
+        assert report.ok, report.as_json()["violations"]
 
 
 async def test_prepare_then_abort(store: EventStore, make_agent: MakeAgent) -> None:
@@ -100,6 +103,8 @@ async def test_prepare_then_abort(store: EventStore, make_agent: MakeAgent) -> N
         assert "CheckpointCommitted" not in seq and "CheckpointResumed" not in seq
         aborted = next(e for e in store.read_stream(checkpoint_stream(ck)) if e.type == "CheckpointAborted")
         assert aborted.data["reason"] == "the trainer's save failed"
+        report = audit_log(store)
+        assert report.ok, report.as_json()["violations"]
 
 
 async def test_calls_that_do_not_fit_the_prepared_checkpoint_are_refused(
