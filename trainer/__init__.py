@@ -1,24 +1,33 @@
 """The trainer's rollout coordinator: the hand-off protocol driven only through the event log."""
 
-from trainer.checkpoint import CheckpointOutcome
+from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator, SealedGroup
 from trainer.errors import (
     AlreadyClaimed,
+    CheckpointBusy,
+    CheckpointDecided,
+    CheckpointRefused,
     CoordinatorStopped,
     FencedOff,
     NotSealed,
     RolloutError,
+    UnknownCheckpoint,
     UnknownGroup,
 )
 
 __all__ = [
     "AlreadyClaimed",
+    "CheckpointBusy",
+    "CheckpointDecided",
     "CheckpointOutcome",
+    "CheckpointRefused",
     "CoordinatorStopped",
     "FencedOff",
     "NotSealed",
+    "PreparedCheckpoint",
     "RolloutCoordinator",
     "RolloutError",
     "SealedGroup",
+    "UnknownCheckpoint",
     "UnknownGroup",
 ]

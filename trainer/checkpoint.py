@@ -4,6 +4,9 @@ The `CheckpointCommitted` append is the decision.  Before it, anything that goes
 it, the commit is finished and the agents resumed, now or by recovery.  A prepare never waits for a
 result the trainer could ACK or adopt: a 409 is answered by paying what is owed and adopting the
 rest, then prepare is called again.
+
+Split-phase: `prepare` returns a `PreparedCheckpoint` (every agent prepared, no decision yet) so the
+trainer can save its own state before `commit` or `abort`; `checkpoint` is prepare then commit.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from trainer.core.checkpoint import (
     resumed_event_due,
     step,
 )
+from trainer.errors import CheckpointBusy, CheckpointDecided, UnknownCheckpoint
 from trainer.gym import GymClient
 from trainer.gym.errors import (
     CheckpointConflictError,
@@ -70,6 +74,44 @@ class CheckpointOutcome:
     @property
     def committed(self) -> bool:
         return self.outcome == "committed"
+
+
+@dataclass(frozen=True)
+class PreparedCheckpoint:
+    """A checkpoint every participant prepared, with no decision in the log yet.
+
+    Each agent is `prepared`: its admission is closed and nothing of it runs or is owed.  The trainer
+    saves its own state now and then decides promptly (`commit` or `abort`): until then no rollout
+    progresses at the participants.  Never decided, it is presumed aborted (when the coordinator closes,
+    or by recovery after a crash).
+    """
+
+    checkpoint_id: str
+    participants: list[str]
+    prepare_wait_s: dict[str, float]
+    adopted: int = 0
+    retired: int = 0
+    acked_during_prepare: int = 0
+
+    def outcome(
+        self,
+        outcome: Literal["committed", "aborted"],
+        cut_position: int | None,
+        reason: str,
+        ends: dict[str, str],
+    ) -> CheckpointOutcome:
+        return CheckpointOutcome(
+            self.checkpoint_id,
+            outcome,
+            cut_position,
+            self.prepare_wait_s,
+            reason,
+            self.adopted,
+            self.retired,
+            self.acked_during_prepare,
+            stuck=sorted(a for a, e in ends.items() if e == "stuck"),
+            lost=sorted(a for a, e in ends.items() if e == "lost"),
+        )
 
 
 PREPARE_GRACE_S = 2.0
@@ -106,10 +148,55 @@ class Checkpointer:
         self._completions: dict[str, asyncio.Task[None]] = {}
         # Set whenever a participant's step wrote to the log (a finish, a stuck).
         self._changed = asyncio.Event()
+        # The checkpoint prepared and not yet decided (split-phase: the trainer saves meanwhile).
+        self._held: PreparedCheckpoint | None = None
+
+    # --- the phases ------------------------------------------------------------------------------
+    # One lock serialises the phases: the one-call `checkpoint` holds it across prepare and commit, so
+    # no other checkpoint comes between them; the split calls take it per phase, and while a checkpoint
+    # is prepared and undecided (`_held`) no other one may start.
 
     async def checkpoint(
         self, checkpoint_id: str, participants: list[str] | None = None
     ) -> CheckpointOutcome:
+        """Prepare, then commit at once (nothing to save in between)."""
+        async with self._lock:
+            prepared = await self._prepare_all(checkpoint_id, participants)
+            if isinstance(prepared, CheckpointOutcome):
+                return prepared
+            return await self._commit(self._take(checkpoint_id))
+
+    async def prepare(
+        self, checkpoint_id: str, participants: list[str] | None = None
+    ) -> PreparedCheckpoint | CheckpointOutcome:
+        """Every participant prepared (admission closed, nothing owed or running), or aborted."""
+        async with self._lock:
+            return await self._prepare_all(checkpoint_id, participants)
+
+    async def commit(self, checkpoint_id: str) -> CheckpointOutcome:
+        """Decides commit for the prepared checkpoint and drives every agent to resume."""
+        async with self._lock:
+            return await self._commit(self._take(checkpoint_id))
+
+    async def abort(self, checkpoint_id: str, reason: str) -> CheckpointOutcome:
+        """Decides abort for the prepared checkpoint and aborts it at every agent."""
+        async with self._lock:
+            return await self._abort(self._take(checkpoint_id), reason)
+
+    async def abort_undecided(self, reason: str) -> CheckpointOutcome | None:
+        """Aborts the prepared checkpoint nobody decided (the coordinator is closing), so no agent
+        stays prepared with its admission closed.  Not under the lock: taking the handle is atomic,
+        and a commit waiting for the lock then finds the checkpoint aborted."""
+        held, self._held = self._held, None
+        if held is None:
+            return None
+        if self.ctx.journal.fenced is not None:
+            # Another process owns this trainer's log now; its recovery presumes the checkpoint aborted.
+            self._release()
+            return None
+        return await self._abort(held, reason)
+
+    def _participants(self, checkpoint_id: str, participants: list[str] | None) -> list[str]:
         ctx = self.ctx
         if participants is None:
             # An agent without the participant routes (reduced mode) cannot pause: it is left out.
@@ -117,103 +204,152 @@ class Checkpointer:
             left_out = sorted(set(ctx.agents) - set(participants))
             if left_out:
                 log.warning("checkpoint %s cannot include %s (reduced mode)", checkpoint_id, left_out)
-        names = sorted(participants)
-        async with self._lock:
-            stream = checkpoint_stream(checkpoint_id)
+        return sorted(participants)
+
+    def _refuse_new(self, checkpoint_id: str) -> None:
+        """A checkpoint may start only when none is prepared here and its id is new to the log."""
+        held = self._held
+        if held is not None:
+            raise CheckpointBusy(
+                f"checkpoint {held.checkpoint_id!r} is prepared and undecided: commit or abort it "
+                f"before starting {checkpoint_id!r}"
+            )
+        known = self.ctx.journal.checkpoints.checkpoints.get(checkpoint_id)
+        if known is not None:
+            error = CheckpointDecided if known.status != "preparing" else CheckpointBusy
+            raise error(
+                f"checkpoint {checkpoint_id!r} is already in the log ({known.status}); "
+                "checkpoint ids are never reused"
+            )
+
+    def _take(self, checkpoint_id: str) -> PreparedCheckpoint:
+        """The prepared checkpoint `checkpoint_id`, handed to its decision (it is no longer held)."""
+        held = self._held
+        if held is not None and held.checkpoint_id == checkpoint_id:
+            self._held = None
+            return held
+        known = self.ctx.journal.checkpoints.checkpoints.get(checkpoint_id)
+        if known is not None and known.status != "preparing":
+            raise CheckpointDecided(f"checkpoint {checkpoint_id!r} is already decided: {known.status}")
+        if held is not None:
+            raise UnknownCheckpoint(
+                f"checkpoint {checkpoint_id!r} is not prepared here; the prepared one is "
+                f"{held.checkpoint_id!r}"
+            )
+        raise UnknownCheckpoint(f"checkpoint {checkpoint_id!r} is not prepared by this coordinator")
+
+    def _release(self) -> None:
+        """Ends the checkpoint at the trainer: tries' deadlines run again, reconciliation resumes."""
+        self._held = None
+        self.ctx.active_checkpoint = None
+        self.ctx.checkpoint_idle.set()
+
+    async def _presume_abort(self, checkpoint_id: str, names: list[str]) -> None:
+        """No decision is in the log and this call failed (the log lost, a cancel): presumed abort,
+        so no agent stays prepared with its admission closed because this coordinator failed."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.abort_agents(checkpoint_id, names))
+
+    async def _prepare_all(
+        self, checkpoint_id: str, participants: list[str] | None
+    ) -> PreparedCheckpoint | CheckpointOutcome:
+        ctx = self.ctx
+        self._refuse_new(checkpoint_id)
+        names = self._participants(checkpoint_id, participants)
+        await ctx.journal.append(
+            checkpoint_stream(checkpoint_id),
+            [
+                CheckpointPrepareStarted(
+                    checkpoint_id=checkpoint_id, participants=names, trainer_id=ctx.settings.trainer_id
+                )
+            ],
+        )
+        ctx.active_checkpoint = checkpoint_id
+        ctx.checkpoint_idle.clear()
+        try:
+            state = _Prepare()
+            deadline = time.monotonic() + ctx.settings.prepare_timeout_s
+            try:
+                # The deadline bounds everything prepare does, adoptions included: an adoption
+                # whose replay waits on a try parked by this very checkpoint must not hold it open.
+                async with asyncio.timeout_at(_loop_time_at(deadline) + PREPARE_GRACE_S):
+                    await asyncio.gather(*(self._prepare(checkpoint_id, n, deadline, state) for n in names))
+            except TimeoutError:
+                for name in names:
+                    if name not in state.ready:
+                        state.failures.setdefault(name, "prepare deadline passed")
+            if not state.failures:
+                # Every ACK the agents accepted must be in the log before the cut is taken.
+                for name in names:
+                    if not await self.relay.flush(name, max(1.0, deadline - time.monotonic())):
+                        state.failures[name] = "debts still unpaid in the log at the decision"
+        except BaseException:
+            await self._presume_abort(checkpoint_id, names)
+            self._release()
+            raise
+        prepared = PreparedCheckpoint(
+            checkpoint_id, names, state.ready, state.adopted, state.retired, state.acked
+        )
+        if state.failures:
+            reason = "; ".join(f"{a}: {r}" for a, r in sorted(state.failures.items()))
+            return await self._abort(prepared, reason)
+        if ctx.stopping:  # closed while preparing: nobody is left to decide
+            return await self._abort(prepared, "the coordinator closed before the checkpoint was decided")
+        self._held = prepared
+        return prepared
+
+    async def _commit(self, prepared: PreparedCheckpoint) -> CheckpointOutcome:
+        ctx = self.ctx
+        checkpoint_id, names = prepared.checkpoint_id, prepared.participants
+        decided = False
+        try:
+            cut = await ctx.journal.read(ctx.journal.store.head, "reading the head for the cut")
+            # From here the decision may be in the log even if the append raises: recovery decides.
+            decided = True
             await ctx.journal.append(
-                stream,
+                checkpoint_stream(checkpoint_id),
                 [
-                    CheckpointPrepareStarted(
-                        checkpoint_id=checkpoint_id, participants=names, trainer_id=ctx.settings.trainer_id
+                    CheckpointCommitted(
+                        checkpoint_id=checkpoint_id,
+                        participants=names,
+                        cut_position=cut,
+                        prepare_wait_s=prepared.prepare_wait_s,
+                        trainer_id=ctx.settings.trainer_id,
                     )
                 ],
             )
-            ctx.active_checkpoint = checkpoint_id
-            ctx.checkpoint_idle.clear()
-            decided = False
-            try:
-                state = _Prepare()
-                deadline = time.monotonic() + ctx.settings.prepare_timeout_s
-                try:
-                    # The deadline bounds everything prepare does, adoptions included: an adoption
-                    # whose replay waits on a try parked by this very checkpoint must not hold it open.
-                    async with asyncio.timeout_at(_loop_time_at(deadline) + PREPARE_GRACE_S):
-                        await asyncio.gather(
-                            *(self._prepare(checkpoint_id, n, deadline, state) for n in names)
-                        )
-                except TimeoutError:
-                    for name in names:
-                        if name not in state.ready:
-                            state.failures.setdefault(name, "prepare deadline passed")
-                if not state.failures:
-                    # Every ACK the agents accepted must be in the log before the cut is taken.
-                    for name in names:
-                        if not await self.relay.flush(name, max(1.0, deadline - time.monotonic())):
-                            state.failures[name] = "debts still unpaid in the log at the decision"
-                if state.failures:
-                    reason = "; ".join(f"{a}: {r}" for a, r in sorted(state.failures.items()))
-                    await ctx.journal.append(
-                        stream,
-                        [
-                            CheckpointAborted(
-                                checkpoint_id=checkpoint_id,
-                                participants=names,
-                                reason=reason[:1000],
-                                prepare_wait_s=state.ready,
-                            )
-                        ],
+            ends = await self.finish_commit(checkpoint_id, names)
+        except BaseException:
+            if not decided:
+                await self._presume_abort(checkpoint_id, names)
+            raise
+        finally:
+            self._release()
+        return prepared.outcome("committed", cut, "", ends)
+
+    async def _abort(self, prepared: PreparedCheckpoint, reason: str) -> CheckpointOutcome:
+        checkpoint_id, names = prepared.checkpoint_id, prepared.participants
+        try:
+            await self.ctx.journal.append(
+                checkpoint_stream(checkpoint_id),
+                [
+                    CheckpointAborted(
+                        checkpoint_id=checkpoint_id,
+                        participants=names,
+                        reason=reason[:1000],
+                        prepare_wait_s=prepared.prepare_wait_s,
                     )
-                    ends = await self.abort_agents(checkpoint_id, names)
-                    return CheckpointOutcome(
-                        checkpoint_id,
-                        "aborted",
-                        None,
-                        state.ready,
-                        reason,
-                        state.adopted,
-                        state.retired,
-                        state.acked,
-                        stuck=sorted(a for a, e in ends.items() if e == "stuck"),
-                        lost=sorted(a for a, e in ends.items() if e == "lost"),
-                    )
-                cut = await ctx.journal.read(ctx.journal.store.head, "reading the head for the cut")
-                # From here the decision may be in the log even if the append raises: recovery decides.
-                decided = True
-                await ctx.journal.append(
-                    stream,
-                    [
-                        CheckpointCommitted(
-                            checkpoint_id=checkpoint_id,
-                            participants=names,
-                            cut_position=cut,
-                            prepare_wait_s=state.ready,
-                            trainer_id=ctx.settings.trainer_id,
-                        )
-                    ],
-                )
-                ends = await self.finish_commit(checkpoint_id, names)
-                return CheckpointOutcome(
-                    checkpoint_id,
-                    "committed",
-                    cut,
-                    state.ready,
-                    "",
-                    state.adopted,
-                    state.retired,
-                    state.acked,
-                    stuck=sorted(a for a, e in ends.items() if e == "stuck"),
-                    lost=sorted(a for a, e in ends.items() if e == "lost"),
-                )
-            except BaseException:
-                if not decided:
-                    # No decision is in the log: presumed abort, so no agent stays prepared with its
-                    # admission closed because this coordinator failed (the log lost, a cancel).
-                    with contextlib.suppress(Exception):
-                        await asyncio.shield(self.abort_agents(checkpoint_id, names))
-                raise
-            finally:
-                ctx.active_checkpoint = None
-                ctx.checkpoint_idle.set()
+                ],
+            )
+            ends = await self.abort_agents(checkpoint_id, names)
+        except BaseException:
+            await self._presume_abort(checkpoint_id, names)
+            raise
+        finally:
+            self._release()
+        return prepared.outcome("aborted", None, reason, ends)
+
+    # --- prepare, one participant ----------------------------------------------------------------
 
     async def _prepare(self, checkpoint_id: str, name: str, deadline: float, state: _Prepare) -> None:
         ctx = self.ctx

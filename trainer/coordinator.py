@@ -5,6 +5,8 @@
     await coord.submit("p7", PromptRef(sample_id="s7", task_name="math"), "math-agent", 4, payload)
     async for group in coord.sealed_groups(): await coord.claim_for_training(group.group_id, step)
     outcome = await coord.checkpoint("ckpt-1")
+    prepared = await coord.prepare_checkpoint("ckpt-2")           # split: save between the phases
+    if isinstance(prepared, PreparedCheckpoint): save(); outcome = await coord.commit_checkpoint("ckpt-2")
     logger.log(await coord.metrics(), step)                       # a flat dict[str, float]
     coord = await RolloutCoordinator.recover(store, agents)   # after a crash
 
@@ -46,7 +48,7 @@ from protocol.streams import group_stream, trainer_stream
 from protocol.wire import AttemptRef
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts
-from trainer.checkpoint import Checkpointer, CheckpointOutcome
+from trainer.checkpoint import Checkpointer, CheckpointOutcome, PreparedCheckpoint
 from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.retry import RetryPolicy
@@ -219,7 +221,15 @@ class RolloutCoordinator:
         await self.close()
 
     async def close(self) -> None:
-        """Stops the drivers and the relay (tries in flight stay at the agents, for recovery)."""
+        """Aborts a prepared checkpoint nobody decided, then stops the drivers and the relay (tries in
+        flight stay at the agents, for recovery)."""
+        if not self.ctx.stopping:
+            try:
+                await self.checkpointer.abort_undecided(
+                    "the coordinator closed before the checkpoint was decided"
+                )
+            except Exception:  # the log is gone: recovery presumes the abort; the agents were aborted
+                log.exception("aborting the undecided checkpoint at close failed")
         self.ctx.stopping = True
         drivers = list(self._drivers.values())  # a driver that ends removes itself
         for task in drivers:
@@ -597,8 +607,36 @@ class RolloutCoordinator:
     async def checkpoint(
         self, checkpoint_id: str, participants: list[str] | None = None
     ) -> CheckpointOutcome:
+        """Prepare, then commit at once: `prepare_checkpoint` and `commit_checkpoint` in one call."""
         self._check_alive()
         return await self.checkpointer.checkpoint(checkpoint_id, participants)
+
+    async def prepare_checkpoint(
+        self, checkpoint_id: str, participants: list[str] | None = None
+    ) -> PreparedCheckpoint | CheckpointOutcome:
+        """The first phase: returns a `PreparedCheckpoint` once every participant is prepared (its
+        admission closed, nothing of it running or owed), or the aborted `CheckpointOutcome`.
+
+        The trainer saves its own state, then calls `commit_checkpoint` or `abort_checkpoint` promptly:
+        while prepared no rollout progresses at the participants and no other checkpoint may start
+        (`CheckpointBusy`).  Never decided, it is presumed aborted: by `close()`, or by `recover` after
+        the trainer died.
+        """
+        self._check_alive()
+        return await self.checkpointer.prepare(checkpoint_id, participants)
+
+    async def commit_checkpoint(self, checkpoint_id: str) -> CheckpointOutcome:
+        """Commits the prepared checkpoint (the cut is taken now) and resumes every agent.
+        `UnknownCheckpoint` / `CheckpointDecided` when `checkpoint_id` is not the prepared one."""
+        self._check_alive()
+        return await self.checkpointer.commit(checkpoint_id)
+
+    async def abort_checkpoint(
+        self, checkpoint_id: str, reason: str = "aborted by the trainer"
+    ) -> CheckpointOutcome:
+        """Aborts the prepared checkpoint (recorded with `reason`) at every agent, until each confirms."""
+        self._check_alive()
+        return await self.checkpointer.abort(checkpoint_id, reason)
 
     # --- what a trainer logs and records ------------------------------------------------------------------
 

@@ -33,3 +33,19 @@ class GroupConflict(RolloutError, ValueError):
 
 class LogprobsMismatch(RolloutError, ValueError):
     """Logprobs a trainer computed do not fit the sealed try's token records (or the try is not sealed)."""
+
+
+class CheckpointRefused(RolloutError):
+    """A checkpoint call that does not fit the checkpoint's state; nothing was written or sent."""
+
+
+class CheckpointBusy(CheckpointRefused):
+    """Another checkpoint is prepared and undecided: it must be committed or aborted first."""
+
+
+class CheckpointDecided(CheckpointRefused):
+    """The checkpoint is already committed or aborted in the log (ids are never reused)."""
+
+
+class UnknownCheckpoint(CheckpointRefused):
+    """Commit or abort named a checkpoint this coordinator has not prepared."""

@@ -1,0 +1,217 @@
+"""Split-phase checkpoints against real agents: prepare, the trainer saves, then commit or abort."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from eventstore import EventStore, open_store, upgrade_database
+from projections.audit import audit_log
+from protocol.streams import checkpoint_stream
+from protocol.wire import AttemptFault
+from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
+from trainer import (
+    CheckpointBusy,
+    CheckpointDecided,
+    PreparedCheckpoint,
+    RolloutCoordinator,
+    UnknownCheckpoint,
+)
+from trainer.gym import GymClient
+
+
+def types(store: EventStore, checkpoint_id: str) -> list[str]:
+    return [e.type for e in store.read_stream(checkpoint_stream(checkpoint_id))]
+
+
+async def _prepared(coord: RolloutCoordinator, checkpoint_id: str) -> PreparedCheckpoint:
+    prepared = await coord.prepare_checkpoint(checkpoint_id)
+    assert isinstance(prepared, PreparedCheckpoint), prepared
+    return prepared
+
+
+async def test_prepare_save_commit(store: EventStore, make_agent: MakeAgent, tmp_path: Path) -> None:
+    """Prepare parks the tries in flight and closes admission at every agent; the trainer saves while
+    nothing runs; commit resumes them and the work goes on."""
+    a, b = make_agent("a", turns=(3, 3)), make_agent("b")
+    async with GymClient(a.url, "a") as ca, GymClient(b.url, "b") as cb:
+        coord = coordinator(store, {"a": ca, "b": cb}, mode="sibling")
+        async with coord:
+            g = gid()
+            await ca.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, delay_s=0.2))
+            await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
+            ck = gid("ck")
+            prepared = await _prepared(coord, ck)
+            assert prepared.participants == ["a", "b"]
+            assert set(prepared.prepare_wait_s) == {"a", "b"}
+            for client in (ca, cb):
+                status = await client.status()
+                assert (status.phase, status.active_checkpoint_id) == ("prepared", ck)
+                assert status.running == 0 and status.ready_to_commit
+            assert types(store, ck) == ["CheckpointPrepareStarted"]
+
+            # A group submitted now reaches the agent but cannot start there: admission is closed.
+            late = gid()
+            await coord.submit(late, PROMPT, "b", 1, PAYLOAD)
+            saved = tmp_path / "trainer-state.txt"
+            saved.write_text(prepared.checkpoint_id)  # the trainer's own save
+            assert f"{late}_g0" not in await cb.debug_runs()
+            assert (await cb.status()).phase == "prepared"
+
+            outcome = await coord.commit_checkpoint(ck)
+            assert outcome.committed and outcome.cut_position is not None, outcome.reason
+            assert outcome.prepare_wait_s == prepared.prepare_wait_s
+            for client in (ca, cb):
+                status = await client.status()
+                assert (status.phase, status.active_checkpoint_id) == ("idle", None)
+            await coord.wait_idle(30)
+            assert {g, late} <= {s.group_id for s in coord.sealed_unclaimed()}
+        assert saved.read_text() == ck
+        assert types(store, ck)[:2] == ["CheckpointPrepareStarted", "CheckpointCommitted"]
+        assert "CheckpointResumed" in types(store, ck) and "CheckpointAborted" not in types(store, ck)
+        report = audit_log(store)
+        assert report.ok, report.as_json()["violations"]
+
+
+async def test_prepare_then_abort(store: EventStore, make_agent: MakeAgent) -> None:
+    """An abort after prepare reopens admission at every agent; the next checkpoint commits."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(store, {"a": client}, mode="sibling")
+        async with coord:
+            g = gid()
+            await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
+            ck = gid("ck")
+            await _prepared(coord, ck)
+            assert (await client.status()).phase == "prepared"
+            outcome = await coord.abort_checkpoint(ck, "the trainer's save failed")
+            assert not outcome.committed and outcome.cut_position is None
+            assert outcome.reason == "the trainer's save failed"
+            status = await client.status()
+            assert (status.phase, status.active_checkpoint_id) == ("idle", None)
+            await coord.wait_idle(30)
+            assert g in {s.group_id for s in coord.sealed_unclaimed()}
+            assert (await coord.checkpoint(gid("ck"))).committed
+        seq = types(store, ck)
+        assert seq[:2] == ["CheckpointPrepareStarted", "CheckpointAborted"]
+        assert "CheckpointCommitted" not in seq and "CheckpointResumed" not in seq
+        aborted = next(e for e in store.read_stream(checkpoint_stream(ck)) if e.type == "CheckpointAborted")
+        assert aborted.data["reason"] == "the trainer's save failed"
+        report = audit_log(store)
+        assert report.ok, report.as_json()["violations"]
+
+
+async def test_calls_that_do_not_fit_the_prepared_checkpoint_are_refused(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """While one checkpoint is prepared no other starts; commit/abort must name the prepared one;
+    a decided checkpoint cannot be decided again nor its id reused.  Refusals write nothing."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(store, {"a": client})
+        async with coord:
+            ck, other = gid("ck"), gid("ck")
+            await _prepared(coord, ck)
+            with pytest.raises(CheckpointBusy, match=ck):
+                await coord.prepare_checkpoint(other)
+            with pytest.raises(CheckpointBusy):
+                await coord.checkpoint(other)
+            assert types(store, other) == []
+            with pytest.raises(UnknownCheckpoint):
+                await coord.commit_checkpoint(other)
+            with pytest.raises(UnknownCheckpoint):
+                await coord.abort_checkpoint(other, "not mine")
+            # Still prepared, and still decidable after the refusals.
+            assert (await client.status()).active_checkpoint_id == ck
+            assert (await coord.commit_checkpoint(ck)).committed
+            with pytest.raises(CheckpointDecided):
+                await coord.commit_checkpoint(ck)
+            with pytest.raises(CheckpointDecided):
+                await coord.abort_checkpoint(ck, "too late")
+            with pytest.raises(CheckpointDecided):
+                await coord.prepare_checkpoint(ck)
+            with pytest.raises(UnknownCheckpoint):
+                await coord.commit_checkpoint(gid("never"))
+        assert types(store, other) == []
+        seq = types(store, ck)
+        assert seq.count("CheckpointPrepareStarted") == 1 and seq.count("CheckpointCommitted") == 1
+        assert "CheckpointAborted" not in seq
+
+
+async def test_closing_without_deciding_aborts(store: EventStore, make_agent: MakeAgent) -> None:
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(store, {"a": client})
+        await coord.start()
+        ck = gid("ck")
+        await _prepared(coord, ck)
+        await coord.close()
+        status = await client.status()
+        assert (status.phase, status.active_checkpoint_id) == ("idle", None)
+    seq = types(store, ck)
+    assert "CheckpointAborted" in seq and "CheckpointCommitted" not in seq
+
+
+TRAINER = textwrap.dedent(
+    """
+    import asyncio, sys
+
+    from eventstore import open_store
+    from trainer import PreparedCheckpoint, RolloutCoordinator
+    from trainer.gym import GymClient
+
+    async def main(url, agent_url, checkpoint_id):
+        coord = RolloutCoordinator(open_store(url), {"a": GymClient(agent_url, "a")}, reconcile_every_s=0)
+        await coord.start()
+        prepared = await coord.prepare_checkpoint(checkpoint_id)
+        assert isinstance(prepared, PreparedCheckpoint), prepared
+        print("PREPARED", flush=True)
+        await asyncio.Event().wait()  # saving its state when it is killed
+
+    asyncio.run(main(*sys.argv[1:4]))
+    """
+)
+
+
+async def test_a_trainer_killed_while_prepared_is_presumed_aborted(
+    sqlite_url: str, make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """SIGKILL after prepare: the agent stays prepared (nobody can decide); recovery presumes the
+    abort, writes it, and reopens the agent's admission."""
+    upgrade_database(sqlite_url)
+    agent = make_agent("a")
+    script = tmp_path / "trainer_process.py"
+    script.write_text(TRAINER)
+    ck = gid("ck")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), sqlite_url, agent.url, ck],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(60):
+            line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.strip() == b"PREPARED", line + proc.stdout.read()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    store = open_store(sqlite_url)
+    try:
+        async with GymClient(agent.url, "a") as client:
+            status = await client.status()
+            assert (status.phase, status.active_checkpoint_id) == ("prepared", ck)
+            assert types(store, ck) == ["CheckpointPrepareStarted"]
+            coord = await RolloutCoordinator.recover(store, {"a": client})
+            status = await client.status()
+            assert (status.phase, status.active_checkpoint_id) == ("idle", None)
+            await coord.close()
+        seq = types(store, ck)
+        assert "CheckpointAborted" in seq and "CheckpointCommitted" not in seq
+    finally:
+        store.close()
