@@ -147,3 +147,30 @@ async def test_the_actor_serves_the_logs_figures(sqlite_url: str, make_agent: Ma
         await gym.shutdown()
     assert "ledger_groups_sealed_total 2.0" in text and "ledger_groups_claimed_total 2.0" in text
     assert figures["ledger/groups_sealed"] == 2
+
+
+async def test_split_phase_checkpoint_through_the_actor(sqlite_url: str, make_agent: MakeAgent) -> None:
+    """prepare -> (the trainer saves) -> commit, and prepare -> abort, as NeMo RL would call the actor."""
+    agent = make_agent("a")
+    gym = LedgerGym(_config(sqlite_url, {"a": agent.url}))
+    try:
+        await _collect(gym, nemo_rows(1, 2, ["a"]))
+        prepared = await gym.prepare_checkpoint("ck-split-1")
+        assert prepared["prepared"] is True and set(prepared["prepare_wait_s"]) == {"a"}
+        async with GymClient(agent.url, "a") as client:
+            assert (await client.status()).phase == "prepared"
+            committed = await gym.commit_checkpoint("ck-split-1")
+            assert committed["committed"] is True
+            assert (await client.status()).phase == "idle"
+            assert (await gym.prepare_checkpoint("ck-split-2"))["prepared"] is True
+            aborted = await gym.abort_checkpoint("ck-split-2", "the trainer's save failed")
+            assert aborted["committed"] is False and "save failed" in aborted["reason"]
+            assert (await client.status()).phase == "idle"
+    finally:
+        await gym.shutdown()
+    store = open_store(sqlite_url)
+    try:
+        types = [e.type for e in store.read_all(0) if e.stream_id.startswith("checkpoint-ck-split")]
+    finally:
+        store.close()
+    assert types.count("CheckpointCommitted") == 1 and types.count("CheckpointAborted") == 1

@@ -39,6 +39,7 @@ from eventstore import EventStore, open_store
 from eventstore.events import Mode
 from protocol.ids import Identifier
 from protocol.streams import group_stream
+from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import AlreadyClaimed
 from trainer.gym import GymClient
@@ -161,13 +162,29 @@ class LedgerGym:
                 yield rowidx, result, timing
 
     async def checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
-        coord = await self._coordinator()
-        outcome = await coord.checkpoint(checkpoint_id)
-        return {
-            "committed": outcome.committed,
-            "reason": outcome.reason,
-            "prepare_wait_s": outcome.prepare_wait_s,
-        }
+        """The one-call checkpoint: prepare, then commit (or the abort prepare ended in)."""
+        return _outcome(await (await self._coordinator()).checkpoint(checkpoint_id))
+
+    async def prepare_checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
+        """Split phase, first step: `{"prepared": True, ...}` once every agent is prepared (the trainer
+        saves now, then calls `commit_checkpoint` or `abort_checkpoint`), else the aborted outcome."""
+        result = await (await self._coordinator()).prepare_checkpoint(checkpoint_id)
+        if isinstance(result, PreparedCheckpoint):
+            return {
+                "prepared": True,
+                "committed": False,
+                "reason": "",
+                "prepare_wait_s": result.prepare_wait_s,
+            }
+        return {"prepared": False, **_outcome(result)}
+
+    async def commit_checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
+        return _outcome(await (await self._coordinator()).commit_checkpoint(checkpoint_id))
+
+    async def abort_checkpoint(
+        self, checkpoint_id: str, reason: str = "aborted by the trainer"
+    ) -> dict[str, Any]:
+        return _outcome(await (await self._coordinator()).abort_checkpoint(checkpoint_id, reason))
 
     async def record_logprobs(
         self, rollout_id: str, attempt_index: int, logprobs: list[float], policy_version: str
@@ -301,3 +318,12 @@ def ledger_gym_actor(**options: Any) -> Any:
     import ray
 
     return ray.remote(**ACTOR_OPTIONS)(LedgerGym).options(**options)
+
+
+def _outcome(outcome: CheckpointOutcome) -> dict[str, Any]:
+    """A decided checkpoint as the actor answers it (plain data across the Ray boundary)."""
+    return {
+        "committed": outcome.committed,
+        "reason": outcome.reason,
+        "prepare_wait_s": outcome.prepare_wait_s,
+    }
