@@ -228,7 +228,7 @@ def decode_in_bulk(events: Sequence[RecordedEvent]) -> list[Event]:
 
 
 # Builds a RecordedEvent from a driver row without a Python frame per row (replay's hot path).
-from_row: Callable[[tuple[Any, ...]], RecordedEvent] = partial(tuple.__new__, RecordedEvent)
+from_row: Callable[[Sequence[Any]], RecordedEvent] = partial(tuple.__new__, RecordedEvent)
 
 
 @dataclass(frozen=True, slots=True)
