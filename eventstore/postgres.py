@@ -69,7 +69,13 @@ class PostgresRecorder(Recorder):
             "max_overflow": pool_size,
             "connect_args": {"connect_timeout": 10, "application_name": "ledger"},
         }
-        writer = create_engine(parsed, **kwargs)
+        # Every lookup of an append is by a unique key: the writer's sessions plan them as index scans
+        # whatever size `events` had when a session first planned them (migration 0006).
+        given = parsed.query.get("options")
+        options = " ".join([*([given] if isinstance(given, str) else given or []), "-c enable_seqscan=off"])
+        writer = create_engine(
+            parsed, **{**kwargs, "connect_args": {**kwargs["connect_args"], "options": options}}
+        )
         reader = create_engine(parsed, **kwargs)
         for engine in (writer, reader):
             _ping_when_idle(engine)

@@ -389,3 +389,21 @@ def test_notify_subscription_follows_appends(pg_url: str) -> None:
     t.join(20)
     assert not t.is_alive()
     assert seen == [1, 2, 3]
+
+
+def test_writer_sessions_plan_index_scans_and_keep_the_urls_own_options(pg_url: str) -> None:
+    """The append function carries no per-call SET clause (migration 0006): the writer's sessions set
+    `enable_seqscan = off` when they connect, after any `options` the URL itself gives."""
+    upgrade_database(pg_url)
+    store = open_store(pg_url + "?options=-c%20statement_timeout%3D12345")
+    with store._writer.connect() as conn:
+        assert conn.execute(text("SHOW enable_seqscan")).scalar() == "off"
+        assert conn.execute(text("SHOW statement_timeout")).scalar() == "12345ms"
+        config = conn.execute(
+            text("SELECT proconfig FROM pg_proc WHERE proname = 'ledger_append_events'")
+        ).scalar()
+        assert config is None
+    with store.read_connection() as conn:  # readers plan as the server says
+        assert conn.execute(text("SHOW enable_seqscan")).scalar() == "on"
+    store.append("group-p1", [reserved()])
+    assert store.head() == 1 and store.verify_chain() is None
