@@ -21,6 +21,7 @@ from eventstore.events import (
     GroupClaimedForTraining,
     RunFailed,
 )
+from projections.audit import audit_log
 from projections.base import decode
 from protocol.streams import checkpoint_stream
 from protocol.wire import PhaseResponse
@@ -211,6 +212,9 @@ async def test_case6_another_trainers_cut_does_not_archive_this_trainers_rolled_
             assert g in [s.group_id for s in t1b.sealed_unclaimed()]
             await t1b.claim_for_training(g, 0)
             await t1b.close()
+            # The log of two trainers, each restoring to its own cut, audits clean (archived-by-own-cut).
+            report = audit_log(stores[2])
+            assert report.ok, report.as_json()
     finally:
         for s in stores:
             s.close()
