@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from cli.common import DbOption, Role, clear_errors, console, db_url, err_console
+from cli.debt import STATUS_DEBTS_SHOWN, debts_table
 from eventstore import EventStore, open_store
 from eventstore.errors import EventStoreError
 from projections.audit import audit_log
@@ -310,6 +311,9 @@ def status(db: DbOption = None) -> None:
     if not ledger.debts:
         debts.add_row("-", "0", "")
     console.print(debts)
+    if ledger.debts:
+        # What an operator needs to find a debt that can never be paid: `ledger debt drop ROLLOUT ATTEMPT`.
+        console.print(debts_table(ledger, STATUS_DEBTS_SHOWN))
 
     last = checkpoints.last_committed()
     if last is None:

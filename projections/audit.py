@@ -75,7 +75,7 @@ BOUNDED_RETRIES: Final = "bounded-retries"
 OWNER_EPOCH: Final = "owner-epoch"
 # CheckpointResumed only after every participant confirmed it resumed.
 RESUMED_BY_EVERY_PARTICIPANT: Final = "resumed-by-every-participant"
-# An unknown_execution drops a debt only with the agent's newer generation as evidence.
+# A debt is dropped only with the agent's newer generation as evidence, or by an operator's mark.
 DEBT_DROPPED_ON_EVIDENCE: Final = "debt-dropped-on-evidence"
 # A checkpoint's cut archives, and a restore keeps, only its own trainer's groups and claims.
 ARCHIVED_BY_OWN_CUT: Final = "archived-by-own-cut"
@@ -461,7 +461,12 @@ def _rejected(st: AuditState, ev: RecordedEvent, e: AckRejected) -> None:
             f"AckRejected for {e.rollout_id}#{e.attempt_index} with no AckOwed before it: an ACK was sent for a "
             "receipt the trainer had not durably recorded",
         )
-    if e.error == "unknown_execution":
+    if e.error == "dropped_by_operator":
+        # The other evidence a debt may leave on: the operator's mark, with its reason, is in the row.
+        if t is not None:
+            t.rejected_unknown = ev.position
+        _pay(st, ev, key)
+    elif e.error == "unknown_execution":
         generation = t.fetched.execution_generation if t is not None and t.fetched is not None else None
         if e.agent_generation is not None and generation is not None and e.agent_generation <= generation:
             return  # recorded as what it is; the debt stays owed (no evidence the agent lost it)

@@ -44,6 +44,7 @@ from trainer.core.checkpoint import (
     first_call,
     resumed_event_due,
     step,
+    unpaid_at_decision,
 )
 from trainer.errors import CheckpointBusy, CheckpointDecided, UnknownCheckpoint
 from trainer.gym import GymClient
@@ -283,6 +284,11 @@ class Checkpointer:
                 for name in names:
                     if not await self.relay.flush(name, max(1.0, deadline - time.monotonic())):
                         state.failures[name] = "debts still unpaid in the log at the decision"
+            if not state.failures:
+                # A debt the relay keeps owed and no longer sends is unpaid all the same.
+                debts = ctx.journal.ledger.debts
+                owed = {a: len(debts.get(a, {})) for a in names}
+                state.failures.update(unpaid_at_decision(owed, names))
         except BaseException:
             await self._presume_abort(checkpoint_id, names)
             self._release()

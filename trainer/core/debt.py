@@ -9,22 +9,28 @@
                                                   owed, is not resent in a loop, and the operator is
                                                   told (a wrong agent behind the client, or a lie)
 
+    operator drop, debt owed                   -> AckRejected dropped_by_operator with the operator's
+                                                  mark (`ledger debt drop`): the debt drops
+    operator drop, no such debt owed           -> refused, nothing recorded
+
 A debt is dropped only on evidence (a newer generation) or by an operator; the fold applies the same
 rule (`projections.ledger.debt_dropped_by`), so the log alone shows why each debt left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from eventstore.events import AckAccepted, AckRejected, Event
+from eventstore.events import AckAccepted, AckRejected, Event, OperatorMark
+from projections.ledger import debt_key
 from protocol.wire import AcknowledgeResult, CompletionReceipt
 
 
 @dataclass(frozen=True)
 class DebtStep:
-    verdict: Literal["paid", "refetch", "need_generation", "dropped", "kept"]
+    verdict: Literal["paid", "refetch", "need_generation", "dropped", "kept", "unknown"]
     events: tuple[Event, ...] = ()
     reason: str = ""
 
@@ -49,4 +55,39 @@ def on_ack(receipt: CompletionReceipt, result: AcknowledgeResult, agent_generati
         (rejected,),
         f"the agent (generation {agent_generation}) denies {rid}#{n}, a result of its generation "
         f"{receipt.execution_generation}: the debt stays owed (a different agent behind this client?)",
+    )
+
+
+@dataclass(frozen=True)
+class OperatorDrop:
+    """An operator's drop of one debt, decided: the agent it was owed to and the event to append."""
+
+    step: DebtStep
+    agent_name: str | None = None
+    receipt: CompletionReceipt | None = None
+
+
+def on_operator_drop(
+    debts: Mapping[str, Mapping[str, CompletionReceipt]],
+    rollout_id: str,
+    attempt_index: int,
+    agent_name: str | None,
+    mark: OperatorMark,
+) -> OperatorDrop:
+    """`debts`: the ledger's unpaid debts (agent -> debt key -> receipt).  Only a debt the log holds
+    unpaid can be dropped; anything else is refused with nothing to record."""
+    key = debt_key(rollout_id, attempt_index)
+    owners = [a for a, owed in debts.items() if key in owed and (agent_name is None or a == agent_name)]
+    if not owners:
+        to = f" to agent {agent_name!r}" if agent_name is not None else ""
+        return OperatorDrop(
+            DebtStep("unknown", reason=f"no unpaid ACK debt for {rollout_id}#{attempt_index}{to}")
+        )
+    owner = owners[0]
+    receipt = debts[owner][key]
+    dropped = AckRejected(
+        rollout_id=rollout_id, attempt_index=attempt_index, error="dropped_by_operator", operator=mark
+    )
+    return OperatorDrop(
+        DebtStep("dropped", (dropped,), f"dropped by {mark.operator}: {mark.reason}"), owner, receipt
     )
