@@ -13,7 +13,11 @@ that is safe by construction:
 - an actor that (re)starts folds the log and recovers (`RolloutCoordinator.recover`): tries in flight
   are retired or adopted, debts paid, open groups driven on;
 - a retried `run_rollouts` plans the same group ids from the same rows and `submit` is idempotent,
-  so it resumes the groups instead of running them again;
+  so it resumes the groups instead of running them again.  Under Ray the call's task id (the same on
+  every retry of it) names the groups too: a retry resumes its own groups even when the first attempt
+  had claimed them all (and died before its caller had every item), and another call with the same
+  rows gets groups of its own.  Outside Ray a call is named by its rows and their occurrence: the
+  first occurrence not wholly claimed is resumed;
 - each group is claimed for training (an append) before its rows are yielded, and a retried stream
   first yields again, in claim order, the groups the first attempt claimed.  Ray replays a streaming
   generator and drops the items its caller already has by index, so the replay must yield the same
@@ -124,8 +128,9 @@ class LedgerGym:
         coord = await self._coordinator()
         rows = nemo_gym_examples
         runs = split_groups(rows, self.config.num_generations)
-        digest = call_digest(rows)
-        occurrence, records = await self._occurrence(digest, len(runs))
+        call_id = self._call_id()
+        digest = call_digest(rows, call_id)
+        occurrence, records = await self._occurrence(digest, len(runs), whole=call_id is not None)
         planned = plan_call(runs, digest, occurrence, self.config.group_prefix)
         for p in planned:
             await coord.submit(
@@ -259,9 +264,27 @@ class LedgerGym:
             "reading group streams",
         )
 
-    async def _occurrence(self, digest: str, groups: int) -> tuple[int, dict[str, GroupRecord]]:
-        """The first occurrence of these rows not wholly delivered (a retry resumes it), with the
-        records of its groups already in the log."""
+    def _call_id(self) -> str | None:
+        """The Ray task this call runs as: the same on every retry of it (None outside a Ray actor)."""
+        try:
+            import ray
+        except ImportError:
+            return None
+        if not ray.is_initialized():
+            return None
+        context = ray.get_runtime_context()
+        if context.get_actor_id() is None:
+            return None
+        task_id: str | None = context.get_task_id()
+        return task_id
+
+    async def _occurrence(
+        self, digest: str, groups: int, whole: bool = False
+    ) -> tuple[int, dict[str, GroupRecord]]:
+        """The first occurrence of these rows not wholly claimed (a retry resumes it), with the
+        records of its groups already in the log.  `whole`: the digest names this very call (its
+        task id), so its groups are resumed even when all of them were claimed: a retry then replays
+        every item, and Ray drops those its caller already has."""
         coord = self.coord
         assert coord is not None
         prefix = self.config.group_prefix
@@ -272,7 +295,7 @@ class LedgerGym:
             if not known:
                 return occurrence, {}
             records = await self._records(known)
-            if len(known) < groups or any(r.claim_position is None for r in records.values()):
+            if whole or len(known) < groups or any(r.claim_position is None for r in records.values()):
                 return occurrence, records
             occurrence += 1
 
