@@ -51,6 +51,7 @@ from trainer.attempts import Attempts
 from trainer.checkpoint import Checkpointer, CheckpointOutcome, PreparedCheckpoint
 from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
+from trainer.core.debt import ACK_POLICY
 from trainer.core.retry import RetryPolicy
 from trainer.errors import (
     AlreadyClaimed,
@@ -100,6 +101,7 @@ class RolloutCoordinator:
         outage_budget_s: float = OUTAGE_BUDGET_S,
         trainer_id: str | None = None,
         retire_policy: RetryPolicy = RETIRE_POLICY,
+        ack_policy: RetryPolicy = ACK_POLICY,
         reconcile_every_s: float = 5.0,
     ) -> None:
         self.store = store
@@ -113,6 +115,7 @@ class RolloutCoordinator:
             park_grace_s=park_grace_s,
             trainer_id=trainer_id,
             retire_policy=retire_policy,
+            ack_policy=ack_policy,
             reconcile_every_s=reconcile_every_s,
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)

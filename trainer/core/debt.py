@@ -26,6 +26,33 @@ from typing import Literal
 from eventstore.events import AckAccepted, AckRejected, Event, OperatorMark
 from projections.ledger import debt_key
 from protocol.wire import AcknowledgeResult, CompletionReceipt
+from trainer.core.retry import RetryPolicy, RetryState, next_step
+
+# One agent's /acknowledge failing in transport (away, 5xx, garbage): jittered backoff within this
+# budget; spent, the agent is reported stuck once and called at the longest wait from then on (its
+# debts stay owed in the log: only the agent's answer, its newer generation or an operator ends them).
+ACK_POLICY = RetryPolicy(max_calls=16, deadline_s=60.0, base_s=0.05, cap_s=2.0)
+
+
+@dataclass(frozen=True)
+class AckRetry:
+    """After a failed /acknowledge: the wait before the next call, and `stuck` once the budget is
+    spent (the shell reports that once per spell; the calls go on at the longest wait)."""
+
+    state: RetryState
+    delay_s: float
+    stuck: bool = False
+    reason: str = ""
+
+
+def on_ack_failure(
+    state: RetryState, now: float, jitter: float, error: str, policy: RetryPolicy = ACK_POLICY
+) -> AckRetry:
+    failed = state.failed(now, error)
+    verdict = next_step(policy, failed, now, jitter)
+    if verdict.kind == "retry":
+        return AckRetry(failed, verdict.delay_s)
+    return AckRetry(failed, policy.cap_s * (0.5 + jitter / 2), True, verdict.reason)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,62 @@
+"""The trainer's retry loops against real agents that never answer usefully: each gives up (or is
+reported stuck) within its budget, and says so."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from eventstore import EventStore
+from gym_agent.config import AgentConfig
+from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
+from tests.rollout.hostile_agent import Rule, serve_hostile
+from trainer.core.retry import RetryPolicy
+from trainer.gym import GymClient
+
+
+def _config(tmp_path: Path) -> AgentConfig:
+    return AgentConfig(name="h", state_dir=tmp_path / "h", log_level="warning", turns=(2, 2), delay_s=0.01)
+
+
+async def test_an_ack_relay_that_keeps_failing_reports_the_agent_stuck_and_pays_once_it_answers(
+    store: EventStore, tmp_path: Path
+) -> None:
+    """Every /acknowledge answers garbage: after ACK_POLICY's calls the agent is reported stuck, its
+    debts stay owed in the log; once the agent answers again they are paid and the report cleared."""
+    garbage = Rule("/acknowledge", lambda _p, _b: True, "garbage")
+    policy = RetryPolicy(max_calls=3, deadline_s=60.0, base_s=0.01, cap_s=0.05)
+    g = gid("ack")
+    with serve_hostile(_config(tmp_path), [garbage]) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(store, {"h": client}, mode="sibling", ack_policy=policy)
+            async with coord:
+                await coord.submit(g, PROMPT, "h", 2, PAYLOAD)
+                async with asyncio.timeout(60):  # a bound, not a speed: the gate is the report
+                    while "h" not in coord.relay.stuck:
+                        await asyncio.sleep(0.02)
+                assert "3 calls failed" in coord.relay.stuck["h"] and "not JSON" in coord.relay.stuck["h"]
+                assert garbage.hits >= policy.max_calls
+                assert len(coord.ledger.unpaid_debts("h")) == 2  # never dropped by giving up
+                garbage.times = garbage.hits  # the agent answers again
+                await coord.wait_idle(60)
+                assert coord.ledger.unpaid_debts("h") == [] and "h" not in coord.relay.stuck
+            assert (await client.status()).completed_unacknowledged == 0
+
+
+async def test_a_prepare_that_keeps_failing_aborts_at_its_deadline_naming_the_last_error(
+    store: EventStore, tmp_path: Path
+) -> None:
+    """Every /checkpoint/prepare answers garbage: retried with jittered backoff until the prepare
+    deadline leaves no time for another call, then the checkpoint aborts with the reason."""
+    garbage = Rule("/checkpoint/prepare", lambda _p, _b: True, "garbage")
+    with serve_hostile(_config(tmp_path), [garbage]) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(store, {"h": client}, mode="sibling", prepare_timeout_s=1.0)
+            async with coord:
+                outcome = await coord.checkpoint(gid("ck"))
+                assert not outcome.committed
+                assert "prepare deadline" in outcome.reason and "prepare calls failed" in outcome.reason
+                assert "not JSON" in outcome.reason
+                assert garbage.hits >= 2  # retried, not given up at the first failure
+            status = await client.status()
+            assert status.phase == "idle", status  # the abort reached the agent
