@@ -8,6 +8,7 @@ import pytest
 
 from eventstore import EventStore, open_store
 from protocol.streams import group_stream
+from protocol.wire import AttemptFault
 from tests.ray.conftest import nemo_rows
 from tests.rollout.conftest import MakeAgent
 from trainer.gym import GymClient
@@ -224,3 +225,21 @@ async def test_split_phase_checkpoint_through_the_actor(sqlite_url: str, make_ag
     finally:
         store.close()
     assert types.count("CheckpointCommitted") == 1 and types.count("CheckpointAborted") == 1
+
+
+async def test_a_call_whose_groups_never_seal_gives_up_at_its_budget(
+    sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    """No wait is unbounded: a group hung at its agent (and a long try deadline) ends the call with a
+    TimeoutError naming what is still open once `call_budget_s` is spent."""
+    agent = make_agent("a")
+    rows = nemo_rows(1, 2, ["a"])
+    hung = f"{group_id('nrl-', call_digest(rows), 0, 0)}_g0"
+    async with GymClient(agent.url, "a") as client:
+        await client.set_faults(AttemptFault(rollout_id=hung, attempt_index=0, hang=True))
+    gym = LedgerGym(_config(sqlite_url, {"a": agent.url}, call_budget_s=0.5))
+    try:
+        with pytest.raises(TimeoutError, match=r"1 group\(s\) of this call still open after 0\.5 s"):
+            await _collect(gym, rows)
+    finally:
+        await gym.shutdown()

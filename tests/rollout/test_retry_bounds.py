@@ -4,12 +4,15 @@ reported stuck) within its budget, and says so."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
+from typing import Any
 
 from eventstore import EventStore
 from gym_agent.config import AgentConfig
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
 from tests.rollout.hostile_agent import Rule, serve_hostile
+from trainer.acks import MAX_REFETCHES
 from trainer.core.retry import RetryPolicy
 from trainer.gym import GymClient
 
@@ -60,3 +63,33 @@ async def test_a_prepare_that_keeps_failing_aborts_at_its_deadline_naming_the_la
                 assert garbage.hits >= 2  # retried, not given up at the first failure
             status = await client.status()
             assert status.phase == "idle", status  # the abort reached the agent
+
+
+async def test_a_receipt_the_agent_keeps_changing_is_refetched_at_most_max_refetches_times(
+    store: EventStore, tmp_path: Path
+) -> None:
+    """The agent describes try 0 with another generation at every fetch: each ACK is refused for real
+    (receipt_mismatch) and the receipt fetched again, MAX_REFETCHES times; then the debt is left
+    unpaid in the log and no longer sent (the agent still holds the result: an operator's case)."""
+    drift = itertools.count(5)
+    g = gid("drift")
+
+    def drifting(receipt: Any) -> Any:
+        return {**receipt, "execution_generation": receipt["execution_generation"] + next(drift)}
+
+    receipts = Rule("/completion_receipt", lambda path, _b: path == f"/completion_receipt/{g}_g0/0", drifting)
+    acks = Rule("/acknowledge", lambda _p, _b: True, lambda body: body)  # counts the calls only
+    with serve_hostile(_config(tmp_path), [receipts, acks]) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(store, {"h": client}, mode="sibling")
+            async with coord:
+                await coord.submit(g, PROMPT, "h", 1, PAYLOAD)
+                async with asyncio.timeout(60):  # a bound; the gate: owed in the log, no longer sent
+                    while not (coord.ledger.unpaid_debts("h") and not coord.relay.owed_agents()):
+                        await asyncio.sleep(0.02)
+                sent = acks.hits
+                assert await coord.relay.send("h")  # nothing left to send: no call
+                assert acks.hits == sent == MAX_REFETCHES + 1
+            assert (await client.status()).completed_unacknowledged == 1
+    rejected = [e.data["error"] for e in store.read_stream(f"group-{g}") if e.type == "AckRejected"]
+    assert rejected == ["receipt_mismatch"] * (MAX_REFETCHES + 1)
