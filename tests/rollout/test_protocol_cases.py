@@ -128,7 +128,9 @@ async def test_case4_an_abort_that_fails_once_is_retried_until_the_agent_confirm
         coord = coordinator(sqlite_store, {"a": client}, prepare_timeout_s=0.3, park_grace_s=30.0)
         await coord.start()
         await coord.submit(gid(), PROMPT, "a", 1, PAYLOAD)
-        await asyncio.sleep(0.3)  # the try is running: prepare cannot finish within 0.3 s
+        async with asyncio.timeout(30):  # the gate: the try is running, so prepare cannot finish in 0.3 s
+            while (await client.status()).running == 0:
+                await asyncio.sleep(0.02)
         outcome = await coord.checkpoint("c4a")
         assert outcome.outcome == "aborted" and client.failed
         assert (await client.status()).phase == "idle"
