@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
+from cli import debt as debt_cli
 from cli.main import app
 from eventstore import EventStore, open_store
 from eventstore.events import AckRejected, OperatorMark
@@ -143,3 +144,27 @@ def test_a_v2_rejection_reads_as_v3_without_a_mark(owed: EventStore, store_url: 
         rollout_id="p2_g0", attempt_index=0, error="unknown_execution", agent_generation=1, operator=None
     )
     assert [d.rollout_id for _, d in ledger_of(owed).unpaid_debts()] == ["p2_g0"]
+
+
+def test_a_trainer_paying_the_debt_between_the_read_and_the_append_wins(
+    owed: EventStore, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer's relay pays the debt after the command read the log and before it appends: the
+    append is fenced on the group's version, nothing is written, and the decision made again finds
+    nothing to drop (exit 2).  The trainer's own stream was never touched, so it is not fenced off."""
+    decide = debt_cli.on_operator_drop
+    calls = []
+
+    def paid_meanwhile(*args: object, **kwargs: object) -> object:
+        decision = decide(*args, **kwargs)  # type: ignore[arg-type]
+        if not calls:
+            LogBuilder(owed).ack("p2_g0")  # the trainer, between this read and the append
+        calls.append(decision)
+        return decision
+
+    monkeypatch.setattr(debt_cli, "on_operator_drop", paid_meanwhile)
+    code, out = run("debt", "drop", "p2_g0", "0", "--reason", "agent disk lost", "--db", store_url)
+    assert code == 2 and "no unpaid ACK debt" in out, out
+    assert len(calls) == 2
+    assert not list(owed.read_stream(operator_stream(AGENT)))
+    assert ledger_of(owed).unpaid_debts() == [] and audit_log(owed).ok
