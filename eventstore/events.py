@@ -222,6 +222,17 @@ class AckRejected(Event, version=3):
         return self
 
 
+class AckDeliveryStuck(Event):
+    """One agent's `/acknowledge` kept failing past the ACK retry budget (`ACK_POLICY`).  Its debts stay
+    owed: a debt ends only on the agent's answer, a newer generation of it, or an operator's drop; the
+    trainer keeps sending them at the longest wait.  Recorded once per spell, on the trainer's stream."""
+
+    agent_name: Identifier
+    debts: int = Field(ge=0)
+    calls: int = Field(ge=0)
+    reason: str
+
+
 class AttemptRetired(Event):
     rollout_id: Identifier
     attempt_index: AttemptIndex

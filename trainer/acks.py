@@ -4,7 +4,8 @@ It reads unpaid debts from the ledger projection (so they survive any crash), se
 `/acknowledge` per agent carrying every receipt owed to it, and appends `AckAccepted` only after the
 agent accepted, `AckRejected` with the agent's reason otherwise.  Transport failures back off with
 jitter within `ACK_POLICY` (trainer/core/debt.py); once it is spent the agent is reported stuck
-(logged once, `AckRelay.stuck`) and called at the longest wait: a debt is never dropped here.
+(`AckDeliveryStuck` on the trainer's stream, once per spell, and an error log; `AckRelay.stuck`) and
+called at the longest wait: a debt is never dropped here.
 """
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from eventstore.events import AckAccepted, AckOwed, AckRejected, Event, ReceiptFetched, RunFailed
+from eventstore.events import (
+    AckAccepted,
+    AckDeliveryStuck,
+    AckOwed,
+    AckRejected,
+    Event,
+    ReceiptFetched,
+    RunFailed,
+)
 from projections.ledger import LedgerState, debt_key
 from protocol.ids import capture_key
-from protocol.streams import group_stream
+from protocol.streams import group_stream, trainer_stream
 from protocol.wire import CompletionReceipt
 from trainer.attempts import group_id_of
 from trainer.context import Context, log
@@ -123,6 +132,17 @@ class AckRelay:
                 if retry.stuck and agent_name not in self.stuck:
                     # Reported once per spell; the debts stay owed in the log and are sent on.
                     self.stuck[agent_name] = retry.reason
+                    await self.ctx.journal.append(
+                        trainer_stream(self.ctx.settings.trainer_id),
+                        [
+                            AckDeliveryStuck(
+                                agent_name=agent_name,
+                                debts=len(owed),
+                                calls=retry.state.calls,
+                                reason=retry.reason[:500],
+                            )
+                        ],
+                    )
                     log.error(
                         "ACK to %s stuck (%d receipts owed, still retried every ~%.0f s; "
                         "`ledger debt list`): %s",

@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from eventstore import EventStore
+from eventstore.events import AckDeliveryStuck
 from gym_agent.config import AgentConfig
+from projections.base import decode
+from protocol.streams import trainer_stream
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
 from tests.rollout.hostile_agent import Rule, serve_hostile
 from trainer.acks import MAX_REFETCHES
@@ -44,6 +47,11 @@ async def test_an_ack_relay_that_keeps_failing_reports_the_agent_stuck_and_pays_
                 await coord.wait_idle(60)
                 assert coord.ledger.unpaid_debts("h") == [] and "h" not in coord.relay.stuck
             assert (await client.status()).completed_unacknowledged == 0
+    # The durable evidence, once for the spell: the agent, its debts, the calls spent and why.
+    events = [decode(e) for e in store.read_stream(trainer_stream(None))]
+    stuck = [e for e in events if isinstance(e, AckDeliveryStuck)]
+    assert [(e.agent_name, e.debts, e.calls) for e in stuck] == [("h", 2, policy.max_calls)]
+    assert "not JSON" in stuck[0].reason
 
 
 async def test_a_prepare_that_keeps_failing_aborts_at_its_deadline_naming_the_last_error(
