@@ -254,9 +254,13 @@ class GroupDeadLettered(Event):
     budget: RetryBudget | None = None
 
 
-class GroupClaimedForTraining(Event):
+class GroupClaimedForTraining(Event, version=2):
+    """Version 2 added `call_id`: the call that delivered the group to training, when it has an
+    identity a retry of it keeps (a Ray task id).  Version 1 rows are upcast with None."""
+
     group_id: Identifier
     train_step: int = Field(ge=0)
+    call_id: str | None = Field(default=None, max_length=200)
 
 
 # --- checkpoints -------------------------------------------------------------

@@ -584,7 +584,9 @@ class RolloutCoordinator:
 
         return dataclasses.replace(group, replies=await self.journal.read(read, "reading replies"))
 
-    async def claim_for_training(self, group_id: str, train_step: int) -> None:
+    async def claim_for_training(self, group_id: str, train_step: int, *, call_id: str | None = None) -> None:
+        """Records that training consumed the sealed group at `train_step` (`call_id`: the caller's
+        own identity that a retry of it keeps, e.g. a Ray task id)."""
         self._check_alive()
 
         def build(ledger: LedgerState) -> list[Event]:
@@ -601,7 +603,7 @@ class RolloutCoordinator:
                 raise NotSealed(f"group {group_id!r} is {group.status}, not sealed")
             if group.claims:
                 raise AlreadyClaimed(f"group {group_id!r} was claimed for step {group.claims[-1].train_step}")
-            return [GroupClaimedForTraining(group_id=group_id, train_step=train_step)]
+            return [GroupClaimedForTraining(group_id=group_id, train_step=train_step, call_id=call_id)]
 
         await self.journal.append(group_stream(group_id), build)
 

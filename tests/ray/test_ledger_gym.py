@@ -171,13 +171,16 @@ async def test_a_retried_task_whose_groups_were_all_claimed_replays_them_not_new
     assert [i for i, _, _ in replayed] == [i for i, _, _ in delivered]
     assert [r for _, r, _ in replayed] == [r for _, r, _ in delivered]
     assert sorted(i for i, _, _ in fresh) == list(range(6))
-    # task-1's groups: claimed, rolled back by the restart (no checkpoint kept them), claimed again.
-    for task, claims in (("task-1", 2), ("task-2", 1)):
-        digest = call_digest(rows, task)
+    # task-1's groups (occurrence 0): claimed, rolled back by the restart (no checkpoint kept them),
+    # claimed again by the same call; task-2's are the next occurrence of the same rows.
+    digest = call_digest(rows)
+    for occurrence, task, claims in ((0, "task-1", 2), (1, "task-2", 1)):
         for k in range(3):
-            types = [e.type for e in sqlite_store.read_stream(group_stream(group_id("nrl-", digest, 0, k)))]
-            assert types.count("GroupReserved") == 1 and types.count("GroupClaimedForTraining") == claims
-        assert not list(sqlite_store.read_stream(group_stream(group_id("nrl-", digest, 1, 0))))
+            events = list(sqlite_store.read_stream(group_stream(group_id("nrl-", digest, occurrence, k))))
+            assert [e.type for e in events].count("GroupReserved") == 1
+            claimed = [e.data["call_id"] for e in events if e.type == "GroupClaimedForTraining"]
+            assert claimed == [task] * claims
+    assert not list(sqlite_store.read_stream(group_stream(group_id("nrl-", digest, 2, 0))))
     async with GymClient(agent.url, "a") as client:
         assert sum((await client.debug_runs()).values()) == 12  # 3 groups x 2, per task: none twice
 

@@ -59,6 +59,8 @@ class GroupRecord:
 
     group_id: str
     claim_position: int | None = None
+    # The call that made the first claim, when it named itself (a Ray task id).
+    claim_call: str | None = None
     sealed: bool = False
     dead_letter_reasons: list[str] | None = None
     # generation index -> (reply digest, tokens digest) of the sealed try
@@ -77,11 +79,9 @@ def _content(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k != ROW_INDEX}
 
 
-def call_digest(rows: Sequence[dict[str, Any]], call_id: str | None = None) -> str:
-    """The hex digest naming a call's rows (what a Ray retry sends again unchanged), and the call
-    itself when it has an identity of its own that a retry keeps (its Ray task id)."""
-    text = canonical_json(list(rows)) if call_id is None else canonical_json([call_id, list(rows)])
-    return sha256_digest(text.encode()).partition(":")[2][:_DIGEST_CHARS]
+def call_digest(rows: Sequence[dict[str, Any]]) -> str:
+    """The hex digest naming a call's rows (what a Ray retry sends again unchanged)."""
+    return sha256_digest(canonical_json(list(rows)).encode()).partition(":")[2][:_DIGEST_CHARS]
 
 
 def group_id(prefix: str, digest: str, occurrence: int, k: int) -> str:
@@ -158,6 +158,7 @@ def read_group(group_id: str, events: Iterable[RecordedEvent]) -> GroupRecord:
             record.dead_letter_reasons = list(data.get("reasons") or [])
         elif event.type == "GroupClaimedForTraining" and record.claim_position is None:
             record.claim_position = event.position
+            record.claim_call = data.get("call_id")
     return record
 
 
