@@ -10,12 +10,12 @@ from typer.testing import CliRunner
 from cli import debt as debt_cli
 from cli.main import app
 from eventstore import EventStore, open_store
-from eventstore.events import AckRejected, OperatorMark
+from eventstore.events import AckDeliveryStuck, AckRejected, OperatorMark
 from projections.audit import CHECKPOINT_CLEAN, audit_log
 from projections.base import decode
 from projections.ledger import LedgerState
 from projections.runner import rebuild
-from protocol.streams import operator_stream
+from protocol.streams import operator_stream, trainer_stream
 from tests.projections.builder import AGENT, LogBuilder
 from tests.projections.tamper import append_raw
 
@@ -168,3 +168,17 @@ def test_a_trainer_paying_the_debt_between_the_read_and_the_append_wins(
     assert len(calls) == 2
     assert not list(owed.read_stream(operator_stream(AGENT)))
     assert ledger_of(owed).unpaid_debts() == [] and audit_log(owed).ok
+
+
+def test_status_shows_an_agent_whose_ack_delivery_is_stuck_while_it_is_owed(
+    owed: EventStore, store_url: str
+) -> None:
+    stuck = AckDeliveryStuck(
+        agent_name=AGENT, debts=1, calls=16, reason="16 calls failed: connection refused"
+    )
+    owed.append(trainer_stream(None), [stuck])
+    code, out = run("status", "--db", store_url)
+    assert code == 0 and "ACK delivery stuck" in out and "connection refused" in out, out
+    LogBuilder(owed).ack("p2_g0")  # the agent answered again: paid, no longer shown
+    code, out = run("status", "--db", store_url)
+    assert code == 0 and "ACK delivery stuck" not in out, out
