@@ -53,14 +53,15 @@ def _ledger(store: EventStore) -> LedgerState:
     return state
 
 
-def debts_table(ledger: LedgerState, limit: int | None = None) -> Table:
-    """Every unpaid debt, oldest first per agent, with what `ledger debt drop` needs to name it."""
+def debts_table(ledger: LedgerState, limit: int | None = None, agent: str | None = None) -> Table:
+    """Every unpaid debt (to `agent`, if given), oldest first per agent, with what `ledger debt drop`
+    needs to name it."""
     table = Table("agent", "rollout", "attempt", "generation", "group", "trainer", title="unpaid ACK debts")
-    rows = ledger.unpaid_debts()
-    for agent, receipt in rows if limit is None else rows[:limit]:
+    rows = ledger.unpaid_debts(agent)
+    for owed_to, receipt in rows if limit is None else rows[:limit]:
         group = ledger.group_of(receipt.rollout_id)
         table.add_row(
-            escape(agent),
+            escape(owed_to),
             escape(receipt.rollout_id),
             str(receipt.attempt_index),
             str(receipt.execution_generation),
@@ -84,13 +85,15 @@ def list_debts(
             ledger = _ledger(store)
         finally:
             store.close()
-    if agent is not None:
-        ledger.debts = {a: owed for a, owed in ledger.debts.items() if a == agent}
-    console.print(debts_table(ledger))
+    console.print(debts_table(ledger, agent=agent))
 
 
 def default_operator() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()}"
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (no $USER, no passwd entry)
+        user = "operator"
+    return f"{user}@{socket.gethostname()}"
 
 
 @app.command("drop")

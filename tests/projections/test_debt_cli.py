@@ -54,6 +54,8 @@ def test_status_shows_the_debt_and_the_operator_drops_it(owed: EventStore, store
     assert code == 0 and "unpaid ACK debts" in out and "p2_g0" in out, out
     code, out = run("debt", "list", "--db", store_url)
     assert code == 0 and "p2_g0" in out and "p1_g0" not in out, out
+    code, out = run("debt", "list", "--agent", "agent-b", "--db", store_url)
+    assert code == 0 and "p2_g0" not in out, out
 
     code, out = run(
         "debt",
