@@ -81,7 +81,8 @@ def on_ack(receipt: CompletionReceipt, result: AcknowledgeResult, agent_generati
         "kept",
         (rejected,),
         f"the agent (generation {agent_generation}) denies {rid}#{n}, a result of its generation "
-        f"{receipt.execution_generation}: the debt stays owed (a different agent behind this client?)",
+        f"{receipt.execution_generation}: the debt stays owed (a different agent behind this client?); "
+        f"if it can never be paid: ledger debt drop {rid} {n} --reason ...",
     )
 
 
