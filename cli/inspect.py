@@ -21,8 +21,10 @@ from rich.table import Table
 from rich.tree import Tree
 
 from cli.common import DbOption, Role, clear_errors, console, db_url, err_console
-from eventstore import EventStore, open_store
+from cli.debt import STATUS_DEBTS_SHOWN, debts_table
+from eventstore import EventStore, RecordedEvent, open_store
 from eventstore.errors import EventStoreError
+from eventstore.events import AckDeliveryStuck
 from projections.audit import audit_log
 from projections.base import ReplayRefused
 from projections.checkpoints import CheckpointsState
@@ -41,6 +43,7 @@ from projections.runner import (
 from projections.sql import list_checkpoints
 from projections.swimlane import render_html
 from projections.timeline import describe, timeline
+from protocol.streams import trainer_stream
 
 
 def register(app: typer.Typer) -> None:
@@ -294,6 +297,8 @@ def status(db: DbOption = None) -> None:
         stored = list_checkpoints(store)
         runner_at = store.subscriber_position(RUNNER_NAME)
         head = store.head()
+        ledger_now: LedgerState = result.state("ledger")
+        trainer_events = [e for t in trainer_ids(ledger_now) for e in store.read_stream(trainer_stream(t))]
     ledger: LedgerState = result.state("ledger")
     checkpoints: CheckpointsState = result.state("checkpoints")
 
@@ -310,6 +315,20 @@ def status(db: DbOption = None) -> None:
     if not ledger.debts:
         debts.add_row("-", "0", "")
     console.print(debts)
+    if ledger.debts:
+        # What an operator needs to find a debt that can never be paid: `ledger debt drop ROLLOUT ATTEMPT`.
+        console.print(debts_table(ledger, STATUS_DEBTS_SHOWN))
+        stuck = stuck_deliveries(trainer_events, ledger)
+        if stuck:
+            table = Table("agent", "unpaid", "failed calls", "last failure", title="ACK delivery stuck")
+            for event in stuck:
+                table.add_row(
+                    escape(event.agent_name),
+                    str(len(ledger.debts.get(event.agent_name, {}))),
+                    str(event.calls),
+                    escape(event.reason[:200]),
+                )
+            console.print(table)
 
     last = checkpoints.last_committed()
     if last is None:
@@ -342,6 +361,26 @@ def status(db: DbOption = None) -> None:
         f"log head: [bold]{head}[/bold]; newest projection checkpoint: {newest if newest is not None else 'none'}; "
         f"projection runner at {runner_at}"
     )
+
+
+def trainer_ids(ledger: LedgerState) -> list[str | None]:
+    """Every trainer with a group in the log (None: the unnamed trainer)."""
+    ids = {g.trainer_id for g in ledger.groups.values()} | {g.trainer_id for g in ledger.archived.values()}
+    return sorted(ids, key=lambda t: t or "")
+
+
+def stuck_deliveries(trainer_events: list[RecordedEvent], ledger: LedgerState) -> list[AckDeliveryStuck]:
+    """The newest `AckDeliveryStuck` of each agent the log still owes debts to."""
+    newest: dict[str, AckDeliveryStuck] = {}
+    for row in sorted(trainer_events, key=lambda r: r.position):
+        if row.type == AckDeliveryStuck.event_type():
+            try:
+                event = row.decode()
+            except EventStoreError:  # unreadable: `ledger audit` reports it (event-readable)
+                continue
+            if isinstance(event, AckDeliveryStuck):
+                newest[event.agent_name] = event
+    return [e for agent, e in sorted(newest.items()) if ledger.debts.get(agent)]
 
 
 # --- tail --------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import db, inspect, projections, simulate, worker
+from cli import db, debt, inspect, projections, simulate, worker
 from gym_agent.cli import app as gym_app
 
 app = typer.Typer(
@@ -14,6 +14,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(db.app, name="db")
+app.add_typer(debt.app, name="debt")
 app.add_typer(gym_app, name="gym")
 app.add_typer(worker.app, name="worker")
 app.add_typer(projections.app, name="projections")

@@ -18,7 +18,7 @@ from cli.common import DbOption, clear_errors, console, db_url, err_console
 from cli.metrics import serve_metrics
 from eventstore import open_store
 from workers.kernels import Backend
-from workers.logprobs import LogprobWorker, QueueCounts, WorkerConfig, WorkerStats
+from workers.logprobs import LogprobWorker, QueueCounts, WorkerConfig, WorkerStats, WorkerStopped
 from workers.policy import DEFAULT_POLICY_SPEC, load_policy
 
 app = typer.Typer(no_args_is_help=True, help="Workers that score what the log holds.")
@@ -123,6 +123,9 @@ def _logprobs(
             try:
                 stats = _run(worker, once, quiet=as_json, stop_asked=stop_asked)
                 counts = worker.counts()
+            except WorkerStopped as exc:
+                err_console.print(f"[red]error:[/red] {exc}")
+                raise typer.Exit(2) from None
             finally:
                 if exporter is not None:
                     exporter.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.ids import AttemptIndex, Identifier
 from protocol.wire import AttemptRef, CompletionReceipt
@@ -189,16 +189,48 @@ class AckAccepted(Event):
     idempotent: bool
 
 
-class AckRejected(Event, version=2):
+class OperatorMark(Payload):
+    """Who decided by hand, and why: the operator's own words are the evidence the log keeps."""
+
+    operator: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+AckRejectedError = Literal["receipt_mismatch", "unknown_execution", "dropped_by_operator"]
+
+
+class AckRejected(Event, version=3):
     """Version 2 added `agent_generation`: the agent's execution generation when it refused.  An
     `unknown_execution` drops the debt only if that generation is newer than the receipt's (the agent
     restarted and lost the result); otherwise the debt stays owed.  Version 1 rows (no generation
-    checked) are upcast with None and keep their old meaning: dropped."""
+    checked) are upcast with None and keep their old meaning: dropped.
+
+    Version 3 added `operator`: error `dropped_by_operator` is a debt an operator dropped
+    (`ledger debt drop`), the other evidence a debt may leave on; it carries the operator's mark, and
+    only it does.  Version 2 rows are upcast with None."""
 
     rollout_id: Identifier
     attempt_index: AttemptIndex
-    error: Literal["receipt_mismatch", "unknown_execution"]
+    error: AckRejectedError
     agent_generation: int | None = Field(default=None, ge=0)
+    operator: OperatorMark | None = None
+
+    @model_validator(mode="after")
+    def _operator_marks_only_an_operator_drop(self) -> AckRejected:
+        if (self.error == "dropped_by_operator") != (self.operator is not None):
+            raise ValueError("an operator's mark goes with error dropped_by_operator, and only with it")
+        return self
+
+
+class AckDeliveryStuck(Event):
+    """One agent's `/acknowledge` kept failing past the ACK retry budget (`ACK_POLICY`).  Its debts stay
+    owed: a debt ends only on the agent's answer, a newer generation of it, or an operator's drop; the
+    trainer keeps sending them at the longest wait.  Recorded once per spell, on the trainer's stream."""
+
+    agent_name: Identifier
+    debts: int = Field(ge=0)
+    calls: int = Field(ge=0)
+    reason: str
 
 
 class AttemptRetired(Event):
@@ -222,9 +254,13 @@ class GroupDeadLettered(Event):
     budget: RetryBudget | None = None
 
 
-class GroupClaimedForTraining(Event):
+class GroupClaimedForTraining(Event, version=2):
+    """Version 2 added `call_id`: the call that delivered the group to training, when it has an
+    identity a retry of it keeps (a Ray task id).  Version 1 rows are upcast with None."""
+
     group_id: Identifier
     train_step: int = Field(ge=0)
+    call_id: str | None = Field(default=None, max_length=200)
 
 
 # --- checkpoints -------------------------------------------------------------

@@ -61,6 +61,18 @@ def _ack_rejected_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "agent_generation": None}
 
 
+@upcaster("AckRejected", 2)
+def _ack_rejected_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 had no operator drops: no operator's mark."""
+    return {**data, "operator": None}
+
+
+@upcaster("GroupClaimedForTraining", 1)
+def _group_claimed_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not name the call that delivered the group."""
+    return {**data, "call_id": None}
+
+
 @upcaster("CheckpointCommitted", 1)
 def _checkpoint_committed_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 did not name its trainer: read as the unnamed trainer's."""

@@ -75,8 +75,10 @@ BOUNDED_RETRIES: Final = "bounded-retries"
 OWNER_EPOCH: Final = "owner-epoch"
 # CheckpointResumed only after every participant confirmed it resumed.
 RESUMED_BY_EVERY_PARTICIPANT: Final = "resumed-by-every-participant"
-# An unknown_execution drops a debt only with the agent's newer generation as evidence.
+# A debt is dropped only with the agent's newer generation as evidence, or by an operator's mark.
 DEBT_DROPPED_ON_EVIDENCE: Final = "debt-dropped-on-evidence"
+# A checkpoint's cut archives, and a restore keeps, only its own trainer's groups and claims.
+ARCHIVED_BY_OWN_CUT: Final = "archived-by-own-cut"
 # Not an invariant of docs/events.md: a row the reader cannot decode, reported rather than skipped silently.
 EVENT_READABLE: Final = "event-readable"
 
@@ -95,6 +97,7 @@ RULES: Final = (
     OWNER_EPOCH,
     RESUMED_BY_EVERY_PARTICIPANT,
     DEBT_DROPPED_ON_EVIDENCE,
+    ARCHIVED_BY_OWN_CUT,
     EVENT_READABLE,
 )
 # Keys of `TrainerRestored.plan` that count the debts a restarted trainer flushes: RecoveryPlan.summary()'s,
@@ -159,7 +162,8 @@ class CheckpointFacts:
     prepared: int | None = None
     decision: str | None = None
     decided: int | None = None
-    trainer_id: str | None = None
+    trainer_id: str | None = None  # the trainer that prepared it
+    cut: int | None = None  # the committed cut
     # participant -> its confirmed outcome (CheckpointParticipantFinished)
     finished: dict[str, str] = field(default_factory=dict)
 
@@ -183,6 +187,8 @@ class AuditState:
     claim_log: list[tuple[int, str]] = field(default_factory=list)  # standing claims in log order
     # trainer id ("" for the unnamed trainer) -> (writer, position) of its newest TrainerEpochTaken
     owners: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # trainer id ("" for the unnamed trainer) -> the newest cut a checkpoint it prepared committed
+    own_cuts: dict[str, int] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
 
     def violate(self, rule: str, positions: Iterable[int | None], message: str) -> None:
@@ -205,7 +211,7 @@ class AuditProjection(TypedProjection[AuditState]):
     """The rules of docs/events.md over decoded events (the row checks live in `RowChecker`)."""
 
     name: ClassVar[str] = "audit"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     state_type: ClassVar[Any] = AuditState
 
     def initial(self) -> AuditState:
@@ -455,7 +461,12 @@ def _rejected(st: AuditState, ev: RecordedEvent, e: AckRejected) -> None:
             f"AckRejected for {e.rollout_id}#{e.attempt_index} with no AckOwed before it: an ACK was sent for a "
             "receipt the trainer had not durably recorded",
         )
-    if e.error == "unknown_execution":
+    if e.error == "dropped_by_operator":
+        # The other evidence a debt may leave on: the operator's mark, with its reason, is in the row.
+        if t is not None:
+            t.rejected_unknown = ev.position
+        _pay(st, ev, key)
+    elif e.error == "unknown_execution":
         generation = t.fetched.execution_generation if t is not None and t.fetched is not None else None
         if e.agent_generation is not None and generation is not None and e.agent_generation <= generation:
             return  # recorded as what it is; the debt stays owed (no evidence the agent lost it)
@@ -592,7 +603,10 @@ def _claimed(st: AuditState, ev: RecordedEvent, e: GroupClaimedForTraining) -> N
 def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
     # A trainer rolls back its own claims only; other trainers sharing the log keep theirs.
     cut = e.cut_position if e.cut_position is not None else 0
+    as_of = e.plan.get("as_of_position", ev.position)
+    _check_own_cut(st, ev, e, cut)
     kept: list[tuple[int, str]] = []
+    rolled_back: dict[str, int] = {}  # group -> its claims rolled back (made before the plan)
     while st.claim_log and st.claim_log[-1][0] > cut:
         position, group_id = st.claim_log.pop()
         group = st.groups.get(group_id)
@@ -602,10 +616,12 @@ def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
         standing = st.claims.get(group_id, [])
         if position in standing:
             standing.remove(position)
+        if position <= as_of:
+            rolled_back[group_id] = rolled_back.get(group_id, 0) + 1
     st.claim_log.extend(reversed(kept))
+    _check_plan_kept(st, ev, e, cut, rolled_back)
     planned = next((e.plan[k] for k in PLAN_DEBTS_KEYS if k in e.plan), None)
     # Debts owed by the time the plan was made (other trainers may append between plan and record).
-    as_of = e.plan.get("as_of_position", ev.position)
     unpaid = {k: v for k, v in st.unpaid.items() if v[0] <= as_of}
     if planned is not None and planned < len(unpaid):
         st.violate(
@@ -613,6 +629,64 @@ def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
             [*(p for p, _ in unpaid.values()), ev.position],
             f"the restored trainer plans to flush {planned} ACK debts, but {len(unpaid)} were unpaid: "
             "a debt was dropped without an AckAccepted",
+        )
+
+
+def _check_own_cut(st: AuditState, ev: RecordedEvent, e: TrainerRestored, cut: int) -> None:
+    """A trainer restores to a cut of its own: never to another trainer's checkpoint, and never past
+    its own newest committed cut over claims of its own (they would be kept by a cut it never took)."""
+    facts = st.checkpoints.get(e.checkpoint_id) if e.checkpoint_id is not None else None
+    if facts is not None and facts.prepared is not None and facts.trainer_id != e.trainer_id:
+        st.violate(
+            ARCHIVED_BY_OWN_CUT,
+            [facts.decided or facts.prepared, ev.position],
+            f"trainer {e.trainer_id!r} restored to checkpoint {e.checkpoint_id}, which trainer "
+            f"{facts.trainer_id!r} took: another trainer's cut says nothing of where this one may restore to",
+        )
+    own = st.own_cuts.get(e.trainer_id or "", 0)
+    if cut <= own:
+        return
+    past = [
+        position
+        for position, group_id in st.claim_log
+        if own < position <= cut
+        and (group := st.groups.get(group_id)) is not None
+        and group.trainer_id == e.trainer_id
+    ]
+    if past:
+        st.violate(
+            ARCHIVED_BY_OWN_CUT,
+            [*past, ev.position],
+            f"trainer {e.trainer_id!r} restored to cut {cut}, past its own newest committed cut {own}: "
+            f"{len(past)} of its claims after {own} are kept by a cut it never committed",
+        )
+
+
+def _check_plan_kept(
+    st: AuditState, ev: RecordedEvent, e: TrainerRestored, cut: int, rolled_back: dict[str, int]
+) -> None:
+    """The plan must roll back every claim of its trainer after the cut, and still hold each group
+    they were on as a sealed group to offer again (`sealed_kept`): only a cut of another trainer can
+    have archived such a group, since its claim is after every cut of its own trainer."""
+    claims = sum(rolled_back.values())
+    planned_back = e.plan.get("claims_to_roll_back")
+    if planned_back is not None and planned_back < claims:
+        st.violate(
+            ARCHIVED_BY_OWN_CUT,
+            [ev.position],
+            f"trainer {e.trainer_id!r} restored to cut {cut} with a plan rolling back {planned_back} "
+            f"claim(s), but {claims} of its claims stood after that cut: the plan kept claims that no cut "
+            "of its own covers (another trainer's cut archived their groups)",
+        )
+    kept = e.plan.get("sealed_kept")
+    if kept is not None and kept < len(rolled_back):
+        names = ", ".join(sorted(rolled_back)[:5])
+        st.violate(
+            ARCHIVED_BY_OWN_CUT,
+            [ev.position],
+            f"trainer {e.trainer_id!r} rolled back the claims of {len(rolled_back)} group(s) ({names}) but its "
+            f"plan holds only {kept} sealed group(s) to offer again: another trainer's cut archived them, so "
+            "they are neither offered nor claimable",
         )
 
 
@@ -645,9 +719,28 @@ def _decide(st: AuditState, ev: RecordedEvent, checkpoint_id: str, decision: str
 
 def _committed(st: AuditState, ev: RecordedEvent, e: CheckpointCommitted) -> None:
     _check_owner(st, ev, e.trainer_id, f"the commit of checkpoint {e.checkpoint_id}")
-    if _decide(st, ev, e.checkpoint_id, "committed") is None:
+    prepared = st.checkpoints.get(e.checkpoint_id)
+    # A v1 commit names no trainer (read as the unnamed one's): only a v2 row can name the wrong one.
+    if (
+        ev.schema_version >= 2
+        and prepared is not None
+        and prepared.prepared is not None
+        and prepared.trainer_id != e.trainer_id
+    ):
+        st.violate(
+            ARCHIVED_BY_OWN_CUT,
+            [prepared.prepared, ev.position],
+            f"checkpoint {e.checkpoint_id} was prepared by trainer {prepared.trainer_id!r} but its commit names "
+            f"trainer {e.trainer_id!r}: the ledger would archive that trainer's groups at a cut it never took",
+        )
+    facts = _decide(st, ev, e.checkpoint_id, "committed")
+    if facts is None:
         return
     cut = e.cut_position
+    facts.cut = cut
+    # The trainer that prepared it (the checkpoints projection's owner too); the commit's if none did.
+    owner = facts.trainer_id if facts.prepared is not None else e.trainer_id
+    st.own_cuts[owner or ""] = cut
     participants = set(e.participants)
     owed = [
         (owed_at, key)

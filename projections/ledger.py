@@ -13,7 +13,8 @@ lost the result, so there is nothing left to ACK); from the agent's own
 generation it is recorded and the debt stays owed.  An `AckRejected` of kind
 `receipt_mismatch` leaves the debt in place on purpose: the agent still
 holds a result the trainer's receipt does not match, so it stays visible as
-unpaid (and blocks checkpoint-clean) until an operator looks at it.
+unpaid (and blocks checkpoint-clean) until an operator looks at it.  An `AckRejected` of
+kind `dropped_by_operator` (`ledger debt drop`, with the operator's mark) drops it.
 """
 
 from __future__ import annotations
@@ -534,15 +535,18 @@ def _ack_accepted(state: LedgerState, ev: RecordedEvent, e: AckAccepted) -> None
 
 
 def _ack_rejected(state: LedgerState, ev: RecordedEvent, e: AckRejected) -> None:
-    if e.error == "unknown_execution" and debt_dropped_by(
+    if e.error != "receipt_mismatch" and debt_dropped_by(
         e, _owed_receipt(state, e.rollout_id, e.attempt_index)
     ):
         _pay(state, e.rollout_id, e.attempt_index)
 
 
 def debt_dropped_by(e: AckRejected, owed: CompletionReceipt | None) -> bool:
-    """Whether an `unknown_execution` refusal drops the debt: only on evidence that the agent lost
-    the result, i.e. its generation is newer than the receipt's (None: a v1 row, dropped as then)."""
+    """Whether a refusal drops the debt: an operator's drop does; an `unknown_execution` only on
+    evidence that the agent lost the result, i.e. its generation is newer than the receipt's (None:
+    a v1 row, dropped as then)."""
+    if e.error == "dropped_by_operator":
+        return True
     if e.error != "unknown_execution":
         return False
     if e.agent_generation is None or owed is None:

@@ -7,6 +7,8 @@ from typing import Final
 GROUP_STREAM_PREFIX: Final = "group-"
 CHECKPOINT_STREAM_PREFIX: Final = "checkpoint-"
 LOGPROBS_STREAM_PREFIX: Final = "logprobs-"
+# What an operator decided by hand about one agent's debts (`ledger debt drop`); never a trainer's stream.
+OPERATOR_STREAM_PREFIX: Final = "operator-"
 # A trainer's own stream: its owner epochs and restores.  The unnamed trainer's is "trainer".
 TRAINER_STREAM: Final = "trainer"
 
@@ -25,6 +27,10 @@ def logprobs_stream(group_id: str) -> str:
 
 def trainer_stream(trainer_id: str | None) -> str:
     return TRAINER_STREAM if trainer_id is None else f"{TRAINER_STREAM}-{trainer_id}"
+
+
+def operator_stream(agent_name: str) -> str:
+    return f"{OPERATOR_STREAM_PREFIX}{agent_name}"
 
 
 def is_group_stream(stream_id: str) -> bool:

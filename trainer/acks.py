@@ -2,26 +2,38 @@
 
 It reads unpaid debts from the ledger projection (so they survive any crash), sends ONE
 `/acknowledge` per agent carrying every receipt owed to it, and appends `AckAccepted` only after the
-agent accepted, `AckRejected` with the agent's reason otherwise.  Transport failures back off and
-retry; a debt is never dropped here.
+agent accepted, `AckRejected` with the agent's reason otherwise.  Transport failures back off with
+jitter within `ACK_POLICY` (trainer/core/debt.py); once it is spent the agent is reported stuck
+(`AckDeliveryStuck` on the trainer's stream, once per spell, and an error log; `AckRelay.stuck`) and
+called at the longest wait: a debt is never dropped here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from eventstore.events import AckAccepted, AckOwed, AckRejected, Event, ReceiptFetched, RunFailed
+from eventstore.events import (
+    AckAccepted,
+    AckDeliveryStuck,
+    AckOwed,
+    AckRejected,
+    Event,
+    ReceiptFetched,
+    RunFailed,
+)
 from projections.ledger import LedgerState, debt_key
 from protocol.ids import capture_key
-from protocol.streams import group_stream
+from protocol.streams import group_stream, trainer_stream
 from protocol.wire import CompletionReceipt
 from trainer.attempts import group_id_of
 from trainer.context import Context, log
 from trainer.core import debt as debt_core
+from trainer.core.retry import RetryState
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.gym import GymClient
 from trainer.gym.errors import (
@@ -42,6 +54,10 @@ class AckRelay:
         self.ctx = ctx
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._backoff: dict[str, float] = {}
+        # Per agent: the failed /acknowledge calls of the current spell (trainer.core.debt.ACK_POLICY).
+        self._failures: dict[str, RetryState] = {}
+        # Agents whose ACK budget is spent (reason), until one of their /acknowledge calls succeeds.
+        self.stuck: dict[str, str] = {}
         self._not_before: dict[str, float] = {}
         # Receipts the agent called mismatched: kept as unpaid (the ledger keeps them) but not resent
         # in a loop by this process.
@@ -102,13 +118,50 @@ class AckRelay:
             try:
                 results = await client.acknowledge(owed)
             except GymError as exc:
-                delay = min(self._backoff.get(agent_name, 0.05) * 2, 2.0)
-                self._backoff[agent_name] = delay
-                self._not_before[agent_name] = time.monotonic() + delay
-                log.info(
-                    "ACK to %s failed (%d receipts), retry in %.2f s: %s", agent_name, len(owed), delay, exc
+                now = time.monotonic()
+                retry = debt_core.on_ack_failure(
+                    self._failures.get(agent_name, RetryState()),
+                    now,
+                    random.random(),
+                    f"{type(exc).__name__}: {exc}",
+                    self.ctx.settings.ack_policy,
                 )
+                self._failures[agent_name] = retry.state
+                self._backoff[agent_name] = retry.delay_s
+                self._not_before[agent_name] = now + retry.delay_s
+                if retry.stuck and agent_name not in self.stuck:
+                    # Reported once per spell; the debts stay owed in the log and are sent on.
+                    self.stuck[agent_name] = retry.reason
+                    await self.ctx.journal.append(
+                        trainer_stream(self.ctx.settings.trainer_id),
+                        [
+                            AckDeliveryStuck(
+                                agent_name=agent_name,
+                                debts=len(owed),
+                                calls=retry.state.calls,
+                                reason=retry.reason[:500],
+                            )
+                        ],
+                    )
+                    log.error(
+                        "ACK to %s stuck (%d receipts owed, still retried every ~%.0f s; "
+                        "`ledger debt list`): %s",
+                        agent_name,
+                        len(owed),
+                        self.ctx.settings.ack_policy.cap_s,
+                        retry.reason,
+                    )
+                else:
+                    log.info(
+                        "ACK to %s failed (%d receipts), retry in %.2f s: %s",
+                        agent_name,
+                        len(owed),
+                        retry.delay_s,
+                        exc,
+                    )
                 return False
+            self._failures.pop(agent_name, None)
+            self.stuck.pop(agent_name, None)
             self._backoff.pop(agent_name, None)
             self._not_before.pop(agent_name, None)
             by_group: dict[str, list[tuple[CompletionReceipt, list[Event]]]] = defaultdict(list)

@@ -42,9 +42,12 @@ from trainer.core.checkpoint import (
     StatusSeen,
     Target,
     first_call,
+    prepare_retry,
     resumed_event_due,
     step,
+    unpaid_at_decision,
 )
+from trainer.core.retry import RetryState
 from trainer.errors import CheckpointBusy, CheckpointDecided, UnknownCheckpoint
 from trainer.gym import GymClient
 from trainer.gym.errors import (
@@ -283,6 +286,11 @@ class Checkpointer:
                 for name in names:
                     if not await self.relay.flush(name, max(1.0, deadline - time.monotonic())):
                         state.failures[name] = "debts still unpaid in the log at the decision"
+            if not state.failures:
+                # A debt the relay keeps owed and no longer sends is unpaid all the same.
+                debts = ctx.journal.ledger.debts
+                owed = {a: len(debts.get(a, {})) for a in names}
+                state.failures.update(unpaid_at_decision(owed, names))
         except BaseException:
             await self._presume_abort(checkpoint_id, names)
             self._release()
@@ -356,7 +364,7 @@ class Checkpointer:
         client = ctx.client(name)
         started = time.monotonic()
         progress = _Progress(time.monotonic())
-        delay = 0.05
+        failures = RetryState()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -380,9 +388,17 @@ class Checkpointer:
                 state.failures[name] = f"{type(exc).__name__}: {exc}"
                 return
             except GymError as exc:
-                log.info("prepare %s on %s failed, retrying: %s", checkpoint_id, name, exc)
-                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, 1.0)
+                now = time.monotonic()
+                failures = failures.failed(now, f"{type(exc).__name__}: {exc}")
+                delay = prepare_retry(failures, now, random.random(), deadline - now)
+                if delay is None:  # no time left for another call: the deadline names the last error
+                    state.failures[name] = (
+                        f"not ready within the {ctx.settings.prepare_timeout_s} s prepare deadline "
+                        f"({failures.calls} prepare calls failed, the last: {failures.last_error})"
+                    )
+                    return
+                log.info("prepare %s on %s failed, retrying in %.2f s: %s", checkpoint_id, name, delay, exc)
+                await asyncio.sleep(delay)
 
     async def _unblock(self, name: str, exc: NotReadyError, progress: _Progress, state: _Prepare) -> None:
         ctx = self.ctx

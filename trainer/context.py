@@ -10,6 +10,7 @@ from typing import Literal
 
 from protocol.ids import group_id_of
 from trainer.core.attempt import RETIRE_POLICY
+from trainer.core.debt import ACK_POLICY
 from trainer.core.retry import RetryPolicy
 from trainer.gym import GymClient
 from trainer.journal import Journal
@@ -37,6 +38,8 @@ class Settings:
     reconcile_every_s: float = 5.0
     # Transport failures of one try's retire/adopt calls before the try is declared lost.
     retire_policy: RetryPolicy = RETIRE_POLICY
+    # Transport failures of one agent's /acknowledge before it is reported stuck (then retried at the cap).
+    ack_policy: RetryPolicy = ACK_POLICY
 
 
 @dataclass(frozen=True)

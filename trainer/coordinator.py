@@ -51,6 +51,7 @@ from trainer.attempts import Attempts
 from trainer.checkpoint import Checkpointer, CheckpointOutcome, PreparedCheckpoint
 from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
+from trainer.core.debt import ACK_POLICY
 from trainer.core.retry import RetryPolicy
 from trainer.errors import (
     AlreadyClaimed,
@@ -100,6 +101,7 @@ class RolloutCoordinator:
         outage_budget_s: float = OUTAGE_BUDGET_S,
         trainer_id: str | None = None,
         retire_policy: RetryPolicy = RETIRE_POLICY,
+        ack_policy: RetryPolicy = ACK_POLICY,
         reconcile_every_s: float = 5.0,
     ) -> None:
         self.store = store
@@ -113,6 +115,7 @@ class RolloutCoordinator:
             park_grace_s=park_grace_s,
             trainer_id=trainer_id,
             retire_policy=retire_policy,
+            ack_policy=ack_policy,
             reconcile_every_s=reconcile_every_s,
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)
@@ -581,7 +584,9 @@ class RolloutCoordinator:
 
         return dataclasses.replace(group, replies=await self.journal.read(read, "reading replies"))
 
-    async def claim_for_training(self, group_id: str, train_step: int) -> None:
+    async def claim_for_training(self, group_id: str, train_step: int, *, call_id: str | None = None) -> None:
+        """Records that training consumed the sealed group at `train_step` (`call_id`: the caller's
+        own identity that a retry of it keeps, e.g. a Ray task id)."""
         self._check_alive()
 
         def build(ledger: LedgerState) -> list[Event]:
@@ -598,7 +603,7 @@ class RolloutCoordinator:
                 raise NotSealed(f"group {group_id!r} is {group.status}, not sealed")
             if group.claims:
                 raise AlreadyClaimed(f"group {group_id!r} was claimed for step {group.claims[-1].train_step}")
-            return [GroupClaimedForTraining(group_id=group_id, train_step=train_step)]
+            return [GroupClaimedForTraining(group_id=group_id, train_step=train_step, call_id=call_id)]
 
         await self.journal.append(group_stream(group_id), build)
 

@@ -30,6 +30,7 @@ import functools
 import hashlib
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -55,6 +56,7 @@ from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState, lookahead
 from protocol.streams import group_of_stream, group_stream, is_group_stream
+from trainer.core.retry import RetryPolicy, RetryState, next_step
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.telemetry import JOURNAL_BATCHES
 
@@ -134,29 +136,31 @@ class Journal:
         """
         if self.stopped is not None:
             raise self.stopped
-        deadline = time.monotonic() + self.outage_budget_s
-        delay = 0.05
-        failures = 0
+        # The outage budget as a retry budget of the core: jittered backoff, no call past the deadline.
+        budget = max(self.outage_budget_s, 1e-6)  # 0: give up at the first failure
+        policy = RetryPolicy(max_calls=1 << 30, deadline_s=budget, base_s=0.05, cap_s=1.0)
+        failures = RetryState()
         while True:
             try:
                 result = await asyncio.to_thread(fn)
-                if failures:
-                    log.warning("the log is reachable again after %d retries while %s", failures, what)
+                if failures.calls:
+                    log.warning("the log is reachable again after %d retries while %s", failures.calls, what)
                 return result
             except DatabaseUnavailable as exc:
                 self.outage_retries += 1
-                failures += 1
-                if failures == 1:
+                now = time.monotonic()
+                failures = failures.failed(now, str(exc))
+                if failures.calls == 1:
                     log.warning("the log is unavailable while %s; reconnecting with backoff: %s", what, exc)
-                if time.monotonic() + delay > deadline:
+                verdict = next_step(policy, failures, now, random.random())
+                if verdict.kind == "give_up":
                     self.stopped = CoordinatorStopped(
                         f"the log has been unavailable for more than {self.outage_budget_s:g} s while "
                         f"{what}; the coordinator stopped (nothing it decided is lost: recover from the "
                         f"log once the database is back): {exc}"
                     )
                     raise self.stopped from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(verdict.delay_s)
 
     async def load(self) -> None:
         """Folds the whole log and adopts every stream's current version as this process's own."""

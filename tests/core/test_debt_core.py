@@ -57,3 +57,25 @@ def test_unknown_execution_from_the_same_generation_keeps_the_debt() -> None:
 def test_a_v1_row_keeps_its_old_meaning() -> None:
     legacy = AckRejected(rollout_id="p1-0", attempt_index=0, error="unknown_execution")
     assert legacy.agent_generation is None and debt_dropped_by(legacy, RECEIPT)
+
+
+def test_an_ack_that_keeps_failing_is_stuck_within_its_budget_then_called_at_the_cap() -> None:
+    """The relay's retry is bounded: within ACK_POLICY's calls and deadline the agent is reported
+    stuck (once, by the shell), and the calls go on at the longest wait, jittered."""
+    from trainer.core.debt import ACK_POLICY, on_ack_failure
+    from trainer.core.retry import RetryState
+
+    state, now, calls = RetryState(), 0.0, 0
+    while True:
+        retry = on_ack_failure(state, now, 0.99, "AgentUnavailableError: connection refused")
+        calls += 1
+        state = retry.state
+        if retry.stuck:
+            break
+        assert 0 < retry.delay_s <= ACK_POLICY.cap_s
+        now += retry.delay_s
+    assert calls <= ACK_POLICY.max_calls and now <= ACK_POLICY.deadline_s
+    assert "connection refused" in retry.reason
+    for jitter in (0.0, 0.5, 0.999):
+        later = on_ack_failure(state, now + 100, jitter, "still refused")
+        assert later.stuck and ACK_POLICY.cap_s / 2 <= later.delay_s <= ACK_POLICY.cap_s

@@ -43,7 +43,7 @@ from eventstore.events import (
 )
 from protocol.digests import reply_digest
 from protocol.ids import capture_key
-from protocol.streams import checkpoint_stream, group_stream, logprobs_stream
+from protocol.streams import checkpoint_stream, group_stream, logprobs_stream, trainer_stream
 from protocol.wire import AttemptRef, CompletionReceipt
 
 AGENT = "agent-a"
@@ -105,7 +105,12 @@ class LogBuilder:
     # --- groups and tries -------------------------------------------------
 
     def reserve(
-        self, group_id: str, generations: int = 2, mode: str = "sibling", max_tries: int = 4
+        self,
+        group_id: str,
+        generations: int = 2,
+        mode: str = "sibling",
+        max_tries: int = 4,
+        trainer: str | None = None,
     ) -> list[int]:
         return self.group(
             group_id,
@@ -118,6 +123,7 @@ class LogBuilder:
                     mode=mode,
                     max_tries=max_tries,
                     payload={"prompt": f"prompt of {group_id}"},
+                    trainer_id=trainer,
                 )
             ],
         )
@@ -326,18 +332,24 @@ class LogBuilder:
 
     # --- checkpoints -------------------------------------------------------
 
-    def prepare(self, checkpoint_id: str, participants: list[str] | None = None) -> list[int]:
+    def prepare(
+        self, checkpoint_id: str, participants: list[str] | None = None, trainer: str | None = None
+    ) -> list[int]:
         return self.append(
             checkpoint_stream(checkpoint_id),
             [
                 CheckpointPrepareStarted(
-                    checkpoint_id=checkpoint_id, participants=participants or [self.agent]
+                    checkpoint_id=checkpoint_id, participants=participants or [self.agent], trainer_id=trainer
                 )
             ],
         )
 
     def commit(
-        self, checkpoint_id: str, cut: int | None = None, participants: list[str] | None = None
+        self,
+        checkpoint_id: str,
+        cut: int | None = None,
+        participants: list[str] | None = None,
+        trainer: str | None = None,
     ) -> list[int]:
         cut_position = self.store.head() if cut is None else cut
         return self.append(
@@ -348,6 +360,7 @@ class LogBuilder:
                     participants=participants or [self.agent],
                     cut_position=cut_position,
                     prepare_wait_s={self.agent: 0.25},
+                    trainer_id=trainer,
                 )
             ],
         )
@@ -373,21 +386,36 @@ class LogBuilder:
             [CheckpointAborted(checkpoint_id=checkpoint_id, participants=[self.agent], reason="deadline")],
         )
 
-    def checkpoint(self, checkpoint_id: str) -> list[int]:
-        return self.prepare(checkpoint_id) + self.commit(checkpoint_id) + self.resume(checkpoint_id)
+    def checkpoint(self, checkpoint_id: str, trainer: str | None = None) -> list[int]:
+        return (
+            self.prepare(checkpoint_id, trainer=trainer)
+            + self.commit(checkpoint_id, trainer=trainer)
+            + self.resume(checkpoint_id)
+        )
 
     def restored(
-        self, cut: int | None, checkpoint_id: str | None, plan: dict[str, Any] | None = None
+        self,
+        cut: int | None,
+        checkpoint_id: str | None,
+        plan: dict[str, Any] | None = None,
+        trainer: str | None = None,
     ) -> list[int]:
         return self.append(
-            "trainer", [TrainerRestored(cut_position=cut, checkpoint_id=checkpoint_id, plan=plan or {})]
+            trainer_stream(trainer),
+            [
+                TrainerRestored(
+                    cut_position=cut, checkpoint_id=checkpoint_id, plan=plan or {}, trainer_id=trainer
+                )
+            ],
         )
 
     # --- whole histories -----------------------------------------------------
 
-    def clean_sibling_group(self, group_id: str, generations: int = 2, step: int | None = None) -> None:
+    def clean_sibling_group(
+        self, group_id: str, generations: int = 2, step: int | None = None, trainer: str | None = None
+    ) -> None:
         """A group that runs, seals, is ACKed (and claimed): every rule holds."""
-        self.reserve(group_id, generations)
+        self.reserve(group_id, generations, trainer=trainer)
         self.mint(group_id, generations)
         for i in range(generations):
             rid = f"{group_id}_g{i}"

@@ -1,11 +1,12 @@
 """The auditor's protocol rules: a fenced owner's writes, a resume without every participant's,
-a debt dropped without evidence of a newer generation."""
+a debt dropped without evidence of a newer generation, a group archived by another trainer's cut."""
 
 from __future__ import annotations
 
 from eventstore import EventStore, NewEvent
 from eventstore.events import CheckpointPrepareStarted, GroupClaimedForTraining, TrainerEpochTaken
 from projections.audit import (
+    ARCHIVED_BY_OWN_CUT,
     DEBT_DROPPED_ON_EVIDENCE,
     OWNER_EPOCH,
     RESUMED_BY_EVERY_PARTICIPANT,
@@ -69,3 +70,82 @@ def test_a_debt_is_dropped_only_on_a_newer_generation(store: EventStore, log: Lo
     log.reject("g2_g1", agent_generation=None)  # a v1-shaped drop: nothing shows the agent lost it
     assert DEBT_DROPPED_ON_EVIDENCE in rules(store)
     assert rules(store).count(DEBT_DROPPED_ON_EVIDENCE) == 1
+
+
+def two_trainers(log: LogBuilder) -> dict[str, int]:
+    """T1 checkpoints, then claims g1; T2 runs g2, claims it and commits a cut past T1's claim.
+    Returns the positions the tests name."""
+    log.clean_sibling_group("g1", 1, trainer="T1")
+    log.prepare("t1-c1", trainer="T1")
+    t1_cut = log.store.head()
+    log.commit("t1-c1", cut=t1_cut, trainer="T1")
+    log.resume("t1-c1")
+    claim = log.claim("g1", 0)[0]
+    log.clean_sibling_group("g2", 1, trainer="T2")
+    log.claim("g2", 0)
+    log.prepare("t2-c1", trainer="T2")
+    t2_cut = log.store.head()
+    t2_commit = log.commit("t2-c1", cut=t2_cut, trainer="T2")[0]
+    log.resume("t2-c1")
+    return {"t1_cut": t1_cut, "claim": claim, "t2_cut": t2_cut, "t2_commit": t2_commit}
+
+
+def violations_of(store: EventStore, rule: str) -> list[list[int]]:
+    return [v.positions for v in audit_log(store).violations if v.rule == rule]
+
+
+def test_two_trainers_each_restoring_to_its_own_cut_is_clean(store: EventStore, log: LogBuilder) -> None:
+    """T2's cut covers T1's claim; T1 restores to its own, earlier cut, rolls the claim back and claims
+    the group again: nothing was archived by another trainer's cut."""
+    at = two_trainers(log)
+    log.restored(
+        at["t1_cut"], "t1-c1", {"claims_to_roll_back": 1, "sealed_kept": 1, "debts_to_flush": 0}, trainer="T1"
+    )
+    log.claim("g1", 0)
+    assert rules(store) == []
+
+
+def test_a_restore_to_another_trainers_checkpoint_is_a_violation(store: EventStore, log: LogBuilder) -> None:
+    """T1 restores to T2's cut: its claim of g1, after its own cut, would be kept (archived) by a cut
+    T1 never committed, so g1 would be neither offered nor claimable again."""
+    at = two_trainers(log)
+    restore = log.restored(at["t2_cut"], "t2-c1", {"claims_to_roll_back": 0}, trainer="T1")[0]
+    found = violations_of(store, ARCHIVED_BY_OWN_CUT)
+    assert [at["t2_commit"], restore] in found  # another trainer's checkpoint
+    assert [at["claim"], restore] in found  # T1's claim kept past T1's own cut
+    assert set(rules(store)) == {ARCHIVED_BY_OWN_CUT}
+
+
+def test_a_plan_that_keeps_a_claim_after_its_own_cut_is_a_violation(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """The restore names T1's own cut, but its plan rolled back nothing while T1's claim stood after
+    it: the plan saw g1 archived (by T2's cut) and kept its claim."""
+    at = two_trainers(log)
+    restore = log.restored(at["t1_cut"], "t1-c1", {"claims_to_roll_back": 0}, trainer="T1")[0]
+    assert violations_of(store, ARCHIVED_BY_OWN_CUT) == [[restore]]
+    assert rules(store) == [ARCHIVED_BY_OWN_CUT]
+
+
+def test_a_commit_naming_another_trainer_than_its_prepare_is_a_violation(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """A tampered commit: T2 prepared it, the commit names T1, so the ledger would archive T1's groups
+    at T2's cut."""
+    at = two_trainers(log)
+    prepare = log.prepare("t2-c2", trainer="T2")[0]
+    commit = log.commit("t2-c2", trainer="T1")[0]
+    assert violations_of(store, ARCHIVED_BY_OWN_CUT) == [[prepare, commit]]
+    assert at["claim"] > 0
+
+
+def test_a_plan_that_no_longer_holds_a_rolled_back_group_is_a_violation(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """Case 6 as it was: T2's cut archived T1's claimed g1, so T1's plan rolled its claim back but held
+    no sealed group to offer again (the ledger then neither offered g1 nor let it be claimed)."""
+    at = two_trainers(log)
+    plan = {"claims_to_roll_back": 1, "sealed_kept": 0}
+    restore = log.restored(at["t1_cut"], "t1-c1", plan, trainer="T1")[0]
+    assert violations_of(store, ARCHIVED_BY_OWN_CUT) == [[restore]]
+    assert "g1" in audit_log(store).violations[0].message

@@ -8,6 +8,7 @@ import pytest
 
 from eventstore import EventStore, open_store
 from protocol.streams import group_stream
+from protocol.wire import AttemptFault
 from tests.ray.conftest import nemo_rows
 from tests.rollout.conftest import MakeAgent
 from trainer.gym import GymClient
@@ -131,6 +132,59 @@ async def test_the_same_rows_again_after_delivery_are_a_new_call(
         assert types.count("GroupSealed") == 1 and types.count("GroupClaimedForTraining") == 1
 
 
+class _TaskGym(LedgerGym):
+    """The actor as Ray runs it: each call has a task id, the same on every retry of that call."""
+
+    def __init__(self, config: LedgerGymConfig, task_id: str) -> None:
+        super().__init__(config)
+        self.task_id = task_id
+
+    def _call_id(self) -> str | None:
+        return self.task_id
+
+
+async def test_a_retried_task_whose_groups_were_all_claimed_replays_them_not_new_ones(
+    sqlite_url: str, sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """The first attempt claimed every group and died before its caller had every item (a kill
+    while the items were on their way): the retry, the same task, replays the same groups in claim
+    order (Ray drops what the caller has) and reserves nothing new.  Another task with the same rows
+    is another call, with groups of its own."""
+    agent = make_agent("a")
+    rows = nemo_rows(3, 2, ["a"])
+    first = _TaskGym(_config(sqlite_url, {"a": agent.url}), "task-1")
+    try:
+        delivered = await _collect(first, rows)  # every group claimed, the last items not received
+    finally:
+        await first.shutdown()
+    again = _TaskGym(_config(sqlite_url, {"a": agent.url}), "task-1")
+    try:
+        replayed = await _collect(again, rows)
+    finally:
+        await again.shutdown()
+    other = _TaskGym(_config(sqlite_url, {"a": agent.url}), "task-2")
+    try:
+        fresh = await _collect(other, rows)
+        await other.wait_idle(120)
+    finally:
+        await other.shutdown()
+    assert [i for i, _, _ in replayed] == [i for i, _, _ in delivered]
+    assert [r for _, r, _ in replayed] == [r for _, r, _ in delivered]
+    assert sorted(i for i, _, _ in fresh) == list(range(6))
+    # task-1's groups (occurrence 0): claimed, rolled back by the restart (no checkpoint kept them),
+    # claimed again by the same call; task-2's are the next occurrence of the same rows.
+    digest = call_digest(rows)
+    for occurrence, task, claims in ((0, "task-1", 2), (1, "task-2", 1)):
+        for k in range(3):
+            events = list(sqlite_store.read_stream(group_stream(group_id("nrl-", digest, occurrence, k))))
+            assert [e.type for e in events].count("GroupReserved") == 1
+            claimed = [e.data["call_id"] for e in events if e.type == "GroupClaimedForTraining"]
+            assert claimed == [task] * claims
+    assert not list(sqlite_store.read_stream(group_stream(group_id("nrl-", digest, 2, 0))))
+    async with GymClient(agent.url, "a") as client:
+        assert sum((await client.debug_runs()).values()) == 12  # 3 groups x 2, per task: none twice
+
+
 async def test_the_actor_serves_the_logs_figures(sqlite_url: str, make_agent: MakeAgent) -> None:
     pytest.importorskip("prometheus_client")
     import httpx
@@ -174,3 +228,21 @@ async def test_split_phase_checkpoint_through_the_actor(sqlite_url: str, make_ag
     finally:
         store.close()
     assert types.count("CheckpointCommitted") == 1 and types.count("CheckpointAborted") == 1
+
+
+async def test_a_call_whose_groups_never_seal_gives_up_at_its_budget(
+    sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    """No wait is unbounded: a group hung at its agent (and a long try deadline) ends the call with a
+    TimeoutError naming what is still open once `call_budget_s` is spent."""
+    agent = make_agent("a")
+    rows = nemo_rows(1, 2, ["a"])
+    hung = f"{group_id('nrl-', call_digest(rows), 0, 0)}_g0"
+    async with GymClient(agent.url, "a") as client:
+        await client.set_faults(AttemptFault(rollout_id=hung, attempt_index=0, hang=True))
+    gym = LedgerGym(_config(sqlite_url, {"a": agent.url}, call_budget_s=0.5))
+    try:
+        with pytest.raises(TimeoutError, match=r"1 group\(s\) of this call still open after 0\.5 s"):
+            await _collect(gym, rows)
+    finally:
+        await gym.shutdown()

@@ -21,6 +21,7 @@ from eventstore.events import (
     GroupClaimedForTraining,
     RunFailed,
 )
+from projections.audit import audit_log
 from projections.base import decode
 from protocol.streams import checkpoint_stream
 from protocol.wire import PhaseResponse
@@ -127,7 +128,9 @@ async def test_case4_an_abort_that_fails_once_is_retried_until_the_agent_confirm
         coord = coordinator(sqlite_store, {"a": client}, prepare_timeout_s=0.3, park_grace_s=30.0)
         await coord.start()
         await coord.submit(gid(), PROMPT, "a", 1, PAYLOAD)
-        await asyncio.sleep(0.3)  # the try is running: prepare cannot finish within 0.3 s
+        async with asyncio.timeout(30):  # the gate: the try is running, so prepare cannot finish in 0.3 s
+            while (await client.status()).running == 0:
+                await asyncio.sleep(0.02)
         outcome = await coord.checkpoint("c4a")
         assert outcome.outcome == "aborted" and client.failed
         assert (await client.status()).phase == "idle"
@@ -211,6 +214,9 @@ async def test_case6_another_trainers_cut_does_not_archive_this_trainers_rolled_
             assert g in [s.group_id for s in t1b.sealed_unclaimed()]
             await t1b.claim_for_training(g, 0)
             await t1b.close()
+            # The log of two trainers, each restoring to its own cut, audits clean (archived-by-own-cut).
+            report = audit_log(stores[2])
+            assert report.ok, report.as_json()
     finally:
         for s in stores:
             s.close()

@@ -246,15 +246,21 @@ def decide(prepares: dict[str, PrepareEnd | None], unpaid_debts: dict[str, int])
         return Decision("abort", "; ".join(f"{a}: {e}" for a, e in sorted(failed.items())))
     if any(e is None for e in prepares.values()):
         return Decision("wait")
-    owed = {a: n for a, n in unpaid_debts.items() if a in prepares and n}
+    owed = unpaid_at_decision(unpaid_debts, list(prepares))
     if owed:
-        return Decision(
-            "abort",
-            "; ".join(
-                f"{a}: {n} debts still unpaid in the log at the decision" for a, n in sorted(owed.items())
-            ),
-        )
+        return Decision("abort", "; ".join(f"{a}: {r}" for a, r in sorted(owed.items())))
     return Decision("commit")
+
+
+def unpaid_at_decision(unpaid_debts: dict[str, int], participants: list[str]) -> dict[str, str]:
+    """Participant -> why the cut cannot be taken: debts to it still unpaid in the log (kept owed
+    ones included: an agent that denies a result with no evidence it lost it, until an operator
+    drops the debt)."""
+    return {
+        a: f"{n} debts still unpaid in the log at the decision"
+        for a, n in unpaid_debts.items()
+        if a in participants and n
+    }
 
 
 def prepare_retry(state: RetryState, now: float, jitter: float, deadline_left_s: float) -> float | None:

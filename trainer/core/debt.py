@@ -9,22 +9,55 @@
                                                   owed, is not resent in a loop, and the operator is
                                                   told (a wrong agent behind the client, or a lie)
 
+    operator drop, debt owed                   -> AckRejected dropped_by_operator with the operator's
+                                                  mark (`ledger debt drop`): the debt drops
+    operator drop, no such debt owed           -> refused, nothing recorded
+
 A debt is dropped only on evidence (a newer generation) or by an operator; the fold applies the same
 rule (`projections.ledger.debt_dropped_by`), so the log alone shows why each debt left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from eventstore.events import AckAccepted, AckRejected, Event
+from eventstore.events import AckAccepted, AckRejected, Event, OperatorMark
+from projections.ledger import debt_key
 from protocol.wire import AcknowledgeResult, CompletionReceipt
+from trainer.core.retry import RetryPolicy, RetryState, next_step
+
+# One agent's /acknowledge failing in transport (away, 5xx, garbage): jittered backoff within this
+# budget; spent, the agent is reported stuck once and called at the longest wait from then on (its
+# debts stay owed in the log: only the agent's answer, its newer generation or an operator ends them).
+ACK_POLICY = RetryPolicy(max_calls=16, deadline_s=60.0, base_s=0.05, cap_s=2.0)
+
+
+@dataclass(frozen=True)
+class AckRetry:
+    """After a failed /acknowledge: the wait before the next call, and `stuck` once the budget is
+    spent (the shell reports that once per spell; the calls go on at the longest wait)."""
+
+    state: RetryState
+    delay_s: float
+    stuck: bool = False
+    reason: str = ""
+
+
+def on_ack_failure(
+    state: RetryState, now: float, jitter: float, error: str, policy: RetryPolicy = ACK_POLICY
+) -> AckRetry:
+    failed = state.failed(now, error)
+    verdict = next_step(policy, failed, now, jitter)
+    if verdict.kind == "retry":
+        return AckRetry(failed, verdict.delay_s)
+    return AckRetry(failed, policy.cap_s * (0.5 + jitter / 2), True, verdict.reason)
 
 
 @dataclass(frozen=True)
 class DebtStep:
-    verdict: Literal["paid", "refetch", "need_generation", "dropped", "kept"]
+    verdict: Literal["paid", "refetch", "need_generation", "dropped", "kept", "unknown"]
     events: tuple[Event, ...] = ()
     reason: str = ""
 
@@ -48,5 +81,41 @@ def on_ack(receipt: CompletionReceipt, result: AcknowledgeResult, agent_generati
         "kept",
         (rejected,),
         f"the agent (generation {agent_generation}) denies {rid}#{n}, a result of its generation "
-        f"{receipt.execution_generation}: the debt stays owed (a different agent behind this client?)",
+        f"{receipt.execution_generation}: the debt stays owed (a different agent behind this client?); "
+        f"if it can never be paid: ledger debt drop {rid} {n} --reason ...",
+    )
+
+
+@dataclass(frozen=True)
+class OperatorDrop:
+    """An operator's drop of one debt, decided: the agent it was owed to and the event to append."""
+
+    step: DebtStep
+    agent_name: str | None = None
+    receipt: CompletionReceipt | None = None
+
+
+def on_operator_drop(
+    debts: Mapping[str, Mapping[str, CompletionReceipt]],
+    rollout_id: str,
+    attempt_index: int,
+    agent_name: str | None,
+    mark: OperatorMark,
+) -> OperatorDrop:
+    """`debts`: the ledger's unpaid debts (agent -> debt key -> receipt).  Only a debt the log holds
+    unpaid can be dropped; anything else is refused with nothing to record."""
+    key = debt_key(rollout_id, attempt_index)
+    owners = [a for a, owed in debts.items() if key in owed and (agent_name is None or a == agent_name)]
+    if not owners:
+        to = f" to agent {agent_name!r}" if agent_name is not None else ""
+        return OperatorDrop(
+            DebtStep("unknown", reason=f"no unpaid ACK debt for {rollout_id}#{attempt_index}{to}")
+        )
+    owner = owners[0]
+    receipt = debts[owner][key]
+    dropped = AckRejected(
+        rollout_id=rollout_id, attempt_index=attempt_index, error="dropped_by_operator", operator=mark
+    )
+    return OperatorDrop(
+        DebtStep("dropped", (dropped,), f"dropped by {mark.operator}: {mark.reason}"), owner, receipt
     )

@@ -13,7 +13,10 @@ that is safe by construction:
 - an actor that (re)starts folds the log and recovers (`RolloutCoordinator.recover`): tries in flight
   are retired or adopted, debts paid, open groups driven on;
 - a retried `run_rollouts` plans the same group ids from the same rows and `submit` is idempotent,
-  so it resumes the groups instead of running them again;
+  so it resumes the groups instead of running them again.  The first occurrence of the rows not
+  wholly claimed is resumed; under Ray also one wholly claimed by this very call (each claim records
+  the call's Ray task id, the same on every retry of it), since its first attempt may have died
+  before its caller had every item.  Another call with the same rows gets groups of its own;
 - each group is claimed for training (an append) before its rows are yielded, and a retried stream
   first yields again, in claim order, the groups the first attempt claimed.  Ray replays a streaming
   generator and drops the items its caller already has by index, so the replay must yield the same
@@ -124,8 +127,9 @@ class LedgerGym:
         coord = await self._coordinator()
         rows = nemo_gym_examples
         runs = split_groups(rows, self.config.num_generations)
+        call_id = self._call_id()
         digest = call_digest(rows)
-        occurrence, records = await self._occurrence(digest, len(runs))
+        occurrence, records = await self._occurrence(digest, len(runs), call_id)
         planned = plan_call(runs, digest, occurrence, self.config.group_prefix)
         for p in planned:
             await coord.submit(
@@ -153,7 +157,7 @@ class LedgerGym:
                 continue
             gid = order.pop(0)
             group = pending.pop(gid)
-            items = await self._deliver(coord, group, train_step)
+            items = await self._deliver(coord, group, train_step, call_id)
             for rowidx, result in items:
                 sent += 1
                 timing = None
@@ -259,9 +263,27 @@ class LedgerGym:
             "reading group streams",
         )
 
-    async def _occurrence(self, digest: str, groups: int) -> tuple[int, dict[str, GroupRecord]]:
-        """The first occurrence of these rows not wholly delivered (a retry resumes it), with the
-        records of its groups already in the log."""
+    def _call_id(self) -> str | None:
+        """The Ray task this call runs as: the same on every retry of it (None outside a Ray actor)."""
+        try:
+            import ray
+        except ImportError:
+            return None
+        if not ray.is_initialized():
+            return None
+        context = ray.get_runtime_context()
+        if context.get_actor_id() is None:
+            return None
+        task_id: str | None = context.get_task_id()
+        return task_id
+
+    async def _occurrence(
+        self, digest: str, groups: int, call_id: str | None = None
+    ) -> tuple[int, dict[str, GroupRecord]]:
+        """The first occurrence of these rows not wholly claimed (a retry resumes it), or wholly
+        claimed by this very call (`call_id`: a retry whose first attempt claimed every group, then
+        died before its caller had every item: it replays them all and Ray drops those its caller
+        has), with the records of its groups already in the log."""
         coord = self.coord
         assert coord is not None
         prefix = self.config.group_prefix
@@ -272,7 +294,8 @@ class LedgerGym:
             if not known:
                 return occurrence, {}
             records = await self._records(known)
-            if len(known) < groups or any(r.claim_position is None for r in records.values()):
+            ours = call_id is not None and all(r.claim_call == call_id for r in records.values())
+            if ours or len(known) < groups or any(r.claim_position is None for r in records.values()):
                 return occurrence, records
             occurrence += 1
 
@@ -282,7 +305,7 @@ class LedgerGym:
         return (group.status != "open") if group is not None else gid in coord.ledger.archived
 
     async def _deliver(
-        self, coord: RolloutCoordinator, group: PlannedGroup, train_step: int
+        self, coord: RolloutCoordinator, group: PlannedGroup, train_step: int, call_id: str | None
     ) -> list[tuple[int, dict[str, Any]]]:
         """Claims the group (durably, before anything is yielded) and builds its rows' results."""
         [record] = (await self._records([group.group_id])).values()
@@ -294,7 +317,7 @@ class LedgerGym:
         if not record.sealed or len(record.seals) != len(group.rows):
             raise RowError(f"group {group.group_id} left play without a seal of every row")
         with contextlib.suppress(AlreadyClaimed):
-            await coord.claim_for_training(group.group_id, train_step)
+            await coord.claim_for_training(group.group_id, train_step, call_id=call_id)
         store = self.store
         assert store is not None
 

@@ -59,6 +59,8 @@ class GroupRecord:
 
     group_id: str
     claim_position: int | None = None
+    # The call that made the first claim, when it named itself (a Ray task id).
+    claim_call: str | None = None
     sealed: bool = False
     dead_letter_reasons: list[str] | None = None
     # generation index -> (reply digest, tokens digest) of the sealed try
@@ -156,6 +158,7 @@ def read_group(group_id: str, events: Iterable[RecordedEvent]) -> GroupRecord:
             record.dead_letter_reasons = list(data.get("reasons") or [])
         elif event.type == "GroupClaimedForTraining" and record.claim_position is None:
             record.claim_position = event.position
+            record.claim_call = data.get("call_id")
     return record
 
 

@@ -31,7 +31,14 @@ from workers.logprobs.scoring import (
     score_attempts,
     verify_token_records,
 )
-from workers.logprobs.worker import LogprobWorker, WorkerConfig, WorkerHooks, WorkerStats, default_worker_id
+from workers.logprobs.worker import (
+    LogprobWorker,
+    WorkerConfig,
+    WorkerHooks,
+    WorkerStats,
+    WorkerStopped,
+    default_worker_id,
+)
 
 __all__ = [
     "LOGPROBS_MEDIA_TYPE",
@@ -47,6 +54,7 @@ __all__ = [
     "WorkerConfig",
     "WorkerHooks",
     "WorkerStats",
+    "WorkerStopped",
     "decode_logprobs",
     "default_worker_id",
     "encode_logprobs",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import time
 import uuid
@@ -56,6 +57,9 @@ class WorkerConfig:
     temperature: float = 1.0
     backend: Backend = "auto"
     device: str = "cpu"
+    # How long one database outage is ridden out before the worker stops (`WorkerStopped`); its claims
+    # return at lease expiry, so another worker (or this one, started again) carries on.
+    outage_budget_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.batch_tokens < 1 or self.claim_size < 1:
@@ -64,6 +68,12 @@ class WorkerConfig:
             raise ValueError("lease_s and poll_interval_s must be > 0")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not self.outage_budget_s > 0:
+            raise ValueError(f"outage_budget_s must be > 0, got {self.outage_budget_s}")
+
+
+class WorkerStopped(RuntimeError):
+    """The database stayed away longer than the worker's outage budget: the worker stopped."""
 
 
 @dataclass
@@ -146,6 +156,8 @@ class LogprobWorker:
         finished before it exits.
         """
         outage: float | None = None  # the current backoff while the database is away
+        outage_since = 0.0
+        rounds = 0
         while not self._stop:
             try:
                 self.board.enqueue()
@@ -154,11 +166,22 @@ class LogprobWorker:
             except DatabaseUnavailable as exc:
                 # Ride out a database restart: what finished is in the log, unfinished claims were
                 # given back (or return at lease expiry), so the next round simply claims again.
+                now = time.monotonic()
+                if outage is None:
+                    outage_since, rounds = now, 0
+                rounds += 1
                 outage = OUTAGE_BACKOFF_S if outage is None else min(outage * 2, OUTAGE_BACKOFF_MAX_S)
+                wait = outage * (0.5 + random.random() / 2)  # jitter: workers do not reconnect in step
+                if now + wait - outage_since > self.config.outage_budget_s:
+                    raise WorkerStopped(
+                        f"worker {self.worker_id}: the database has been unavailable for more than "
+                        f"{self.config.outage_budget_s:g} s ({rounds} rounds); stopped, its claims "
+                        f"return at lease expiry: {exc}"
+                    ) from exc
                 log.warning(
-                    "worker %s: database unavailable, reconnecting in %.2f s: %s", self.worker_id, outage, exc
+                    "worker %s: database unavailable, reconnecting in %.2f s: %s", self.worker_id, wait, exc
                 )
-                time.sleep(outage)
+                time.sleep(wait)
                 continue
             if outage is not None:
                 log.warning("worker %s: database reachable again, resuming", self.worker_id)

@@ -1,0 +1,152 @@
+"""`ledger debt list | drop`: the ACK debts the log holds unpaid, and an operator's drop of one.
+
+A debt leaves the ledger only on evidence: the agent accepted the ACK, the agent's execution
+generation is newer than the receipt's (it restarted and lost the result), or an operator says so.
+`drop` is the last: it appends `AckRejected` of kind `dropped_by_operator` carrying the operator's
+mark (who, and the reason given), which the ledger folds as the debt dropped and the auditor accepts.
+
+The operator is not a trainer, so it neither takes a trainer's owner epoch (that would stop the live
+coordinator) nor carries one: it writes to its own stream (`operator-<agent>`), never to a trainer's,
+so no trainer is ever fenced off by it.  Its append is fenced on the version of the debt's group
+stream as read before the decision: if the trainer wrote to that group meanwhile (paid the debt,
+owed a re-fetched receipt), nothing is written and the decision is made again on the log as it now
+is, at most `DROP_TRIES` times.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from typing import Annotated, Final
+
+import typer
+from pydantic import ValidationError
+from rich.markup import escape
+from rich.table import Table
+
+from cli.common import DbOption, clear_errors, console, db_url, err_console
+from eventstore import EventStore, open_store
+from eventstore.errors import Fenced
+from eventstore.events import OperatorMark
+from eventstore.records import ExpectedVersion, Fence
+from projections.base import ReplayRefused
+from projections.ledger import LedgerState
+from projections.runner import rebuild
+from protocol.ids import group_id_of
+from protocol.streams import group_stream, operator_stream
+from trainer.core.debt import on_operator_drop
+
+# Decisions made again when the trainer writes to the debt's group between the read and the append.
+DROP_TRIES: Final = 3
+# Debts listed by `ledger status` (all of them: `ledger debt list`).
+STATUS_DEBTS_SHOWN: Final = 20
+
+app = typer.Typer(help="The unpaid ACK debts, and an operator's drop of one.", no_args_is_help=True)
+
+
+def _ledger(store: EventStore) -> LedgerState:
+    try:
+        state: LedgerState = rebuild(store).state("ledger")
+    except ReplayRefused as exc:
+        err_console.print(f"[red]replay refused:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    return state
+
+
+def debts_table(ledger: LedgerState, limit: int | None = None, agent: str | None = None) -> Table:
+    """Every unpaid debt (to `agent`, if given), oldest first per agent, with what `ledger debt drop`
+    needs to name it."""
+    table = Table("agent", "rollout", "attempt", "generation", "group", "trainer", title="unpaid ACK debts")
+    rows = ledger.unpaid_debts(agent)
+    for owed_to, receipt in rows if limit is None else rows[:limit]:
+        group = ledger.group_of(receipt.rollout_id)
+        table.add_row(
+            escape(owed_to),
+            escape(receipt.rollout_id),
+            str(receipt.attempt_index),
+            str(receipt.execution_generation),
+            escape(group.group_id) if group is not None else "-",
+            escape(group.trainer_id or "(unnamed)") if group is not None else "-",
+        )
+    if limit is not None and len(rows) > limit:
+        table.caption = f"{len(rows) - limit} more: ledger debt list"
+    return table
+
+
+@app.command("list")
+def list_debts(
+    db: DbOption = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only the debts owed to this agent.")] = None,
+) -> None:
+    """Every unpaid ACK debt: the agent, the try (rollout id and attempt) and the receipt's generation."""
+    with clear_errors():
+        store = open_store(db_url(db, "auditor"))
+        try:
+            ledger = _ledger(store)
+        finally:
+            store.close()
+    console.print(debts_table(ledger, agent=agent))
+
+
+def default_operator() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (no $USER, no passwd entry)
+        user = "operator"
+    return f"{user}@{socket.gethostname()}"
+
+
+@app.command("drop")
+def drop(
+    rollout_id: Annotated[str, typer.Argument(help="The try's rollout id, e.g. p7_g2.")],
+    attempt: Annotated[int, typer.Argument(min=0, help="The try's attempt index.")],
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why the debt can never be paid (kept in the log).")
+    ],
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="The agent it is owed to (checked when given).")
+    ] = None,
+    operator: Annotated[
+        str | None, typer.Option("--operator", help="Who drops it (default: user@host).")
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Drop one unpaid ACK debt by hand; exit status 2 (nothing written) if the log holds no such debt."""
+    try:
+        mark = OperatorMark(operator=operator or default_operator(), reason=reason.strip())
+    except ValidationError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc.errors()[0]['msg']))} (--reason, --operator)")
+        raise typer.Exit(2) from None
+    group_id = group_id_of(rollout_id) or rollout_id
+    with clear_errors():
+        store = open_store(db_url(db, "writer"))
+        try:
+            for _ in range(DROP_TRIES):
+                # The group's version before the fold: the append is refused if the trainer wrote since.
+                seen = store.stream_version(group_stream(group_id))
+                decided = on_operator_drop(_ledger(store).debts, rollout_id, attempt, agent, mark)
+                if decided.agent_name is None:
+                    err_console.print(f"[red]error:[/red] {escape(decided.step.reason)}; nothing was written")
+                    raise typer.Exit(2)
+                try:
+                    result = store.append(
+                        operator_stream(decided.agent_name),
+                        list(decided.step.events),
+                        ExpectedVersion.ANY,
+                        metadata={"writer": f"operator:{mark.operator}"},
+                        fence=Fence(group_stream(group_id), seen),
+                    )
+                except Fenced:
+                    continue  # the trainer wrote to the group meanwhile: decide again on the log as it is
+                console.print(
+                    f"dropped the ACK debt of {escape(rollout_id)}#{attempt} owed to "
+                    f"{escape(decided.agent_name)} at position {result.positions[0]}: {escape(mark.reason)}"
+                )
+                return
+        finally:
+            store.close()
+    err_console.print(
+        f"[red]error:[/red] the trainer kept writing to group {escape(group_id)} ({DROP_TRIES} tries); "
+        "nothing was written, run it again"
+    )
+    raise typer.Exit(2)
