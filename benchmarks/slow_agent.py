@@ -55,7 +55,7 @@ def _templates() -> tuple[str, str, str]:
             prompt_token_ids=list(range(64)),
             generation_token_ids=list(range(16)),
             generation_log_probs=[-0.5] * 16,
-            output_items=[],
+            output_items=[{"type": "message", "content": [{"type": "output_text", "text": "4"}]}],
             token_item_index=0,
             created_at=0.0,
         ).model_dump(mode="json", by_alias=True)
