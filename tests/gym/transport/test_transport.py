@@ -364,6 +364,31 @@ async def test_broken_answers_are_protocol_errors_and_the_connection_is_dropped(
         await transport.aclose()
 
 
+async def test_large_bodies_and_bodies_read_to_eof_across_many_reads() -> None:
+    # The head cap counts only reads that leave the head unfinished: a big body in the head's own
+    # write is a body, not head bytes.
+    big = b"x" * (512 << 10)
+    pieces = [b"HTTP/1.1 200 OK\r\n", b"x-note: split\r\n\r\n", b"[to", b" eof", b"]"]
+
+    async def in_pieces(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for piece in pieces:  # each drained on its own: the client may see them in separate reads
+            writer.write(piece)
+            await writer.drain()
+        writer.close()
+
+    async with serve(
+        lambda path: (ok(big), False) if path == "/big" else echo(path), pieces=in_pieces
+    ) as agent:
+        transport = LeanTransport()
+        assert (await get(transport, agent.port, "/big")).body == big
+        assert transport.pool_state() == CLEAN_IDLE
+        reply = await get(transport, agent.port, "/pieces")
+        assert (reply.body, (b"x-note", b"split") in reply.headers) == (b"[to eof]", True)
+        assert transport.pool_state() == EMPTY
+        await assert_healthy(transport, agent)
+        await transport.aclose()
+
+
 async def test_a_header_block_without_end_is_refused_without_waiting_for_more() -> None:
     async def endless_head(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\n" + b"x-pad: aaaaaaaa\r\n" * 10000)
