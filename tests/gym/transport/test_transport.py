@@ -774,3 +774,18 @@ async def test_it_is_an_httpx_transport() -> None:
             assert response.status_code == 200 and response.json() == {"ok": True}
             assert response.headers["content-type"] == "application/json"
         assert agent.paths == ["/p?q=1"]
+
+
+async def test_an_httpx_streamed_body_goes_whole_with_its_length() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"x":'
+        yield b"1}"
+
+    async with serve() as agent:
+        transport = LeanTransport()
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://127.0.0.1:{agent.port}") as c:
+            # httpx frames a streamed body as chunked; the pool reads it whole and sends a length.
+            response = await c.post("/streamed", content=chunks())
+            assert (response.status_code, response.content) == (200, b"/streamed")
+            assert (await c.get("/after")).content == b"/after"
+        assert agent.connections == 1  # the server read exactly the body: the connection stayed in step
