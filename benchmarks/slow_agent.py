@@ -21,7 +21,7 @@ import signal
 from typing import cast
 
 from protocol.digests import reply_digest
-from protocol.wire import CompletionReceipt, RunReply, TokenEntry
+from protocol.wire import ALL_FEATURES, Capabilities, CompletionReceipt, RunReply, TokenEntry
 from trainer.eventloop import run_async
 
 _RID = "ridplaceholder0"
@@ -55,7 +55,7 @@ def _templates() -> tuple[str, str, str]:
             prompt_token_ids=list(range(64)),
             generation_token_ids=list(range(16)),
             generation_log_probs=[-0.5] * 16,
-            output_items=[],
+            output_items=[{"type": "message", "content": [{"type": "output_text", "text": "4"}]}],
             token_item_index=0,
             created_at=0.0,
         ).model_dump(mode="json", by_alias=True)
@@ -64,6 +64,9 @@ def _templates() -> tuple[str, str, str]:
 
 
 RUN, RECEIPT, TOKENS = _templates()
+# A participant's answer: `GymClient` (agent name "bench") then fetches receipts and token records
+# over HTTP, as against a real ledger-aware agent, instead of making them itself (reduced mode).
+CAPABILITIES = Capabilities(agent_name="bench", features=list(ALL_FEATURES)).model_dump_json()
 
 
 def _answer(body: str) -> bytes:
@@ -106,6 +109,8 @@ class _Agent(asyncio.Protocol):
             self._send(_answer(RECEIPT.replace(_RID, path.split("/")[2])))
         elif path.startswith("/token_capture/"):
             self._send(_answer(TOKENS.replace(_RID, path.split("/")[2])))
+        elif path == "/capabilities":
+            self._send(_answer(CAPABILITIES))
         else:
             self._send(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}")
 

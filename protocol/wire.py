@@ -45,19 +45,22 @@ Phase = Literal["idle", "preparing", "prepared", "committing", "committed_paused
 
 
 def check_depth(value: dict[str, Any], limit: int = MAX_JSON_DEPTH) -> dict[str, Any]:
-    """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
+    """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion).
+
+    Level by level, keeping only the containers of the next level: a reply's long lists of numbers
+    (token ids, log-probs) cost one type check per item, nothing pushed or popped."""
+    level: list[Any] = [value]
+    depth = 1
+    while level:
         if depth > limit:
             raise ValueError(f"nested deeper than {limit} levels")
-        stack.extend((child, depth + 1) for child in children)
+        below: list[Any] = []
+        for item in level:
+            for child in item.values() if isinstance(item, dict) else item:
+                if isinstance(child, (dict, list)):
+                    below.append(child)
+        level = below
+        depth += 1
     return value
 
 

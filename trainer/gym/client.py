@@ -5,7 +5,7 @@ timeout (the trainer's lease deadline governs them); control calls go through a 
 default timeout, so they never queue behind open runs (docs/protocol.md, Connection pools).  Every reply is checked
 against its wire model; every refusal becomes a typed exception from `trainer.gym.errors`.
 
-The pools are `LeanTransport`s (a keep-alive pool whose HTTP/1.1 framing is h11's) called through
+The pools are `LeanTransport`s (a keep-alive HTTP/1.1 pool whose responses llhttp parses) called through
 their `exchange` method: the transport errors are httpx's own, without httpx's client layer per call
 (`benchmarks/gym_client.py` measures it against aiohttp's and httpx's clients; `docs/http-client.md`).
 """

@@ -1,21 +1,25 @@
-"""An HTTP/1.1 keep-alive pool for the Gym client: a lean pool, framing by h11.
+"""An HTTP/1.1 keep-alive pool for the Gym client: a lean pool, responses framed by llhttp.
 
-The pool is ours, the HTTP is not.  httpx's default pool (httpcore) walks every connection of the
-pool on every request and polls each idle socket; with thousands of `/run` calls open that walk costs
-more than the rest of the hand-off.  This pool keeps, per origin, a stack of idle connections and
-looks only at the one it reuses.  Every byte on the wire is framed by h11 (the HTTP/1.1 state
-machine httpcore itself runs on): status lines, headers (obsolete line folding included), `100
-Continue`, `Content-Length` (conflicting values refused), chunked bodies and their trailers, bodies
-read to EOF, keep-alive rules.  `benchmarks/gym_client.py` measures the pool against aiohttp's and
-httpx's clients; `docs/http-client.md` has the table.
+The pool is ours, the HTTP parsing is not.  httpx's default pool (httpcore) walks every connection of
+the pool on every request and polls each idle socket; with thousands of `/run` calls open that walk
+costs more than the rest of the hand-off.  This pool keeps, per origin, a stack of idle connections
+and looks only at the one it reuses.  Responses are framed by llhttp (through httptools: the C
+parser of Node.js and uvicorn), in its strict mode: status lines, headers, `100 Continue`,
+`Content-Length` (a second one refused), chunked bodies and their trailers, keep-alive rules.  On
+top of it this module refuses what llhttp would accept but the pool cannot read safely (any transfer
+coding but `chunked`, an unasked `101`, oversize heads and bodies), ends a body delimited by EOF at the
+EOF (httptools has no call for it) and, as llhttp cannot be told a request was `HEAD`, ends a HEAD
+reply at its head.  Requests are written whole by `encode_request` (`trainer/gym/http_request.py`).
+`benchmarks/gym_client.py` measures the pool against aiohttp's and httpx's clients;
+`docs/http-client.md` has the table.
 
-Each connection is an `asyncio.Protocol` that feeds what arrives straight into its h11 state
-machine, so a reply is complete the moment its last byte is parsed, without a task switch per read.
-A connection goes back to the pool only when h11 says both sides finished the exchange cleanly,
-the server allows keep-alive and nothing arrived beyond the response.  Bytes or an EOF arriving on
-an idle connection close it at once: an unsolicited response can never become the next call's reply.
-Anything else (an error, a timeout, a cancellation at any await) closes the connection: its state is
-unknown.
+Each connection is an `asyncio.Protocol` that feeds what arrives straight into its parser, so a
+reply is complete the moment its last byte is parsed, without a task switch per read.  A connection
+goes back to the pool only when the final response was framed completely, llhttp says the server
+keeps the HTTP/1.1 connection alive, and no further message began behind the response.  Bytes or an
+EOF arriving on an idle connection close it at once: an unsolicited response can never become the
+next call's reply.  Anything else (an error, a timeout, a cancellation at any await) closes the
+connection: its state is unknown.
 
 It is also a plain `httpx.AsyncBaseTransport`, so any `httpx.AsyncClient` can run on it; `GymClient`
 calls `exchange()` directly (the same bytes and httpx's exceptions, without httpx's client layer).
@@ -31,8 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-import h11
+import httptools
 import httpx
+
+from trainer.gym.http_request import encode_request
 
 # uvicorn closes idle keep-alive connections after 5 s; reusing one at that instant loses the request
 # to a race, so this side gives them up first.
@@ -42,6 +48,8 @@ MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 
 NO_RESPONSE = "Server disconnected without sending a response."
+_HTTP_NAME = b"HTTP/"
+_HTTP_11 = b"HTTP/1.1"
 
 Origin = tuple[str, str, int]
 
@@ -88,19 +96,36 @@ class PoolState:
     waiting: int
 
 
+class _Stop(Exception):
+    """Raised in a parser callback to stop llhttp mid-buffer: the exchange's fate is already decided."""
+
+
 class _Link(asyncio.Protocol):
-    """One connection: its socket, its h11 state machine and the reply being read on it."""
+    """One connection: its socket, its llhttp response parser and the reply being read on it.
+
+    The parser calls back into this object (`on_status`, `on_header`, ...) as it frames the bytes
+    `data_received` feeds it.  `_status` stays 0 until the head of the final (non-1xx) response is
+    complete; `_keep_alive` is llhttp's verdict on that head, narrowed to HTTP/1.1.
+    """
 
     def __init__(self, max_body: int) -> None:
-        self.parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.parser = httptools.HttpResponseParser(self)
         self.max_body = max_body
         self.transport: asyncio.Transport | None = None
         self.dead = False  # closed, by us or the peer, or poisoned: never reused
         self.idle_since = 0.0
         self._reply: asyncio.Future[Reply] | None = None
-        self._head: h11.Response | None = None
+        self._head_only = False  # the request was HEAD: the response ends with its head
+        self._status = 0
+        self._reason = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._length: int | None = None  # the final response's Content-Length
+        self._coded = False  # a Transfer-Encoding header arrived
+        self._keep_alive = False
+        self._to_eof = False  # the body is delimited by the end of the stream
         self._parts: list[bytes] = []
         self._size = 0
+        self._head_bytes = 0
         self._heard = False  # any byte of this exchange's response arrived
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
@@ -115,25 +140,42 @@ class _Link(asyncio.Protocol):
             # Nobody asked: an unsolicited response (or garbage) must not become the next call's reply.
             self.close()
             return
-        self._heard = True
-        self.parser.receive_data(data)
-        self._pump()
+        if not self._heard:
+            self._heard = True
+            # llhttp also frames RTSP/ and ICE/ replies and skips blank lines before a status line.
+            if not _HTTP_NAME.startswith(data[:5]):
+                self._fail(
+                    httpx.RemoteProtocolError(f"malformed response: illegal status line {data[:40]!r}")
+                )
+                return
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # A refusal of ours (raised as _Stop) has already failed or finished the reply: this
+            # only closes the connection.  Anything else is llhttp refusing the bytes.
+            self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}"))
+            return
+        if self._status == 0 and self._reply is not None:
+            # Every byte of this read belonged to the head (or to interim responses).
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._fail(
+                    httpx.RemoteProtocolError(
+                        f"response head too long: no end within {MAX_HEADER_BYTES} bytes"
+                    )
+                )
 
     def eof_received(self) -> bool:
-        if self._reply is not None and not self._reply.done():
-            self.parser.receive_data(b"")  # a body read to EOF ends here; any other reply is cut short
-            self._pump()
+        self._end_of_stream()
         self.dead = True
         return False  # the transport closes itself
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.dead = True
+        if exc is None:
+            self._end_of_stream()
         if self._reply is not None and not self._reply.done():
-            if exc is None:
-                self.parser.receive_data(b"")
-                self._pump()
-            if self._reply is not None and not self._reply.done():
-                self._fail(httpx.ReadError(f"connection lost while reading the response: {exc}"))
+            self._fail(httpx.ReadError(f"connection lost while reading the response: {exc}"))
         self._wake_writer(ConnectionResetError(f"connection lost: {exc}"))
 
     def pause_writing(self) -> None:
@@ -143,15 +185,72 @@ class _Link(asyncio.Protocol):
         self._write_paused = False
         self._wake_writer(None)
 
+    # -- llhttp callbacks (httptools calls them from inside `feed_data`) ---------------------------
+
+    def on_message_begin(self) -> None:
+        if self._reply is None or self._reply.done():
+            # A second message after the reply in the same read: never the next call's reply.
+            self.close()
+            raise _Stop
+        self._reason, self._headers, self._length, self._coded = b"", [], None, False
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason  # called once per read the reason phrase spans
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._status:
+            return  # a trailer field after a chunked body: dropped (it cannot change the framing)
+        name = name.lower()
+        if name == b"content-length":
+            self._length = int(value)  # llhttp has checked the digits and refused any second one
+        elif name == b"transfer-encoding":
+            # Only `chunked` alone frames a response the way the pool reads it; a coding such as
+            # gzip would leave the body delimited by EOF, and a second header could disagree.
+            if self._coded or value.lower() != b"chunked":
+                self._fail(
+                    httpx.RemoteProtocolError(f"malformed response: unsupported Transfer-Encoding {value!r}")
+                )
+                raise _Stop
+            self._coded = True
+        self._headers.append((name, value.rstrip(b" \t")))  # llhttp keeps trailing whitespace
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        status = parser.get_status_code()
+        if status < 200:
+            if status == 101:  # nobody asked for an upgrade
+                self._fail(httpx.RemoteProtocolError("malformed response: unasked 101 Switching Protocols"))
+                raise _Stop
+            return  # 100 Continue, 103 Early Hints: the real response follows (llhttp ends this one)
+        self._status = status
+        if self._head_only:
+            # httptools cannot tell llhttp to skip the body a HEAD reply's headers announce: the reply
+            # ends here, and the connection, whose parser is now out of step, is closed.
+            self._finish(reusable=False)
+            raise _Stop
+        no_body = status == 204 or status == 304
+        if self._length is not None and self._length > self.max_body and not no_body:
+            self._fail(httpx.RemoteProtocolError(f"response body of {self._length} bytes refused"))
+            raise _Stop
+        self._to_eof = self._length is None and not self._coded and not no_body
+        self._keep_alive = parser.should_keep_alive() and parser.get_http_version() == "1.1"
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self.max_body:
+            self._fail(httpx.RemoteProtocolError(f"response body over {self.max_body} bytes"))
+            raise _Stop
+        self._parts.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._status:
+            self._finish(reusable=self._keep_alive)
+        # else an interim response ended; the next message is the real one
+
     # -- the exchange ----------------------------------------------------------------------------
 
     def reusable(self, now: float, expiry_s: float) -> bool:
-        return (
-            not self.dead
-            and self.parser.our_state is h11.IDLE
-            and self.parser.their_state is h11.IDLE
-            and now - self.idle_since < expiry_s
-        )
+        return not self.dead and self._reply is None and now - self.idle_since < expiry_s
 
     def close(self) -> None:
         self.dead = True
@@ -169,18 +268,15 @@ class _Link(asyncio.Protocol):
         if self.dead or self.transport is None or self.transport.is_closing():
             raise httpx.RemoteProtocolError("the server closed the connection before the request was sent")
         try:
-            fields = headers if isinstance(headers, list) else list(headers)
-            wire = self.parser.send(h11.Request(method=method, target=target, headers=fields)) or b""
-            if body:
-                wire += self.parser.send(h11.Data(data=body)) or b""
-            wire += self.parser.send(h11.EndOfMessage()) or b""
-        except h11.LocalProtocolError as exc:
+            wire = encode_request(method, target, headers, body)
+        except httpx.LocalProtocolError as exc:
             self.close()
             raise httpx.LocalProtocolError(f"request refused before sending: {exc}") from None
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Reply] = loop.create_future()
         self._reply = reply
-        self._head, self._parts, self._size, self._heard = None, [], 0, False
+        self._head_only = method == "HEAD"
+        self._status, self._parts, self._size, self._head_bytes, self._heard = 0, [], 0, 0, False
         self.transport.write(wire)
         if self._write_paused:
             await self._drain(timeouts.write, reply)
@@ -223,75 +319,43 @@ class _Link(asyncio.Protocol):
             self._reply.set_exception(exc)
         self._reply = None
 
-    def _pump(self) -> None:
-        """Takes every event h11 can frame from what arrived; ends the reply when the response ends."""
-        parser = self.parser
-        try:
-            while True:
-                event = parser.next_event()
-                if event is h11.NEED_DATA:
-                    return
-                if isinstance(event, h11.Data):
-                    self._size += len(event.data)
-                    if self._size > self.max_body:
-                        self._fail(httpx.RemoteProtocolError(f"response body over {self.max_body} bytes"))
-                        return
-                    self._parts.append(event.data)
-                elif isinstance(event, h11.Response):
-                    if not self._head_ok(event):
-                        return
-                    self._head = event
-                elif isinstance(event, h11.EndOfMessage):
-                    self._finish()
-                    return
-                elif isinstance(event, h11.ConnectionClosed):
-                    self._fail(httpx.RemoteProtocolError(NO_RESPONSE))
-                    return
-                elif event is h11.PAUSED:  # pragma: no cover - h11 pauses only after EndOfMessage
-                    return
-                # An InformationalResponse (100 Continue, 103 Early Hints) precedes the real response.
-        except h11.RemoteProtocolError as exc:
-            if not self._heard:  # h11 calls an EOF in place of a response a protocol error
-                self._fail(httpx.RemoteProtocolError(NO_RESPONSE))
-            else:
-                self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}"))
+    def _end_of_stream(self) -> None:
+        """The peer's EOF: it ends a body delimited by EOF; any other response it cuts short."""
+        if self._reply is None or self._reply.done():
+            return
+        if self._status and self._to_eof:
+            self._finish(reusable=False)
+        elif not self._heard:
+            self._fail(httpx.RemoteProtocolError(NO_RESPONSE))
+        elif self._status:
+            self._fail(
+                httpx.RemoteProtocolError(
+                    f"peer closed connection without sending complete message body: received {self._size} bytes"
+                )
+            )
+        else:
+            self._fail(httpx.RemoteProtocolError("peer closed connection in the middle of the response head"))
 
-    def _head_ok(self, head: h11.Response) -> bool:
-        length: bytes | None = None
-        chunked = False
-        for name, value in head.headers:
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                chunked = True
-        if length is not None and chunked:
-            # Framing by one header and not the other is how responses get split or smuggled: refused.
-            self._fail(httpx.RemoteProtocolError("malformed response: Content-Length with Transfer-Encoding"))
-            return False
-        if length is not None and int(length) > self.max_body:
-            self._fail(httpx.RemoteProtocolError(f"response body of {int(length)} bytes refused"))
-            return False
-        return True
-
-    def _finish(self) -> None:
-        assert self._reply is not None and self._head is not None
-        head, parser = self._head, self.parser
+    def _finish(self, *, reusable: bool) -> None:
+        assert self._reply is not None
         parts = self._parts
-        body = b"".join(parts) if len(parts) != 1 else bytes(parts[0])
-        self._parts, self._head = [], None
-        # Reusable only if h11 says both sides are done, keep-alive holds and nothing came after.
-        if (
-            parser.our_state is h11.DONE
-            and parser.their_state is h11.DONE
-            and not parser.trailing_data[0]
-            and not self.dead
-        ):
-            parser.start_next_cycle()
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._parts = []
+        version = self.parser.get_http_version()
+        if reusable and not self.dead:
+            # Any byte after this response in the same read starts a message: `on_message_begin`
+            # closes the connection before the awaiting call can park it.
             self.idle_since = time.monotonic()
         else:
             self.close()
         self._reply.set_result(
-            Reply(head.status_code, list(head.headers), body, b"HTTP/" + head.http_version, head.reason)
+            Reply(
+                self._status,
+                self._headers,
+                body,
+                _HTTP_11 if version == "1.1" else b"HTTP/" + version.encode(),
+                self._reason,
+            )
         )
         self._reply = None  # a parked connection holds no reply (nor its body)
 
@@ -337,7 +401,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 request.method,
                 origin_of(request.url),
                 request.url.raw_path,
-                request.headers.raw,
+                # The body is read whole: it goes with a Content-Length, never chunked.
+                [(k, v) for k, v in request.headers.raw if k.lower() != b"transfer-encoding"],
                 await request.aread(),
                 Timeouts.of(request),
             )

@@ -158,16 +158,14 @@ async def test_keep_alive_reuses_one_connection() -> None:
 @pytest.mark.parametrize(
     ("answer", "body", "header"),
     [
-        # Two Content-Length headers that agree frame the same message.
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n{}", b"{}", None),
         # Interim responses come before the real one and are skipped.
         (
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" + ok(b"[1]"),
             b"[1]",
             None,
         ),
-        # Obsolete line folding: the continuation is joined to the value with one space.
-        (b"HTTP/1.1 200 OK\r\nx-note: one\r\n  two\r\ncontent-length: 2\r\n\r\n{}", b"{}", b"one two"),
+        # Whitespace around a value is not part of it.
+        (b"HTTP/1.1 200 OK\r\nx-note:  one two \t\r\ncontent-length: 2\r\n\r\n{}", b"{}", b"one two"),
         # Chunked, with a chunk extension and trailers.
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -175,10 +173,21 @@ async def test_keep_alive_reuses_one_connection() -> None:
             b'{"a":1}',
             None,
         ),
-        # Upper-case header names and a reason phrase with spaces.
-        (b"HTTP/1.1 200 All Good Here\r\nCONTENT-LENGTH: 2\r\n\r\n{}", b"{}", None),
+        # Upper-case header names (handed over lower-cased) and a reason phrase with spaces.
+        (b"HTTP/1.1 200 All Good Here\r\nCONTENT-LENGTH: 2\r\nX-Note: one two\r\n\r\n{}", b"{}", b"one two"),
+        # Bytes beyond ASCII (obs-text) in a value are kept as they are.
+        (b"HTTP/1.1 200 OK\r\nx-note: caf\xc3\xa9\r\ncontent-length: 2\r\n\r\n{}", b"{}", b"caf\xc3\xa9"),
+        # Empty lines after the body are skipped before any next message (RFC 9112 §2.2): no message.
+        (ok(b"{}") + b"\r\n", b"{}", None),
     ],
-    ids=["duplicate-equal-length", "interim-responses", "obs-fold", "chunked-trailers", "header-case"],
+    ids=[
+        "interim-responses",
+        "value-whitespace",
+        "chunked-trailers",
+        "header-case",
+        "obs-text",
+        "blank-line-after",
+    ],
 )
 async def test_what_http_allows_is_answered_and_the_connection_kept(
     answer: bytes, body: bytes, header: bytes | None
@@ -199,7 +208,14 @@ async def test_bodies_without_length_end_their_connection() -> None:
     to_eof = b"HTTP/1.1 200 OK\r\n\r\n[1,2,3]"
     close = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}"
     old = b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}"
-    answers = {"/eof": (to_eof, True), "/close": (close, True), "/old": (old, True)}
+    # HTTP/1.0 keep-alive is an extension the pool does not take up: the connection is closed.
+    old_alive = b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\n{}"
+    answers = {
+        "/eof": (to_eof, True),
+        "/close": (close, True),
+        "/old": (old, True),
+        "/alive": (old_alive, False),
+    }
     async with serve(lambda path: answers.get(path) or echo(path)) as agent:
         transport = LeanTransport()
         assert (await get(transport, agent.port, "/eof")).body == b"[1,2,3]"
@@ -208,22 +224,32 @@ async def test_bodies_without_length_end_their_connection() -> None:
         assert transport.pool_state() == EMPTY
         assert (await get(transport, agent.port, "/old")).body == b"{}"
         assert transport.pool_state() == EMPTY
+        reply = await get(transport, agent.port, "/alive")
+        assert (reply.body, reply.http_version) == (b"{}", b"HTTP/1.0")
+        assert transport.pool_state() == EMPTY
         await assert_healthy(transport, agent)
-        assert agent.connections == 4
+        assert agent.connections == 5
         await transport.aclose()
 
 
-async def test_head_and_no_content_replies_have_no_body() -> None:
+async def test_body_less_replies_keep_the_connection_and_a_head_reply_closes_it() -> None:
     no_content = b"HTTP/1.1 204 No Content\r\n\r\n"
+    not_modified = b"HTTP/1.1 304 Not Modified\r\ncontent-length: 1234\r\n\r\n"
     head = b"HTTP/1.1 200 OK\r\ncontent-length: 1234\r\n\r\n"
-    answers = {"/none": (no_content, False), "/head": (head, False)}
+    answers = {"/none": (no_content, False), "/same": (not_modified, False), "/head": (head, False)}
     async with serve(lambda path: answers.get(path) or echo(path)) as agent:
         transport = LeanTransport()
         assert (await get(transport, agent.port, "/none")).body == b""
+        assert transport.pool_state() == CLEAN_IDLE
+        reply = await get(transport, agent.port, "/same")
+        assert (reply.status, reply.body) == (304, b"")
+        assert transport.pool_state() == CLEAN_IDLE
+        # llhttp cannot be told the request was HEAD: the reply ends at its head, the connection closes.
         reply = await get(transport, agent.port, "/head", method="HEAD")
         assert (reply.status, reply.body) == (200, b"")
+        assert transport.pool_state() == EMPTY
         await assert_healthy(transport, agent)
-        assert agent.connections == 1
+        assert agent.connections == 2
         await transport.aclose()
 
 
@@ -236,20 +262,55 @@ async def test_head_and_no_content_replies_have_no_body() -> None:
         (b"", "without sending a response"),
         (b'HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n{"half', "complete message body"),
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n10\r\nabc", "complete message body"),
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}x", "conflicting"),
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 2, 3\r\n\r\n{}x", "conflicting"),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 50\r\n", "response head"),
+        # Two Content-Length headers are refused even when they agree (RFC 9110 §8.6 allows either).
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n{}", "Duplicate Content-Length"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}x", "Duplicate Content-Length"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2, 3\r\n\r\n{}x", "Content-Length"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\n{}", "Content-Length"),
         (b"HTTP/1.1 200 OK\r\ncontent-length: -2\r\n\r\n{}", "Content-Length"),
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
-            "Content-Length with Transfer-Encoding",
+            "Transfer-Encoding can't be present with Content-Length",
         ),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", "chunk header"),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n", "chunk header"),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", "chunk footer"),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+            "Content-Length can't be present with Transfer-Encoding",
+        ),
+        # A framing field in the trailers.
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\ncontent-length: 9\r\n\r\n",
+            "Content-Length",
+        ),
+        # Obsolete line folding (RFC 9112 §5.2): refused, as llhttp does in its strict mode.
+        (
+            b"HTTP/1.1 200 OK\r\nx-note: one\r\n  two\r\ncontent-length: 2\r\n\r\n{}",
+            "whitespace after header",
+        ),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", "chunk size"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n", "chunk size"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2 \r\n{}\r\n0\r\n\r\n", "chunk size"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", "after chunk data"),
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n{}", "Transfer-Encoding"),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+            "Transfer-Encoding",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            "Transfer-Encoding",
+        ),
         (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n", "malformed response"),
         (b"SMTP ready\r\n\r\n", "illegal status line"),
-        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "illegal header line"),
+        # llhttp also frames RTSP and ICE replies and skips blank lines before a status line: not here.
+        (b"RTSP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}", "illegal status line"),
+        (b"\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", "illegal status line"),
+        (b"HTTP/1.1 99 Low\r\ncontent-length: 2\r\n\r\n{}", "status"),
+        (b"HTTP/1.1 200 OK\ncontent-length: 2\n\n{}", "CR"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "header token"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length : 2\r\n\r\n{}", "header field char"),
+        (b"HTTP/1.1 200 OK\r\nx-note: a\x00b\r\ncontent-length: 2\r\n\r\n{}", "header value char"),
+        (b"HTTP/1.1 200 OK\r\nx-note: a\x7fb\r\ncontent-length: 2\r\n\r\n{}", "header value char"),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 99999999999\r\n\r\n", "refused"),
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"100001\r\n" + b"a" * 0x100001, "over"),
         (b"HTTP/1.1 200 OK\r\n\r\n" + b"a" * (1 << 20) + b"tail", "over"),
@@ -258,17 +319,33 @@ async def test_head_and_no_content_replies_have_no_body() -> None:
         "no-answer",
         "mid-body-close",
         "mid-chunk-close",
+        "mid-head-close",
+        "duplicate-equal-length",
         "conflicting-length",
         "conflicting-list",
+        "equal-list",
         "negative-length",
         "length-and-chunked",
+        "chunked-and-length",
+        "length-in-trailers",
+        "obs-fold",
         "bad-chunk-size",
         "negative-chunk-size",
+        "space-after-chunk-size",
         "bad-chunk-footer",
         "unknown-coding",
+        "coding-list",
+        "two-codings",
         "unasked-101",
         "bad-status-line",
+        "rtsp-status-line",
+        "blank-line-first",
+        "two-digit-status",
+        "bare-lf",
         "bad-header-line",
+        "space-before-colon",
+        "nul-in-value",
+        "del-in-value",
         "declared-too-large",
         "chunked-too-large",
         "eof-body-too-large",
@@ -284,6 +361,31 @@ async def test_broken_answers_are_protocol_errors_and_the_connection_is_dropped(
         assert transport.pool_state() == EMPTY
         await assert_healthy(transport, agent)
         assert agent.connections == 2
+        await transport.aclose()
+
+
+async def test_large_bodies_and_bodies_read_to_eof_across_many_reads() -> None:
+    # The head cap counts only reads that leave the head unfinished: a big body in the head's own
+    # write is a body, not head bytes.
+    big = b"x" * (512 << 10)
+    pieces = [b"HTTP/1.1 200 OK\r\n", b"x-note: split\r\n\r\n", b"[to", b" eof", b"]"]
+
+    async def in_pieces(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for piece in pieces:  # each drained on its own: the client may see them in separate reads
+            writer.write(piece)
+            await writer.drain()
+        writer.close()
+
+    async with serve(
+        lambda path: (ok(big), False) if path == "/big" else echo(path), pieces=in_pieces
+    ) as agent:
+        transport = LeanTransport()
+        assert (await get(transport, agent.port, "/big")).body == big
+        assert transport.pool_state() == CLEAN_IDLE
+        reply = await get(transport, agent.port, "/pieces")
+        assert (reply.body, (b"x-note", b"split") in reply.headers) == (b"[to eof]", True)
+        assert transport.pool_state() == EMPTY
+        await assert_healthy(transport, agent)
         await transport.aclose()
 
 
@@ -598,14 +700,68 @@ async def test_connection_limit_queues_and_pool_timeout() -> None:
         await transport.aclose()
 
 
-async def test_a_request_h11_refuses_is_a_local_error_and_sends_nothing() -> None:
+@pytest.mark.parametrize(
+    ("method", "target", "headers", "body", "message"),
+    [
+        ("GET", b"/", [], b"", "Host"),
+        ("GET", b"/", [(b"Host", b"h"), (b"host", b"h")], b"", "Host"),
+        ("GET", b"/", [(b"Host", b"h"), (b"X-Note", b"a\r\nX-Smuggled: 1")], b"", "header value"),
+        ("GET", b"/", [(b"Host", b"h"), (b"X-Note", b"a\nb")], b"", "header value"),
+        ("GET", b"/", [(b"Host", b"h"), (b"X-Note", b"a\x00b")], b"", "header value"),
+        ("GET", b"/", [(b"Host", b"h\r\n")], b"", "header value"),
+        ("GET", b"/", [(b"Host", b"h"), (b"X-Note\r\nX-Smuggled", b"1")], b"", "header name"),
+        ("GET", b"/", [(b"Host", b"h"), (b"X Note", b"1")], b"", "header name"),
+        ("GET", b"/ HTTP/1.1\r\nX-Smuggled: 1\r\n", [(b"Host", b"h")], b"", "target"),
+        ("GET", b"/a b", [(b"Host", b"h")], b"", "target"),
+        ("GET\r\n", b"/", [(b"Host", b"h")], b"", "method"),
+        ("POST", b"/", [(b"Host", b"h"), (b"Content-Length", b"3")], b"{}", "Content-Length"),
+        (
+            "POST",
+            b"/",
+            [(b"Host", b"h"), (b"Content-Length", b"2"), (b"Content-Length", b"2")],
+            b"{}",
+            "Content-Length",
+        ),
+        ("POST", b"/", [(b"Host", b"h"), (b"Transfer-Encoding", b"chunked")], b"{}", "Transfer-Encoding"),
+    ],
+    ids=[
+        "no-host",
+        "two-hosts",
+        "crlf-in-value",
+        "lf-in-value",
+        "nul-in-value",
+        "crlf-in-host",
+        "crlf-in-name",
+        "space-in-name",
+        "crlf-in-target",
+        "space-in-target",
+        "crlf-in-method",
+        "length-mismatch",
+        "two-lengths",
+        "chunked-request",
+    ],
+)
+async def test_a_malformed_request_is_a_local_error_and_sends_nothing(
+    method: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes, message: str
+) -> None:
     async with serve() as agent:
         transport = LeanTransport()
         origin: Origin = ("http", "127.0.0.1", agent.port)
-        with pytest.raises(httpx.LocalProtocolError, match="Host"):
-            await transport.exchange("GET", origin, b"/", [], b"", Timeouts())
+        with pytest.raises(httpx.LocalProtocolError, match=message):
+            await transport.exchange(method, origin, target, headers, body, Timeouts())
         assert transport.pool_state() == EMPTY and agent.paths == []
         await assert_healthy(transport, agent)
+        await transport.aclose()
+
+
+async def test_a_body_without_content_length_gets_one() -> None:
+    async with serve() as agent:
+        transport = LeanTransport()
+        origin: Origin = ("http", "127.0.0.1", agent.port)
+        reply = await transport.exchange("POST", origin, b"/posted", [(b"Host", b"h")], b"{}", Timeouts())
+        assert (reply.status, reply.body) == (200, b"/posted")
+        await assert_healthy(transport, agent)
+        assert agent.connections == 1  # the server read exactly the body: the connection stayed in step
         await transport.aclose()
 
 
@@ -618,3 +774,18 @@ async def test_it_is_an_httpx_transport() -> None:
             assert response.status_code == 200 and response.json() == {"ok": True}
             assert response.headers["content-type"] == "application/json"
         assert agent.paths == ["/p?q=1"]
+
+
+async def test_an_httpx_streamed_body_goes_whole_with_its_length() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"x":'
+        yield b"1}"
+
+    async with serve() as agent:
+        transport = LeanTransport()
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://127.0.0.1:{agent.port}") as c:
+            # httpx frames a streamed body as chunked; the pool reads it whole and sends a length.
+            response = await c.post("/streamed", content=chunks())
+            assert (response.status_code, response.content) == (200, b"/streamed")
+            assert (await c.get("/after")).content == b"/after"
+        assert agent.connections == 1  # the server read exactly the body: the connection stayed in step
