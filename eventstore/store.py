@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from eventstore.backends import mask_url
@@ -42,6 +42,10 @@ from eventstore.records import (
 
 if TYPE_CHECKING:
     from eventstore.subscription import Subscription
+
+_BLOBS_IN = text("SELECT digest, content FROM blobs WHERE digest IN :digests").bindparams(
+    bindparam("digests", expanding=True)
+)
 
 # One append of a batch: (stream, events, expected version) and optionally its fence.
 Append = (
@@ -214,6 +218,15 @@ class EventStore:
     def get_blob(self, digest: str) -> bytes | None:
         value = self._scalar("SELECT content FROM blobs WHERE digest = :d", {"d": digest})
         return None if value is None else bytes(value)
+
+    def get_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        """The stored content of each of `digests` that is stored, in one query (a sealed group's
+        replies: one read per group, not one per sibling)."""
+        if not digests:
+            return {}
+        with self._database_errors(), self._reader.connect() as conn:
+            rows = conn.execute(_BLOBS_IN, {"digests": sorted(set(digests))}).all()
+        return {str(digest): bytes(content) for digest, content in rows}
 
     def subscriber_position(self, name: str) -> int:
         value = self._scalar("SELECT position FROM subscriptions WHERE name = :n", {"n": name})

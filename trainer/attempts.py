@@ -220,7 +220,7 @@ class Attempts:
             )
         adopted_events: list[Event] = [AttemptAdopted(rollout_id=rid, attempt_index=n)] if adopted else []
         try:
-            verify_receipt(reply, receipt)
+            verify_receipt(reply, receipt, digest)
             if reply.mask_sample:
                 await self._append(
                     group_id,

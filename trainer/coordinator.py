@@ -579,8 +579,8 @@ class RolloutCoordinator:
         digests = group.reply_digests
 
         def read() -> list[dict[str, Any] | None]:
-            blobs = [self.store.get_blob(d) if d else None for d in digests]
-            return [json.loads(b) if b is not None else None for b in blobs]
+            blobs = self.store.get_blobs([d for d in digests if d])
+            return [json.loads(blobs[d]) if d and d in blobs else None for d in digests]
 
         return dataclasses.replace(group, replies=await self.journal.read(read, "reading replies"))
 

@@ -407,3 +407,11 @@ def test_writer_sessions_plan_index_scans_and_keep_the_urls_own_options(pg_url: 
         assert conn.execute(text("SHOW enable_seqscan")).scalar() == "on"
     store.append("group-p1", [reserved()])
     assert store.head() == 1 and store.verify_chain() is None
+
+
+def test_get_blobs_reads_many_in_one_query(store_url: str) -> None:
+    store = open_store(store_url)
+    first, second = store.put_blob(b'{"a":1}'), store.put_blob(b"\x00binary", "application/octet-stream")
+    missing = "sha256:" + "0" * 64
+    assert store.get_blobs([first, second, missing, first]) == {first: b'{"a":1}', second: b"\x00binary"}
+    assert store.get_blobs([]) == {}

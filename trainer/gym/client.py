@@ -107,13 +107,16 @@ def _default_ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def verify_receipt(reply: RunReply, receipt: CompletionReceipt) -> None:
-    """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (docs/protocol.md, Receipts)."""
+def verify_receipt(reply: RunReply, receipt: CompletionReceipt, digest: str | None = None) -> None:
+    """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (docs/protocol.md, Receipts).
+
+    `digest`: the reply's digest where the caller has already taken it (canonical JSON of a reply is
+    the trainer's largest encode: once per reply, not twice)."""
     expected = {
         "rollout_id": reply.rollout_id,
         "attempt_index": reply.attempt_index,
         "result_identity": reply.id,
-        "result_digest": reply.digest(),
+        "result_digest": reply.digest() if digest is None else digest,
         "manifest_capture_key": capture_key(reply.rollout_id, reply.attempt_index),
     }
     wrong = {k: (getattr(receipt, k), v) for k, v in expected.items() if getattr(receipt, k) != v}

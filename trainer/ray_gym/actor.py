@@ -323,9 +323,10 @@ class LedgerGym:
 
         def build() -> list[tuple[int, dict[str, Any]]]:
             out = []
+            blobs = store.get_blobs([d for seal in record.seals.values() for d in seal if d])
             for gi, rowidx in enumerate(group.rows):
                 reply_digest, tokens_digest = record.seals[gi]
-                reply, tokens = store.get_blob(reply_digest), store.get_blob(tokens_digest)
+                reply, tokens = blobs.get(reply_digest), blobs.get(tokens_digest)
                 if reply is None or tokens is None:
                     raise RowError(
                         f"group {group.group_id}: sibling {gi}'s reply or tokens are not in the log"
