@@ -294,6 +294,7 @@ class Incarnation:
     crashed: bool = False
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     coord: RolloutCoordinator | None = None
+    store: FaultyStore | None = None
     # Stale variant: the crash point was reached (the harness starts the successor), and the successor
     # has taken over (this process goes on).
     stale_hit: asyncio.Event = field(default_factory=asyncio.Event)
@@ -314,13 +315,18 @@ class Incarnation:
         c = self.crash
         return c is not None and c.where == where and c.k == n and not self.crashed
 
+    def _stale(self) -> bool:
+        """The stale variant needs an owner epoch to be stale about: a process stopped before it took
+        one and then released would be the newest owner, so there it is a plain crash."""
+        assert self.crash is not None
+        return self.crash.stale and self.coord is not None and self.coord.journal.owner is not None
+
     def at_append(self, where: CrashWhere, n: int) -> None:
         """In the store's thread, before or after the n-th append."""
         self.check()
         if not self._hit(where, n):
             return
-        assert self.crash is not None
-        if self.crash.stale:
+        if self._stale():
             self.loop.call_soon_threadsafe(self.stale_hit.set)
             self.released.wait(SEED_DEADLINE_S)
             return
@@ -332,8 +338,7 @@ class Incarnation:
         self.check()
         if not self._hit(where, n):
             return
-        assert self.crash is not None
-        if self.crash.stale:
+        if self._stale():
             self.stale_hit.set()
             await asyncio.to_thread(self.released.wait, SEED_DEADLINE_S)
             return
@@ -348,6 +353,24 @@ class FaultyStore(EventStore):
     def __init__(self, inner: EventStore, inc: Incarnation, run: ScheduleRun) -> None:
         self.__dict__.update(inner.__dict__)
         self._inc, self._run = inc, run
+        self.in_flight = 0
+        self.idle = threading.Condition()
+        inc.store = self
+
+    def _counted(self, fn: Any, args: Any, kwargs: Any) -> Any:
+        # An append in flight when the process is killed may still commit (its COMMIT was sent);
+        # the successor starts only once none is (a real successor starts after the process died).
+        with self.idle:
+            self.in_flight += 1
+        try:
+            n = self._before()
+            result = fn(*args, **kwargs)
+            self._inc.at_append("after_append", n)
+            return result
+        finally:
+            with self.idle:
+                self.in_flight -= 1
+                self.idle.notify_all()
 
     def _before(self) -> int:
         inc = self._inc
@@ -365,16 +388,14 @@ class FaultyStore(EventStore):
         return n
 
     def append(self, *args: Any, **kwargs: Any) -> Any:
-        n = self._before()
-        result = super().append(*args, **kwargs)
-        self._inc.at_append("after_append", n)
-        return result
+        return self._counted(super().append, args, kwargs)
 
     def append_batch(self, *args: Any, **kwargs: Any) -> Any:
-        n = self._before()
-        result = super().append_batch(*args, **kwargs)
-        self._inc.at_append("after_append", n)
-        return result
+        return self._counted(super().append_batch, args, kwargs)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        with self.idle:
+            return self.idle.wait_for(lambda: self.in_flight == 0, timeout_s)
 
 
 _JSON = [(b"content-type", b"application/json")]
@@ -423,7 +444,9 @@ class FaultyPool:
             return Reply(503, _JSON, b'{"error": "injected", "message": "service unavailable"}')
         if fault == "timeout":
             # The request reached the agent, whose work goes on; the answer never comes in time.
-            asyncio.get_running_loop().create_task(_quietly(agent.call(method, target, headers, body)))
+            context = contextvars.copy_context()
+            context.run(_INCARNATION.set, None)
+            asyncio.get_running_loop().create_task(_quietly(agent.call(method, target, headers, body)), context=context)
             await asyncio.sleep(0)
             raise httpx.ReadTimeout(f"{what}: no complete response in time")
         reply = await self._deliver(method, target, headers, body, timeouts)
@@ -684,10 +707,12 @@ async def _settle(inc: Incarnation) -> None:
     for _ in range(200):
         live = [t for t in inc.tasks if not t.done()]
         if not live:
-            return
+            break
         for t in live:
             t.cancel()
         await asyncio.wait(live, timeout=0.05)
+    if inc.store is not None:
+        await asyncio.to_thread(inc.store.wait_idle, 10.0)
 
 
 async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
