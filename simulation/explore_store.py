@@ -62,7 +62,7 @@ from participant.evidence import read_evidence
 from trainer.checkpoint import PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
 from trainer.core.attempt import RETIRE_POLICY
-from trainer.errors import CoordinatorStopped, FencedOff
+from trainer.errors import AlreadyClaimed, CoordinatorStopped, FencedOff
 from trainer.gym import GymClient
 from trainer.gym.transport import Origin, Reply, Timeouts
 
@@ -128,6 +128,7 @@ class TrainerPlan:
 @dataclass(frozen=True)
 class Plan:
     seed: int
+    prefix: str  # of every id in the schedule
     trainers: tuple[TrainerPlan, ...]
     # (agent, call kind, n-th call of that kind to that agent) -> the fault it suffers
     faults: dict[tuple[str, CallKind, int], Fault]
@@ -152,21 +153,25 @@ class Plan:
                 for t in self.trainers
             ],
             "faults": {f"{a}/{k}#{n}": f for (a, k, n), f in sorted(self.faults.items())},
-            "restarts": {f"{a}#{n}": ("kept" if keep else "lost") for (a, n), keep in sorted(self.restarts.items())},
+            "restarts": {
+                f"{a}#{n}": ("kept" if keep else "lost") for (a, n), keep in sorted(self.restarts.items())
+            },
             "crash": None if self.crash is None else self.crash.__dict__,
             "outage": self.outage,
         }
 
 
-def plan_of(seed: int) -> Plan:
-    """The schedule of `seed`: every number drawn from `random.Random(seed)`, nothing else."""
+def plan_of(seed: int, tag: str = "") -> Plan:
+    """The schedule of `seed`: every number drawn from `random.Random(seed)`, nothing else.  `tag` goes
+    into every id (trainers, agents, groups, checkpoints), so seeds replayed on one log do not meet."""
     rng = random.Random(seed)
     trainers: list[TrainerPlan] = []
     for t in range(rng.choice((1, 1, 2, 3))):
-        tid = f"x{seed}-t{t}"
+        tid = f"x{seed}{tag}-t{t}"
         agents = tuple(f"{tid}-a{j}" for j in range(rng.choice((1, 1, 2))))
         groups = tuple(
-            GroupPlan(f"{tid}-g{j}", agents[j % len(agents)], rng.randint(2, 4)) for j in range(rng.randint(2, 4))
+            GroupPlan(f"{tid}-g{j}", agents[j % len(agents)], rng.randint(2, 4))
+            for j in range(rng.randint(2, 4))
         )
         trainers.append(
             TrainerPlan(
@@ -194,7 +199,7 @@ def plan_of(seed: int) -> Plan:
     if rng.random() < 0.2:
         first = rng.randint(1, 10)
         outage = (rng.randrange(len(trainers)), first, first + rng.randint(0, 3))
-    return Plan(seed, tuple(trainers), faults, restarts, crash, outage)
+    return Plan(seed, f"x{seed}{tag}-", tuple(trainers), faults, restarts, crash, outage)
 
 
 # --- the agents: reference agents in this process --------------------------------------------------
@@ -223,7 +228,7 @@ class Agent:
     def _start(self) -> None:
         app, registry = create_app(self.config)
         self.registry: ExecutionRegistry = registry
-        self.transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # type: ignore[arg-type]
+        self.transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         self.lives += 1
 
     def restart(self, keep_state: bool) -> None:
@@ -236,7 +241,9 @@ class Agent:
             self.state_dirs.append(lost)
         self._start()
 
-    async def call(self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> Reply:
+    async def call(
+        self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> Reply:
         """One request to the app, in a task of no trainer's (the agent's work is not the trainer's)."""
         life, transport = self.lives, self.transport
         request = httpx.Request(method, "http://agent" + target.decode(), headers=list(headers), content=body)
@@ -446,7 +453,9 @@ class FaultyPool:
             # The request reached the agent, whose work goes on; the answer never comes in time.
             context = contextvars.copy_context()
             context.run(_INCARNATION.set, None)
-            asyncio.get_running_loop().create_task(_quietly(agent.call(method, target, headers, body)), context=context)
+            asyncio.get_running_loop().create_task(
+                _quietly(agent.call(method, target, headers, body)), context=context
+            )
             await asyncio.sleep(0)
             raise httpx.ReadTimeout(f"{what}: no complete response in time")
         reply = await self._deliver(method, target, headers, body, timeouts)
@@ -461,7 +470,12 @@ class FaultyPool:
         return reply
 
     async def _deliver(
-        self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes, timeouts: Timeouts
+        self,
+        method: str,
+        target: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        timeouts: Timeouts,
     ) -> Reply:
         call = self.agent.call(method, target, headers, body)
         if timeouts.read is None:
@@ -555,6 +569,9 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
         checkpointed = False
         claimed_here = 0
         while True:
+            # A kill's cancellation can be lost in Python 3.11's `wait_for` (when the wait ends at the
+            # same moment): a dead process must not go on looping here.
+            inc.check()
             _raise_if_stopped(coord)
             for group in coord.sealed_unclaimed():
                 await coord.claim_for_training(group.group_id, run.claims[t])
@@ -640,7 +657,9 @@ async def _drive_trainer(run: ScheduleRun, t: int) -> None:
         return
 
 
-async def _stale_takeover(run: ScheduleRun, t: int, stale: Incarnation, stale_task: asyncio.Task[None]) -> None:
+async def _stale_takeover(
+    run: ScheduleRun, t: int, stale: Incarnation, stale_task: asyncio.Task[None]
+) -> None:
     """The successor recovers while `stale` is held at its crash point; then `stale` goes on.  The
     successor must finish; the stale one must be fenced (or finish harmlessly)."""
     loop = asyncio.get_running_loop()
@@ -668,10 +687,15 @@ async def _stale_takeover(run: ScheduleRun, t: int, stale: Incarnation, stale_ta
         stale_error = _ended(stale_task)
         if isinstance(stale_error, FencedOff):
             run.counts["stale_fenced"] += 1
+        elif isinstance(stale_error, AlreadyClaimed):
+            # Its claim was refused before its append: the fold already showed the successor's claim.
+            run.counts["stale_refused_claim"] += 1
         elif stale_error is None:
             run.counts["stale_finished"] += 1
         elif not isinstance(stale_error, CoordinatorStopped):
-            run.problems.append(f"trainer {t}: the stale process failed: {type(stale_error).__name__}: {stale_error}"[:400])
+            run.problems.append(
+                f"trainer {t}: the stale process failed: {type(stale_error).__name__}: {stale_error}"[:400]
+            )
     else:
         run.counts["stale_stopped_idle"] += 1
     stale.kill()
@@ -715,23 +739,37 @@ async def _settle(inc: Incarnation) -> None:
         await asyncio.to_thread(inc.store.wait_idle, 10.0)
 
 
+def _waiting(run: ScheduleRun) -> str:
+    """Where the live processes' tasks wait (for the report of a schedule that did not end)."""
+    where: Counter[str] = Counter()
+    for incs in run.incarnations.values():
+        for inc in incs:
+            for task in inc.tasks:
+                if task.done():
+                    continue
+                frames = task.get_stack(limit=3)
+                line = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
+                where[f"t{inc.trainer}p{inc.number} {task.get_name()} @ {line}"] += 1
+    return "; ".join(f"{k} x{n}" for k, n in where.most_common(8))
+
+
 async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
     """Runs `plan` on the log at `url` with its agents' state under `workdir`; returns what happened
     (the checker reads the log and the agents afterwards)."""
-    agents = {
-        name: Agent(name, workdir / name, plan.seed) for tp in plan.trainers for name in tp.agents
-    }
+    agents = {name: Agent(name, workdir / name, plan.seed) for tp in plan.trainers for name in tp.agents}
     run = ScheduleRun(plan, url, agents)
     loop = asyncio.get_running_loop()
     previous = loop.get_task_factory()
-    loop.set_task_factory(_task_factory)  # type: ignore[arg-type]
+    loop.set_task_factory(_task_factory)
     try:
         drivers = [asyncio.create_task(_drive_trainer(run, t)) for t in range(len(plan.trainers))]
         done, pending = await asyncio.wait(drivers, timeout=SEED_DEADLINE_S)
         for task in pending:
             task.cancel()
         if pending:
-            run.problems.append(f"the schedule did not end within {SEED_DEADLINE_S:g} s")
+            run.problems.append(
+                f"the schedule did not end within {SEED_DEADLINE_S:g} s: {_waiting(run)}"[:1500]
+            )
         for incs in run.incarnations.values():
             for inc in incs:
                 inc.released.set()
@@ -761,18 +799,22 @@ async def check(run: ScheduleRun) -> list[str]:
         report = await asyncio.to_thread(audit_log, store)
     finally:
         await asyncio.to_thread(store.close)
-    mine = [e for e in events if f"x{plan.seed}-" in e.stream_id]
+    mine = [e for e in events if plan.prefix in e.stream_id]
     by_type: dict[str, list[Any]] = {}
     for e in mine:
         by_type.setdefault(e.type, []).append(e)
     if not report.ok:
         violations += [f"audit: {v}"[:300] for v in report.as_json()["violations"][:10]]
     # Every group sealed or dead-lettered, each once.
-    ends: Counter[str] = Counter(e.data["group_id"] for e in mine if e.type in ("GroupSealed", "GroupDeadLettered"))
+    ends: Counter[str] = Counter(
+        e.data["group_id"] for e in mine if e.type in ("GroupSealed", "GroupDeadLettered")
+    )
     for tp in plan.trainers:
         for g in tp.groups:
             if ends[g.group_id] != 1:
-                violations.append(f"group {g.group_id} ended {ends[g.group_id]} times (sealed or dead-lettered)")
+                violations.append(
+                    f"group {g.group_id} ended {ends[g.group_id]} times (sealed or dead-lettered)"
+                )
     sealed = {e.data["group_id"] for e in by_type.get("GroupSealed", [])}
     # Claims: never by a writer whose epoch was superseded; at most one that no restore rolled back;
     # every sealed group trained on.
@@ -819,7 +861,7 @@ async def check(run: ScheduleRun) -> list[str]:
     finished: dict[tuple[str, str], str] = {}
     resumed: set[str] = set()
     for e in mine:
-        cid = e.data.get("checkpoint_id")
+        cid = str(e.data.get("checkpoint_id"))
         if e.type == "CheckpointPrepareStarted":
             participants[cid] = list(e.data["participants"])
         elif e.type in ("CheckpointCommitted", "CheckpointAborted"):
@@ -836,9 +878,9 @@ async def check(run: ScheduleRun) -> list[str]:
             violations.append(f"checkpoint {cid} was never decided")
             continue
         for name in names:
-            agent = run.agents.get(name)
-            if agent is None:
+            if name not in run.agents:
                 continue
+            agent = run.agents[name]
             artefact = any((d / "checkpoints" / f"{cid}.json").exists() for d in agent.state_dirs)
             own = finished.get((cid, name))
             if outcome == "aborted" and artefact:
@@ -878,7 +920,9 @@ class RealExploration:
         return not self.violations
 
 
-async def explore_seed(seed: int, url: str | None = None, workdir: Path | None = None) -> tuple[list[str], ScheduleRun]:
+async def explore_seed(
+    seed: int, url: str | None = None, workdir: Path | None = None
+) -> tuple[list[str], ScheduleRun]:
     """One seed on a fresh SQLite file under `workdir` (or on the log at `url`)."""
     with contextlib.ExitStack() as stack:
         base = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"explore-{seed}-")))
@@ -887,7 +931,7 @@ async def explore_seed(seed: int, url: str | None = None, workdir: Path | None =
         db = url or f"sqlite:///{base / 'ledger.db'}"
         if url is None:
             await asyncio.to_thread(upgrade_database, db)
-        run = await run_schedule(plan_of(seed), db, base)
+        run = await run_schedule(plan_of(seed, "" if url is None else f"r{uuid.uuid4().hex[:4]}"), db, base)
         violations = await check(run)
         for agent in run.agents.values():
             agent.registry.close()
@@ -896,7 +940,9 @@ async def explore_seed(seed: int, url: str | None = None, workdir: Path | None =
 
 
 async def explore_real(seeds: int, first_seed: int = 0, url: str | None = None) -> RealExploration:
-    quiet = [logging.getLogger(n) for n in ("trainer", "gym_agent", "participant", "eventstore", "simulation")]
+    quiet = [
+        logging.getLogger(n) for n in ("trainer", "gym_agent", "participant", "eventstore", "simulation")
+    ]
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.CRITICAL)

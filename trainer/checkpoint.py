@@ -25,6 +25,7 @@ from eventstore.events import (
     CheckpointCommitted,
     CheckpointPrepareStarted,
     CheckpointResumed,
+    Event,
 )
 from projections.ledger import debt_key
 from protocol.streams import checkpoint_stream
@@ -42,6 +43,7 @@ from trainer.core.checkpoint import (
     StatusSeen,
     Target,
     first_call,
+    presume_abort,
     resumed_event_due,
     step,
 )
@@ -571,15 +573,8 @@ class Checkpointer:
         if to_resume is None:
             to_resume = [c.checkpoint_id for c in ctx.journal.checkpoints.to_resume() if c.trainer_id == mine]
         for c in [known[i] for i in to_abort]:
-            await ctx.journal.append(
-                checkpoint_stream(c.checkpoint_id),
-                [
-                    CheckpointAborted(
-                        checkpoint_id=c.checkpoint_id,
-                        participants=c.participants,
-                        reason="presumed abort: the coordinator died before deciding",
-                    )
-                ],
+            await self._presume_abort_in_log(
+                c.checkpoint_id, c.participants, "presumed abort: the coordinator died before deciding"
             )
             await self.abort_agents(c.checkpoint_id, [p for p in c.participants if p in ctx.agents])
             done["aborted"] += 1
@@ -589,6 +584,17 @@ class Checkpointer:
         for name, client in ctx.agents.items():
             await self.reconcile(name, client)
         return done
+
+    async def _presume_abort_in_log(self, checkpoint_id: str, participants: list[str], reason: str) -> None:
+        """Appends the presumed abort unless the log has decided the checkpoint by the time the append
+        is written (recovery and reconciliation may both find it in doubt: it is decided once)."""
+        journal = self.ctx.journal
+
+        def build(_: object) -> list[Event]:
+            held = journal.checkpoints.checkpoints.get(checkpoint_id)
+            return presume_abort(checkpoint_id, None if held is None else held.status, participants, reason)
+
+        await self.ctx.journal.append(checkpoint_stream(checkpoint_id), build)
 
     async def reconcile(self, name: str, client: GymClient) -> None:
         """Brings one agent's checkpoint phase in line with the log (at recovery, and whenever the
@@ -623,15 +629,10 @@ class Checkpointer:
         elif known.status == "aborted":
             await self.abort_agents(active, [name])
         elif known.trainer_id == ctx.settings.trainer_id:
-            await ctx.journal.append(
-                checkpoint_stream(active),
-                [
-                    CheckpointAborted(
-                        checkpoint_id=active,
-                        participants=known.participants,
-                        reason="presumed abort: found active at an agent with no decision in the log",
-                    )
-                ],
+            await self._presume_abort_in_log(
+                active,
+                known.participants,
+                "presumed abort: found active at an agent with no decision in the log",
             )
             await self.abort_agents(active, [p for p in known.participants if p in ctx.agents])
 

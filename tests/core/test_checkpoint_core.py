@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from eventstore.events import CheckpointParticipantFinished, CheckpointParticipantStuck
+from eventstore.events import CheckpointAborted, CheckpointParticipantFinished, CheckpointParticipantStuck
+from trainer.core import checkpoint as ckpt
 from trainer.core.checkpoint import (
     FINISH_POLICY,
     Accepted,
@@ -173,3 +174,12 @@ def test_resumed_is_due_only_when_every_participant_resumed() -> None:
     assert resumed_event_due({"a": "resumed", "b": "resumed"}, ["a", "b"])
     assert not resumed_event_due({"a": "resumed"}, ["a", "b"])
     assert not resumed_event_due({"a": "resumed", "b": "lost"}, ["a", "b"])
+
+
+def test_a_presumed_abort_is_written_only_while_the_log_has_not_decided() -> None:
+    """Recovery's plan and the phase reconciliation can both find one checkpoint in doubt: the second
+    to append sees the first's decision and writes nothing (the checkpoint is decided once)."""
+    [event] = ckpt.presume_abort("c", "preparing", ["a", "b"], "presumed abort: why")
+    assert isinstance(event, CheckpointAborted) and event.participants == ["a", "b"]
+    for decided in ("aborted", "committed", "resumed", None):
+        assert ckpt.presume_abort("c", decided, ["a"], "why") == []

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from eventstore.events import (
+    CheckpointAborted,
     CheckpointParticipantFinished,
     CheckpointParticipantStuck,
     Event,
@@ -255,6 +256,20 @@ def decide(prepares: dict[str, PrepareEnd | None], unpaid_debts: dict[str, int])
             ),
         )
     return Decision("commit")
+
+
+def presume_abort(
+    checkpoint_id: str, status: str | None, participants: list[str], reason: str
+) -> list[Event]:
+    """Presumed abort of a checkpoint found undecided (`status` as the log holds it now, None when the
+    log never started it): its `CheckpointAborted`, or nothing when the log already decided it.
+
+    Recovery's plan and the reconciliation of an agent's phase can both find the same checkpoint in
+    doubt; whichever appends second sees the first's decision and writes nothing, so a checkpoint is
+    decided once."""
+    if status != "preparing":
+        return []
+    return [CheckpointAborted(checkpoint_id=checkpoint_id, participants=participants, reason=reason)]
 
 
 def prepare_retry(state: RetryState, now: float, jitter: float, deadline_left_s: float) -> float | None:
