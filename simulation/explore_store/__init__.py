@@ -85,7 +85,8 @@ async def explore_seed(
 
 async def explore_real(seeds: int, first_seed: int = 0, url: str | None = None) -> RealExploration:
     quiet = [
-        logging.getLogger(n) for n in ("trainer", "gym_agent", "participant", "eventstore", "simulation")
+        logging.getLogger(n)
+        for n in ("trainer", "gym_agent", "participant", "eventstore", "simulation", "asyncio")
     ]
     levels = [q.level for q in quiet]
     for q in quiet:
