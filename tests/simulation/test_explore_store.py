@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from cli.main import app
 from eventstore import open_store
 from eventstore.events import GroupClaimedForTraining
 from participant.evidence import EVIDENCE_FILE
@@ -85,3 +87,14 @@ async def test_the_checker_fails_a_history_with_a_fault_in_it(tmp_path: Path) ->
     assert any(f"sealed group {group} trained on 2 times" in v for v in found), found
     assert any("executed 2 times" in v for v in found), found
     assert any(v.startswith("audit:") for v in found), found
+
+
+def test_the_command_explores_and_replays_a_seed() -> None:
+    """`ledger simulate --explore 1 --real --seed N` runs seed N alone and prints the figures."""
+    result = CliRunner().invoke(app, ["simulate", "--explore", "1", "--real", "--seed", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["seeds_explored"] == 1 and summary["first_seed"] == 5 and summary["violations"] == 0
+    assert summary["trainers"] == len(sim.plan_of(5).trainers) and summary["calls"] > 0
+    bad = CliRunner().invoke(app, ["simulate", "--real"])
+    assert bad.exit_code != 0 and "--real needs --explore" in bad.output
