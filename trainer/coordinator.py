@@ -710,7 +710,12 @@ def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome)
     if outcome.kind != "retired" or outcome.recorded or outcome.retire_outcome is None:
         return []
     return [
-        AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index, outcome=outcome.retire_outcome)
+        AttemptRetired(
+            rollout_id=rollout_id,
+            attempt_index=attempt_index,
+            outcome=outcome.retire_outcome,
+            execution_generation=outcome.execution_generation,
+        )
     ]
 
 

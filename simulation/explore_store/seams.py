@@ -173,6 +173,9 @@ def _try_of(body: bytes) -> str:
         data = json.loads(body)
     except ValueError:
         return ""
-    if isinstance(data, dict) and "rollout_id" in data:
-        return f"{data['rollout_id']}#{data.get('attempt_index')}"
+    if not isinstance(data, dict):
+        return ""
+    for prefix in ("", "_ng_"):  # a control call's body, or a /run row (the Gym's field names)
+        if f"{prefix}rollout_id" in data:
+            return f"{data[f'{prefix}rollout_id']}#{data.get(f'{prefix}attempt_index')}"
     return ""

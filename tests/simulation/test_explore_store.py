@@ -54,8 +54,12 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
 #              at the wall clock, `participant.generation`);
 #   250        recovery's plan and the phase reconciliation both found the crashed process's checkpoint
 #              in doubt and both appended CheckpointAborted (fixed: `trainer.core.checkpoint.presume_abort`
-#              writes the presumed abort only while the log has not decided).
-@pytest.mark.parametrize("seed", [5, 29, 70, 11, 41, 54, 250])
+#              writes the presumed abort only while the log has not decided);
+#   562, 615   a finished try's holder restarted; the new process answered retire `done` (its
+#              tombstone, the `tombstoned` answer lost on the way back) and the audit called the result
+#              stranded (fixed: `AttemptRetired` records the answering generation, and a `done` from a
+#              newer generation than the holder's is the log's evidence the result went with it).
+@pytest.mark.parametrize("seed", [5, 29, 70, 11, 41, 54, 250, 562, 615])
 async def test_seeds_that_found_bugs(seed: int) -> None:
     violations, _ = await sim.explore_seed(seed)
     assert not violations
