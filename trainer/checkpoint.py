@@ -33,6 +33,7 @@ from trainer.acks import AckRelay
 from trainer.attempts import Attempts, group_id_of
 from trainer.context import Context, log
 from trainer.core.checkpoint import (
+    FINISH_POLICY,
     Accepted,
     Answer,
     Done,
@@ -43,10 +44,12 @@ from trainer.core.checkpoint import (
     StatusSeen,
     Target,
     first_call,
+    leftover_call,
     presume_abort,
     resumed_event_due,
     step,
 )
+from trainer.core.retry import RetryState, next_step
 from trainer.errors import CheckpointBusy, CheckpointDecided, UnknownCheckpoint
 from trainer.gym import GymClient
 from trainer.gym.errors import (
@@ -596,6 +599,31 @@ class Checkpointer:
 
         await self.ctx.journal.append(checkpoint_stream(checkpoint_id), build)
 
+    async def _put_right(self, checkpoint_id: str, name: str, client: GymClient, phase: str) -> None:
+        """The agent holds a checkpoint the log says it already finished: the leftover is undone at
+        the agent (within FINISH_POLICY; the next reconciliation tries again), nothing is recorded."""
+        op = leftover_call(phase)
+        if op is None:
+            return
+        log.warning(
+            "agent %s holds checkpoint %s (%s) that the log says it finished: %s it",
+            name,
+            checkpoint_id,
+            phase,
+            op,
+        )
+        tries = RetryState()
+        while True:
+            answer = await _phase_answer(client, op, checkpoint_id)
+            if not isinstance(answer, Failed):
+                return
+            tries = tries.failed(time.monotonic(), answer.error)
+            verdict = next_step(FINISH_POLICY, tries, time.monotonic(), random.random())
+            if verdict.kind == "give_up":
+                log.error("putting right %s at %s gave up: %s", checkpoint_id, name, verdict.reason)
+                return
+            await asyncio.sleep(verdict.delay_s)
+
     async def reconcile(self, name: str, client: GymClient) -> None:
         """Brings one agent's checkpoint phase in line with the log (at recovery, and whenever the
         coordinator finds an agent with an active checkpoint it is not driving).
@@ -622,7 +650,9 @@ class Checkpointer:
             return
         await ctx.journal.catch_up()
         known = ctx.journal.checkpoints.checkpoints.get(active)
-        if known is None:
+        if known is not None and name in known.finished:
+            await self._put_right(active, name, client, status.phase)
+        elif known is None:
             await self.abort_agents(active, [name])
         elif known.status in ("committed", "resumed"):
             await self.finish_commit(active, [name])

@@ -47,6 +47,10 @@ class Incarnation:
     stale_hit: asyncio.Event = field(default_factory=asyncio.Event)
     released: threading.Event = field(default_factory=threading.Event)
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # started (or recovered)
+    # Its work is done (it is about to reconcile every agent and close), and it may go on: a successor
+    # beside a stale process waits until that one has stopped, as a live owner would outlast it.
+    work_done: asyncio.Event = field(default_factory=asyncio.Event)
+    may_close: asyncio.Event = field(default_factory=asyncio.Event)
     ended: str = ""
 
     def check(self) -> None:

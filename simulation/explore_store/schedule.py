@@ -91,6 +91,8 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(coord.journal.changed.wait(), 0.05)
         await coord.wait_idle(20.0)
+        inc.work_done.set()
+        await inc.may_close.wait()
         await coord.checkpointer.recover()
         _raise_if_stopped(coord)
         await coord.close()
@@ -136,6 +138,7 @@ async def _drive_trainer(run: ScheduleRun, t: int) -> None:
             run.problems.append(f"trainer {t}: more than 4 processes were needed")
             return
         inc = Incarnation(t, len(incs), crash if not incs else None, loop)
+        inc.may_close.set()
         incs.append(inc)
         task = spawn(inc, _workload(run, t, inc, recover))
         stale_wait = asyncio.ensure_future(inc.stale_hit.wait())
@@ -176,16 +179,12 @@ async def _stale_takeover(
     await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
     ready.cancel()
     stale.released.set()
-    await asyncio.wait({task})
-    error = ended(task)
-    if error is not None:
-        if isinstance(error, FencedOff):
-            run.problems.append(f"trainer {t}: the newest owner was fenced off: {error}"[:400])
-        elif isinstance(error, CoordinatorStopped):
-            run.counts["outage_stops"] += 1
-            await _finish_after(run, t)
-        else:
-            run.problems.append(f"trainer {t}: the successor failed: {type(error).__name__}: {error}"[:400])
+    # The successor works while the stale one goes on; it reconciles every agent and closes only once
+    # the stale one has stopped (a live owner outlasts a stale process: whatever that one did at an
+    # agent before its fence stopped it, e.g. prepared a checkpoint the log aborted, is put right).
+    work_done = asyncio.ensure_future(successor.work_done.wait())
+    await asyncio.wait({task, work_done}, return_when=asyncio.FIRST_COMPLETED)
+    work_done.cancel()
     done, _ = await asyncio.wait({stale_task}, timeout=STALE_GRACE_S)
     if stale_task in done:
         stale_error = ended(stale_task)
@@ -204,12 +203,24 @@ async def _stale_takeover(
         run.counts["stale_stopped_idle"] += 1
     stale.kill()
     await settle(stale)
+    successor.may_close.set()
+    await asyncio.wait({task})
+    error = ended(task)
+    if error is not None:
+        if isinstance(error, FencedOff):
+            run.problems.append(f"trainer {t}: the newest owner was fenced off: {error}"[:400])
+        elif isinstance(error, CoordinatorStopped):
+            run.counts["outage_stops"] += 1
+            await _finish_after(run, t)
+        else:
+            run.problems.append(f"trainer {t}: the successor failed: {type(error).__name__}: {error}"[:400])
 
 
 async def _finish_after(run: ScheduleRun, t: int) -> None:
     loop = asyncio.get_running_loop()
     incs = run.incarnations[t]
     inc = Incarnation(t, len(incs), None, loop)
+    inc.may_close.set()
     incs.append(inc)
     task = spawn(inc, _workload(run, t, inc, True))
     await asyncio.wait({task})

@@ -183,3 +183,11 @@ def test_a_presumed_abort_is_written_only_while_the_log_has_not_decided() -> Non
     assert isinstance(event, CheckpointAborted) and event.participants == ["a", "b"]
     for decided in ("aborted", "committed", "resumed", None):
         assert ckpt.presume_abort("c", decided, ["a"], "why") == []
+
+
+def test_a_leftover_at_an_agent_the_log_says_finished_is_undone_without_a_record() -> None:
+    """An agent that restarted (forgetting the outcome) and was prepared again by a stale process holds
+    a checkpoint whose end the log already records for it: the prepare is aborted, a commit resumed."""
+    assert ckpt.leftover_call("preparing") == ckpt.leftover_call("prepared") == "abort"
+    assert ckpt.leftover_call("committed_paused") == "resume"
+    assert ckpt.leftover_call("idle") is None

@@ -58,8 +58,12 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
 #   562, 615   a finished try's holder restarted; the new process answered retire `done` (its
 #              tombstone, the `tombstoned` answer lost on the way back) and the audit called the result
 #              stranded (fixed: `AttemptRetired` records the answering generation, and a `done` from a
-#              newer generation than the holder's is the log's evidence the result went with it).
-@pytest.mark.parametrize("seed", [5, 29, 70, 11, 41, 54, 250, 562, 615])
+#              newer generation than the holder's is the log's evidence the result went with it);
+#   674        an agent restarted (forgetting it had aborted a checkpoint), then the stale process
+#              prepared that checkpoint again: the reconciliation saw the log's record of the agent's
+#              abort and did nothing, leaving it prepared for good (fixed: `Checkpointer.reconcile`
+#              undoes such a leftover at the agent, `trainer.core.checkpoint.leftover_call`).
+@pytest.mark.parametrize("seed", [5, 29, 70, 11, 41, 54, 250, 562, 615, 674])
 async def test_seeds_that_found_bugs(seed: int) -> None:
     violations, _ = await sim.explore_seed(seed)
     assert not violations

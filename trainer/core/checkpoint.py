@@ -272,6 +272,18 @@ def presume_abort(
     return [CheckpointAborted(checkpoint_id=checkpoint_id, participants=participants, reason=reason)]
 
 
+def leftover_call(phase: str) -> Op | None:
+    """The call that puts right an agent found active, in `phase`, on a checkpoint whose end the log
+    already records for it (it restarted and forgot the outcome, then a stale process prepared the same
+    id again): a prepare left over is aborted, a commit left over resumed (its artefact is never used);
+    nothing is recorded, the log's record stands."""
+    if phase in ("preparing", "prepared"):
+        return "abort"
+    if phase == "committed_paused":
+        return "resume"
+    return None
+
+
 def prepare_retry(state: RetryState, now: float, jitter: float, deadline_left_s: float) -> float | None:
     """After a failed prepare call: the wait before the next, or None when the prepare deadline
     leaves no time for it."""
