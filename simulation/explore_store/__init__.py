@@ -30,6 +30,10 @@ no newest owner fenced, retries bounded, and `projections.audit.audit_log` finds
 
 The plan is a pure function of the seed; asyncio's interleaving of the coordinator's tasks is not, so a
 seed replays the same faults at the same call indexes, while which try a call index lands on may vary.
+
+    plan.py      the plan of a seed            agent.py     a reference agent in this process
+    process.py   one trainer process           seams.py     FaultyStore, FaultyPool
+    schedule.py  running one schedule          checker.py   the history checker
 """
 
 from __future__ import annotations
