@@ -126,7 +126,9 @@ async def check(run: ScheduleRun) -> list[str]:
         reply = await agent.call("GET", b"/status", [(b"host", b"agent")], b"")
         status = json.loads(reply.body)
         if status.get("phase") != "idle":
-            violations.append(f"{agent.name} left {status.get('phase')} ({status.get('active_checkpoint_id')})")
+            violations.append(
+                f"{agent.name} left {status.get('phase')} ({status.get('active_checkpoint_id')})"
+            )
     # Every retry bounded.
     for (kind, what), n in run.per_try.items():
         if what and n > MAX_CALLS_PER_TRY:
