@@ -633,7 +633,9 @@ class Checkpointer:
         by this trainer and undecided: presumed abort, written to the log first, so that a live
         coordinator still preparing it fails its decision append instead of committing what the
         agent aborted.  Another trainer's undecided checkpoint is that trainer's: left alone.  Never
-        started in this log: nobody can decide it, so it is aborted at the agent.
+        started in this log: nobody can decide it, so it is aborted at the agent.  Already finished by
+        this agent in the log (it restarted and forgot, then a stale process prepared it again): the
+        leftover is undone at the agent and nothing is recorded.
         """
         ctx = self.ctx
         try:
