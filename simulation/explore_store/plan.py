@@ -120,4 +120,8 @@ def plan_of(seed: int, tag: str = "") -> Plan:
     if rng.random() < 0.2:
         first = rng.randint(1, 10)
         outage = (rng.randrange(len(trainers)), first, first + rng.randint(0, 3))
+        if rng.random() < 0.25:
+            # Longer than the journal's outage budget: the coordinator stops and is recovered.  (Drawn
+            # last, so the rest of every plan is what it was before this draw existed.)
+            outage = (outage[0], first, outage[2] + 6)
     return Plan(seed, f"x{seed}{tag}-", tuple(trainers), faults, restarts, crash, outage)

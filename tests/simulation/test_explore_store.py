@@ -27,7 +27,8 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     # The slice reaches every corner the plan draws: crashes with recovery, stale owners fenced, several
     # trainers, database outages, agent restarts with the state kept and lost, every fault kind.
     assert c["trainer_crashes"] >= 10 and c["stale_coordinators"] >= 5 and c["stale_fenced"] >= 3
-    assert c["outage_appends"] >= 5 and c["agent_restarts_kept"] >= 5 and c["agent_restarts_lost"] >= 5
+    assert c["outage_appends"] >= 5 and c["outage_stops"] >= 2
+    assert c["agent_restarts_kept"] >= 5 and c["agent_restarts_lost"] >= 5
     assert all(c[f"fault_{f}"] >= 3 for f in sim.FAULTS), c
     assert c["trainers"] > SLICE * 1.5
 
