@@ -12,8 +12,8 @@ from participant.evidence import read_evidence
 from simulation.explore_store.process import ScheduleRun
 from trainer.core.attempt import RETIRE_POLICY
 
-# Calls of one kind for one try, at most: each retry loop has a budget (RETIRE_POLICY and the
-# coordinator's own); a few recoveries may each spend one.
+# Calls of one kind about one try (or one checkpoint at one agent), at most: each retry loop has a
+# budget (RETIRE_POLICY, FINISH_POLICY, the prepare deadline); a few processes may each spend one.
 MAX_CALLS_PER_TRY = 4 * RETIRE_POLICY.max_calls
 
 

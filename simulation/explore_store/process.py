@@ -107,6 +107,7 @@ class ScheduleRun:
     agents: dict[str, Agent]
     agent_calls: Counter[str] = field(default_factory=Counter)
     kind_calls: Counter[tuple[str, CallKind]] = field(default_factory=Counter)
+    # (call kind, the try or the checkpoint at an agent it is about) -> calls made
     per_try: Counter[tuple[CallKind, str]] = field(default_factory=Counter)
     trainer_appends: Counter[int] = field(default_factory=Counter)
     counts: Counter[str] = field(default_factory=Counter)

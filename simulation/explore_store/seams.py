@@ -108,7 +108,7 @@ class FaultyPool:
             run.counts["agent_restarts_kept" if keep else "agent_restarts_lost"] += 1
         run.kind_calls[(agent.name, kind)] += 1
         fault = run.plan.faults.get((agent.name, kind, run.kind_calls[(agent.name, kind)]))
-        run.per_try[(kind, _try_of(body))] += 1
+        run.per_try[(kind, _subject_of(body, agent.name))] += 1
         if fault is not None:
             run.counts[f"fault_{fault}"] += 1
         what = f"{method} {target.decode()} (injected)"
@@ -165,9 +165,10 @@ def _consume(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def _try_of(body: bytes) -> str:
-    """The try a request body names (for the per-try call counts), or ''."""
-    if not body or b"rollout_id" not in body:
+def _subject_of(body: bytes, agent: str) -> str:
+    """What a request body is about, for the per-subject call counts: a try, or a checkpoint at this
+    agent, or ''."""
+    if not body or (b"rollout_id" not in body and b"checkpoint_id" not in body):
         return ""
     try:
         data = json.loads(body)
@@ -178,4 +179,6 @@ def _try_of(body: bytes) -> str:
     for prefix in ("", "_ng_"):  # a control call's body, or a /run row (the Gym's field names)
         if f"{prefix}rollout_id" in data:
             return f"{data[f'{prefix}rollout_id']}#{data.get(f'{prefix}attempt_index')}"
+    if data.get("checkpoint_id"):
+        return f"checkpoint {data['checkpoint_id']} at {agent}"
     return ""
