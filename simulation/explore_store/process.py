@@ -51,7 +51,6 @@ class Incarnation:
     # beside a stale process waits until that one has stopped, as a live owner would outlast it.
     work_done: asyncio.Event = field(default_factory=asyncio.Event)
     may_close: asyncio.Event = field(default_factory=asyncio.Event)
-    ended: str = ""
 
     def check(self) -> None:
         if self.crashed:

@@ -38,7 +38,7 @@ SETTINGS: dict[str, Any] = {
     "outage_budget_s": 1.5,
     "reconcile_every_s": 0.25,
 }
-# A schedule that has not ended after this long is a violation (something waits for ever).
+PAYLOAD: dict[str, Any] = {"responses_create_params": {"input": [{"role": "user", "content": "1+1?"}]}}
 # How long a stale coordinator may go on once its successor finished before it is stopped here.
 STALE_GRACE_S = 3.0
 
@@ -68,8 +68,8 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
         inc.ready.set()
         for g in tp.groups:
             if not coord.ledger.knows_group(g.group_id):
-                await coord.submit(g.group_id, PromptRef(sample_id=g.group_id, task_name="arith"), g.agent,
-                                   g.siblings, {"responses_create_params": {"input": [{"role": "user", "content": "1+1?"}]}})  # fmt: skip
+                prompt = PromptRef(sample_id=g.group_id, task_name="arith")
+                await coord.submit(g.group_id, prompt, g.agent, g.siblings, PAYLOAD)
         checkpointed = False
         claimed_here = 0
         while True:
@@ -96,7 +96,6 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
         await coord.checkpointer.recover()
         _raise_if_stopped(coord)
         await coord.close()
-        inc.ended = "finished"
     finally:
         if inc.coord is not None and not inc.crashed:
             with contextlib.suppress(BaseException):
