@@ -45,6 +45,7 @@ from trainer.core.checkpoint import (
     Target,
     first_call,
     leftover_call,
+    not_ready_wait,
     presume_abort,
     resumed_event_due,
     step,
@@ -362,6 +363,8 @@ class Checkpointer:
         started = time.monotonic()
         progress = _Progress(time.monotonic())
         delay = 0.05
+        unchanged = RetryState()
+        last_blocked: frozenset[tuple[str, int]] | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -381,6 +384,16 @@ class Checkpointer:
                 return
             except NotReadyError as exc:
                 await self._unblock(name, exc, progress, state)
+                blocked = frozenset(
+                    (a.rollout_id, a.attempt_index) for a in [*exc.attempts, *exc.status.blocking_attempts]
+                )
+                now = time.monotonic()
+                if blocked == last_blocked:
+                    unchanged = unchanged.failed(now, "not ready, the same tries blocking")
+                    await asyncio.sleep(not_ready_wait(unchanged, now, random.random(), deadline - now))
+                else:
+                    unchanged = RetryState()
+                last_blocked = blocked
             except (CheckpointConflictError, StaleCheckpointError, InvalidPhaseError) as exc:
                 state.failures[name] = f"{type(exc).__name__}: {exc}"
                 return

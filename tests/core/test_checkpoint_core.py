@@ -17,6 +17,7 @@ from trainer.core.checkpoint import (
     resumed_event_due,
     step,
 )
+from trainer.core.retry import RetryState
 
 CID = "ckpt-1"
 
@@ -191,3 +192,15 @@ def test_a_leftover_at_an_agent_the_log_says_finished_is_undone_without_a_record
     assert ckpt.leftover_call("preparing") == ckpt.leftover_call("prepared") == "abort"
     assert ckpt.leftover_call("committed_paused") == "resume"
     assert ckpt.leftover_call("idle") is None
+
+
+def test_a_prepare_blocked_by_the_same_tries_waits_longer_each_time_within_the_deadline() -> None:
+    """An agent answers not_ready at once when only the trainer can unblock it: a trainer that cannot
+    (its ACKs refused, its log fenced) must not ask again as fast as the agent answers."""
+    unchanged = RetryState()
+    waits = []
+    for i in range(6):
+        unchanged = unchanged.failed(float(i), "not ready")
+        waits.append(ckpt.not_ready_wait(unchanged, float(i), 0.0, deadline_left_s=100.0))
+    assert waits[0] > 0 and waits == sorted(waits) and waits[-1] > waits[0]
+    assert ckpt.not_ready_wait(unchanged, 0.0, 0.0, deadline_left_s=0.01) == 0.01

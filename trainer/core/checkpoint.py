@@ -284,6 +284,15 @@ def leftover_call(phase: str) -> Op | None:
     return None
 
 
+def not_ready_wait(unchanged: RetryState, now: float, jitter: float, deadline_left_s: float) -> float:
+    """After a `not_ready` prepare answer that named the same blocking tries as the one before it (the
+    trainer's ACKs and adoptions changed nothing yet): the wait before asking again, growing with each
+    such answer (FINISH_POLICY's backoff), never past the prepare deadline.  An agent answers
+    `not_ready` at once when only the trainer can unblock it, so without this wait a trainer that
+    cannot (its ACKs refused, its log fenced) would ask as fast as the agent answers."""
+    return min(backoff_s(FINISH_POLICY, max(1, unchanged.calls), jitter), max(0.0, deadline_left_s))
+
+
 def prepare_retry(state: RetryState, now: float, jitter: float, deadline_left_s: float) -> float | None:
     """After a failed prepare call: the wait before the next, or None when the prepare deadline
     leaves no time for it."""
