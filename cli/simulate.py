@@ -76,6 +76,15 @@ def simulate(
             "core (from --seed) and check each history; exit status 1 on any violation.",
         ),
     ] = 0,
+    real: Annotated[
+        bool,
+        typer.Option(
+            "--real",
+            help="With --explore: drive the real coordinator (crashes, recovery, stale owners, several "
+            "trainers, a database outage) against in-process reference agents, on a fresh SQLite file "
+            "per seed, or on --db when given.",
+        ),
+    ] = False,
     use_ray: Annotated[
         bool,
         typer.Option(
@@ -115,8 +124,13 @@ def simulate(
     twice on the same file is fine.  Exit status 1 if any result was stranded, any try ran twice,
     or the auditor found a violation.
     """
+    if real and not explore_seeds:
+        raise typer.BadParameter("--real needs --explore N")
     if explore_seeds:
-        _explore(explore_seeds, seed, as_json)
+        if real:
+            _explore_real(explore_seeds, seed, db, as_json)
+        else:
+            _explore(explore_seeds, seed, as_json)
         return
     if mode not in ("sibling", "prompt_group"):
         raise typer.BadParameter("--mode must be sibling or prompt_group")
@@ -227,6 +241,35 @@ def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
         for seed_, found in list(result.violations.items())[:10]:
             console.print(
                 f"[red]seed {seed_}[/red] (replay: ledger simulate --explore 1 --seed {seed_}): {found}"
+            )
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def _explore_real(seeds: int, first_seed: int, db: str | None, as_json: bool) -> None:
+    from simulation.explore_store import explore_real
+
+    with clear_errors():
+        url = db_url(db) if db is not None else None
+        result = run_async(explore_real(seeds, first_seed, url))
+    summary: dict[str, object] = {
+        "seeds_explored": result.seeds,
+        "first_seed": result.first_seed,
+        "log": "a fresh SQLite file per seed" if url is None else url,
+        **{k: result.counts[k] for k in sorted(result.counts)},
+        "violations": sum(len(v) for v in result.violations.values()),
+        "failing_seeds": sorted(result.violations)[:50],
+        "wall_s": round(result.wall_s, 2),
+        "seeds_per_s": round(result.seeds / result.wall_s, 2) if result.wall_s else None,
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for key, value in summary.items():
+            console.print(f"{key}: {value}")
+        for seed_, found in list(result.violations.items())[:10]:
+            console.print(
+                f"[red]seed {seed_}[/red] (replay: ledger simulate --explore 1 --real --seed {seed_}): {found}"
             )
     if not result.ok:
         raise typer.Exit(1)

@@ -238,6 +238,10 @@ class AttemptRetired(Event):
     attempt_index: AttemptIndex
     outcome: Literal["cancelled", "tombstoned", "completed_unacknowledged", "done"]
     checkpoint_id: Identifier | None = None
+    # The agent's execution generation that answered (None in rows written before it was recorded):
+    # a `done` from a newer generation than the one that answered `completed_unacknowledged` is the
+    # log's evidence that the finished result went with the older process.
+    execution_generation: int | None = Field(default=None, ge=0)
 
 
 class AttemptAdopted(Event):

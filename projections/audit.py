@@ -138,6 +138,8 @@ class AttemptFacts:
     rejected_unknown: int | None = None
     retire: str | None = None
     retired_at: int | None = None
+    # The generation that answered the last retire, where the log records it.
+    retire_generation: int | None = None
     sealed: int | None = None
 
 
@@ -207,6 +209,18 @@ def _group_id(event: RecordedEvent, rollout_id: str) -> str:
     return group_id_of(rollout_id)
 
 
+def _lost_with_its_process(t: AttemptFacts) -> bool:
+    """A retire answered `done` by a newer generation than the one that held the finished result:
+    that process is gone and its result with it (the new one answers `done` for its own tombstone, e.g.
+    after the `tombstoned` answer was lost on the way back).  Evidence in the log, as for a debt."""
+    return (
+        t.retire == "done"
+        and t.retire_generation is not None
+        and t.generation is not None
+        and t.retire_generation > t.generation
+    )
+
+
 class AuditProjection(TypedProjection[AuditState]):
     """The rules of docs/events.md over decoded events (the row checks live in `RowChecker`)."""
 
@@ -229,6 +243,8 @@ class AuditProjection(TypedProjection[AuditState]):
             if t.finished is None or t.owed is not None or t.paid is not None:
                 continue
             if t.retire in _AGENT_HOLDS_NOTHING and (t.retired_at or 0) > t.finished:
+                continue
+            if _lost_with_its_process(t):
                 continue
             rollout_id, _, index = key.rpartition("/")
             later = state.tries.get(_key(rollout_id, int(index) + 1))
@@ -486,9 +502,12 @@ def _retired(st: AuditState, ev: RecordedEvent, e: AttemptRetired) -> None:
     t = st.tries.get(_key(e.rollout_id, e.attempt_index))
     if t is None:
         return
-    t.retire, t.retired_at = e.outcome, ev.position
-    if e.outcome == "completed_unacknowledged" and t.finished is None:
-        t.finished = ev.position
+    t.retire, t.retired_at, t.retire_generation = e.outcome, ev.position, e.execution_generation
+    if e.outcome == "completed_unacknowledged":
+        if t.finished is None:
+            t.finished = ev.position
+        if e.execution_generation is not None:
+            t.generation = e.execution_generation  # the process that holds the finished result
 
 
 def _held(st: AuditState, ev: RecordedEvent, e: SiblingHeld) -> None:

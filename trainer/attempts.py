@@ -364,7 +364,9 @@ class Attempts:
         if action.kind in ("stranded", "lost"):
             log.error("(%s, %d): %s", rid, n, action.reason)
             return AttemptOutcome("stranded", action.reason)
-        return AttemptOutcome("retired", action.reason, action.retire_outcome)
+        return AttemptOutcome(
+            "retired", action.reason, action.retire_outcome, execution_generation=action.execution_generation
+        )
 
     async def _adopt(
         self, group_id: str, client: GymClient, rid: str, n: int, generation: int | None

@@ -25,6 +25,7 @@ from eventstore.events import (
     CheckpointCommitted,
     CheckpointPrepareStarted,
     CheckpointResumed,
+    Event,
 )
 from projections.ledger import debt_key
 from protocol.streams import checkpoint_stream
@@ -32,6 +33,7 @@ from trainer.acks import AckRelay
 from trainer.attempts import Attempts, group_id_of
 from trainer.context import Context, log
 from trainer.core.checkpoint import (
+    FINISH_POLICY,
     Accepted,
     Answer,
     Done,
@@ -42,12 +44,15 @@ from trainer.core.checkpoint import (
     StatusSeen,
     Target,
     first_call,
+    leftover_call,
+    not_ready_wait,
     prepare_retry,
+    presume_abort,
     resumed_event_due,
     step,
     unpaid_at_decision,
 )
-from trainer.core.retry import RetryState
+from trainer.core.retry import RetryState, next_step
 from trainer.errors import CheckpointBusy, CheckpointDecided, UnknownCheckpoint
 from trainer.gym import GymClient
 from trainer.gym.errors import (
@@ -365,6 +370,8 @@ class Checkpointer:
         started = time.monotonic()
         progress = _Progress(time.monotonic())
         failures = RetryState()
+        unchanged = RetryState()
+        last_blocked: frozenset[tuple[str, int]] | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -384,6 +391,16 @@ class Checkpointer:
                 return
             except NotReadyError as exc:
                 await self._unblock(name, exc, progress, state)
+                blocked = frozenset(
+                    (a.rollout_id, a.attempt_index) for a in [*exc.attempts, *exc.status.blocking_attempts]
+                )
+                now = time.monotonic()
+                if blocked == last_blocked:
+                    unchanged = unchanged.failed(now, "not ready, the same tries blocking")
+                    await asyncio.sleep(not_ready_wait(unchanged, now, random.random(), deadline - now))
+                else:
+                    unchanged = RetryState()
+                last_blocked = blocked
             except (CheckpointConflictError, StaleCheckpointError, InvalidPhaseError) as exc:
                 state.failures[name] = f"{type(exc).__name__}: {exc}"
                 return
@@ -587,15 +604,8 @@ class Checkpointer:
         if to_resume is None:
             to_resume = [c.checkpoint_id for c in ctx.journal.checkpoints.to_resume() if c.trainer_id == mine]
         for c in [known[i] for i in to_abort]:
-            await ctx.journal.append(
-                checkpoint_stream(c.checkpoint_id),
-                [
-                    CheckpointAborted(
-                        checkpoint_id=c.checkpoint_id,
-                        participants=c.participants,
-                        reason="presumed abort: the coordinator died before deciding",
-                    )
-                ],
+            await self._presume_abort_in_log(
+                c.checkpoint_id, c.participants, "presumed abort: the coordinator died before deciding"
             )
             await self.abort_agents(c.checkpoint_id, [p for p in c.participants if p in ctx.agents])
             done["aborted"] += 1
@@ -606,6 +616,42 @@ class Checkpointer:
             await self.reconcile(name, client)
         return done
 
+    async def _presume_abort_in_log(self, checkpoint_id: str, participants: list[str], reason: str) -> None:
+        """Appends the presumed abort unless the log has decided the checkpoint by the time the append
+        is written (recovery and reconciliation may both find it in doubt: it is decided once)."""
+        journal = self.ctx.journal
+
+        def build(_: object) -> list[Event]:
+            held = journal.checkpoints.checkpoints.get(checkpoint_id)
+            return presume_abort(checkpoint_id, None if held is None else held.status, participants, reason)
+
+        await self.ctx.journal.append(checkpoint_stream(checkpoint_id), build)
+
+    async def _put_right(self, checkpoint_id: str, name: str, client: GymClient, phase: str) -> None:
+        """The agent holds a checkpoint the log says it already finished: the leftover is undone at
+        the agent (within FINISH_POLICY; the next reconciliation tries again), nothing is recorded."""
+        op = leftover_call(phase)
+        if op is None:
+            return
+        log.warning(
+            "agent %s holds checkpoint %s (%s) that the log says it finished: %s it",
+            name,
+            checkpoint_id,
+            phase,
+            op,
+        )
+        tries = RetryState()
+        while True:
+            answer = await _phase_answer(client, op, checkpoint_id)
+            if not isinstance(answer, Failed):
+                return
+            tries = tries.failed(time.monotonic(), answer.error)
+            verdict = next_step(FINISH_POLICY, tries, time.monotonic(), random.random())
+            if verdict.kind == "give_up":
+                log.error("putting right %s at %s gave up: %s", checkpoint_id, name, verdict.reason)
+                return
+            await asyncio.sleep(verdict.delay_s)
+
     async def reconcile(self, name: str, client: GymClient) -> None:
         """Brings one agent's checkpoint phase in line with the log (at recovery, and whenever the
         coordinator finds an agent with an active checkpoint it is not driving).
@@ -615,7 +661,9 @@ class Checkpointer:
         by this trainer and undecided: presumed abort, written to the log first, so that a live
         coordinator still preparing it fails its decision append instead of committing what the
         agent aborted.  Another trainer's undecided checkpoint is that trainer's: left alone.  Never
-        started in this log: nobody can decide it, so it is aborted at the agent.
+        started in this log: nobody can decide it, so it is aborted at the agent.  Already finished by
+        this agent in the log (it restarted and forgot, then a stale process prepared it again): the
+        leftover is undone at the agent and nothing is recorded.
         """
         ctx = self.ctx
         try:
@@ -632,22 +680,19 @@ class Checkpointer:
             return
         await ctx.journal.catch_up()
         known = ctx.journal.checkpoints.checkpoints.get(active)
-        if known is None:
+        if known is not None and name in known.finished:
+            await self._put_right(active, name, client, status.phase)
+        elif known is None:
             await self.abort_agents(active, [name])
         elif known.status in ("committed", "resumed"):
             await self.finish_commit(active, [name])
         elif known.status == "aborted":
             await self.abort_agents(active, [name])
         elif known.trainer_id == ctx.settings.trainer_id:
-            await ctx.journal.append(
-                checkpoint_stream(active),
-                [
-                    CheckpointAborted(
-                        checkpoint_id=active,
-                        participants=known.participants,
-                        reason="presumed abort: found active at an agent with no decision in the log",
-                    )
-                ],
+            await self._presume_abort_in_log(
+                active,
+                known.participants,
+                "presumed abort: found active at an agent with no decision in the log",
             )
             await self.abort_agents(active, [p for p in known.participants if p in ctx.agents])
 

@@ -58,6 +58,8 @@ class AttemptOutcome:
     reason: str = ""
     retire_outcome: Literal["cancelled", "tombstoned", "done"] | None = None
     recorded: bool = False
+    # The agent's generation that answered the retire (recorded with the `AttemptRetired`).
+    execution_generation: int | None = None
 
 
 @dataclass

@@ -143,13 +143,17 @@ class RolloutCoordinator:
         if not self._started:
             # What each agent supports (a plain Gym agent is driven in reduced mode) and who it is.
             await asyncio.gather(*(client.connect_quietly() for client in self.ctx.agents.values()))
-            await self.journal.load()
+            # The epoch first, then the fold: once the epoch is in the log no earlier owner's append is
+            # accepted, so the fold (and the stream versions this process adopts from it) is final.
+            # Folded before the epoch, an append the old owner made in between would leave this
+            # process a version behind on that stream, and its next append there would fence it off.
             await self.journal.take_epoch(
                 trainer_stream(self.settings.trainer_id),
                 TrainerEpochTaken(
                     trainer_id=self.settings.trainer_id, reason=self._epoch_reason, writer=self.journal.writer
                 ),
             )
+            await self.journal.load()
             await self._check_agents()
             self.relay.start()
             if self.settings.reconcile_every_s > 0:
@@ -711,7 +715,12 @@ def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome)
     if outcome.kind != "retired" or outcome.recorded or outcome.retire_outcome is None:
         return []
     return [
-        AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index, outcome=outcome.retire_outcome)
+        AttemptRetired(
+            rollout_id=rollout_id,
+            attempt_index=attempt_index,
+            outcome=outcome.retire_outcome,
+            execution_generation=outcome.execution_generation,
+        )
     ]
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from eventstore.events import CheckpointParticipantFinished, CheckpointParticipantStuck
+from eventstore.events import CheckpointAborted, CheckpointParticipantFinished, CheckpointParticipantStuck
+from trainer.core import checkpoint as ckpt
 from trainer.core.checkpoint import (
     FINISH_POLICY,
     Accepted,
@@ -16,6 +17,7 @@ from trainer.core.checkpoint import (
     resumed_event_due,
     step,
 )
+from trainer.core.retry import RetryState
 
 CID = "ckpt-1"
 
@@ -173,3 +175,32 @@ def test_resumed_is_due_only_when_every_participant_resumed() -> None:
     assert resumed_event_due({"a": "resumed", "b": "resumed"}, ["a", "b"])
     assert not resumed_event_due({"a": "resumed"}, ["a", "b"])
     assert not resumed_event_due({"a": "resumed", "b": "lost"}, ["a", "b"])
+
+
+def test_a_presumed_abort_is_written_only_while_the_log_has_not_decided() -> None:
+    """Recovery's plan and the phase reconciliation can both find one checkpoint in doubt: the second
+    to append sees the first's decision and writes nothing (the checkpoint is decided once)."""
+    [event] = ckpt.presume_abort("c", "preparing", ["a", "b"], "presumed abort: why")
+    assert isinstance(event, CheckpointAborted) and event.participants == ["a", "b"]
+    for decided in ("aborted", "committed", "resumed", None):
+        assert ckpt.presume_abort("c", decided, ["a"], "why") == []
+
+
+def test_a_leftover_at_an_agent_the_log_says_finished_is_undone_without_a_record() -> None:
+    """An agent that restarted (forgetting the outcome) and was prepared again by a stale process holds
+    a checkpoint whose end the log already records for it: the prepare is aborted, a commit resumed."""
+    assert ckpt.leftover_call("preparing") == ckpt.leftover_call("prepared") == "abort"
+    assert ckpt.leftover_call("committed_paused") == "resume"
+    assert ckpt.leftover_call("idle") is None
+
+
+def test_a_prepare_blocked_by_the_same_tries_waits_longer_each_time_within_the_deadline() -> None:
+    """An agent answers not_ready at once when only the trainer can unblock it: a trainer that cannot
+    (its ACKs refused, its log fenced) must not ask again as fast as the agent answers."""
+    unchanged = RetryState()
+    waits = []
+    for i in range(6):
+        unchanged = unchanged.failed(float(i), "not ready")
+        waits.append(ckpt.not_ready_wait(unchanged, float(i), 0.0, deadline_left_s=100.0))
+    assert waits[0] > 0 and waits == sorted(waits) and waits[-1] > waits[0]
+    assert ckpt.not_ready_wait(unchanged, 0.0, 0.0, deadline_left_s=0.01) == 0.01

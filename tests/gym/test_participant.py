@@ -116,7 +116,7 @@ async def test_mounted_agent_answers_the_protocol(tmp_path: Path) -> None:
             assert reply.model_extra is not None and reply.model_extra["_ng_task_index"] == 3
             receipt = await client.completion_receipt("g_g0", 0)
             verify_receipt(reply, receipt)
-            assert receipt.execution_generation == participant.generation == 1
+            assert receipt.execution_generation == participant.generation >= 1
             tokens = await client.token_capture("g_g0")
             assert (
                 [t.model_call_id for t in tokens]
@@ -143,7 +143,7 @@ async def test_mounted_agent_answers_the_protocol(tmp_path: Path) -> None:
 async def test_adopt_only_never_starts_a_try_and_evidence_survives_restarts(tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
     first = gym_like_agent(calls)
-    mount_participant(first, agent_name="a", state_dir=tmp_path)
+    g1 = mount_participant(first, agent_name="a", state_dir=tmp_path).generation
     with serve(first) as url:
         async with GymClient(url, "a") as client:
             await client.run(row("x_g0"))
@@ -154,36 +154,39 @@ async def test_adopt_only_never_starts_a_try_and_evidence_survives_restarts(tmp_
             )
             assert answer.status_code == 404 and answer.json()["error"] == "not_found"
             assert len(calls) == 1
-    # A restart: the new process (generation 2) has no record of x_g0 and will not run it on adoption.
+    # A restart: the new process (the next generation) has no record of x_g0 and will not run it on
+    # adoption.
     second = gym_like_agent(calls)
     restarted = mount_participant(second, agent_name="a", state_dir=tmp_path)
-    assert restarted.generation == 2
+    g2 = restarted.generation
+    assert g2 == g1 + 1
     with serve(second) as url:
         async with GymClient(url, "a") as client:
             with pytest.raises(NotFoundError):
                 await client.run(row("x_g0"), adopt_only=True)
             assert len(calls) == 1
             retired = await client.retire("x_g0", 0)
-            assert retired.tombstoned and retired.execution_generation == 2
+            assert retired.tombstoned and retired.execution_generation == g2
             # The first process completed x_g0 and nobody released it before the restart took it.
     evidence = read_evidence(tmp_path)
-    assert evidence.generations == [1, 2] and evidence.newest_generation == 2
-    assert all(t.started == [1] for t in evidence.tries.values())  # generation 2 started nothing
+    assert evidence.generations == [g1, g2] and evidence.newest_generation == g2
+    assert all(t.started == [g1] for t in evidence.tries.values())  # the restarted one started nothing
     x = evidence.tries[("x_g0", 0)]
-    assert x.started == [1] and x.completed == [1] and x.retired
+    assert x.started == [g1] and x.completed == [g1] and x.retired
     assert evidence.duplicate_executions == 0 and not evidence.stranded
 
 
 async def test_a_try_run_again_after_a_restart_is_counted_twice(tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
+    generations = []
     for _ in range(2):
         app = gym_like_agent(calls)
-        mount_participant(app, agent_name="a", state_dir=tmp_path)
+        generations.append(mount_participant(app, agent_name="a", state_dir=tmp_path).generation)
         with serve(app) as url:
             async with GymClient(url, "a") as client:
                 await client.run(row("twice_g0"))  # no adopt-only mark: the new process runs it again
     evidence = read_evidence(tmp_path)
-    assert [t.started for t in evidence.executed_twice] == [[1, 2]]
+    assert [t.started for t in evidence.executed_twice] == [generations]
     assert evidence.duplicate_executions == 1
     assert [t.rollout_id for t in evidence.stranded] == ["twice_g0"]  # held by generation 2, unACKed
     assert not evidence.lost_in_restart  # generation 1's copy was superseded by the rerun
@@ -252,3 +255,13 @@ def test_token_records_follow_the_real_gyms_rules() -> None:
     )
     with pytest.raises(ValueError, match="lacks"):
         token_records_from_reply(reply, "k", 0.0)
+
+
+def test_a_lost_state_directory_never_repeats_a_generation(tmp_path: Path) -> None:
+    """A restart on a fresh state directory (the old one lost) still answers a newer generation, so a
+    trainer reads the new process's `unknown_execution` as the restart it is (the debt drops)."""
+    first = mount_participant(gym_like_agent([]), agent_name="a", state_dir=tmp_path / "old")
+    again = mount_participant(gym_like_agent([]), agent_name="a", state_dir=tmp_path / "old")
+    lost = mount_participant(gym_like_agent([]), agent_name="a", state_dir=tmp_path / "new")
+    assert again.generation == first.generation + 1
+    assert lost.generation > again.generation

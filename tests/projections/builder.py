@@ -284,10 +284,19 @@ class LogBuilder:
             ],
         )
 
-    def retire(self, rollout_id: str, attempt_index: int, outcome: str) -> list[int]:
+    def retire(
+        self, rollout_id: str, attempt_index: int, outcome: str, generation: int | None = None
+    ) -> list[int]:
         return self.group(
             group_of(rollout_id),
-            [AttemptRetired(rollout_id=rollout_id, attempt_index=attempt_index, outcome=outcome)],
+            [
+                AttemptRetired(
+                    rollout_id=rollout_id,
+                    attempt_index=attempt_index,
+                    outcome=outcome,
+                    execution_generation=generation,
+                )
+            ],
         )
 
     def adopt(self, rollout_id: str, attempt_index: int) -> list[int]:

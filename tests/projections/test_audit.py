@@ -385,3 +385,23 @@ def test_a_result_lost_with_its_agent_is_not_stranded(store: EventStore, log: Lo
     log.retire("r_g0", 0, "tombstoned")
     log.replace("r_g0", 1)
     assert audit(store).ok
+
+
+@pytest.mark.parametrize(("answered_done", "stranded"), [(8, False), (7, True), (None, True)])
+def test_a_result_lost_with_the_process_that_held_it_is_not_stranded(
+    store: EventStore, log: LogBuilder, answered_done: int | None, stranded: bool
+) -> None:
+    """Generation 7 held the finished result (`completed_unacknowledged`); generation 8, started since,
+    answers `done` (its own tombstone, its `tombstoned` answer lost): the result went with generation 7.
+    `done` from the same generation, or from an unrecorded one, is no such evidence."""
+    log.reserve("r", 1)
+    log.mint("r", 1)
+    log.dispatch("r_g0")
+    log.fail("r_g0", kind="receipt")
+    finished = log.retire("r_g0", 0, "completed_unacknowledged", generation=7)
+    log.retire("r_g0", 0, "done", generation=answered_done)
+    replaced = log.replace("r_g0", 1)
+    if stranded:
+        assert only(audit(store), NO_STRANDED_RESULT) == [finished + replaced]
+    else:
+        assert audit(store).ok

@@ -127,6 +127,7 @@ async def test_a_try_running_past_its_deadline_is_retired_and_replaced(
             "attempt_index": 0,
             "outcome": "cancelled",
             "checkpoint_id": None,
+            "execution_generation": agent.generation,  # the agent that answered the retire
         }
         sealed = [e.data["attempt_index"] for e in events if e.type == "SiblingSealed"]
         assert sealed == [1]

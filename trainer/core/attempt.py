@@ -108,6 +108,8 @@ class Settled:
     kind: SettledKind
     reason: str
     retire_outcome: RetireOutcome | None = None
+    # The generation that answered the retire (recorded with its `AttemptRetired`).
+    execution_generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -150,17 +152,19 @@ def _retire_answered(state: Retiring, got: RetireAnswer, checkpoint_id: str | No
                     attempt_index=n,
                     outcome="completed_unacknowledged",
                     checkpoint_id=checkpoint_id,
+                    execution_generation=got.execution_generation,
                 ),
             )
         state = replace(
             state, calling="adopt", completed_recorded=True, adopt_generation=got.execution_generation
         )
         return Next(state, CallAdopt(got.execution_generation), events)
+    gen = got.execution_generation
     if got.retired:
-        return Next(state, Settled("retired", "retired while running", "cancelled"))
+        return Next(state, Settled("retired", "retired while running", "cancelled", gen))
     if got.tombstoned:
-        return Next(state, Settled("retired", "never started at the agent (tombstoned)", "tombstoned"))
-    return Next(state, Settled("retired", "already done for good at the agent", "done"))
+        return Next(state, Settled("retired", "never started at the agent (tombstoned)", "tombstoned", gen))
+    return Next(state, Settled("retired", "already done for good at the agent", "done", gen))
 
 
 def _adopted(state: Retiring, got: AdoptResult, now: float, jitter: float) -> Next:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from eventstore.events import (
+    CheckpointAborted,
     CheckpointParticipantFinished,
     CheckpointParticipantStuck,
     Event,
@@ -261,6 +262,41 @@ def unpaid_at_decision(unpaid_debts: dict[str, int], participants: list[str]) ->
         for a, n in unpaid_debts.items()
         if a in participants and n
     }
+
+
+def presume_abort(
+    checkpoint_id: str, status: str | None, participants: list[str], reason: str
+) -> list[Event]:
+    """Presumed abort of a checkpoint found undecided (`status` as the log holds it now, None when the
+    log never started it): its `CheckpointAborted`, or nothing when the log already decided it.
+
+    Recovery's plan and the reconciliation of an agent's phase can both find the same checkpoint in
+    doubt; whichever appends second sees the first's decision and writes nothing, so a checkpoint is
+    decided once."""
+    if status != "preparing":
+        return []
+    return [CheckpointAborted(checkpoint_id=checkpoint_id, participants=participants, reason=reason)]
+
+
+def leftover_call(phase: str) -> Op | None:
+    """The call that puts right an agent found active, in `phase`, on a checkpoint whose end the log
+    already records for it (it restarted and forgot the outcome, then a stale process prepared the same
+    id again): a prepare left over is aborted, a commit left over resumed (its artefact is never used);
+    nothing is recorded, the log's record stands."""
+    if phase in ("preparing", "prepared"):
+        return "abort"
+    if phase == "committed_paused":
+        return "resume"
+    return None
+
+
+def not_ready_wait(unchanged: RetryState, now: float, jitter: float, deadline_left_s: float) -> float:
+    """After a `not_ready` prepare answer that named the same blocking tries as the one before it (the
+    trainer's ACKs and adoptions changed nothing yet): the wait before asking again, growing with each
+    such answer (FINISH_POLICY's backoff), never past the prepare deadline.  An agent answers
+    `not_ready` at once when only the trainer can unblock it, so without this wait a trainer that
+    cannot (its ACKs refused, its log fenced) would ask as fast as the agent answers."""
+    return min(backoff_s(FINISH_POLICY, max(1, unchanged.calls), jitter), max(0.0, deadline_left_s))
 
 
 def prepare_retry(state: RetryState, now: float, jitter: float, deadline_left_s: float) -> float | None:

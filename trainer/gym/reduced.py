@@ -5,7 +5,7 @@ participant would have given, from what the trainer itself holds, so the coordin
 
 - the completion receipt is made here: the reply's digest computed by the trainer, the token records
   read off the reply (`protocol.tokens`), execution generation `REDUCED_GENERATION` (0; a participant's
-  generations start at 1), so every receipt of a reduced-mode try says so in the log;
+  generations are at least 1), so every receipt of a reduced-mode try says so in the log;
 - acknowledge releases the trainer's own copy; nothing is sent (the agent keeps nothing to release);
 - retire answers from what the trainer holds: a reply in hand is `completed_unacknowledged` (adopting
   it replays the trainer's copy, never a second `/run`), anything else is tombstoned here, and a reply

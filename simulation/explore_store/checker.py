@@ -1,0 +1,136 @@
+"""The independent history checker: reads the log's events and the agents' durable records only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+from eventstore import open_store
+from participant.evidence import read_evidence
+from simulation.explore_store.process import ScheduleRun
+from trainer.core.attempt import RETIRE_POLICY
+
+# Calls of one kind about one try (or one checkpoint at one agent), at most: each retry loop has a
+# budget (RETIRE_POLICY, FINISH_POLICY, the prepare deadline); a few processes may each spend one.
+MAX_CALLS_PER_TRY = 4 * RETIRE_POLICY.max_calls
+
+
+async def check(run: ScheduleRun) -> list[str]:
+    """What the log and the agents' durable records show went wrong (empty when everything holds)."""
+    plan = run.plan
+    violations = list(run.problems)
+    store = await asyncio.to_thread(open_store, run.url)
+    try:
+        events = await asyncio.to_thread(lambda: list(store.read_all(0)))
+        from projections.audit import audit_log
+
+        report = await asyncio.to_thread(audit_log, store)
+    finally:
+        await asyncio.to_thread(store.close)
+    mine = [e for e in events if plan.prefix in e.stream_id]
+    by_type: dict[str, list[Any]] = {}
+    for e in mine:
+        by_type.setdefault(e.type, []).append(e)
+    if not report.ok:
+        violations += [f"audit: {v}"[:300] for v in report.as_json()["violations"][:10]]
+    # Every group sealed or dead-lettered, each once.
+    ends: Counter[str] = Counter(
+        e.data["group_id"] for e in mine if e.type in ("GroupSealed", "GroupDeadLettered")
+    )
+    for tp in plan.trainers:
+        for g in tp.groups:
+            if ends[g.group_id] != 1:
+                violations.append(
+                    f"group {g.group_id} ended {ends[g.group_id]} times (sealed or dead-lettered)"
+                )
+    sealed = {e.data["group_id"] for e in by_type.get("GroupSealed", [])}
+    # Claims: never by a writer whose epoch was superseded; at most one that no restore rolled back;
+    # every sealed group trained on.
+    epochs: dict[str, str] = {}  # trainer id -> the writer of its newest epoch
+    live_claims: dict[str, list[int]] = {}
+    for e in mine:
+        if e.type == "TrainerEpochTaken":
+            epochs[e.data["trainer_id"]] = e.data["writer"]
+        elif e.type == "TrainerRestored":
+            cut = e.data.get("cut_position") or 0
+            tid = e.data.get("trainer_id")
+            for gid, positions in live_claims.items():
+                if gid.startswith(f"{tid}-g"):
+                    positions[:] = [p for p in positions if p <= cut]
+        elif e.type == "GroupClaimedForTraining":
+            gid = e.data["group_id"]
+            tid = gid.rsplit("-g", 1)[0]
+            writer = e.metadata.get("writer")
+            if writer is not None and epochs.get(tid) not in (None, writer):
+                violations.append(f"group {gid} claimed by a superseded owner ({writer})")
+            live_claims.setdefault(gid, []).append(e.position)
+    for gid in sealed:
+        n = len(live_claims.get(gid, []))
+        if n != 1:
+            violations.append(f"sealed group {gid} trained on {n} times")
+    # Executions and results, from every state directory each agent ever had.
+    for agent in run.agents.values():
+        started: Counter[tuple[str, int]] = Counter()
+        stranded = 0
+        for d in agent.state_dirs:
+            ev = await asyncio.to_thread(read_evidence, d)
+            for key, t in ev.tries.items():
+                started[key] += t.executions
+            if d == agent.state_dirs[0]:
+                stranded = len(ev.stranded)
+        for (rid, n), count in started.items():
+            if count > 1:
+                violations.append(f"{rid}#{n} executed {count} times at {agent.name}")
+        if stranded:
+            violations.append(f"{agent.name} holds {stranded} finished result(s) nobody released")
+    # Checkpoints: the log's outcome equals each participant's.
+    participants: dict[str, list[str]] = {}
+    decided: dict[str, str] = {}
+    finished: dict[tuple[str, str], str] = {}
+    resumed: set[str] = set()
+    for e in mine:
+        cid = str(e.data.get("checkpoint_id"))
+        if e.type == "CheckpointPrepareStarted":
+            participants[cid] = list(e.data["participants"])
+        elif e.type in ("CheckpointCommitted", "CheckpointAborted"):
+            if cid in decided:
+                violations.append(f"checkpoint {cid} decided twice")
+            decided[cid] = "committed" if e.type == "CheckpointCommitted" else "aborted"
+        elif e.type == "CheckpointParticipantFinished":
+            finished[(cid, e.data["agent_name"])] = e.data["outcome"]
+        elif e.type == "CheckpointResumed":
+            resumed.add(cid)
+    for cid, names in participants.items():
+        outcome = decided.get(cid)
+        if outcome is None:
+            violations.append(f"checkpoint {cid} was never decided")
+            continue
+        for name in names:
+            if name not in run.agents:
+                continue
+            agent = run.agents[name]
+            artefact = any((d / "checkpoints" / f"{cid}.json").exists() for d in agent.state_dirs)
+            own = finished.get((cid, name))
+            if outcome == "aborted" and artefact:
+                violations.append(f"{name} holds an artefact of {cid}, which the log aborted")
+            if outcome == "committed" and own == "resumed" and not artefact:
+                violations.append(f"{name} recorded resumed for {cid} but holds no artefact")
+            if outcome == "committed" and own is None:
+                violations.append(f"{name}'s part of committed {cid} never finished")
+        if cid in resumed and any(finished.get((cid, n)) != "resumed" for n in names):
+            violations.append(f"CheckpointResumed for {cid} without every participant resumed")
+    # No agent left paused or closed; nothing of it still owed.
+    for agent in run.agents.values():
+        reply = await agent.call("GET", b"/status", [(b"host", b"agent")], b"")
+        status = json.loads(reply.body)
+        if status.get("phase") != "idle":
+            violations.append(
+                f"{agent.name} left {status.get('phase')} ({status.get('active_checkpoint_id')})"
+            )
+    # Every retry bounded.
+    for (kind, what), n in run.per_try.items():
+        if what and n > MAX_CALLS_PER_TRY:
+            violations.append(f"{n} {kind} calls for {what} (bound {MAX_CALLS_PER_TRY})")
+    return violations

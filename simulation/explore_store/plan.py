@@ -1,0 +1,127 @@
+"""One schedule's plan: trainers, agents, groups, faults, restarts, a crash point, an outage, drawn
+from `random.Random(seed)` alone."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+CallKind = Literal[
+    "run", "receipt", "tokens", "ack", "retire", "prepare", "commit", "resume", "abort", "status", "other"
+]
+CALL_KINDS: tuple[CallKind, ...] = (
+    "run", "receipt", "tokens", "ack", "retire", "prepare", "commit", "resume", "abort", "status",
+)  # fmt: skip
+Fault = Literal["refused", "server_error", "non_json", "timeout", "reply_lost", "duplicate"]
+FAULTS: tuple[Fault, ...] = ("refused", "server_error", "non_json", "timeout", "reply_lost", "duplicate")
+CrashWhere = Literal["before_append", "after_append", "before_call", "after_call"]
+CheckpointKind = Literal["one_call", "split_commit", "split_abort"]
+
+# --- the plan: a pure function of the seed --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    trainer: int
+    where: CrashWhere
+    k: int
+    stale: bool  # the crashed process is not stopped: it carries on after its successor took over
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    group_id: str
+    agent: str
+    siblings: int
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    trainer_id: str
+    agents: tuple[str, ...]
+    groups: tuple[GroupPlan, ...]
+    mode: Literal["sibling", "prompt_group"]
+    checkpoint: CheckpointKind
+    checkpoint_after: int  # groups claimed before the checkpoint starts
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    prefix: str  # of every id in the schedule
+    trainers: tuple[TrainerPlan, ...]
+    # (agent, call kind, n-th call of that kind to that agent) -> the fault it suffers
+    faults: dict[tuple[str, CallKind, int], Fault]
+    # (agent, n-th call to that agent) -> restart before it, keeping (True) or losing its state dir
+    restarts: dict[tuple[str, int], bool]
+    crash: CrashPoint | None
+    # (trainer, first append, last append): those appends of that trainer find the database away
+    outage: tuple[int, int, int] | None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "trainers": [
+                {
+                    "id": t.trainer_id,
+                    "agents": list(t.agents),
+                    "groups": [(g.group_id, g.agent, g.siblings) for g in t.groups],
+                    "mode": t.mode,
+                    "checkpoint": t.checkpoint,
+                    "checkpoint_after": t.checkpoint_after,
+                }
+                for t in self.trainers
+            ],
+            "faults": {f"{a}/{k}#{n}": f for (a, k, n), f in sorted(self.faults.items())},
+            "restarts": {
+                f"{a}#{n}": ("kept" if keep else "lost") for (a, n), keep in sorted(self.restarts.items())
+            },
+            "crash": None if self.crash is None else self.crash.__dict__,
+            "outage": self.outage,
+        }
+
+
+def plan_of(seed: int, tag: str = "") -> Plan:
+    """The schedule of `seed`: every number drawn from `random.Random(seed)`, nothing else.  `tag` goes
+    into every id (trainers, agents, groups, checkpoints), so seeds replayed on one log do not meet."""
+    rng = random.Random(seed)
+    trainers: list[TrainerPlan] = []
+    for t in range(rng.choice((1, 1, 2, 3))):
+        tid = f"x{seed}{tag}-t{t}"
+        agents = tuple(f"{tid}-a{j}" for j in range(rng.choice((1, 1, 2))))
+        groups = tuple(
+            GroupPlan(f"{tid}-g{j}", agents[j % len(agents)], rng.randint(2, 4))
+            for j in range(rng.randint(2, 4))
+        )
+        trainers.append(
+            TrainerPlan(
+                tid,
+                agents,
+                groups,
+                rng.choice(("sibling", "prompt_group")),
+                rng.choice(("one_call", "split_commit", "split_abort")),
+                rng.randint(0, len(groups)),
+            )
+        )
+    names = [a for tp in trainers for a in tp.agents]
+    faults: dict[tuple[str, CallKind, int], Fault] = {}
+    for _ in range(rng.randint(0, 6)):
+        faults[(rng.choice(names), rng.choice(CALL_KINDS), rng.randint(1, 6))] = rng.choice(FAULTS)
+    restarts: dict[tuple[str, int], bool] = {}
+    for _ in range(rng.choice((0, 0, 1, 1, 2))):
+        restarts[(rng.choice(names), rng.randint(2, 40))] = rng.random() < 0.6
+    crash: CrashPoint | None = None
+    if rng.random() < 0.75:
+        where: CrashWhere = rng.choice(("before_append", "after_append", "before_call", "after_call"))
+        k = rng.randint(1, 14) if where.endswith("append") else rng.randint(1, 40)
+        crash = CrashPoint(rng.randrange(len(trainers)), where, k, rng.random() < 0.35)
+    outage: tuple[int, int, int] | None = None
+    if rng.random() < 0.2:
+        first = rng.randint(1, 10)
+        outage = (rng.randrange(len(trainers)), first, first + rng.randint(0, 3))
+        if rng.random() < 0.25:
+            # Longer than the journal's outage budget: the coordinator stops and is recovered.  (Drawn
+            # last, so the rest of every plan is what it was before this draw existed.)
+            outage = (outage[0], first, outage[2] + 6)
+    return Plan(seed, f"x{seed}{tag}-", tuple(trainers), faults, restarts, crash, outage)

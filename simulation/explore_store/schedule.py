@@ -1,0 +1,259 @@
+"""Running one schedule: each trainer's processes (the first, a recovering one after a crash or an
+outage, a successor beside a stale one), each doing its workload against the agents and the log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from eventstore import open_store
+from eventstore.events import PromptRef
+from simulation.explore_store.agent import Agent
+from simulation.explore_store.plan import CheckpointKind, Plan
+from simulation.explore_store.process import (
+    SEED_DEADLINE_S,
+    Incarnation,
+    ScheduleRun,
+    TrainerCrashed,
+    ended,
+    settle,
+    spawn,
+    task_factory,
+    waiting,
+)
+from simulation.explore_store.seams import FaultyPool, FaultyStore
+from trainer.checkpoint import PreparedCheckpoint
+from trainer.coordinator import RolloutCoordinator
+from trainer.errors import AlreadyClaimed, CoordinatorStopped, FencedOff
+from trainer.gym import GymClient
+
+# The coordinator's settings in a schedule: short, so that a seed takes about a second.
+SETTINGS: dict[str, Any] = {
+    "rollout_timeout_s": 3.0,
+    "prepare_timeout_s": 2.0,
+    "park_grace_s": 0.3,
+    "max_tries": 4,
+    "outage_budget_s": 1.5,
+    "reconcile_every_s": 0.25,
+}
+PAYLOAD: dict[str, Any] = {"responses_create_params": {"input": [{"role": "user", "content": "1+1?"}]}}
+# How long a stale coordinator may go on once its successor finished before it is stopped here.
+STALE_GRACE_S = 3.0
+
+
+def _client(agent: Agent, inc: Incarnation, run: ScheduleRun) -> GymClient:
+    client = GymClient(f"http://{agent.name}.sim", agent.name, control_timeout_s=5.0)
+    pool = FaultyPool(agent, inc, run)
+    client._run = client._control = pool  # type: ignore[assignment]
+    return client
+
+
+async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -> None:
+    """What one trainer process does: start (or recover), submit its groups, claim them for training as
+    they seal, one checkpoint, wait until everything is done and paid, close."""
+    tp = run.plan.trainers[t]
+    store = FaultyStore(await asyncio.to_thread(open_store, run.url), inc, run)
+    clients = {name: _client(run.agents[name], inc, run) for name in tp.agents}
+    settings = {**SETTINGS, "mode": tp.mode, "trainer_id": tp.trainer_id}
+    try:
+        if recover:
+            coord = await RolloutCoordinator.recover(store, dict(clients), **settings)
+        else:
+            coord = RolloutCoordinator(store, dict(clients), **settings)
+            inc.coord = coord
+            await coord.start()
+        inc.coord = coord
+        inc.ready.set()
+        for g in tp.groups:
+            if not coord.ledger.knows_group(g.group_id):
+                prompt = PromptRef(sample_id=g.group_id, task_name="arith")
+                await coord.submit(g.group_id, prompt, g.agent, g.siblings, PAYLOAD)
+        checkpointed = False
+        claimed_here = 0
+        while True:
+            # A kill's cancellation can be lost in Python 3.11's `wait_for` (when the wait ends at the
+            # same moment): a dead process must not go on looping here.
+            inc.check()
+            _raise_if_stopped(coord)
+            for group in coord.sealed_unclaimed():
+                await coord.claim_for_training(group.group_id, run.claims[t])
+                run.claims[t] += 1
+                claimed_here += 1
+            if not checkpointed and (claimed_here >= tp.checkpoint_after or not coord.open_groups()):
+                checkpointed = True
+                await _checkpoint(coord, f"{tp.trainer_id}-ck{inc.number}", tp.checkpoint)
+                continue
+            if checkpointed and not coord.open_groups() and not coord.sealed_unclaimed():
+                break
+            async with coord.journal.changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(coord.journal.changed.wait(), 0.05)
+        await coord.wait_idle(20.0)
+        inc.work_done.set()
+        await inc.may_close.wait()
+        await coord.checkpointer.recover()
+        _raise_if_stopped(coord)
+        await coord.close()
+    finally:
+        if inc.coord is not None and not inc.crashed:
+            with contextlib.suppress(BaseException):
+                await inc.coord.close()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(store.close)
+
+
+def _raise_if_stopped(coord: RolloutCoordinator) -> None:
+    if coord.journal.fenced is not None:
+        raise coord.journal.fenced
+    if coord.journal.stopped is not None:
+        raise coord.journal.stopped
+    if coord.errors:
+        raise coord.errors[0]
+
+
+async def _checkpoint(coord: RolloutCoordinator, cid: str, kind: CheckpointKind) -> None:
+    if kind == "one_call":
+        await coord.checkpoint(cid)
+        return
+    prepared = await coord.prepare_checkpoint(cid)
+    if isinstance(prepared, PreparedCheckpoint):
+        if kind == "split_commit":
+            await coord.commit_checkpoint(cid)
+        else:
+            await coord.abort_checkpoint(cid, "the trainer chose to abort (schedule)")
+
+
+async def _drive_trainer(run: ScheduleRun, t: int) -> None:
+    """Runs the trainer's processes: the first; after a crash (or a database outage that stopped it) a
+    recovering one; at a stale crash point a recovering one while the first goes on."""
+    loop = asyncio.get_running_loop()
+    crash = run.plan.crash if run.plan.crash is not None and run.plan.crash.trainer == t else None
+    incs = run.incarnations.setdefault(t, [])
+    recover = False
+    while True:
+        if len(incs) > 4:
+            run.problems.append(f"trainer {t}: more than 4 processes were needed")
+            return
+        inc = Incarnation(t, len(incs), crash if not incs else None, loop)
+        inc.may_close.set()
+        incs.append(inc)
+        task = spawn(inc, _workload(run, t, inc, recover))
+        stale_wait = asyncio.ensure_future(inc.stale_hit.wait())
+        await asyncio.wait({task, stale_wait}, return_when=asyncio.FIRST_COMPLETED)
+        stale_wait.cancel()
+        recover = True
+        if inc.stale_hit.is_set() and not task.done():
+            run.counts["stale_coordinators"] += 1
+            await _stale_takeover(run, t, inc, task)
+            return
+        error = ended(task)
+        if error is None:
+            return
+        if isinstance(error, TrainerCrashed | asyncio.CancelledError):
+            run.counts["trainer_crashes"] += 1
+            inc.kill()
+            await settle(inc)
+            continue
+        if isinstance(error, CoordinatorStopped):
+            run.counts["outage_stops"] += 1
+            continue
+        run.problems.append(f"trainer {t} process {inc.number} failed: {type(error).__name__}: {error}"[:400])
+        return
+
+
+async def _stale_takeover(
+    run: ScheduleRun, t: int, stale: Incarnation, stale_task: asyncio.Task[None]
+) -> None:
+    """The successor recovers while `stale` is held at its crash point; then `stale` goes on.  The
+    successor must finish; the stale one must be fenced (or finish harmlessly)."""
+    loop = asyncio.get_running_loop()
+    incs = run.incarnations[t]
+    successor = Incarnation(t, len(incs), None, loop)
+    incs.append(successor)
+    task = spawn(successor, _workload(run, t, successor, True))
+    # The stale process goes on once its successor has taken the owner epoch and recovered.
+    ready = asyncio.ensure_future(successor.ready.wait())
+    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+    ready.cancel()
+    stale.released.set()
+    # The successor works while the stale one goes on; it reconciles every agent and closes only once
+    # the stale one has stopped (a live owner outlasts a stale process: whatever that one did at an
+    # agent before its fence stopped it, e.g. prepared a checkpoint the log aborted, is put right).
+    work_done = asyncio.ensure_future(successor.work_done.wait())
+    await asyncio.wait({task, work_done}, return_when=asyncio.FIRST_COMPLETED)
+    work_done.cancel()
+    done, _ = await asyncio.wait({stale_task}, timeout=STALE_GRACE_S)
+    if stale_task in done:
+        stale_error = ended(stale_task)
+        if isinstance(stale_error, FencedOff):
+            run.counts["stale_fenced"] += 1
+        elif isinstance(stale_error, AlreadyClaimed):
+            # Its claim was refused before its append: the fold already showed the successor's claim.
+            run.counts["stale_refused_claim"] += 1
+        elif stale_error is None:
+            run.counts["stale_finished"] += 1
+        elif not isinstance(stale_error, CoordinatorStopped):
+            run.problems.append(
+                f"trainer {t}: the stale process failed: {type(stale_error).__name__}: {stale_error}"[:400]
+            )
+    else:
+        run.counts["stale_stopped_idle"] += 1
+    stale.kill()
+    await settle(stale)
+    successor.may_close.set()
+    await asyncio.wait({task})
+    error = ended(task)
+    if error is not None:
+        if isinstance(error, FencedOff):
+            run.problems.append(f"trainer {t}: the newest owner was fenced off: {error}"[:400])
+        elif isinstance(error, CoordinatorStopped):
+            run.counts["outage_stops"] += 1
+            await _finish_after(run, t)
+        else:
+            run.problems.append(f"trainer {t}: the successor failed: {type(error).__name__}: {error}"[:400])
+
+
+async def _finish_after(run: ScheduleRun, t: int) -> None:
+    loop = asyncio.get_running_loop()
+    incs = run.incarnations[t]
+    inc = Incarnation(t, len(incs), None, loop)
+    inc.may_close.set()
+    incs.append(inc)
+    task = spawn(inc, _workload(run, t, inc, True))
+    await asyncio.wait({task})
+    error = ended(task)
+    if error is not None:
+        run.problems.append(f"trainer {t}: the last process failed: {type(error).__name__}: {error}"[:400])
+
+
+async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
+    """Runs `plan` on the log at `url` with its agents' state under `workdir`; returns what happened
+    (the checker reads the log and the agents afterwards)."""
+    agents = {name: Agent(name, workdir / name, plan.seed) for tp in plan.trainers for name in tp.agents}
+    run = ScheduleRun(plan, url, agents)
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+    loop.set_task_factory(task_factory)
+    try:
+        drivers = [asyncio.create_task(_drive_trainer(run, t)) for t in range(len(plan.trainers))]
+        done, pending = await asyncio.wait(drivers, timeout=SEED_DEADLINE_S)
+        for task in pending:
+            task.cancel()
+        if pending:
+            run.problems.append(
+                f"the schedule did not end within {SEED_DEADLINE_S:g} s: {waiting(run)}"[:1500]
+            )
+        for incs in run.incarnations.values():
+            for inc in incs:
+                inc.released.set()
+                if pending:
+                    inc.kill()
+                await settle(inc)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                run.problems.append(f"harness error: {task.exception()!r}")
+    finally:
+        loop.set_task_factory(previous)
+    return run
