@@ -116,7 +116,8 @@ async def _run(
             k = 0
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), config.checkpoint_every_s)
+                    async with asyncio.timeout(config.checkpoint_every_s):
+                        await stop.wait()
                 if stop.is_set():
                     return
                 try:

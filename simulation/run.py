@@ -107,7 +107,8 @@ class CheckpointLoop:
         k = 0
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), every_s)
+                async with asyncio.timeout(every_s):
+                    await self._stop.wait()
             if self._stop.is_set():
                 return
             outcomes.append(await self.coord.checkpoint(checkpoint_id(k)))

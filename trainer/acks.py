@@ -91,7 +91,8 @@ class AckRelay:
         ctx = self.ctx
         while not ctx.stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ctx.ack_wakeup.wait(), IDLE_POLL_S)
+                async with asyncio.timeout(IDLE_POLL_S):
+                    await ctx.ack_wakeup.wait()
             ctx.ack_wakeup.clear()
             agents = [a for a in self.owed_agents() if time.monotonic() >= self._not_before.get(a, 0.0)]
             try:

@@ -153,7 +153,8 @@ class LedgerGym:
                     )
                 async with coord.journal.changed:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(coord.journal.changed.wait(), 0.5)
+                        async with asyncio.timeout(0.5):
+                            await coord.journal.changed.wait()
                 continue
             gid = order.pop(0)
             group = pending.pop(gid)
