@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -233,17 +234,7 @@ def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
         "failing_seeds": sorted(result.violations)[:50],
         "wall_s": round(time.monotonic() - started, 2),
     }
-    if as_json:
-        print(json.dumps(summary, indent=2))
-    else:
-        for key, value in summary.items():
-            console.print(f"{key}: {value}")
-        for seed_, found in list(result.violations.items())[:10]:
-            console.print(
-                f"[red]seed {seed_}[/red] (replay: ledger simulate --explore 1 --seed {seed_}): {found}"
-            )
-    if not result.ok:
-        raise typer.Exit(1)
+    _report_exploration(summary, result.violations, "--explore 1", as_json)
 
 
 def _explore_real(seeds: int, first_seed: int, db: str | None, as_json: bool) -> None:
@@ -262,16 +253,24 @@ def _explore_real(seeds: int, first_seed: int, db: str | None, as_json: bool) ->
         "wall_s": round(result.wall_s, 2),
         "seeds_per_s": round(result.seeds / result.wall_s, 2) if result.wall_s else None,
     }
+    _report_exploration(summary, result.violations, "--explore 1 --real", as_json)
+
+
+def _report_exploration(
+    summary: dict[str, object], violations: Mapping[int, object], replay: str, as_json: bool
+) -> None:
+    """An exploration's summary, its first failing seeds with the command that replays each, and exit
+    status 1 if any seed found a violation."""
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
         for key, value in summary.items():
             console.print(f"{key}: {value}")
-        for seed_, found in list(result.violations.items())[:10]:
+        for seed_, found in list(violations.items())[:10]:
             console.print(
-                f"[red]seed {seed_}[/red] (replay: ledger simulate --explore 1 --real --seed {seed_}): {found}"
+                f"[red]seed {seed_}[/red] (replay: ledger simulate {replay} --seed {seed_}): {found}"
             )
-    if not result.ok:
+    if violations:
         raise typer.Exit(1)
 
 
