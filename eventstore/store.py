@@ -216,8 +216,7 @@ class EventStore:
         return iter([RecordedEvent(*row) for row in rows])
 
     def get_blob(self, digest: str) -> bytes | None:
-        value = self._scalar("SELECT content FROM blobs WHERE digest = :d", {"d": digest})
-        return None if value is None else bytes(value)
+        return self.get_blobs([digest]).get(digest)
 
     def get_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
         """The stored content of each of `digests` that is stored, in one query (a sealed group's
