@@ -201,3 +201,22 @@ def test_a_leader_waits_only_for_appends_on_their_way() -> None:
     assert worth_waiting(queued=3, arriving=0, last_write=8, max_batch=128)  # the last write's writers
     assert not worth_waiting(queued=8, arriving=0, last_write=8, max_batch=128)
     assert not worth_waiting(queued=4, arriving=5, last_write=8, max_batch=4)  # a full write goes
+
+
+def test_leadership_passes_to_the_oldest_queued_append_write_after_write(store_url: str) -> None:
+    """Five appends queue behind a held write, at most two a write: they go oldest first in three
+    more writes, each led by the oldest append left, and every one is answered."""
+    store = open_store(store_url)
+    held = HeldWrites(store, max_batch=2)
+    out: dict[str, Any] = {}
+    threads = [run(lambda: store.append("group-a", [minted(0, "a")]), out, "a")]
+    assert held.entered.wait(30)
+    for i in range(5):
+        threads.append(run(lambda i=i: store.append(f"group-q{i}", [minted(0, f"q{i}")]), out, f"q{i}"))
+        until(lambda i=i: store.group_commit.waiting == i + 1)
+    held.release.set()
+    for t in threads:
+        t.join(60)
+    assert held.sizes == [1, 2, 2, 1]
+    assert [out[f"q{i}"].positions for i in range(5)] == [[2], [3], [4], [5], [6]]
+    assert store.group_commit.waiting == 0 and store.group_commit.stats.writes == 4
