@@ -19,8 +19,9 @@ from eventstore.upcasting import upcast
 from protocol.digests import canonical_json
 
 GENESIS_HASH = "0" * 64
-# The unit separator never occurs unescaped in JSON text nor in a valid stream id or event type.
-_SEP = "\x1f"
+# The unit separator never occurs unescaped in JSON text nor in a UUID, a valid stream id or an event
+# type: the hash chain joins an event's fields with it, and so does the PostgreSQL append's packing.
+UNIT_SEPARATOR = "\x1f"
 
 
 class ExpectedVersion(IntEnum):
@@ -45,7 +46,7 @@ def chain_hash(
     metadata_json: str,
 ) -> str:
     """`sha256(prev_hash ‖ canonical(event))`, over the exact stored JSON text."""
-    body = _SEP.join(
+    body = UNIT_SEPARATOR.join(
         (
             prev_hash,
             stream_id,

@@ -31,6 +31,7 @@ from eventstore.read_ahead import read_ahead_pages
 from eventstore.recorder import CheckedAppend, Recorder
 from eventstore.records import (
     GENESIS_HASH,
+    UNIT_SEPARATOR,
     AppendResult,
     ExpectedVersion,
     Fence,
@@ -384,7 +385,7 @@ def _checked(
 ) -> list[dict[str, Any]]:
     if not events:
         raise ValueError("append needs at least one event")
-    if not stream_id or len(stream_id) > _STREAM_ID_MAX or "\x1f" in stream_id:
+    if not stream_id or len(stream_id) > _STREAM_ID_MAX or UNIT_SEPARATOR in stream_id:
         raise ValueError(f"invalid stream id {stream_id!r}")
     if expected_version < ExpectedVersion.ANY:
         raise ValueError(f"invalid expected version {expected_version}")
