@@ -265,7 +265,8 @@ def test_append_batch_retried_with_the_same_ids_is_idempotent(store_url: str) ->
 
 def test_append_batch_keeps_every_character_of_the_payload(store_url: str) -> None:
     store = open_store(store_url)
-    tricky = 'quote " backslash \\ newline \n tab \t é ß 中文 😀 \u2028 {"json": [1]}'
+    # The unit separator and NUL too: JSON escapes them, so they never split the packed arguments.
+    tricky = 'quote " backslash \\ newline \n tab \t é ß 中文 😀 \u2028 {"json": [1]} \x1f unit \x00 nul'
     events = [GroupAbandoned(group_id=f"g{i}", reason=tricky + str(i)) for i in range(2)]
     with store.transaction() as tx:
         tx.append_batch([("group-g0", [events[0]], -1), ("group-g1", [events[1]], -1)])
@@ -287,6 +288,27 @@ def test_append_batch_refusal_names_its_stream_and_writes_nothing(store_url: str
         )
     assert (refused.value.stream_id, refused.value.expected, refused.value.actual) == ("group-p1", 5, 0)
     assert store.head() == 1 and store.get_blob(tx_digest(b"never-kept")) is None
+
+
+def test_packed_arguments_that_disagree_on_their_counts_are_refused_whole(pg_url: str) -> None:
+    """A separator inside a packed element would split it: the append function counts every column
+    against the streams and events it was given and refuses the call (LE004), writing nothing."""
+    upgrade_database(pg_url)
+    store = open_store(pg_url)
+    call = (
+        "SELECT * FROM ledger_append_events(%s, '-2', 'f', '1', %s, 'GroupReserved', '1', %s, '{}', "
+        "0::float8, NULL, NULL, false, NULL, NULL, false)"
+    )
+    good = reserved().model_dump_json()
+    with store._writer.connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        for stream, data in (("group-p1\x1fgroup-p2", good), ("group-p1", good + "\x1f" + good)):
+            with pytest.raises(Exception, match="disagree on their counts") as refused:
+                driver.execute(call, (stream, str(uuid.uuid4()), data))
+            assert getattr(refused.value, "sqlstate", None) == "LE004"
+            driver.rollback()
+    assert store.head() == 0
 
 
 def test_subscription_catches_up_follows_and_resumes(store_url: str) -> None:
