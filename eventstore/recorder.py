@@ -87,6 +87,10 @@ class Recorder(ABC):
         a refused append writes nothing and answers its error, and the others are written as if it had
         not been there (group commit)."""
 
+    @abstractmethod
+    def close(self) -> None:
+        """Releases any connection the recorder holds of its own (the store closes it)."""
+
     def fetch_records(self, conn: Connection, sql: str, params: dict[str, Any]) -> list[RecordedEvent]:
         """Rows of `select_columns` as records, straight from the driver's cursor: replay skips
         SQLAlchemy's row layer (3x faster)."""

@@ -60,6 +60,9 @@ class SqliteRecorder(Recorder):
         with writer.begin() as conn:
             return self.append(conn, appends, blobs)
 
+    def close(self) -> None:
+        """Holds no connection of its own: every write checks one out of the pool."""
+
     def append_each(
         self, writer: Engine, appends: list[CheckedAppend]
     ) -> list[AppendResult | EventStoreError]:

@@ -288,6 +288,7 @@ class EventStore:
             yield conn
 
     def close(self) -> None:
+        self.recorder.close()
         self._writer.dispose()
         self._reader.dispose()
 

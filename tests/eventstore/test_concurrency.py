@@ -160,3 +160,43 @@ def test_database_restart_and_outage_are_survived_without_a_manual_step() -> Non
         assert [e.stream_version for e in store.read_all()] == [0, 1]
         assert store.append("group-o", [minted(2, "o")]).positions == [3]
         assert store.verify_chain() is None
+
+
+def test_the_group_commits_own_session_is_replaced_when_the_server_ends_it(pg_url: str) -> None:
+    """Group writes share one held session; a server that ends it between two appends costs the
+    next append nothing, and closing the store ends the session."""
+    import psycopg
+
+    from eventstore import upgrade_database
+
+    upgrade_database(pg_url)
+    store = open_store(pg_url)
+    store.append("group-s", [minted(0, "s")])
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+
+    def sessions() -> list[int]:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            rows = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'ledger' AND query LIKE '%ledger_append_events%'"
+            ).fetchall()
+        return [pid for (pid,) in rows]
+
+    (first,) = sessions()
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (first,)).fetchone() == (True,)
+        deadline = time.monotonic() + 30  # gate: the backend has ended (its FATAL is on the socket)
+        while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (first,)).fetchone() != (
+            0,
+        ):
+            assert time.monotonic() < deadline, "the terminated session never ended"
+            time.sleep(0.01)
+    assert store.append("group-s", [minted(1, "s")]).positions == [2]
+    (second,) = sessions()
+    assert second != first
+    store.close()
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        assert admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (second,)
+        ).fetchone() == (0,)
+    assert open_store(pg_url).verify_chain() is None
