@@ -121,10 +121,10 @@ class RecordedEvent(NamedTuple):
         """The typed catalogue event, upcast to the current schema version."""
         # Fast path (replay decodes millions): the current version of a known type, straight to the
         # model's compiled validator.
-        validate = _CURRENT.get((self.type, self.schema_version))
-        if validate is not None:
+        current = _CURRENT.get(self.type)
+        if current is not None and current[0] == self.schema_version:
             try:
-                event: Event = validate(self.data_json)
+                event: Event = current[1](self.data_json)
                 return event
             except ValueError:  # ValidationError is a ValueError; _decode_slowly says which
                 pass
@@ -172,9 +172,10 @@ class RecordedEvent(NamedTuple):
         )
 
 
-# (type, current schema version) -> the model's compiled JSON validator.
-_CURRENT: dict[tuple[str, int], Callable[[str], Any]] = {
-    (name, cls.schema_version): cls.__pydantic_validator__.validate_json for name, cls in EVENT_TYPES.items()
+# type -> (its current schema version, the model's compiled JSON validator).  Keyed by the type
+# alone: a (type, version) key built and hashed per event cost 5% of decoding (one run side by side).
+_CURRENT: dict[str, tuple[int, Callable[[str], Any]]] = {
+    name: (cls.schema_version, cls.__pydantic_validator__.validate_json) for name, cls in EVENT_TYPES.items()
 }
 _LIST_ADAPTERS: dict[tuple[str, int], TypeAdapter[list[Any]]] = {
     (name, cls.schema_version): TypeAdapter(list[cls])  # type: ignore[valid-type]
@@ -195,10 +196,10 @@ def decode_events(events: Sequence[RecordedEvent]) -> tuple[list[Event], EventSt
     decoded: list[Event] = []
     keep = decoded.append
     for event in events:
-        validate = current.get((event.type, event.schema_version))
-        if validate is not None:
+        entry = current.get(event.type)
+        if entry is not None and entry[0] == event.schema_version:
             try:
-                keep(validate(event.data_json))
+                keep(entry[1](event.data_json))
                 continue
             except ValueError:  # ValidationError is a ValueError; the full path words the error
                 pass
