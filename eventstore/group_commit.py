@@ -38,9 +38,10 @@ WriteEach = Callable[[list[CheckedAppend]], list[AppendResult | Exception]]
 class Waiter:
     append: CheckedAppend
     ids: list[str] = field(default_factory=list)
-    # Its own condition on the group commit's lock: a write's end wakes exactly the waiters it
-    # answered and the next leader, never every thread (a notify_all to 8 writers cost more kernel
-    # time in futex wake-ups than the writes themselves).
+    # Its own condition on the group commit's lock, made when it first has to wait (a lone writer
+    # leads at once and never needs one): a write's end wakes exactly the waiters it answered and
+    # the next leader, never every thread (a notify_all to 8 writers cost more kernel time in futex
+    # wake-ups than the writes themselves).
     wake: threading.Condition | None = None
     taken: bool = False
     outcome: Outcome | None = None
@@ -131,7 +132,7 @@ class GroupCommit:
                     self._arrivals.notify()
             raise
         deadline = time.monotonic() + self.wait_s
-        waiter = Waiter(append, [row["event_id"] for row in append.rows], threading.Condition(self._lock))
+        waiter = Waiter(append, [row["event_id"] for row in append.rows])
         with self._lock:
             self._arriving -= 1
             while len(self._queue) >= self.max_waiting:
@@ -171,7 +172,8 @@ class GroupCommit:
 
     def _follow(self, waiter: Waiter, deadline: float) -> None:
         """Waits (holding the lock) until a write answers `waiter` or hands it the next write."""
-        assert waiter.wake is not None
+        if waiter.wake is None:
+            waiter.wake = threading.Condition(self._lock)
         while waiter.outcome is None and not waiter.lead:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

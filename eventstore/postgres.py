@@ -49,6 +49,7 @@ class PostgresRecorder(Recorder):
         # held in autocommit mode, serves every group write (no pool checkout and check-in, no
         # autocommit switch per write: about 50 us of the client's CPU per write, py-spy).
         self._group_session: Connection | None = None
+        self._group_cursor: Any = None  # the session's one cursor, reused (psycopg's dumper caches too)
         self._group_idle_since = 0.0
 
     def fetch_records(self, conn: Connection, sql: str, params: dict[str, Any]) -> list[RecordedEvent]:
@@ -122,10 +123,20 @@ class PostgresRecorder(Recorder):
         if conn is None or _stale(conn.connection.dbapi_connection, self._group_idle_since, writer):
             self.close()
             conn = writer.connect()
-            conn.connection.driver_connection.autocommit = True  # type: ignore[union-attr]
-            self._group_session = conn
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            driver.autocommit = True
+            self._group_session, self._group_cursor = conn, driver.cursor()
         try:
-            results = self._append(conn, appends, (), commit=False, independent=True, notify=self.notifies)
+            results = self._append(
+                conn,
+                appends,
+                (),
+                commit=False,
+                independent=True,
+                notify=self.notifies,
+                cursor=self._group_cursor,
+            )
         except BaseException:
             self.close()
             raise
@@ -133,7 +144,7 @@ class PostgresRecorder(Recorder):
         return results
 
     def close(self) -> None:
-        conn, self._group_session = self._group_session, None
+        conn, self._group_session, self._group_cursor = self._group_session, None, None
         if conn is not None:
             with contextlib.suppress(Exception):  # a broken session is discarded, not returned
                 conn.invalidate()
@@ -147,10 +158,12 @@ class PostgresRecorder(Recorder):
         commit: bool,
         independent: bool = False,
         notify: bool = False,
+        cursor: Any = None,
     ) -> list[AppendResult | EventStoreError]:
         """One `ledger_append_events` statement: every append and blob, straight on the driver's
         cursor (no SQLAlchemy statement layer: it cost more than the call).  `commit`: the statement
-        is its own transaction (autocommit for it); `notify`: it wakes the listening subscribers."""
+        is its own transaction (autocommit for it); `notify`: it wakes the listening subscribers;
+        `cursor`: a cursor of `conn` to run it on (kept open), else one of its own."""
         driver = conn.connection.driver_connection
         assert driver is not None
         params = _events_params(appends)
@@ -163,7 +176,9 @@ class PostgresRecorder(Recorder):
             notify=notify,
             independent=independent,
         )
-        cursor = driver.cursor()
+        own_cursor = cursor is None
+        if own_cursor:
+            cursor = driver.cursor()
         try:
             if commit:
                 driver.autocommit = True
@@ -182,7 +197,8 @@ class PostgresRecorder(Recorder):
                     raise refusal from None
             raise
         finally:
-            cursor.close()
+            if own_cursor:
+                cursor.close()
             if commit:
                 try:
                     driver.autocommit = False
