@@ -1,4 +1,5 @@
--- ledger_append_events as of migration 0007: 0006's function, its text arguments packed.
+-- ledger_append_events as of migration 0007: 0006's function, its text arguments packed and its rows
+-- built as `events` values.
 -- Each text column arrives as one text value, its elements joined by the unit separator (chr(31)),
 -- which never occurs unescaped in JSON text, in a UUID, in an event type or in a valid stream id
 -- (the hash chain joins the same fields with it).  A binary array parameter cost the client about
@@ -6,6 +7,10 @@
 -- 0.2 us (measured with psycopg 3.3).  `string_to_array` splits them back in C.  A count that does
 -- not match (a separator inside an element) refuses the whole call, before or after the appends' own
 -- checks and always before anything commits: SQLSTATE LE004.
+-- Each written event becomes one `events` row value as its hash is chained, and is answered with
+-- RETURN NEXT; one INSERT unnests them all.  Ten parallel arrays unnested together (0006) cost a
+-- tuplestore per array: 10% more server time per call at 1, 10 and 80 events (measured in one
+-- session, each call its own transaction).
 CREATE OR REPLACE FUNCTION ledger_append_events(
     a_streams text, a_expected text, a_check_ids text, a_counts text,
     a_ids text, a_types text, a_versions text, a_data text, a_metadata text,
@@ -31,11 +36,7 @@ DECLARE
     seen text[] := '{}';
     seen_version bigint[] := '{}';
     seen_hash text[] := '{}';
-    v_apps int[] := array_fill(0, ARRAY[n]);
-    v_vers bigint[] := array_fill(0::bigint, ARRAY[n]);
-    v_pos bigint[] := array_fill(NULL::bigint, ARRAY[n]);
-    v_prev text[] := array_fill(''::text, ARRAY[n]);
-    v_hash text[] := array_fill(''::text, ARRAY[n]);
+    v_rows events[] := '{}';
     j int;
     k int;
     e int := 0;
@@ -156,13 +157,18 @@ BEGIN
             FOR k IN e + 1..e + p_counts[j] LOOP
                 cur_v := cur_v + 1;
                 v_written := v_written + 1;
-                v_apps[k] := j - 1;
-                v_vers[k] := cur_v;
-                v_pos[k] := v_head + v_written;
-                v_prev[k] := cur_h;
+                out_prev_hash := cur_h;
                 cur_h := encode(sha256(convert_to(concat_ws(chr(31), cur_h, p_streams[j], cur_v::text,
                     p_ids[k], p_types[k], p_versions[k]::text, p_data[k], p_metadata[k]), 'UTF8')), 'hex');
-                v_hash[k] := cur_h;
+                v_rows[v_written] := ROW(v_head + v_written, p_streams[j], cur_v, p_ids[k], p_types[k], p_versions[k],
+                    p_data[k]::json, p_metadata[k]::json, p_recorded_at, out_prev_hash, cur_h)::events;
+                out_append := j - 1;
+                out_position := v_head + v_written;
+                out_stream_version := cur_v;
+                out_idempotent := false;
+                out_hash := cur_h;
+                out_refusal := NULL;
+                RETURN NEXT;
             END LOOP;
             seen_version[s] := cur_v;
             seen_hash[s] := cur_h;
@@ -172,13 +178,5 @@ BEGIN
     IF e <> n THEN
         RAISE EXCEPTION 'ledger_append_events: packed arguments disagree on their counts' USING ERRCODE = 'LE004';
     END IF;
-    INSERT INTO events (position, stream_id, stream_version, event_id, type, schema_version, data, metadata,
-                        recorded_at, prev_hash, hash)
-    SELECT u.pos, p_streams[u.app + 1], u.ver, u.id, u.t, u.sv, u.d::json, u.m::json, p_recorded_at, u.ph, u.h
-    FROM unnest(v_pos, v_apps, v_vers, p_ids, p_types, p_versions, p_data, p_metadata, v_prev, v_hash)
-        AS u(pos, app, ver, id, t, sv, d, m, ph, h)
-    WHERE u.pos IS NOT NULL;
-    RETURN QUERY SELECT u.app, u.pos, u.ver, false, u.ph, u.h, NULL::text
-        FROM unnest(v_pos, v_apps, v_vers, v_prev, v_hash) AS u(pos, app, ver, ph, h)
-        WHERE u.pos IS NOT NULL;
+    INSERT INTO events SELECT * FROM unnest(v_rows);
 END $$;

@@ -1,6 +1,6 @@
 """`ledger_append_events` takes its text columns packed: one text value per column, its elements
 joined by the unit separator, instead of one binary array each (the client dumped each array in
-Python; see the function's header).
+Python), and builds its rows as `events` values inserted by one unnest (see the function's header).
 
 The function's text is `migrations/functions/ledger_append_events.0007.sql`.
 
