@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eventstore import open_store, upgrade_database
-from eventstore.bulk_gc import fewer_collections
+from eventstore.bulk_reads import fewer_collections
 from eventstore.events import RunReplied
 from eventstore.records import canonical, decode_events, decode_in_bulk
 from eventstore.testing import PgCluster

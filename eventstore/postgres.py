@@ -56,7 +56,7 @@ class PostgresRecorder(Recorder):
         # Binary results (integers and floats arrive as machine values, not digits to parse) and the
         # driver building each record itself (no intermediate row tuple to allocate, copy and
         # collect): typed replay 212k -> 267k events/s with the larger collector threshold
-        # (bulk_gc.py), one run side by side.
+        # (bulk_reads.py), one run side by side.
         driver = conn.connection.driver_connection
         assert driver is not None
         cursor = driver.cursor(binary=True, row_factory=_record_rows)

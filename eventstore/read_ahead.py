@@ -1,8 +1,10 @@
 """Reading the log one page ahead of its consumer, on a reader thread, with bounded waits.
 
 The driver waits on the socket without the GIL, so the database's work on page n+1 (its scan,
-its JSON-to-text, the transfer) overlaps the consumer's decoding of page n.  One page is held
-at most; a consumer that stops early stops the reader at its next page.
+its JSON-to-text, the transfer) overlaps the consumer's decoding of page n.  The reader needs the
+GIL back each time data arrives; while it runs the interpreter's switch interval is lowered
+(`bulk_reads.prompt_switches`) so it waits less for the consumer to let go.  One page is held at
+most; a consumer that stops early stops the reader at its next page.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
+from eventstore.bulk_reads import prompt_switches
 from eventstore.errors import DatabaseUnavailable
 
 
@@ -55,19 +58,20 @@ def read_ahead_pages(
             put(exc)
 
     thread = threading.Thread(target=reader, name="ledger-read-ahead", daemon=True)
-    thread.start()
-    try:
-        while True:
-            try:
-                item = pages.get(timeout=wait_s)
-            except queue.Empty:
-                raise DatabaseUnavailable(f"no page of the log arrived within {wait_s}s") from None
-            if isinstance(item, BaseException):
-                raise item
-            if item:
-                yield item
-            if len(item) < batch_size:
-                return
-    finally:
-        stop.set()
-        thread.join(wait_s)
+    with prompt_switches():
+        thread.start()
+        try:
+            while True:
+                try:
+                    item = pages.get(timeout=wait_s)
+                except queue.Empty:
+                    raise DatabaseUnavailable(f"no page of the log arrived within {wait_s}s") from None
+                if isinstance(item, BaseException):
+                    raise item
+                if item:
+                    yield item
+                if len(item) < batch_size:
+                    return
+        finally:
+            stop.set()
+            thread.join(wait_s)

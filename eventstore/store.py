@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from eventstore.backends import mask_url
-from eventstore.bulk_gc import fewer_collections
+from eventstore.bulk_reads import fewer_collections
 from eventstore.errors import (
     AppendOnlyViolation,
     DatabaseUnavailable,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventstore import EventStore, RecordedEvent, decode_events
-from eventstore.bulk_gc import fewer_collections
+from eventstore.bulk_reads import fewer_collections
 from projections.base import Projection, ReplayRefused, Routes, sha256_text
 from projections.checkpoints import CheckpointsProjection
 from projections.digest import BLOCK, LogDigest, StoredDigest

@@ -3,11 +3,13 @@ its position after everything before it."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
 
 from eventstore import InvalidEvent, NewEvent, open_store
+from eventstore.bulk_reads import READ_AHEAD_SWITCH_S
 from eventstore.events import AttemptMinted, RunFailed
 from eventstore.records import decode_events, decode_in_bulk
 
@@ -46,10 +48,13 @@ def test_pages_read_ahead_cover_the_range_and_stop_with_their_consumer(store_url
     assert [len(p) for p in pages] == [5, 5, 5, 2]
     assert [e.position for p in pages for e in p] == list(range(4, 21))
     assert [len(p) for p in store.read_pages(batch_size=23)] == [23]  # a full last page, then an empty one
+    before = sys.getswitchinterval()
     reading = store.read_pages(batch_size=2)
     next(reading)
+    assert sys.getswitchinterval() == min(before, READ_AHEAD_SWITCH_S)  # while the reader runs
     reading.close()  # the consumer stops early: the reader thread stops too
     assert not [t for t in threading.enumerate() if t.name == "ledger-read-ahead"]
+    assert sys.getswitchinterval() == before
     with pytest.raises(ValueError):
         next(store.read_pages(batch_size=0))
 
@@ -66,7 +71,7 @@ def test_bulk_decode_gives_the_same_events(store_url: str) -> None:
 def test_the_collector_threshold_is_raised_only_while_replays_run() -> None:
     import gc
 
-    from eventstore.bulk_gc import BULK_THRESHOLD0, fewer_collections
+    from eventstore.bulk_reads import BULK_THRESHOLD0, fewer_collections
 
     before = gc.get_threshold()
     with fewer_collections():
