@@ -39,6 +39,7 @@ from eventstore.records import (
     RecordedEvent,
     canonical,
     decode_events,
+    new_event_ids,
 )
 
 if TYPE_CHECKING:
@@ -394,7 +395,10 @@ def _checked(
         shared = canonical({**_WRITER, "wall_time": time.time(), **(metadata or {})})
     except (TypeError, ValueError) as exc:
         raise InvalidEvent(f"metadata is not JSON-serialisable: {exc}") from None
-    return [_prepare(e, metadata, shared) for e in events]
+    return [
+        _prepare(e, metadata, shared, new_id)
+        for e, new_id in zip(events, new_event_ids(len(events)), strict=True)
+    ]
 
 
 def _checked_batch(appends: Sequence[Append], fence: Fence | None) -> list[CheckedAppend]:
@@ -406,15 +410,18 @@ def _checked_batch(appends: Sequence[Append], fence: Fence | None) -> list[Check
     return checked
 
 
-def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None, shared_meta: str) -> dict[str, Any]:
-    """Validates one event and renders the exact JSON text that is stored and hashed."""
+def _prepare(
+    event: Event | NewEvent, metadata: dict[str, Any] | None, shared_meta: str, new_id: str
+) -> dict[str, Any]:
+    """Validates one event and renders the exact JSON text that is stored and hashed; `new_id` is
+    its id unless it chose one."""
     if isinstance(event, Event):
         model = type(event)
         if EVENT_TYPES.get(model.__name__) is model:
             # A catalogue model is valid by construction: its JSON as `NewEvent.of` renders it,
             # without the dict `NewEvent.data` would carry (nothing here reads it).
             return {
-                "event_id": str(uuid.uuid4()),
+                "event_id": new_id,
                 "chosen_id": False,
                 "type": model.__name__,
                 "schema_version": model.schema_version,
@@ -460,7 +467,7 @@ def _prepare(event: Event | NewEvent, metadata: dict[str, Any] | None, shared_me
         except ValueError:
             raise InvalidEvent(f"event id {event.event_id!r} is not a UUID") from None
     else:
-        event_id = str(uuid.uuid4())
+        event_id = new_id
     return {
         "event_id": event_id,
         "chosen_id": event.event_id is not None,

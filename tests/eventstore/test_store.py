@@ -23,7 +23,7 @@ from eventstore import (
     upgrade_database,
 )
 from eventstore.events import AttemptMinted, GroupAbandoned, GroupReserved, PromptRef, RunFailed
-from eventstore.records import GENESIS_HASH
+from eventstore.records import GENESIS_HASH, new_event_ids
 
 TAMPER = """UPDATE events SET data = '{"rollout_id":"p1_g7","generation_index":7,"attempt_index":0}' WHERE position = 2"""
 
@@ -437,3 +437,12 @@ def test_get_blobs_reads_many_in_one_query(store_url: str) -> None:
     missing = "sha256:" + "0" * 64
     assert store.get_blobs([first, second, missing, first]) == {first: b'{"a":1}', second: b"\x00binary"}
     assert store.get_blobs([]) == {}
+
+
+def test_new_event_ids_are_distinct_version_4_uuids() -> None:
+    ids = new_event_ids(2000) + new_event_ids(1)
+    assert len(set(ids)) == len(ids) == 2001
+    for text_id in ids:
+        parsed = uuid.UUID(text_id)
+        assert str(parsed) == text_id and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    assert new_event_ids(0) == []
