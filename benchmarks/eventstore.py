@@ -31,6 +31,7 @@ from rich.table import Table
 from eventstore import open_store, upgrade_database
 from eventstore.bulk_reads import fewer_collections
 from eventstore.events import RunReplied
+from eventstore.read_ahead import PAGE_SIZE
 from eventstore.records import canonical, decode_events, decode_in_bulk
 from eventstore.testing import PgCluster
 from projections.runner import rebuild
@@ -85,17 +86,17 @@ class Ours:
     def replay(self) -> int:
         """Typed replay: every event read and validated into its catalogue model."""
         n = 0
-        for _ in self.store.read_typed(batch_size=10_000):
+        for _ in self.store.read_typed():
             n += 1
         return n
 
     def rebuild(self) -> int:
         """Every default projection rebuilt from the whole log (no checkpoint)."""
-        return rebuild(self.store, from_checkpoint=False, batch_size=10_000).events
+        return rebuild(self.store, from_checkpoint=False).events
 
     def decode_rates(self) -> tuple[float, float]:
         """Per-event validation (`decode_events`) against one list validation per type and page."""
-        pages = list(self.store.read_pages(batch_size=10_000))
+        pages = list(self.store.read_pages())
         n = sum(len(p) for p in pages)
         with fewer_collections():  # as replay runs them
             per_event = timed(lambda: sum(len(decode_events(p)[0]) for p in pages))
@@ -158,11 +159,11 @@ class Raw:
             while True:
                 rows = conn.execute(
                     "SELECT position, stream_id, stream_version, event_id, type, data::text FROM raw_events "
-                    "WHERE position > %s ORDER BY position LIMIT 10000",
-                    (after,),
+                    "WHERE position > %s ORDER BY position LIMIT %s",
+                    (after, PAGE_SIZE),
                 ).fetchall()
                 n += len(rows)
-                if len(rows) < 10_000:
+                if len(rows) < PAGE_SIZE:
                     return n
                 after = rows[-1][0]
 
@@ -215,9 +216,9 @@ class EventSourcing:
     def replay(self) -> int:
         n, start = 0, 1
         while True:
-            batch = self.recorder.select_notifications(start, 10_000)
+            batch = self.recorder.select_notifications(start, PAGE_SIZE)
             n += len(batch)
-            if len(batch) < 10_000:
+            if len(batch) < PAGE_SIZE:
                 return n
             start = batch[-1].id + 1
 

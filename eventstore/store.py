@@ -27,7 +27,7 @@ from eventstore.errors import (
 )
 from eventstore.events import EVENT_TYPES, Event
 from eventstore.group_commit import GroupCommit
-from eventstore.read_ahead import read_ahead_pages
+from eventstore.read_ahead import PAGE_SIZE, read_ahead_pages
 from eventstore.recorder import CheckedAppend, Recorder
 from eventstore.records import (
     GENESIS_HASH,
@@ -147,7 +147,7 @@ class EventStore:
         from_position: int = 0,
         to_position: int | None = None,
         types: Collection[str] | None = None,
-        batch_size: int = 5000,
+        batch_size: int = PAGE_SIZE,
     ) -> Iterator[RecordedEvent]:
         """Events with `from_position < position <= to_position`, in position order, gap-free."""
         for page in self.read_pages(from_position, to_position, types, batch_size, read_ahead=False):
@@ -158,7 +158,7 @@ class EventStore:
         from_position: int = 0,
         to_position: int | None = None,
         types: Collection[str] | None = None,
-        batch_size: int = 5000,
+        batch_size: int = PAGE_SIZE,
         read_ahead: bool = True,
     ) -> Iterator[list[RecordedEvent]]:
         """`read_all` in pages of `batch_size`.  With `read_ahead` a reader thread fetches the next page
@@ -194,7 +194,7 @@ class EventStore:
             after = page[-1].position
 
     def read_typed(
-        self, from_position: int = 0, to_position: int | None = None, batch_size: int = 10_000
+        self, from_position: int = 0, to_position: int | None = None, batch_size: int = PAGE_SIZE
     ) -> Iterator[tuple[RecordedEvent, Event]]:
         """Every event with its typed payload (upcast to the current schema), in position order.
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from eventstore import EventStore, RecordedEvent, decode_events
 from eventstore.bulk_reads import fewer_collections
+from eventstore.read_ahead import PAGE_SIZE
 from projections.base import Projection, ReplayRefused, Routes, sha256_text
 from projections.checkpoints import CheckpointsProjection
 from projections.digest import BLOCK, LogDigest, StoredDigest
@@ -101,7 +102,7 @@ def _hole(position: int, expected: int) -> ReplayRefused:
 
 
 def read_batches(
-    store: EventStore, after: int = 0, to: int | None = None, batch_size: int = 5000
+    store: EventStore, after: int = 0, to: int | None = None, batch_size: int = PAGE_SIZE
 ) -> Iterator[list[RecordedEvent]]:
     """Events with `after < position <= to` in lists of `batch_size` (the store's raw-driver read)."""
     return store.read_pages(after, to, batch_size=batch_size)
@@ -155,7 +156,7 @@ def rebuild(
     to_position: int | None = None,
     from_checkpoint: bool = True,
     progress: Progress | None = None,
-    batch_size: int = 5000,
+    batch_size: int = PAGE_SIZE,
 ) -> Replay:
     """The projections as of `to_position` (default: the head), from the nearest checkpoint at or below it."""
     chosen = list(projections) if projections is not None else default_projections()
