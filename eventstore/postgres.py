@@ -100,6 +100,7 @@ class PostgresRecorder(Recorder):
     def append(
         self, conn: Connection, appends: list[CheckedAppend], blobs: Sequence[bytes]
     ) -> list[AppendResult]:
+        # No NOTIFY here: the caller's transaction (the store's unit of work) NOTIFYs once itself.
         results = self._append(conn, appends, blobs, commit=False)
         return [r for r in results if isinstance(r, AppendResult)]
 
@@ -110,7 +111,6 @@ class PostgresRecorder(Recorder):
         round trip, and one wait on the socket for a writer thread (each wait gives the GIL away, and
         taking it back from a busy event loop thread cost more than the database's own work)."""
         with writer.connect() as conn:
-            # A transaction of the caller NOTIFYs once, at its first append (the store's unit of work).
             results = self._append(conn, appends, blobs, commit=True, notify=self.notifies)
         return [r for r in results if isinstance(r, AppendResult)]
 
