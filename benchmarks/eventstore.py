@@ -1,6 +1,6 @@
 """Append and replay throughput of the store on PostgreSQL, beside its two baselines.
 
-    python -m benchmarks.eventstore [--db URL] [--appends N] [--replay-events N] [--writers 8] [--json]
+    python -m benchmarks.eventstore [--db URL] [--appends N] [--replay-events N] [--writers 8] [--rounds 3] [--json]
 
 With `--json` stdout is one JSON object, keys append_1, append_10, append_8x1, append_8x10 and replay,
 each {"ledger": ev/s, "raw": ev/s, "eventsourcing": ev/s}; the table and the extra measurements
@@ -9,7 +9,8 @@ each {"ledger": ev/s, "raw": ev/s, "eventsourcing": ev/s}; the table and the ext
 Without `--db` a throwaway PostgreSQL cluster is started (default settings,
 fsync on).  Every case runs ours, raw psycopg on an equivalent table (the
 ceiling), and the `eventsourcing` library's PostgreSQL recorder, in one run on
-one server, and prints events/s with ratios.
+one server, and prints events/s with ratios: for the append cases the median of
+`--rounds` rounds in which the three take turns.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import threading
 import time
 import uuid
@@ -252,6 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--appends", type=int, default=2000, help="appends per append case")
     parser.add_argument("--replay-events", type=int, default=1_000_000)
     parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of each append case, the systems alternating; medians"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     args = parser.parse_args(argv)
     global console
@@ -265,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         url = args.db
     try:
-        results = run(url, args.appends, args.replay_events, args.writers)
+        results = run(url, args.appends, args.replay_events, args.writers, args.rounds)
         if args.json:
             print(json.dumps(results))
     finally:
@@ -273,7 +278,9 @@ def main(argv: list[str] | None = None) -> None:
             cluster.stop()
 
 
-def run(url: str, appends: int, replay_events: int, writers: int) -> dict[str, dict[str, float]]:
+def run(
+    url: str, appends: int, replay_events: int, writers: int, rounds: int = 3
+) -> dict[str, dict[str, float]]:
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
@@ -301,11 +308,18 @@ def run(url: str, appends: int, replay_events: int, writers: int) -> dict[str, d
             lambda s: concurrent(s, writers, per_writer // 2, 10),
         ),
     ]
+    systems: tuple[Any, ...] = (ours, raw, es)
     for label, case in cases:
         with console.status(label):
-            for system in (ours, raw, es):  # warm up connections and plans
+            for system in systems:  # warm up connections and plans
                 system.append(20, 1)
-            rates = [timed(partial(case, system)) for system in (ours, raw, es)]
+            # The systems take turns, round after round, and each keeps its median: a noisy moment of
+            # the machine lands on one round of one system, not on one system's only measurement.
+            runs: list[list[float]] = [[], [], []]
+            for _ in range(rounds):
+                for i, system in enumerate(systems):
+                    runs[i].append(timed(partial(case, system)))
+            rates = [statistics.median(r) for r in runs]
             rows.append((label, rates[0], rates[1], rates[2]))
     with console.status("NOTIFY on the append path"):
         notifying = Ours(url, notify=True)
@@ -329,7 +343,8 @@ def run(url: str, appends: int, replay_events: int, writers: int) -> dict[str, d
         per_event, bulk = ours.decode_rates()
 
     table = Table(
-        title=f"benchmarks.eventstore on PostgreSQL ({replay_events:,}-event replay, {appends} appends)"
+        title=f"benchmarks.eventstore on PostgreSQL ({replay_events:,}-event replay, {appends} appends, "
+        f"medians of {rounds} rounds)"
     )
     for col in (
         "case",
