@@ -55,6 +55,8 @@ Append = (
 )
 
 _WRITER = {"host": socket.gethostname(), "pid": os.getpid()}
+# A forked child's appends name the child, not its parent.
+os.register_at_fork(after_in_child=lambda: _WRITER.update(pid=os.getpid()))
 _STREAM_ID_MAX = 400
 
 
@@ -209,13 +211,13 @@ class EventStore:
                     raise error
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
-        query = text(
+        p = self.recorder.param
+        query = (
             f"SELECT {self.recorder.select_columns} FROM events "
-            "WHERE stream_id = :s AND stream_version >= :v ORDER BY stream_version"
+            f"WHERE stream_id = {p('s')} AND stream_version >= {p('v')} ORDER BY stream_version"
         )
         with self._database_errors(), self._reader.connect() as conn:
-            rows = conn.execute(query, {"s": stream_id, "v": from_version}).all()
-        return iter([RecordedEvent(*row) for row in rows])
+            return iter(self.recorder.fetch_records(conn, query, {"s": stream_id, "v": from_version}))
 
     def get_blob(self, digest: str) -> bytes | None:
         return self.get_blobs([digest]).get(digest)

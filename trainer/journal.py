@@ -52,6 +52,7 @@ from eventstore import (
     WrongExpectedVersion,
 )
 from eventstore.events import Event
+from eventstore.records import UNIT_SEPARATOR
 from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState, lookahead
@@ -552,7 +553,9 @@ def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent
     type_ = event.event_type()
     # Claims and checkpoint events name their writer, so the auditor can tell a fenced owner's.
     metadata = {"writer": writer} if type_ in _WRITER_ATTESTED else {}
-    digest = hashlib.sha256(f"{writer}\x1f{stream}\x1f{version}\x1f{type_}\x1f{text}".encode()).hexdigest()
+    digest = hashlib.sha256(
+        UNIT_SEPARATOR.join((writer, stream, str(version), type_, text)).encode()
+    ).hexdigest()
     return NewEvent(
         type=type_,
         data=event.model_dump(mode="json"),

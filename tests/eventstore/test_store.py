@@ -446,3 +446,28 @@ def test_new_event_ids_are_distinct_version_4_uuids() -> None:
         parsed = uuid.UUID(text_id)
         assert str(parsed) == text_id and parsed.version == 4 and parsed.variant == uuid.RFC_4122
     assert new_event_ids(0) == []
+
+
+def test_a_forked_childs_appends_name_the_child() -> None:
+    """The writer metadata on every append carries the pid of the process that appended."""
+    import json
+    import os
+
+    from eventstore.store import _checked
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: render one append's metadata and hand its pid back
+        try:
+            os.write(
+                write,
+                str(json.loads(_checked("group-p1", [reserved()], -2, None)[0]["metadata"])["pid"]).encode(),
+            )
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        named = int(pipe.read())
+    os.waitpid(pid, 0)
+    assert named == pid != os.getpid()
+    assert json.loads(_checked("group-p1", [reserved()], -2, None)[0]["metadata"])["pid"] == os.getpid()
