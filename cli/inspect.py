@@ -297,9 +297,8 @@ def status(db: DbOption = None) -> None:
         stored = list_checkpoints(store)
         runner_at = store.subscriber_position(RUNNER_NAME)
         head = store.head()
-        ledger_now: LedgerState = result.state("ledger")
-        trainer_events = [e for t in trainer_ids(ledger_now) for e in store.read_stream(trainer_stream(t))]
-    ledger: LedgerState = result.state("ledger")
+        ledger: LedgerState = result.state("ledger")
+        trainer_events = [e for t in trainer_ids(ledger) for e in store.read_stream(trainer_stream(t))]
     checkpoints: CheckpointsState = result.state("checkpoints")
 
     counts: Counter[str] = Counter(g.status for g in ledger.groups.values())

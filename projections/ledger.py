@@ -535,9 +535,7 @@ def _ack_accepted(state: LedgerState, ev: RecordedEvent, e: AckAccepted) -> None
 
 
 def _ack_rejected(state: LedgerState, ev: RecordedEvent, e: AckRejected) -> None:
-    if e.error != "receipt_mismatch" and debt_dropped_by(
-        e, _owed_receipt(state, e.rollout_id, e.attempt_index)
-    ):
+    if debt_dropped_by(e, _owed_receipt(state, e.rollout_id, e.attempt_index)):
         _pay(state, e.rollout_id, e.attempt_index)
 
 

@@ -53,7 +53,6 @@ class AckRelay:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._backoff: dict[str, float] = {}
         # Per agent: the failed /acknowledge calls of the current spell (trainer.core.debt.ACK_POLICY).
         self._failures: dict[str, RetryState] = {}
         # Agents whose ACK budget is spent (reason), until one of their /acknowledge calls succeeds.
@@ -128,7 +127,6 @@ class AckRelay:
                     self.ctx.settings.ack_policy,
                 )
                 self._failures[agent_name] = retry.state
-                self._backoff[agent_name] = retry.delay_s
                 self._not_before[agent_name] = now + retry.delay_s
                 if retry.stuck and agent_name not in self.stuck:
                     # Reported once per spell; the debts stay owed in the log and are sent on.
@@ -163,7 +161,6 @@ class AckRelay:
                 return False
             self._failures.pop(agent_name, None)
             self.stuck.pop(agent_name, None)
-            self._backoff.pop(agent_name, None)
             self._not_before.pop(agent_name, None)
             by_group: dict[str, list[tuple[CompletionReceipt, list[Event]]]] = defaultdict(list)
             generation: int | None = None
@@ -278,8 +275,10 @@ class AckRelay:
             if time.monotonic() >= deadline:
                 return False
             if not await self.send(agent_name):
+                now = time.monotonic()
+                # Until the failed call's backoff has passed (0.05 s when no failure set one).
                 await asyncio.sleep(
-                    min(self._backoff.get(agent_name, 0.05), max(0.0, deadline - time.monotonic()))
+                    min(self._not_before.get(agent_name, now + 0.05) - now, max(0.0, deadline - now))
                 )
 
 

@@ -625,7 +625,7 @@ class Checkpointer:
             held = journal.checkpoints.checkpoints.get(checkpoint_id)
             return presume_abort(checkpoint_id, None if held is None else held.status, participants, reason)
 
-        await self.ctx.journal.append(checkpoint_stream(checkpoint_id), build)
+        await journal.append(checkpoint_stream(checkpoint_id), build)
 
     async def _put_right(self, checkpoint_id: str, name: str, client: GymClient, phase: str) -> None:
         """The agent holds a checkpoint the log says it already finished: the leftover is undone at

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 CallKind = Literal[
     "run", "receipt", "tokens", "ack", "retire", "prepare", "commit", "resume", "abort", "status", "other"
 ]
-CALL_KINDS: tuple[CallKind, ...] = (
-    "run", "receipt", "tokens", "ack", "retire", "prepare", "commit", "resume", "abort", "status",
-)  # fmt: skip
+# The calls a fault may be placed on, in declaration order (a seed's draws index into it).
+CALL_KINDS: tuple[CallKind, ...] = tuple(k for k in get_args(CallKind) if k != "other")
 Fault = Literal["refused", "server_error", "non_json", "timeout", "reply_lost", "duplicate"]
-FAULTS: tuple[Fault, ...] = ("refused", "server_error", "non_json", "timeout", "reply_lost", "duplicate")
+FAULTS: tuple[Fault, ...] = get_args(Fault)
 CrashWhere = Literal["before_append", "after_append", "before_call", "after_call"]
 CheckpointKind = Literal["one_call", "split_commit", "split_abort"]
 
