@@ -28,12 +28,12 @@ from eventstore.events import (
 )
 from projections.ledger import LedgerState, debt_key
 from protocol.ids import capture_key
+from protocol.retry import RetryState
 from protocol.streams import group_stream, trainer_stream
 from protocol.wire import CompletionReceipt
 from trainer.attempts import group_id_of
 from trainer.context import Context, log
 from trainer.core import debt as debt_core
-from trainer.core.retry import RetryState
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.gym import GymClient
 from trainer.gym.errors import (

@@ -28,6 +28,7 @@ from eventstore.events import (
     Event,
 )
 from projections.ledger import debt_key
+from protocol.retry import RetryState, next_step
 from protocol.streams import checkpoint_stream
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts, group_id_of
@@ -52,7 +53,6 @@ from trainer.core.checkpoint import (
     step,
     unpaid_at_decision,
 )
-from trainer.core.retry import RetryState, next_step
 from trainer.errors import CheckpointBusy, CheckpointDecided, UnknownCheckpoint
 from trainer.gym import GymClient
 from trainer.gym.errors import (

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from protocol.ids import group_id_of
+from protocol.retry import RetryPolicy
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
-from trainer.core.retry import RetryPolicy
 from trainer.gym import GymClient
 from trainer.journal import Journal
 

@@ -44,6 +44,7 @@ from projections.figures import LogFigures
 from projections.group_core import Budget, dead_letter_reason, round_exhausted, round_step, sibling_exhausted
 from projections.ledger import GroupState, LedgerState
 from protocol.ids import rollout_id_of
+from protocol.retry import RetryPolicy
 from protocol.streams import group_stream, trainer_stream
 from protocol.wire import AttemptRef
 from trainer.acks import AckRelay
@@ -52,7 +53,6 @@ from trainer.checkpoint import Checkpointer, CheckpointOutcome, PreparedCheckpoi
 from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
-from trainer.core.retry import RetryPolicy
 from trainer.errors import (
     AlreadyClaimed,
     CoordinatorStopped,

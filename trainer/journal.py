@@ -56,8 +56,8 @@ from eventstore.records import UNIT_SEPARATOR
 from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState, lookahead
+from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.streams import group_of_stream, group_stream, is_group_stream
-from trainer.core.retry import RetryPolicy, RetryState, next_step
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.telemetry import JOURNAL_BATCHES
 
@@ -137,9 +137,6 @@ class Journal:
         """
         if self.stopped is not None:
             raise self.stopped
-        # The outage budget as a retry budget of the core: jittered backoff, no call past the deadline.
-        budget = max(self.outage_budget_s, 1e-6)  # 0: give up at the first failure
-        policy = RetryPolicy(max_calls=1 << 30, deadline_s=budget, base_s=0.05, cap_s=1.0)
         failures = RetryState()
         while True:
             try:
@@ -153,6 +150,9 @@ class Journal:
                 failures = failures.failed(now, str(exc))
                 if failures.calls == 1:
                     log.warning("the log is unavailable while %s; reconnecting with backoff: %s", what, exc)
+                # The outage budget as a retry budget: jittered backoff, no call past the deadline.
+                budget = max(self.outage_budget_s, 1e-6)  # 0: give up at the first failure
+                policy = RetryPolicy(max_calls=1 << 30, deadline_s=budget, base_s=0.05, cap_s=1.0)
                 verdict = next_step(policy, failures, now, random.random())
                 if verdict.kind == "give_up":
                     self.stopped = CoordinatorStopped(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eventstore.events import CheckpointAborted, CheckpointParticipantFinished, CheckpointParticipantStuck
+from protocol.retry import RetryState
 from trainer.core import checkpoint as ckpt
 from trainer.core.checkpoint import (
     FINISH_POLICY,
@@ -17,7 +18,6 @@ from trainer.core.checkpoint import (
     resumed_event_due,
     step,
 )
-from trainer.core.retry import RetryState
 
 CID = "ckpt-1"
 

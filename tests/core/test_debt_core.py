@@ -62,8 +62,8 @@ def test_a_v1_row_keeps_its_old_meaning() -> None:
 def test_an_ack_that_keeps_failing_is_stuck_within_its_budget_then_called_at_the_cap() -> None:
     """The relay's retry is bounded: within ACK_POLICY's calls and deadline the agent is reported
     stuck (once, by the shell), and the calls go on at the longest wait, jittered."""
+    from protocol.retry import RetryState
     from trainer.core.debt import ACK_POLICY, on_ack_failure
-    from trainer.core.retry import RetryState
 
     state, now, calls = RetryState(), 0.0, 0
     while True:

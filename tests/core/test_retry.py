@@ -1,10 +1,10 @@
-"""The retry budget: every verdict of trainer.core.retry."""
+"""The retry budget: every verdict of protocol.retry."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer.core.retry import RetryPolicy, RetryState, backoff_s, next_step
+from protocol.retry import RetryPolicy, RetryState, backoff_s, next_step
 
 POLICY = RetryPolicy(max_calls=4, deadline_s=10.0, base_s=0.1, cap_s=1.0)
 

@@ -23,11 +23,11 @@ from eventstore.events import (
 )
 from projections.audit import audit_log
 from projections.base import decode
+from protocol.retry import RetryPolicy
 from protocol.streams import checkpoint_stream
 from protocol.wire import PhaseResponse
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer import FencedOff, RolloutCoordinator
-from trainer.core.retry import RetryPolicy
 from trainer.gym import AgentIdentityError, GymClient
 from trainer.gym.errors import AgentServerError
 

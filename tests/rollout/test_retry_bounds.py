@@ -12,11 +12,11 @@ from eventstore import EventStore
 from eventstore.events import AckDeliveryStuck
 from gym_agent.config import AgentConfig
 from projections.base import decode
+from protocol.retry import RetryPolicy
 from protocol.streams import trainer_stream
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
 from tests.rollout.hostile_agent import Rule, serve_hostile
 from trainer.acks import MAX_REFETCHES
-from trainer.core.retry import RetryPolicy
 from trainer.gym import GymClient
 
 

@@ -7,7 +7,8 @@ the network or the store: the time and the jitter draw are inputs.  The async sh
 performs what a decision names and feeds the answers back, so what recovery plans and what a driver
 does are the same code, and every transition is tested without a server (tests/core/).
 
-    retry        one retry budget (calls, deadline, jittered backoff) and its verdicts
+    retry        one retry budget (calls, deadline, jittered backoff) and its verdicts: in
+                 `protocol/retry.py`, below the workers too, which ride out outages with it
     checkpoint   a participant's prepare, commit/resume and abort steps; the checkpoint's decision
     attempt      retire answers, adoption checks and when a try is declared lost
     group        replace, abandon or dead-letter after a try failed (two budgets: infra and data)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from eventstore.events import AttemptRetired, Event, RunFailed
-from trainer.core.retry import RetryPolicy, RetryState, next_step
+from protocol.retry import RetryPolicy, RetryState, next_step
 
 # Transport failures of retire and adopt calls: about half a minute of an agent away, then lost.
 RETIRE_POLICY = RetryPolicy(max_calls=16, deadline_s=30.0, base_s=0.05, cap_s=2.0)

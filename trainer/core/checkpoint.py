@@ -30,8 +30,8 @@ from eventstore.events import (
     ParticipantOutcome,
     PhaseStep,
 )
+from protocol.retry import RetryPolicy, RetryState, backoff_s, next_step
 from protocol.wire import Phase
-from trainer.core.retry import RetryPolicy, RetryState, backoff_s, next_step
 
 Target = Literal["resumed", "aborted"]
 Op = Literal["commit", "resume", "abort", "status"]

@@ -25,8 +25,8 @@ from typing import Literal
 
 from eventstore.events import AckAccepted, AckRejected, Event, OperatorMark
 from projections.ledger import debt_key
+from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.wire import AcknowledgeResult, CompletionReceipt
-from trainer.core.retry import RetryPolicy, RetryState, next_step
 
 # One agent's /acknowledge failing in transport (away, 5xx, garbage): jittered backoff within this
 # budget; spent, the agent is reported stuck once and called at the longest wait from then on (its

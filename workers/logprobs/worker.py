@@ -25,6 +25,7 @@ import torch
 from eventstore import DatabaseUnavailable, EventIdConflict, EventStore, NewEvent
 from eventstore.events import LogprobsComputed, LogprobsRefused, SiblingSealed
 from protocol.digests import sha256_digest
+from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.streams import group_of_stream, logprobs_stream
 from workers.kernels import Backend
 from workers.logprobs.claims import Claim, LeaseBoard, QueueCounts, result_event_id, work_key
@@ -155,9 +156,15 @@ class LogprobWorker:
         A `once` worker also waits out leases other workers hold, so a try whose worker died is still
         finished before it exits.
         """
-        outage: float | None = None  # the current backoff while the database is away
-        outage_since = 0.0
-        rounds = 0
+        # The database's absences, one budget each (`outage_budget_s`): jittered backoff so workers do
+        # not reconnect in step, no wait past the budget.
+        policy = RetryPolicy(
+            max_calls=1 << 30,
+            deadline_s=self.config.outage_budget_s,
+            base_s=OUTAGE_BACKOFF_S,
+            cap_s=OUTAGE_BACKOFF_MAX_S,
+        )
+        outage: RetryState | None = None  # the failed rounds while the database is away
         while not self._stop:
             try:
                 self.board.enqueue()
@@ -167,21 +174,21 @@ class LogprobWorker:
                 # Ride out a database restart: what finished is in the log, unfinished claims were
                 # given back (or return at lease expiry), so the next round simply claims again.
                 now = time.monotonic()
-                if outage is None:
-                    outage_since, rounds = now, 0
-                rounds += 1
-                outage = OUTAGE_BACKOFF_S if outage is None else min(outage * 2, OUTAGE_BACKOFF_MAX_S)
-                wait = outage * (0.5 + random.random() / 2)  # jitter: workers do not reconnect in step
-                if now + wait - outage_since > self.config.outage_budget_s:
+                outage = (outage or RetryState()).failed(now, str(exc))
+                verdict = next_step(policy, outage, now, random.random())
+                if verdict.kind == "give_up":
                     raise WorkerStopped(
                         f"worker {self.worker_id}: the database has been unavailable for more than "
-                        f"{self.config.outage_budget_s:g} s ({rounds} rounds); stopped, its claims "
+                        f"{self.config.outage_budget_s:g} s ({outage.calls} rounds); stopped, its claims "
                         f"return at lease expiry: {exc}"
                     ) from exc
                 log.warning(
-                    "worker %s: database unavailable, reconnecting in %.2f s: %s", self.worker_id, wait, exc
+                    "worker %s: database unavailable, reconnecting in %.2f s: %s",
+                    self.worker_id,
+                    verdict.delay_s,
+                    exc,
                 )
-                time.sleep(wait)
+                time.sleep(verdict.delay_s)
                 continue
             if outage is not None:
                 log.warning("worker %s: database reachable again, resuming", self.worker_id)
