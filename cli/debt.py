@@ -10,13 +10,15 @@ coordinator) nor carries one: it writes to its own stream (`operator-<agent>`), 
 so no trainer is ever fenced off by it.  Its append is fenced on the version of the debt's group
 stream as read before the decision: if the trainer wrote to that group meanwhile (paid the debt,
 owed a re-fetched receipt), nothing is written and the decision is made again on the log as it now
-is, at most `DROP_TRIES` times.
+is, within `DROP_POLICY` (a few tries, a deadline, a jittered pause between them).
 """
 
 from __future__ import annotations
 
 import getpass
+import random
 import socket
+import time
 from typing import Annotated, Final
 
 import typer
@@ -33,11 +35,12 @@ from projections.base import ReplayRefused
 from projections.ledger import LedgerState
 from projections.runner import rebuild
 from protocol.ids import group_id_of
+from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.streams import group_stream, operator_stream
 from trainer.core.debt import on_operator_drop
 
 # Decisions made again when the trainer writes to the debt's group between the read and the append.
-DROP_TRIES: Final = 3
+DROP_POLICY: Final = RetryPolicy(max_calls=3, deadline_s=30.0, base_s=0.05, cap_s=0.5)
 # Debts listed by `ledger status` (all of them: `ledger debt list`).
 STATUS_DEBTS_SHOWN: Final = 20
 
@@ -121,7 +124,8 @@ def drop(
     with clear_errors():
         store = open_store(db_url(db, "writer"))
         try:
-            for _ in range(DROP_TRIES):
+            fenced = RetryState()
+            while True:
                 # The group's version before the fold: the append is refused if the trainer wrote since.
                 seen = store.stream_version(group_stream(group_id))
                 decided = on_operator_drop(_ledger(store).debts, rollout_id, attempt, agent, mark)
@@ -136,8 +140,14 @@ def drop(
                         metadata={"writer": f"operator:{mark.operator}"},
                         fence=Fence(group_stream(group_id), seen),
                     )
-                except Fenced:
-                    continue  # the trainer wrote to the group meanwhile: decide again on the log as it is
+                except Fenced as exc:  # the trainer wrote to the group meanwhile: decide again on the log
+                    now = time.monotonic()
+                    fenced = fenced.failed(now, str(exc))
+                    verdict = next_step(DROP_POLICY, fenced, now, random.random())
+                    if verdict.kind == "give_up":
+                        break
+                    time.sleep(verdict.delay_s)
+                    continue
                 console.print(
                     f"dropped the ACK debt of {escape(rollout_id)}#{attempt} owed to "
                     f"{escape(decided.agent_name)} at position {result.positions[0]}: {escape(mark.reason)}"
@@ -146,7 +156,7 @@ def drop(
         finally:
             store.close()
     err_console.print(
-        f"[red]error:[/red] the trainer kept writing to group {escape(group_id)} ({DROP_TRIES} tries); "
+        f"[red]error:[/red] the trainer kept writing to group {escape(group_id)} ({fenced.calls} tries); "
         "nothing was written, run it again"
     )
     raise typer.Exit(2)

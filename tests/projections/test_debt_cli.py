@@ -172,6 +172,28 @@ def test_a_trainer_paying_the_debt_between_the_read_and_the_append_wins(
     assert ledger_of(owed).unpaid_debts() == [] and audit_log(owed).ok
 
 
+def test_a_trainer_that_keeps_writing_to_the_group_outlasts_the_drop_budget(
+    owed: EventStore, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer writes to the debt's group between every read and append: each decision is fenced
+    off, and after `DROP_POLICY`'s tries the command gives up with nothing written (exit 2)."""
+    decide = debt_cli.on_operator_drop
+    calls = []
+
+    def written_meanwhile(*args: object, **kwargs: object) -> object:
+        calls.append(decide(*args, **kwargs))  # type: ignore[arg-type]
+        LogBuilder(owed).claim("p2", len(calls))  # a write to group-p2 that leaves the debt owed
+        return calls[-1]
+
+    monkeypatch.setattr(debt_cli, "on_operator_drop", written_meanwhile)
+    code, out = run("debt", "drop", "p2_g0", "0", "--reason", "agent disk lost", "--db", store_url)
+    tries = debt_cli.DROP_POLICY.max_calls
+    assert code == 2 and f"kept writing to group p2 ({tries} tries)" in out, out
+    assert len(calls) == tries
+    assert not list(owed.read_stream(operator_stream(AGENT)))
+    assert [d.rollout_id for _, d in ledger_of(owed).unpaid_debts()] == ["p2_g0"]
+
+
 def test_status_shows_an_agent_whose_ack_delivery_is_stuck_while_it_is_owed(
     owed: EventStore, store_url: str
 ) -> None:
