@@ -23,7 +23,7 @@ from eventstore import (
     upgrade_database,
 )
 from eventstore.events import AttemptMinted, GroupAbandoned, GroupReserved, PromptRef, RunFailed
-from eventstore.records import GENESIS_HASH, new_event_ids
+from eventstore.records import GENESIS_HASH, Fence, chain_hash, new_event_ids
 
 TAMPER = """UPDATE events SET data = '{"rollout_id":"p1_g7","generation_index":7,"attempt_index":0}' WHERE position = 2"""
 
@@ -288,6 +288,42 @@ def test_append_batch_refusal_names_its_stream_and_writes_nothing(store_url: str
         )
     assert (refused.value.stream_id, refused.value.expected, refused.value.actual) == ("group-p1", 5, 0)
     assert store.head() == 1 and store.get_blob(tx_digest(b"never-kept")) is None
+
+
+def test_every_append_path_chains_alike_in_one_stream(store_url: str) -> None:
+    """One stream written by every kind of append (lone, several events, two in one call, a chosen id,
+    fenced, refused in a transaction): one unbroken chain that the client's `chain_hash` recomputes
+    link by link, at gap-free positions."""
+    store = open_store(store_url)
+    store.append("group-p1", [reserved()], ExpectedVersion.NO_STREAM)
+    store.append("group-p1", [minted(0), minted(1)], 0)
+    with store.transaction() as tx:  # two appends in one call
+        tx.append("group-p1", [minted(2)], 2)
+        tx.append_batch([("group-p1", [minted(3)], 3), ("group-p1", [minted(4)], 4)])
+    store.append("group-p1", [NewEvent.of(minted(5), event_id=uuid.uuid4())])  # a chosen id
+    store.append("owner", [reserved("owner")])
+    store.append("group-p1", [minted(6)], fence=Fence("owner", 0))
+    with pytest.raises(WrongExpectedVersion) as refused, store.transaction() as tx:
+        tx.append("group-p1", [minted(7)], 3)  # a lone append refused in a transaction
+    assert refused.value.actual == 7
+    events = list(store.read_stream("group-p1"))
+    assert [e.stream_version for e in events] == list(range(8))
+    assert [e.position for e in events] == [*range(1, 8), 9]
+    prev = GENESIS_HASH
+    for e in events:
+        assert e.prev_hash == prev
+        assert e.hash == chain_hash(
+            prev,
+            e.stream_id,
+            e.stream_version,
+            e.event_id,
+            e.type,
+            e.schema_version,
+            e.data_json,
+            e.metadata_json,
+        )
+        prev = e.hash
+    assert store.verify_chain() is None
 
 
 def test_packed_arguments_that_disagree_on_their_counts_are_refused_whole(pg_url: str) -> None:
