@@ -34,13 +34,12 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
-from benchmarks.eventstore import EventSourcing, Ours, payload, sequential
+from benchmarks.eventstore import EventSourcing, Ours, database, payload, sequential
 from eventstore import upgrade_database
 from eventstore.postgres import _APPEND_EVENTS, _events_params
 from eventstore.recorder import CheckedAppend
 from eventstore.records import GENESIS_HASH, UNIT_SEPARATOR, ExpectedVersion, chain_hash
 from eventstore.store import _checked
-from eventstore.testing import PgCluster
 
 console = Console(width=150)
 PER_APPEND = (1, 10)
@@ -222,17 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--appends", type=int, default=1000, help="appends per row and round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds, the rows taking turns; medians")
     args = parser.parse_args(argv)
-    cluster = None
-    if args.db is None:
-        cluster = PgCluster().start()
-        url = cluster.url(cluster.create_database("floor"))
-    else:
-        url = args.db
-    try:
+    with database(args.db, "floor") as url:
         medians = run(url, args.appends, args.rounds)
-    finally:
-        if cluster is not None:
-            cluster.stop()
     table = Table(
         title=f"benchmarks.append_floor: one writer, medians of {args.rounds} rounds of {args.appends} appends"
     )

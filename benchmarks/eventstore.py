@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -298,19 +298,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         console = Console(stderr=True, width=120)
 
-    cluster = None
-    if args.db is None:
-        cluster = PgCluster().start()
-        url = cluster.url(cluster.create_database("bench"))
-    else:
-        url = args.db
-    try:
+    with database(args.db, "bench") as url:
         results = run(url, args.appends, args.replay_events, args.writers, args.rounds)
-        if args.json:
-            print(json.dumps(results))
-    finally:
-        if cluster is not None:
-            cluster.stop()
+    if args.json:
+        print(json.dumps(results))
+
+
+@contextlib.contextmanager
+def database(url: str | None, name: str) -> Iterator[str]:
+    """`url` (`--db`), or an empty database `name` in a throwaway cluster, stopped on the way out."""
+    if url is not None:
+        yield url
+        return
+    with PgCluster() as cluster:
+        yield cluster.url(cluster.create_database(name))
 
 
 def run(
