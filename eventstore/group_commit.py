@@ -132,7 +132,7 @@ class GroupCommit:
                     self._arrivals.notify()
             raise
         deadline = time.monotonic() + self.wait_s
-        waiter = Waiter(append, [row["event_id"] for row in append.rows])
+        waiter = Waiter(append, [row.event_id for row in append.rows])
         with self._lock:
             self._arriving -= 1
             while len(self._queue) >= self.max_waiting:

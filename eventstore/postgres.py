@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.engine import make_url
 
 from eventstore.errors import EventIdConflict, EventStoreError, Fenced, WrongExpectedVersion
-from eventstore.recorder import CheckedAppend, Recorder, blob_params, record_of, select_columns
+from eventstore.recorder import CheckedAppend, Recorder, blob_params, select_columns
 from eventstore.records import UNIT_SEPARATOR, AppendResult, RecordedEvent, from_row
 
 # Driver (psycopg) parameter markers: run on the DBAPI cursor, not through SQLAlchemy.  The text
@@ -215,22 +215,19 @@ class PostgresRecorder(Recorder):
                 results.append(refusal)
                 continue
             idempotent = bool(out[0][3])
-            if not idempotent:
-                for row, (_, position, version, _, prev_hash, hash_, _) in zip(append.rows, out, strict=True):
-                    row.update(
-                        position=position,
-                        stream_id=append.stream_id,
-                        stream_version=version,
-                        recorded_at=params["recorded_at"],
-                        prev_hash=prev_hash,
-                        hash=hash_,
-                    )
             results.append(
                 AppendResult(
                     positions=[r[1] for r in out],
                     stream_version=out[-1][2],
                     idempotent=idempotent,
-                    records=[] if idempotent else [record_of(row) for row in append.rows],
+                    records=[]
+                    if idempotent
+                    else [
+                        append.written(row, position, version, prev_hash, hash_, params["recorded_at"])
+                        for row, (_, position, version, _, prev_hash, hash_, _) in zip(
+                            append.rows, out, strict=True
+                        )
+                    ],
                 )
             )
         return results
@@ -267,25 +264,25 @@ class PostgresRecorder(Recorder):
 def _events_params(appends: list[CheckedAppend]) -> dict[str, Any]:
     """`ledger_append_events`' arguments: per append its stream, expected version, id check, event
     count and fence; the events of every append flattened, in order; each text column packed."""
-    events = [row for a in appends for row in a.rows]
+    ids, _, types, versions, data, metadata = zip(*(row for a in appends for row in a.rows), strict=True)
     fenced = any(a.fence is not None for a in appends)
     pack = UNIT_SEPARATOR.join
     return {
         "streams": pack([a.stream_id for a in appends]),
         "expected": pack([str(int(a.expected)) for a in appends]),
-        "check_ids": pack(["t" if any(r["chosen_id"] for r in a.rows) else "f" for a in appends]),
+        "check_ids": pack(["t" if any(r.chosen_id for r in a.rows) else "f" for a in appends]),
         "counts": pack([str(len(a.rows)) for a in appends]),
         "fence_streams": [None if a.fence is None else a.fence.stream_id for a in appends]
         if fenced
         else None,
         "fence_versions": [None if a.fence is None else a.fence.version for a in appends] if fenced else None,
-        "ids": pack([r["event_id"] for r in events]),
-        "types": pack([r["type"] for r in events]),
-        "versions": pack([str(r["schema_version"]) for r in events]),
-        "data": pack([r["data"] for r in events]),
-        "metadata": pack([r["metadata"] for r in events]),
+        "ids": pack(ids),
+        "types": pack(types),
+        "versions": pack(map(str, versions)),
+        "data": pack(data),
+        "metadata": pack(metadata),
         # One clock reading for the batch: every row of one transaction records the same instant.
-        "recorded_at": events[0]["recorded_at"],
+        "recorded_at": appends[0].recorded_at,
     }
 
 

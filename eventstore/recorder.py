@@ -31,13 +31,43 @@ _POSITION_UPSERT = text(
 )
 
 
+class RenderedEvent(NamedTuple):
+    """One event of an append, checked and rendered: the exact JSON text that is stored and hashed."""
+
+    event_id: str
+    chosen_id: bool  # the writer chose it: a retry may find it recorded, so idempotency is checked
+    type: str
+    schema_version: int
+    data: str
+    metadata: str
+
+
 class CheckedAppend(NamedTuple):
-    """One append, checked and rendered: its rows hold the exact JSON text that is stored and hashed."""
+    """One append, checked and rendered, with the clock reading its rows record."""
 
     stream_id: str
-    rows: list[dict[str, Any]]
+    rows: list[RenderedEvent]
     expected: int
     fence: Fence | None
+    recorded_at: float
+
+    def written(
+        self, row: RenderedEvent, position: int, version: int, prev_hash: str, hash_: str, recorded_at: float
+    ) -> RecordedEvent:
+        """`row` as the append wrote it, as the log hands it back."""
+        return RecordedEvent(
+            position,
+            self.stream_id,
+            version,
+            row.event_id,
+            row.type,
+            row.schema_version,
+            row.data,
+            row.metadata,
+            recorded_at,
+            prev_hash,
+            hash_,
+        )
 
 
 class Recorder(ABC):
@@ -137,20 +167,3 @@ def blob_params(content: bytes, media_type: str = "application/json") -> dict[st
         "content": content,
         "now": time.time(),
     }
-
-
-def record_of(row: dict[str, Any]) -> RecordedEvent:
-    """A row as written (its columns filled in by the append) as the log hands it back."""
-    return RecordedEvent(
-        row["position"],
-        row["stream_id"],
-        row["stream_version"],
-        row["event_id"],
-        row["type"],
-        row["schema_version"],
-        row["data"],
-        row["metadata"],
-        row["recorded_at"],
-        row["prev_hash"],
-        row["hash"],
-    )

@@ -10,13 +10,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event, text
 
 from eventstore.errors import EventIdConflict, EventStoreError, Fenced, WrongExpectedVersion
-from eventstore.recorder import CheckedAppend, Recorder, blob_params, record_of, select_columns
-from eventstore.records import GENESIS_HASH, AppendResult, ExpectedVersion, chain_hash
+from eventstore.recorder import CheckedAppend, Recorder, RenderedEvent, blob_params, select_columns
+from eventstore.records import GENESIS_HASH, AppendResult, ExpectedVersion, RecordedEvent, chain_hash
 
-_INSERT = text(
-    "INSERT INTO events (position, stream_id, stream_version, event_id, type, schema_version, data, metadata, "
-    "recorded_at, prev_hash, hash) VALUES (:position, :stream_id, :stream_version, :event_id, :type, "
-    ":schema_version, :data, :metadata, :recorded_at, :prev_hash, :hash)"
+# Records are inserted as they are: their fields are the columns, in this order.
+_INSERT = (
+    f"INSERT INTO events ({select_columns('data', 'metadata')}) "
+    f"VALUES ({', '.join('?' * len(RecordedEvent._fields))})"
 )
 _BLOB_INSERT = text(
     "INSERT INTO blobs (digest, media_type, content, created_at) VALUES (:digest, :media_type, :content, :now) "
@@ -95,12 +95,12 @@ class SqliteRecorder(Recorder):
 def _append_one(conn: Connection, append: CheckedAppend) -> AppendResult:
     """The same algorithm as `ledger_append_events`: head, stream head, idempotency, fence, expected
     version, hash chain, insert.  The writer's `BEGIN IMMEDIATE` is the append lock."""
-    stream_id, rows, expected, fence = append
+    stream_id, rows, expected, fence, recorded_at = append
     head = int(conn.execute(_HEAD).scalar() or 0)
     last = conn.execute(_STREAM_HEAD, {"s": stream_id}).first()
     version, prev_hash = (int(last[0]), str(last[1])) if last else (-1, GENESIS_HASH)
 
-    chosen = [r["event_id"] for r in rows if r["chosen_id"]]
+    chosen = [r.event_id for r in rows if r.chosen_id]
     if chosen:
         existing = _existing(conn, chosen)
         if existing:
@@ -115,24 +115,17 @@ def _append_one(conn: Connection, append: CheckedAppend) -> AppendResult:
     if (expected == ExpectedVersion.NO_STREAM and version != -1) or (expected >= 0 and version != expected):
         raise WrongExpectedVersion(stream_id, int(expected), version)
 
-    positions = []
+    records = []
     for row in rows:
         version += 1
         head += 1
-        row.update(position=head, stream_id=stream_id, stream_version=version, prev_hash=prev_hash)
-        row["hash"] = prev_hash = chain_hash(
-            prev_hash,
-            stream_id,
-            version,
-            row["event_id"],
-            row["type"],
-            row["schema_version"],
-            row["data"],
-            row["metadata"],
+        hash_ = chain_hash(
+            prev_hash, stream_id, version, row.event_id, row.type, row.schema_version, row.data, row.metadata
         )
-        positions.append(head)
-    conn.execute(_INSERT, rows)
-    return AppendResult(positions=positions, stream_version=version, records=[record_of(row) for row in rows])
+        records.append(append.written(row, head, version, prev_hash, hash_, recorded_at))
+        prev_hash = hash_
+    conn.exec_driver_sql(_INSERT, records)
+    return AppendResult(positions=[r.position for r in records], stream_version=version, records=records)
 
 
 def _existing(conn: Connection, event_ids: list[str]) -> dict[str, tuple[Any, ...]]:
@@ -148,20 +141,20 @@ def _existing(conn: Connection, event_ids: list[str]) -> dict[str, tuple[Any, ..
 
 
 def _idempotent(
-    stream_id: str, rows: list[dict[str, Any]], existing: dict[str, tuple[Any, ...]]
+    stream_id: str, rows: list[RenderedEvent], existing: dict[str, tuple[Any, ...]]
 ) -> AppendResult:
     """Same ids and same content: the original positions, nothing written.  Anything else: an error."""
     originals = []
     for row in rows:
-        found = existing.get(row["event_id"])
+        found = existing.get(row.event_id)
         if found is None:
             raise EventIdConflict(
                 f"append to {stream_id!r} mixes already-recorded and new event ids; nothing was written"
             )
         _, position, stream, version, type_, data = found
-        if stream != stream_id or type_ != row["type"] or not _same_json(data, row["data"]):
+        if stream != stream_id or type_ != row.type or not _same_json(data, row.data):
             raise EventIdConflict(
-                f"event id {row['event_id']} was already recorded at position {position} with other content; "
+                f"event id {row.event_id} was already recorded at position {position} with other content; "
                 "nothing was written"
             )
         originals.append((int(position), int(version)))

@@ -28,7 +28,7 @@ from eventstore.errors import (
 from eventstore.events import EVENT_TYPES, Event
 from eventstore.group_commit import GroupCommit
 from eventstore.read_ahead import PAGE_SIZE, read_ahead_pages
-from eventstore.recorder import CheckedAppend, Recorder
+from eventstore.recorder import CheckedAppend, Recorder, RenderedEvent
 from eventstore.records import (
     GENESIS_HASH,
     UNIT_SEPARATOR,
@@ -103,9 +103,7 @@ class EventStore:
         written or refused on its own.
         """
         return self.group_commit.append(
-            lambda: CheckedAppend(
-                stream_id, _checked(stream_id, events, expected_version, metadata), expected_version, fence
-            )
+            lambda: _checked(stream_id, events, expected_version, metadata, fence)
         )
 
     def _append_each(self, appends: list[CheckedAppend]) -> list[AppendResult | Exception]:
@@ -349,9 +347,7 @@ class UnitOfWork:
         fence: Fence | None = None,
     ) -> AppendResult:
         """Appends `events` to `stream_id` if it is at `expected_version` and `fence` (if any) holds."""
-        append = CheckedAppend(
-            stream_id, _checked(stream_id, events, expected_version, metadata), expected_version, fence
-        )
+        append = _checked(stream_id, events, expected_version, metadata, fence)
         [result] = self.store.recorder.append(self.connection, [append], ())
         self._notify([result])
         return result
@@ -385,22 +381,28 @@ class UnitOfWork:
 
 
 def _checked(
-    stream_id: str, events: Sequence[Event | NewEvent], expected_version: int, metadata: dict[str, Any] | None
-) -> list[dict[str, Any]]:
+    stream_id: str,
+    events: Sequence[Event | NewEvent],
+    expected_version: int,
+    metadata: dict[str, Any] | None,
+    fence: Fence | None,
+) -> CheckedAppend:
     if not events:
         raise ValueError("append needs at least one event")
     if not stream_id or len(stream_id) > _STREAM_ID_MAX or UNIT_SEPARATOR in stream_id:
         raise ValueError(f"invalid stream id {stream_id!r}")
     if expected_version < ExpectedVersion.ANY:
         raise ValueError(f"invalid expected version {expected_version}")
+    now = time.time()
     try:  # one rendering for every event of the append that brings no metadata of its own
-        shared = canonical({**_WRITER, "wall_time": time.time(), **(metadata or {})})
+        shared = canonical({**_WRITER, "wall_time": now, **(metadata or {})})
     except (TypeError, ValueError) as exc:
         raise InvalidEvent(f"metadata is not JSON-serialisable: {exc}") from None
-    return [
+    rows = [
         _prepare(e, metadata, shared, new_id)
         for e, new_id in zip(events, new_event_ids(len(events)), strict=True)
     ]
+    return CheckedAppend(stream_id, rows, expected_version, fence, now)
 
 
 def _checked_batch(appends: Sequence[Append], fence: Fence | None) -> list[CheckedAppend]:
@@ -408,13 +410,13 @@ def _checked_batch(appends: Sequence[Append], fence: Fence | None) -> list[Check
     for append in appends:
         stream, events, expected = append[:3]
         own = append[3] if len(append) > 3 else fence
-        checked.append(CheckedAppend(stream, _checked(stream, events, expected, None), expected, own))
+        checked.append(_checked(stream, events, expected, None, own))
     return checked
 
 
 def _prepare(
     event: Event | NewEvent, metadata: dict[str, Any] | None, shared_meta: str, new_id: str
-) -> dict[str, Any]:
+) -> RenderedEvent:
     """Validates one event and renders the exact JSON text that is stored and hashed; `new_id` is
     its id unless it chose one."""
     if isinstance(event, Event):
@@ -422,15 +424,9 @@ def _prepare(
         if EVENT_TYPES.get(model.__name__) is model:
             # A catalogue model is valid by construction: its JSON as `NewEvent.of` renders it,
             # without the dict `NewEvent.data` would carry (nothing here reads it).
-            return {
-                "event_id": new_id,
-                "chosen_id": False,
-                "type": model.__name__,
-                "schema_version": model.schema_version,
-                "data": event.model_dump_json(),
-                "metadata": shared_meta,
-                "recorded_at": time.time(),
-            }
+            return RenderedEvent(
+                new_id, False, model.__name__, model.schema_version, event.model_dump_json(), shared_meta
+            )
         event = NewEvent.of(event)
     elif not isinstance(event, NewEvent):
         raise TypeError(f"expected a catalogue event or a NewEvent, got {type(event).__name__}")
@@ -470,15 +466,7 @@ def _prepare(
             raise InvalidEvent(f"event id {event.event_id!r} is not a UUID") from None
     else:
         event_id = new_id
-    return {
-        "event_id": event_id,
-        "chosen_id": event.event_id is not None,
-        "type": event.type,
-        "schema_version": version,
-        "data": data,
-        "metadata": meta,
-        "recorded_at": time.time(),
-    }
+    return RenderedEvent(event_id, event.event_id is not None, event.type, version, data, meta)
 
 
 def _first_line(exc: BaseException | None) -> str:

@@ -182,7 +182,7 @@ def test_a_waiter_whose_write_does_not_answer_learns_the_outcome_is_unknown(stor
 
 def test_take_batch_keeps_order_caps_size_and_splits_repeated_ids() -> None:
     def waiter(*ids: str) -> Waiter:
-        return Waiter(CheckedAppend("s", [], -2, None), list(ids))
+        return Waiter(CheckedAppend("s", [], -2, None, 0.0), list(ids))
 
     a, b, c, d = waiter("1"), waiter("2"), waiter("1"), waiter("3")
     queue = deque([a, b, c, d])

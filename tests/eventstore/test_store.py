@@ -497,7 +497,9 @@ def test_a_forked_childs_appends_name_the_child() -> None:
         try:
             os.write(
                 write,
-                str(json.loads(_checked("group-p1", [reserved()], -2, None)[0]["metadata"])["pid"]).encode(),
+                str(
+                    json.loads(_checked("group-p1", [reserved()], -2, None, None).rows[0].metadata)["pid"]
+                ).encode(),
             )
         finally:
             os._exit(0)
@@ -506,4 +508,6 @@ def test_a_forked_childs_appends_name_the_child() -> None:
         named = int(pipe.read())
     os.waitpid(pid, 0)
     assert named == pid != os.getpid()
-    assert json.loads(_checked("group-p1", [reserved()], -2, None)[0]["metadata"])["pid"] == os.getpid()
+    assert (
+        json.loads(_checked("group-p1", [reserved()], -2, None, None).rows[0].metadata)["pid"] == os.getpid()
+    )
