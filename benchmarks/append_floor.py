@@ -37,7 +37,6 @@ from sqlalchemy.engine import make_url
 from benchmarks.eventstore import EventSourcing, Ours, database, payload, sequential
 from eventstore import upgrade_database
 from eventstore.postgres import _APPEND_EVENTS, _events_params
-from eventstore.recorder import CheckedAppend
 from eventstore.records import GENESIS_HASH, UNIT_SEPARATOR, ExpectedVersion, chain_hash
 from eventstore.store import _checked
 
@@ -79,8 +78,7 @@ RETURNING position, stream_version, prev_hash, hash
 def rendered(stream: str, first: int, per_append: int) -> dict[str, Any]:
     """One append's arguments as the store renders them (`_checked`, `_events_params`)."""
     events = [payload(first + i) for i in range(per_append)]
-    rows = _checked(stream, events, ExpectedVersion.ANY, None)
-    params = _events_params([CheckedAppend(stream, rows, ExpectedVersion.ANY, None)])
+    params = _events_params([_checked(stream, events, ExpectedVersion.ANY, None, None)])
     params.update(blob_digests=None, blobs=None, notify=False, independent=True)
     return params
 
@@ -97,7 +95,8 @@ class Layer:
     def prepare(self, appends: int, per_append: int) -> list[dict[str, Any]]:
         run = uuid.uuid4().hex[:6]
         return [
-            rendered(f"{self.name[:5]}-{run}-{a % 64}", a * per_append, per_append) for a in range(appends)
+            rendered(f"{type(self).__name__}-{run}-{a % 64}", a * per_append, per_append)
+            for a in range(appends)
         ]
 
     def write(self, params: dict[str, Any]) -> None:
