@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import uuid
 from typing import Any
 
 import psycopg
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
-from benchmarks.eventstore import EventSourcing, Ours, database, payload, sequential
+from benchmarks.eventstore import EventSourcing, Ours, database, dsn_of, payload, sequential
 from eventstore import upgrade_database
 from eventstore.postgres import _APPEND_EVENTS, _events_params
 from eventstore.records import GENESIS_HASH, UNIT_SEPARATOR, ExpectedVersion, chain_hash
@@ -84,43 +82,38 @@ def rendered(stream: str, first: int, per_append: int) -> dict[str, Any]:
 
 
 class Layer:
-    """A row of the table on its own autocommit session, its arguments rendered before the clock."""
-
-    name = ""
+    """A row of the table on its own autocommit session: `inputs` renders each append's arguments
+    (before the clock), `write` sends them."""
 
     def __init__(self, dsn: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True, options="-c enable_seqscan=off")
         self.cursor = self.conn.cursor()
 
-    def prepare(self, appends: int, per_append: int) -> list[dict[str, Any]]:
+    def inputs(self, appends: int, per_append: int) -> list[dict[str, Any]]:
         run = uuid.uuid4().hex[:6]
         return [
             rendered(f"{type(self).__name__}-{run}-{a % 64}", a * per_append, per_append)
             for a in range(appends)
         ]
 
-    def write(self, params: dict[str, Any]) -> None:
-        raise NotImplementedError
+    def write(self, inputs: list[dict[str, Any]]) -> int:
+        for params in inputs:
+            self.write_one(params)
+        return sum(int(params["counts"]) for params in inputs)  # one append each
 
-    def append(self, appends: int, per_append: int) -> float:
-        batch = self.prepare(appends, per_append)
-        start = time.perf_counter()
-        for params in batch:
-            self.write(params)
-        return appends * per_append / (time.perf_counter() - start)
+    def write_one(self, params: dict[str, Any]) -> None:
+        raise NotImplementedError
 
 
 class Floor(Layer):
-    name = "floor"
-
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
         self.conn.execute("CREATE TABLE floor_events (LIKE events INCLUDING ALL)")
         self.position = 0
         self.heads: dict[str, tuple[int, str]] = {}
 
-    def prepare(self, appends: int, per_append: int) -> list[dict[str, Any]]:
-        batch = super().prepare(appends, per_append)
+    def inputs(self, appends: int, per_append: int) -> list[dict[str, Any]]:
+        batch = super().inputs(appends, per_append)
         for params in batch:  # the chain as only a sole writer can know it: from its own last append
             stream = params["streams"]
             version, prev = self.heads.get(stream, (-1, GENESIS_HASH))
@@ -144,18 +137,16 @@ class Floor(Layer):
             self.heads[stream] = (version, prev)
         return batch
 
-    def write(self, params: dict[str, Any]) -> None:
+    def write_one(self, params: dict[str, Any]) -> None:
         self.cursor.execute(FLOOR_INSERT, params, prepare=True)
 
 
 class SqlChain(Layer):
-    name = "floor + lock, heads and chain in SQL"
-
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
         self.conn.execute("CREATE TABLE chain_events (LIKE events INCLUDING ALL)")
 
-    def write(self, params: dict[str, Any]) -> None:
+    def write_one(self, params: dict[str, Any]) -> None:
         with self.conn.pipeline():
             self.cursor.execute(SQL_LOCK, prepare=True)
             self.cursor.execute(SQL_CHAIN_INSERT, params, prepare=True)
@@ -163,50 +154,31 @@ class SqlChain(Layer):
 
 
 class FunctionReady(Layer):
-    name = "ledger_append_events, arguments ready"
-
-    def write(self, params: dict[str, Any]) -> None:
+    def write_one(self, params: dict[str, Any]) -> None:
         self.cursor.execute(_APPEND_EVENTS, params)
         self.cursor.fetchall()
-
-
-class Store:
-    name = "ledger (EventStore.append)"
-
-    def __init__(self, url: str) -> None:
-        self.system: Any = Ours(url)
-
-    def append(self, appends: int, per_append: int) -> float:
-        return sequential(self.system, appends, per_append)
-
-
-class Baseline(Store):
-    name = "eventsourcing"
-
-    def __init__(self, url: str) -> None:
-        u = make_url(url)
-        self.system = EventSourcing(
-            u.host or "127.0.0.1", u.port or 5432, u.database or "", u.username or "", u.password or "", 1
-        )
 
 
 def run(url: str, appends: int, rounds: int) -> dict[str, dict[int, float]]:
     """Median events/s of every row at 1 and at 10 events per append."""
     upgrade_database(url)
-    u = make_url(url)
-    dsn = f"host={u.host} port={u.port} user={u.username} dbname={u.database}" + (
-        f" password={u.password}" if u.password else ""
-    )
-    rows: list[Any] = [Floor(dsn), SqlChain(dsn), FunctionReady(dsn), Store(url), Baseline(url)]
-    medians: dict[str, dict[int, float]] = {row.name: {} for row in rows}
+    dsn = dsn_of(url)
+    rows: dict[str, Any] = {
+        "floor": Floor(dsn),
+        "floor + lock, heads and chain in SQL": SqlChain(dsn),
+        "ledger_append_events, arguments ready": FunctionReady(dsn),
+        "ledger (EventStore.append)": Ours(url),
+        "eventsourcing": EventSourcing(url, 1),
+    }
+    medians: dict[str, dict[int, float]] = {name: {} for name in rows}
     for per_append in PER_APPEND:
         with console.status(f"{per_append} event(s) per append"):
-            for row in rows:  # connections, plans and caches warm
-                row.append(20, per_append)
-            rates: dict[str, list[float]] = {row.name: [] for row in rows}
+            for system in rows.values():  # connections, plans and caches warm
+                sequential(system, 20, per_append)
+            rates: dict[str, list[float]] = {name: [] for name in rows}
             for _ in range(rounds):
-                for row in rows:
-                    rates[row.name].append(row.append(appends, per_append))
+                for name, system in rows.items():
+                    rates[name].append(sequential(system, appends, per_append))
         for name, measured in rates.items():
             medians[name][per_append] = statistics.median(measured)
     return medians
@@ -230,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         table.add_column(f"{per_append} ev/append: ev/s", justify="right")
         table.add_column("us/append", justify="right")
         table.add_column("/ eventsourcing", justify="right")
-    baseline = medians[Baseline.name]
+    baseline = medians["eventsourcing"]
     for name, rates in medians.items():
         cells = []
         for per_append in PER_APPEND:

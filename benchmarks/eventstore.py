@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.engine import make_url
 
 from eventstore import open_store, upgrade_database
 from eventstore.bulk_reads import fewer_collections
@@ -58,6 +59,13 @@ def payload(i: int) -> RunReplied:
         mask_sample=False,
         reply_digest="sha256:" + "ab" * 32,
     )
+
+
+def dsn_of(url: str) -> str:
+    """The libpq connection string of a SQLAlchemy PostgreSQL URL (raw psycopg's connections)."""
+    u = make_url(url)
+    dsn = f"host={u.host} port={u.port} user={u.username} dbname={u.database}"
+    return dsn + (f" password={u.password}" if u.password else "")
 
 
 def events(first: int, count: int) -> list[RunReplied]:
@@ -189,15 +197,16 @@ class EventSourcing:
 
     name = "eventsourcing"
 
-    def __init__(self, host: str, port: int, dbname: str, user: str, password: str, writers: int) -> None:
+    def __init__(self, url: str, writers: int) -> None:
         from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 
+        u = make_url(url)
         self.datastore = PostgresDatastore(
-            dbname=dbname,
-            host=host,
-            port=port,
-            user=user,
-            password=password,
+            dbname=u.database or "postgres",
+            host=u.host or "127.0.0.1",
+            port=u.port or 5432,
+            user=u.username or "postgres",
+            password=u.password or "",
             pool_size=writers,
             max_overflow=writers,
         )
@@ -317,22 +326,9 @@ def database(url: str | None, name: str) -> Iterator[str]:
 def run(
     url: str, appends: int, replay_events: int, writers: int, rounds: int = 3
 ) -> dict[str, dict[str, float]]:
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    dsn = f"host={parsed.host} port={parsed.port} user={parsed.username} dbname={parsed.database}"
-    if parsed.password:
-        dsn += f" password={parsed.password}"
+    dsn = dsn_of(url)
     upgrade_database(url)
-    ours, raw = Ours(url), Raw(dsn)
-    es = EventSourcing(
-        parsed.host or "127.0.0.1",
-        parsed.port or 5432,
-        parsed.database or "postgres",
-        parsed.username or "postgres",
-        parsed.password or "",
-        writers,
-    )
+    ours, raw, es = Ours(url), Raw(dsn), EventSourcing(url, writers)
     rows: list[tuple[str, float, float, float]] = []
     per_writer = max(appends // writers, 50)
     cases: list[tuple[str, Callable[[Any], float]]] = [

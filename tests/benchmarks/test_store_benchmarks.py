@@ -10,16 +10,10 @@ from __future__ import annotations
 import math
 
 import psycopg
-from sqlalchemy.engine import make_url
 
 from benchmarks import append_floor, eventstore
 from eventstore import open_store
 from eventstore.records import GENESIS_HASH, chain_hash
-
-
-def _dsn(url: str) -> str:
-    u = make_url(url)
-    return f"host={u.host} port={u.port} user={u.username} dbname={u.database}"
 
 
 def _assert_chained(dsn: str, table: str) -> int:
@@ -64,7 +58,9 @@ def test_the_floor_benchmark_runs_every_row_and_chains_like_the_store(pg_url: st
         assert all(math.isfinite(rate) and rate > 0 for rate in rates.values())
     # warm-up and one round, at 1 and at 10 events per append
     written = (20 + 10) * 1 + (20 + 10) * 10
-    assert _assert_chained(_dsn(pg_url), "floor_events") == written
-    assert _assert_chained(_dsn(pg_url), "chain_events") == written
-    assert _assert_chained(_dsn(pg_url), "events") == 2 * written  # the function's row and the store's
+    assert _assert_chained(eventstore.dsn_of(pg_url), "floor_events") == written
+    assert _assert_chained(eventstore.dsn_of(pg_url), "chain_events") == written
+    assert (
+        _assert_chained(eventstore.dsn_of(pg_url), "events") == 2 * written
+    )  # the function's row and the store's
     assert open_store(pg_url).verify_chain() is None
