@@ -11,7 +11,6 @@ calls in flight (they resume), and the summary shows whether anything was lost o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 import uuid
@@ -22,6 +21,7 @@ from eventstore import EventStore
 from protocol.ids import MAX_ID_LENGTH
 from simulation.run import Agents, RunFacts, SimConfig, summarize_run, workload_payload
 from trainer.context import log
+from trainer.eventloop import wait_at_most
 from trainer.journal import Journal
 
 
@@ -115,9 +115,7 @@ async def _run(
         async def checkpoints() -> None:
             k = 0
             while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(config.checkpoint_every_s):
-                        await stop.wait()
+                await wait_at_most(stop.wait(), config.checkpoint_every_s)
                 if stop.is_set():
                     return
                 try:

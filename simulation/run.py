@@ -30,6 +30,7 @@ from protocol.wire import CrashAfter, FaultRates, RateFaults
 from trainer.checkpoint import CheckpointOutcome
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
+from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
 from trainer.gym.errors import GymError, NotFoundError
 
@@ -106,9 +107,7 @@ class CheckpointLoop:
     ) -> None:
         k = 0
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(every_s):
-                    await self._stop.wait()
+            await wait_at_most(self._stop.wait(), every_s)
             if self._stop.is_set():
                 return
             outcomes.append(await self.coord.checkpoint(checkpoint_id(k)))

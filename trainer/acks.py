@@ -35,6 +35,7 @@ from trainer.attempts import group_id_of
 from trainer.context import Context, log
 from trainer.core import debt as debt_core
 from trainer.errors import CoordinatorStopped, FencedOff
+from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
 from trainer.gym.errors import (
     AgentTimeoutError,
@@ -89,9 +90,7 @@ class AckRelay:
     async def _run(self) -> None:
         ctx = self.ctx
         while not ctx.stopping:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(IDLE_POLL_S):
-                    await ctx.ack_wakeup.wait()
+            await wait_at_most(ctx.ack_wakeup.wait(), IDLE_POLL_S)
             ctx.ack_wakeup.clear()
             agents = [a for a in self.owed_agents() if time.monotonic() >= self._not_before.get(a, 0.0)]
             try:

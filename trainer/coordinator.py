@@ -574,12 +574,7 @@ class RolloutCoordinator:
             idle = not self.open_groups() and all(t.done() for t in self._drivers.values())
             if until_idle and idle and not any(g.group_id not in seen for g in self.sealed_unclaimed()):
                 return
-            async with self.journal.changed:
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation
-                # that arrives as the wait completes, and a cancelled consumer would keep looping.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.5):
-                        await self.journal.changed.wait()
+            await self.journal.wait_changed(0.5)
 
     async def with_replies(self, group: SealedGroup) -> SealedGroup:
         """The group with its siblings' replies read from the log's blob table."""

@@ -9,7 +9,8 @@ uvloop when it is installed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
@@ -27,3 +28,13 @@ def run_async(main: Coroutine[Any, Any, _T]) -> _T:
     """`asyncio.run(main)` on the fastest loop available."""
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)
+
+
+async def wait_at_most(waiting: Awaitable[object], timeout_s: float) -> None:
+    """Awaits `waiting` for at most `timeout_s`; running out of time is not an error.
+
+    `asyncio.timeout`, not `wait_for`: Python 3.11's `wait_for` can swallow a cancellation that
+    arrives as the wait completes, and a cancelled loop around it would keep looping."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await waiting

@@ -59,6 +59,7 @@ from projections.ledger import LedgerProjection, LedgerState, lookahead
 from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.streams import group_of_stream, group_stream, is_group_stream
 from trainer.errors import CoordinatorStopped, FencedOff
+from trainer.eventloop import wait_at_most
 from trainer.telemetry import JOURNAL_BATCHES
 
 log = logging.getLogger("trainer")
@@ -175,6 +176,11 @@ class Journal:
     async def _notify(self) -> None:
         async with self.changed:
             self.changed.notify_all()
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Until the next batch is recorded, or `timeout_s` has passed."""
+        async with self.changed:
+            await wait_at_most(self.changed.wait(), timeout_s)
 
     # --- writing --------------------------------------------------------------------------------
 

@@ -87,9 +87,7 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
                 continue
             if checkpointed and not coord.open_groups() and not coord.sealed_unclaimed():
                 break
-            async with coord.journal.changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(coord.journal.changed.wait(), 0.05)
+            await coord.journal.wait_changed(0.05)
         await coord.wait_idle(20.0)
         inc.work_done.set()
         await inc.may_close.wait()

@@ -151,10 +151,7 @@ class LedgerGym:
                     raise TimeoutError(
                         f"{len(pending)} group(s) of this call still open after {self.config.call_budget_s:g} s"
                     )
-                async with coord.journal.changed:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(0.5):
-                            await coord.journal.changed.wait()
+                await coord.journal.wait_changed(0.5)
                 continue
             gid = order.pop(0)
             group = pending.pop(gid)
