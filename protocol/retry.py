@@ -26,6 +26,11 @@ class RetryPolicy:
         if self.max_calls < 1 or self.deadline_s <= 0 or self.base_s <= 0 or self.cap_s < self.base_s:
             raise ValueError(f"not a usable retry policy: {self}")
 
+    @classmethod
+    def within(cls, deadline_s: float, base_s: float, cap_s: float) -> RetryPolicy:
+        """Bounded by its deadline alone (an outage ridden out: as many calls as fit in it)."""
+        return cls(max_calls=1 << 30, deadline_s=deadline_s, base_s=base_s, cap_s=cap_s)
+
 
 @dataclass(frozen=True)
 class RetryState:

@@ -153,7 +153,7 @@ class Journal:
                     log.warning("the log is unavailable while %s; reconnecting with backoff: %s", what, exc)
                 # The outage budget as a retry budget: jittered backoff, no call past the deadline.
                 budget = max(self.outage_budget_s, 1e-6)  # 0: give up at the first failure
-                policy = RetryPolicy(max_calls=1 << 30, deadline_s=budget, base_s=0.05, cap_s=1.0)
+                policy = RetryPolicy.within(budget, base_s=0.05, cap_s=1.0)
                 verdict = next_step(policy, failures, now, random.random())
                 if verdict.kind == "give_up":
                     self.stopped = CoordinatorStopped(

@@ -158,12 +158,7 @@ class LogprobWorker:
         """
         # The database's absences, one budget each (`outage_budget_s`): jittered backoff so workers do
         # not reconnect in step, no wait past the budget.
-        policy = RetryPolicy(
-            max_calls=1 << 30,
-            deadline_s=self.config.outage_budget_s,
-            base_s=OUTAGE_BACKOFF_S,
-            cap_s=OUTAGE_BACKOFF_MAX_S,
-        )
+        policy = RetryPolicy.within(self.config.outage_budget_s, OUTAGE_BACKOFF_S, OUTAGE_BACKOFF_MAX_S)
         outage: RetryState | None = None  # the failed rounds while the database is away
         while not self._stop:
             try:
