@@ -22,9 +22,11 @@ from simulation.run import SimConfig, run_simulation
 
 
 async def main(args: argparse.Namespace) -> None:
+    from trainer.ray_gym.local import init_local_ray
+
+    init_local_ray(num_cpus=2, log_to_driver=False)
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rows: list[tuple[str, dict[str, Any]]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -53,6 +53,9 @@ async def run_ray_simulation(
     kill_after: int | None = None,
     calls_in_flight: int = 2,
 ) -> dict[str, Any]:
+    from trainer.ray_gym.local import init_local_ray, prepare_loopback
+
+    prepare_loopback()
     import ray
 
     if config.run_id and len(config.run_id) > MAX_ID_LENGTH // 4:
@@ -60,7 +63,8 @@ async def run_ray_simulation(
     own_ray = not ray.is_initialized()
     if own_ray:
         env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-        ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+        # Loopback only: Ray's daemons would otherwise listen on every interface.
+        init_local_ray(log_to_driver=False, runtime_env={"env_vars": env})
     try:
         return await _run(store, db_url, config, kill_after, calls_in_flight)
     finally:

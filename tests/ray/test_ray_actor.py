@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +18,7 @@ from tests.ray.conftest import nemo_rows
 from tests.rollout.conftest import MakeAgent
 from trainer.gym import GymClient
 from trainer.ray_gym import LedgerGymConfig, ledger_gym_actor
+from trainer.ray_gym.local import init_local_ray
 from trainer.ray_gym.rows import call_digest, group_id
 
 ray = pytest.importorskip("ray")
@@ -25,9 +28,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    ray.init(
+    init_local_ray(
         num_cpus=2,
-        include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())}},
     )
@@ -111,3 +113,45 @@ async def test_logprob_workers_run_as_ray_actors(
         assert {(e.data["rollout_id"], e.data["attempt_index"]) for e in computed} == sealed
     finally:
         store.close()
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process below `root` (Ray's GCS and raylet are the driver's children, its workers the
+    raylet's), read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # it ended
+            parents[int(entry)] = int(stat.rpartition(")")[2].split()[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+async def test_the_local_ray_listens_on_loopback_only(
+    local_ray: None, sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    agent = make_agent("a")
+    gym = ledger_gym_actor().remote(LedgerGymConfig(db_url=sqlite_url, agents={"a": agent.url}))
+    assert len(await _stream(gym, nemo_rows(1, 2, ["a"]))) == 2  # an actor and its worker are up
+    ours = _descendants(os.getpid()) | {os.getpid()}
+    listing = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30, check=True)
+    listening: list[tuple[str, str]] = []  # (local address, process)
+    for line in listing.stdout.splitlines():
+        pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if pids & ours:
+            listening.append((line.split()[3], line.split("users:")[-1]))
+    await gym.shutdown.remote()
+    names = " ".join(p for _, p in listening)
+    assert "gcs_server" in names and "raylet" in names, listening  # the check saw Ray's daemons
+    outward = [(a, p) for a, p in listening if a.rpartition(":")[0] not in _LOOPBACK]
+    assert outward == [], f"listening beyond loopback: {outward}"
+
+
+_LOOPBACK = {"127.0.0.1", "[::1]", "[::ffff:127.0.0.1]"}
