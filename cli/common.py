@@ -9,6 +9,7 @@ from typing import Annotated, Final, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from eventstore import EventStoreError
 from eventstore.backends import mask_url, resolve_url
@@ -41,16 +42,17 @@ def db_url(db: str | None, role: Role = "writer") -> str:
     Commands that append (simulate, replay, worker, db) are `writer`s and take `$LEDGER_DB` (a URL
     of the role with INSERT and SELECT only, once `ledger db roles` has made it).  Read-only commands
     (audit, snapshot, show, status, tail) are `auditor`s: they take `$LEDGER_AUDITOR_DB` (the
-    SELECT-only role) when it is set, and fall back to `$LEDGER_DB`.
+    SELECT-only role) when it is set, and fall back to `$LEDGER_DB`.  A URL that names no log this
+    code can open is `BadDatabaseUrl` (call it inside `clear_errors`).
     """
     if role not in ("writer", "auditor"):
         raise ValueError(f"unknown database role {role!r} (writer, auditor)")
     if db:
-        return db
+        return resolve_url(db)
     if role == "auditor":
         auditor = os.environ.get(AUDITOR_ENV)
         if auditor:
-            return auditor
+            return resolve_url(auditor)
     return resolve_url(None)
 
 
@@ -60,8 +62,13 @@ def clear_errors() -> Iterator[None]:
     try:
         yield
     except EventStoreError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        error(str(exc))
         raise typer.Exit(2) from None
+
+
+def error(message: str) -> None:
+    """`error: MESSAGE` on stderr as one line (never wrapped at the terminal's width), markup-free."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
 
 
 __all__ = [
@@ -73,5 +80,6 @@ __all__ = [
     "console",
     "db_url",
     "err_console",
+    "error",
     "mask_url",
 ]

@@ -9,6 +9,7 @@ from sqlalchemy import create_engine
 
 from cli.common import DbOption, clear_errors, console, db_url, mask_url
 from eventstore import migrate, upgrade_database
+from eventstore.backends import create_engines
 from eventstore.roles import create_roles
 
 app = typer.Typer(no_args_is_help=True, help="Schema migrations and database roles.")
@@ -17,8 +18,8 @@ app = typer.Typer(no_args_is_help=True, help="Schema migrations and database rol
 @app.command()
 def upgrade(db: DbOption = None) -> None:
     """Bring the database to the migration head (creates the schema on a new database)."""
-    url = db_url(db)
     with clear_errors():
+        url = db_url(db)
         revision = upgrade_database(url)
     console.print(f"{mask_url(url)} is at migration [bold]{revision}[/bold]")
 
@@ -26,9 +27,9 @@ def upgrade(db: DbOption = None) -> None:
 @app.command()
 def current(db: DbOption = None) -> None:
     """Print the database's migration revision and the head this code expects."""
-    url = db_url(db)
-    engine = create_engine(url)
     with clear_errors():
+        url = db_url(db)
+        engine = create_engines(url, pool_size=1, read_only=True)[1]  # never creates a missing file
         revision = migrate.current_revision(engine)
     console.print(f"database: {revision or '(no schema)'}   head: {migrate.head_revision()}")
 
@@ -48,7 +49,7 @@ def roles(
     ] = "",
 ) -> None:
     """Create (or update) the writer and auditor roles on PostgreSQL."""
-    url = db_url(db)
     with clear_errors():
+        url = db_url(db)
         create_roles(create_engine(url), writer, writer_password, auditor, auditor_password)
     console.print(f"roles {writer} (SELECT, INSERT) and {auditor} (SELECT) ready on {mask_url(url)}")

@@ -83,7 +83,7 @@ def list_debts(
 ) -> None:
     """Every unpaid ACK debt: the agent, the try (rollout id and attempt) and the receipt's generation."""
     with clear_errors():
-        store = open_store(db_url(db, "auditor"))
+        store = open_store(db_url(db, "auditor"), read_only=True)
         try:
             ledger = _ledger(store)
         finally:

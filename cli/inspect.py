@@ -58,9 +58,10 @@ def register(app: typer.Typer) -> None:
 
 @contextmanager
 def _store(db: str | None, role: Role = "auditor") -> Iterator[EventStore]:
-    """Read-only commands connect as the auditor role when `$LEDGER_AUDITOR_DB` is set."""
+    """Read-only commands connect as the auditor role when `$LEDGER_AUDITOR_DB` is set, and open the
+    log read-only (a SQLite file that is not there is an error, never created)."""
     with clear_errors():
-        store = open_store(db_url(db, role))
+        store = open_store(db_url(db, role), read_only=role == "auditor")
         try:
             yield store
         finally:
@@ -138,7 +139,8 @@ def replay(
         bool,
         typer.Option(
             "--verify",
-            help="Rebuild from scratch and from the nearest checkpoint; compare with the live projection.",
+            help="Rebuild from scratch and from the nearest checkpoint, to --to or the head; compare "
+            "the state hashes (and with the runner's stored checkpoint there, if any).",
         ),
     ] = False,
     save: Annotated[
@@ -172,10 +174,12 @@ def replay(
 
 
 def _verify(store: EventStore, to: int | None) -> None:
-    """Scratch vs nearest checkpoint vs the live runner's stored checkpoint, at one position."""
+    """Scratch vs nearest checkpoint vs the live runner's stored checkpoint, at one position: `to`,
+    else the head (a check that stopped at the newest checkpoint would leave the tail unchecked)."""
     projections = default_projections()
-    live_at = latest_common_checkpoint(store, projections, to)
-    target = to if to is not None else (live_at if live_at is not None else store.head())
+    head = store.head()
+    target = head if to is None else min(to, head)
+    live_at = latest_common_checkpoint(store, projections, target)
     scratch, _ = _rebuild(store, target, from_checkpoint=False, label="from scratch")
     below = latest_common_checkpoint(store, projections, target - 1) if target > 0 else None
     rows: list[tuple[str, Replay]] = [("from scratch", scratch)]

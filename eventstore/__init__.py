@@ -13,11 +13,13 @@ from eventstore.backends import create_engines, mask_url, recorder_for, resolve_
 from eventstore.errors import (
     AppendOnlyViolation,
     AppendOutcomeUnknown,
+    BadDatabaseUrl,
     DatabaseUnavailable,
     EventIdConflict,
     EventStoreError,
     Fenced,
     InvalidEvent,
+    NoSuchLog,
     StoreBusy,
     UnknownEventType,
     UnknownMigrationHead,
@@ -34,6 +36,7 @@ __all__ = [
     "AppendOnlyViolation",
     "AppendOutcomeUnknown",
     "AppendResult",
+    "BadDatabaseUrl",
     "ChainBreak",
     "DatabaseUnavailable",
     "Event",
@@ -45,6 +48,7 @@ __all__ = [
     "Fenced",
     "InvalidEvent",
     "NewEvent",
+    "NoSuchLog",
     "RecordedEvent",
     "StoreBusy",
     "Subscription",
@@ -68,22 +72,33 @@ def upgrade_database(url: str | None = None) -> str:
         migrate.upgrade(writer)
         return migrate.head_revision()
     except DBAPIError as exc:
-        raise DatabaseUnavailable(f"database {mask_url(resolved)}: {exc.orig}") from None
+        raise DatabaseUnavailable(
+            f"database {mask_url(resolved)}: {' '.join(str(exc.orig).split())}"
+        ) from None
     finally:
         writer.dispose()
         reader.dispose()
 
 
 def open_store(
-    url: str | None = None, *, migrate_schema: bool = False, notify: bool = False, pool_size: int = 5
+    url: str | None = None,
+    *,
+    migrate_schema: bool = False,
+    notify: bool = False,
+    pool_size: int = 5,
+    read_only: bool = False,
 ) -> EventStore:
     """Opens the log at `url` (`--db`, else `LEDGER_DB`, else `sqlite:///ledger.db`).
 
     Refuses a database whose migration head this code does not know; with
-    `migrate_schema=True` (the embedded default's first run) it upgrades first.
+    `migrate_schema=True` (the embedded default's first run) it upgrades first.  `read_only`: every
+    write is refused by the database itself, and a SQLite file that does not exist is `NoSuchLog`
+    (never created), so a read-only command on a mistyped path leaves nothing behind.
     """
     resolved = resolve_url(url)
-    writer, reader = create_engines(resolved, pool_size=pool_size)
+    if read_only and migrate_schema:
+        raise ValueError("a read-only store cannot migrate its schema")
+    writer, reader = create_engines(resolved, pool_size=pool_size, read_only=read_only)
     try:
         current = _check_reachable(resolved, reader)
         head = migrate.head_revision()
@@ -107,4 +122,6 @@ def _check_reachable(url: str, reader: object) -> str | None:
     try:
         return migrate.current_revision(reader)  # type: ignore[arg-type]
     except DBAPIError as exc:
-        raise DatabaseUnavailable(f"database {mask_url(url)} unavailable: {str(exc.orig).strip()}") from None
+        # One line: libpq's messages run over several.
+        reason = " ".join(str(exc.orig).split())
+        raise DatabaseUnavailable(f"database {mask_url(url)} unavailable: {reason}") from None

@@ -61,6 +61,14 @@ class UnknownMigrationHead(EventStoreError):
     pass
 
 
+class BadDatabaseUrl(EventStoreError):
+    """A database URL that names no log this code can open; the message says what to write instead."""
+
+
+class NoSuchLog(EventStoreError):
+    """A read-only open of a SQLite file that does not exist: it is never created (a mistyped path)."""
+
+
 class AppendOnlyViolation(EventStoreError):
     pass
 

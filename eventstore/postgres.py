@@ -67,7 +67,7 @@ class PostgresRecorder(Recorder):
         finally:
             cursor.close()
 
-    def create_engines(self, url: str, pool_size: int) -> tuple[Engine, Engine]:
+    def create_engines(self, url: str, pool_size: int, read_only: bool = False) -> tuple[Engine, Engine]:
         parsed = make_url(url)
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
@@ -79,7 +79,11 @@ class PostgresRecorder(Recorder):
         # Every lookup of an append is by a unique key: the writer's sessions plan them as index scans
         # whatever size `events` had when a session first planned them (migration 0006).
         given = parsed.query.get("options")
-        options = " ".join([*([given] if isinstance(given, str) else given or []), "-c enable_seqscan=off"])
+        given_options = [given] if isinstance(given, str) else list(given or [])
+        if read_only:  # the server refuses every write of these sessions, whatever the role may do
+            given_options.append("-c default_transaction_read_only=on")
+            kwargs["connect_args"]["options"] = " ".join(given_options)
+        options = " ".join([*given_options, "-c enable_seqscan=off"])
         writer = create_engine(
             parsed, **{**kwargs, "connect_args": {**kwargs["connect_args"], "options": options}}
         )

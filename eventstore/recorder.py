@@ -81,8 +81,9 @@ class Recorder(ABC):
     supports_notify: bool = False
 
     @abstractmethod
-    def create_engines(self, url: str, pool_size: int) -> tuple[Engine, Engine]:
-        """A writer engine and a reader engine on `url`."""
+    def create_engines(self, url: str, pool_size: int, read_only: bool = False) -> tuple[Engine, Engine]:
+        """A writer engine and a reader engine on `url` (`read_only`: both refuse every write, and
+        open nothing that does not exist)."""
 
     @abstractmethod
     def param(self, name: str) -> str:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
 
-from eventstore.errors import EventIdConflict, EventStoreError, Fenced, WrongExpectedVersion
+from eventstore.errors import EventIdConflict, EventStoreError, Fenced, NoSuchLog, WrongExpectedVersion
 from eventstore.recorder import CheckedAppend, Recorder, RenderedEvent, blob_params, select_columns
 from eventstore.records import GENESIS_HASH, AppendResult, ExpectedVersion, RecordedEvent, chain_hash
 
@@ -32,10 +36,16 @@ class SqliteRecorder(Recorder):
     select_columns = select_columns("data", "metadata")
     positional_mark = "?"
 
-    def create_engines(self, url: str, pool_size: int) -> tuple[Engine, Engine]:
+    def create_engines(self, url: str, pool_size: int, read_only: bool = False) -> tuple[Engine, Engine]:
         """The writer's transactions start with `BEGIN IMMEDIATE` so that the write lock is taken
         before the head is read (commit order = position order); readers use plain deferred
-        transactions and never block writers (WAL)."""
+        transactions and never block writers (WAL).  Read-only, both open the file as SQLite's
+        `mode=ro` (a missing file is `NoSuchLog`, never created)."""
+        if read_only:
+            url = _read_only_url(url)
+            return _engine(url, immediate=False, read_only=True), _engine(
+                url, immediate=False, read_only=True
+            )
         return _engine(url, immediate=True), _engine(url, immediate=False)
 
     def param(self, name: str) -> str:
@@ -165,7 +175,28 @@ def _same_json(stored: str, new: str) -> bool:
     return bool(stored == new or json.loads(stored) == json.loads(new))
 
 
-def _engine(url: str, immediate: bool) -> Engine:
+def _read_only_url(url: str) -> str:
+    """`url` as a SQLite URI opened read-only; `NoSuchLog` when its file does not exist.
+
+    A file nobody here may write, in a folder nobody here may write, with no write-ahead log beside
+    it, cannot change while it is read: it is opened `immutable` (SQLite then needs no `-shm` file,
+    which it could not create there)."""
+    parsed = make_url(url)
+    path = Path(parsed.database or "")
+    if not parsed.database or not path.is_file():
+        raise NoSuchLog(
+            f"no log at {path.absolute() if parsed.database else '(no path)'}: check --db / $LEDGER_DB "
+            "(read-only commands never create one; `ledger db upgrade --db URL` makes a new log)"
+        )
+    path = path.absolute()
+    query = {"mode": "ro", "uri": "true"}
+    wal = path.with_name(path.name + "-wal")
+    if not os.access(path, os.W_OK) and not os.access(path.parent, os.W_OK) and not wal.exists():
+        query["immutable"] = "1"
+    return parsed.set(database=f"file:{quote(str(path))}", query=query).render_as_string(hide_password=False)
+
+
+def _engine(url: str, immediate: bool, read_only: bool = False) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")
@@ -173,8 +204,9 @@ def _engine(url: str, immediate: bool) -> Engine:
         # Take transaction control away from the sqlite3 module so BEGIN is ours.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=FULL")
+        if not read_only:  # both are writes to the file (a read-only file keeps the mode it has)
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()

@@ -56,6 +56,24 @@ def test_replay_and_verify(history: EventStore, db_url: str) -> None:
     assert code == 0 and "from checkpoint" in out
 
 
+def test_verify_checks_to_the_head_past_the_newest_checkpoint(
+    history: EventStore, log: LogBuilder, db_url: str
+) -> None:
+    runner = ProjectionRunner(history, checkpoint_every=10_000)
+    runner.catch_up()
+    runner.checkpoint()
+    stored_at = history.head()
+    log.clean_sibling_group("after-checkpoint", 3)
+    head = history.head()
+    assert head > stored_at
+    code, out = run("replay", "--db", db_url, "--verify")
+    assert code == 0 and f"rebuilds agree at position {head}" in out, out
+    assert f"from checkpoint at {stored_at}" in out, out
+    # Told `--to`, it stops there (the runner's checkpoint at that position is compared as well).
+    code, out = run("replay", "--db", db_url, "--verify", "--to", str(stored_at))
+    assert code == 0 and f"rebuilds agree at position {stored_at}" in out and "live" in out, out
+
+
 def test_replay_refuses_a_corrupted_event(history: EventStore, db_url: str) -> None:
     bad = append_raw(history, db_url, "group-shown", "AckAccepted", 1, '{"rollout_id": 5}')
     code, out = run("replay", "--db", db_url)
