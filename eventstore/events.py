@@ -135,8 +135,10 @@ class RunReplied(Event):
     reply_digest: str
 
 
+# `refused`: the agent refused the request itself (HTTP 400, 413, 422): deterministic, so no try of the
+# same request can ever pass (a data failure that ends the group's retries at once).
 FailureKind = Literal[
-    "env", "http", "deadline", "stream_closed", "receipt", "verify", "agent_lost", "unknown"
+    "env", "http", "deadline", "stream_closed", "receipt", "verify", "agent_lost", "refused", "unknown"
 ]
 
 

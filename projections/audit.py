@@ -43,6 +43,7 @@ from eventstore.events import (
     ReceiptFetched,
     ReplacementMinted,
     RunDispatched,
+    RunFailed,
     RunReplied,
     SiblingHeld,
     SiblingSealed,
@@ -153,6 +154,8 @@ class GroupFacts:
     sealed: int | None = None
     dead: int | None = None
     abandoned: int | None = None
+    # The first try whose request the agent refused itself (`RunFailed` kind `refused`): no try after it.
+    refused: int | None = None
     trainer_id: str | None = None
     # generation index -> rollout id, from the mints
     siblings: dict[int, str] = field(default_factory=dict)
@@ -225,7 +228,7 @@ class AuditProjection(TypedProjection[AuditState]):
     """The rules of docs/events.md over decoded events (the row checks live in `RowChecker`)."""
 
     name: ClassVar[str] = "audit"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     state_type: ClassVar[Any] = AuditState
 
     def initial(self) -> AuditState:
@@ -302,6 +305,13 @@ def _mint(
                 BOUNDED_RETRIES,
                 [group.dead, ev.position],
                 f"try {rollout_id}#{index} is minted after group {group_id} was dead-lettered",
+            )
+        elif group.refused is not None and index > 0:
+            st.violate(
+                BOUNDED_RETRIES,
+                [group.refused, ev.position],
+                f"try {rollout_id}#{index} is minted after the agent refused a try of group {group_id} "
+                f"as a request it can never serve (at {group.refused}): the same request is retried",
             )
         elif index + 1 > group.max_tries:
             unit = "group" if group.mode == "prompt_group" else "sibling"
@@ -383,6 +393,14 @@ def _dispatched(st: AuditState, ev: RecordedEvent, e: RunDispatched) -> None:
         t.dispatched = ev.position
     if t.generation is None:
         t.generation = st.generations.get(e.agent_name)
+
+
+def _run_failed(st: AuditState, ev: RecordedEvent, e: RunFailed) -> None:
+    if e.kind != "refused":
+        return
+    group = st.groups.get(_group_id(ev, e.rollout_id))
+    if group is not None and group.refused is None:
+        group.refused = ev.position
 
 
 def _replied(st: AuditState, ev: RecordedEvent, e: RunReplied) -> None:
@@ -816,6 +834,7 @@ _HANDLERS: dict[type[Event], Callable[[AuditState, RecordedEvent, Any], None]] =
     ReplacementMinted: _replacement,
     RunDispatched: _dispatched,
     RunReplied: _replied,
+    RunFailed: _run_failed,
     ReceiptFetched: _fetched,
     AckOwed: _owed,
     AckAccepted: _accepted,

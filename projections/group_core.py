@@ -30,7 +30,10 @@ AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
 Budget = RetryBudget
 
 # RunFailed kinds that say the prompt or its result is at fault, not the infrastructure.
-DATA_FAILURE_KINDS: frozenset[str] = frozenset({"env", "verify"})
+DATA_FAILURE_KINDS: frozenset[str] = frozenset({"env", "verify", "refused"})
+# A data failure no retry can get past: the agent refused the request itself (400, 413, 422), and a
+# new try sends the same request.  One ends the group's retries at once (its data budget is spent).
+FINAL_FAILURE_KINDS: frozenset[str] = frozenset({"refused"})
 
 # A try in these states may be running at the agent, or finished there without the trainer knowing.
 _IN_FLIGHT: frozenset[str] = frozenset({"dispatched", "failed"})
@@ -55,6 +58,11 @@ def failure_budget(attempt: AttemptState) -> Literal["infra", "data"]:
     return "data" if kinds & DATA_FAILURE_KINDS else "infra"
 
 
+def refused(attempt: AttemptState) -> bool:
+    """The agent refused the try's request itself: every later try would be refused the same way."""
+    return any(f.partition(":")[0] in FINAL_FAILURE_KINDS for f in attempt.failures)
+
+
 def spent(group: GroupState, attempts: list[AttemptState]) -> dict[Budget, int]:
     """The failures of `attempts` (settled without a result) counted against each budget."""
     counts: dict[Budget, int] = {"infra": 0, "data": 0, "tries": len(attempts)}
@@ -66,6 +74,8 @@ def spent(group: GroupState, attempts: list[AttemptState]) -> dict[Budget, int]:
 
 def exhausted_budget(group: GroupState, attempts: list[AttemptState]) -> Budget | None:
     """The budget a sibling's (or a round's) tries so far have spent, if any: no new try then."""
+    if any(refused(a) for a in attempts):
+        return "data"
     counts = spent(group, attempts)
     if counts["tries"] >= group.max_tries:
         return "tries"
@@ -77,6 +87,14 @@ def exhausted_budget(group: GroupState, attempts: list[AttemptState]) -> Budget 
 
 
 def dead_letter_reason(budget: Budget, group: GroupState) -> str:
+    if budget == "data":
+        first = next((a for s in group.siblings.values() for a in s.attempts.values() if refused(a)), None)
+        if first is not None:
+            why = next(f for f in first.failures if f.partition(":")[0] in FINAL_FAILURE_KINDS)
+            return (
+                f"data budget spent: the agent refused {first.rollout_id}#{first.attempt_index}'s request "
+                f"itself, and a retry sends the same request ({why})"
+            )[:500]
     limits = {
         "tries": f"max_tries={group.max_tries}",
         "infra": f"max_infra_failures={group.max_infra_failures}",
@@ -130,7 +148,9 @@ def round_step(group: GroupState) -> RoundStep:
 
 def round_exhausted(group: GroupState) -> Budget | None:
     """prompt_group: the budget the rounds so far have spent (each round counts once, for the kind
-    of its first failed try)."""
+    of its first failed try); a refused try of any round spends the data budget at once."""
+    if any(refused(a) for s in group.siblings.values() for a in s.attempts.values()):
+        return "data"
     rounds = [_round_attempts(group, n) for n in range(group.attempts_used)]
     return exhausted_budget(group, [r for r in rounds if r is not None])
 

@@ -43,6 +43,7 @@ from trainer.gym.errors import (
     GoneError,
     GymError,
     InvalidPhaseError,
+    InvalidRequestError,
     NotFoundError,
     ReceiptMismatchError,
     StaleCheckpointError,
@@ -107,6 +108,9 @@ def _failure_kind(exc: BaseException) -> tuple[FailureKind, str]:
         return "env", str(exc)
     if isinstance(exc, _FetchFailed):
         return "receipt", str(exc)
+    if isinstance(exc, InvalidRequestError):
+        # 400/413/422: the same request is refused the same way every time (never worth a retry).
+        return "refused", str(exc)
     if isinstance(exc, GymError):
         return "http", str(exc)
     return "unknown", f"{type(exc).__name__}: {exc}"

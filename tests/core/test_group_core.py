@@ -116,3 +116,20 @@ def test_a_round_interrupted_between_its_dispatches_is_rerun_not_completed() -> 
         "prompt_group", {0: [attempt(0, 0, "dispatched")], 1: [attempt(1, 0, "minted")]}, max_tries=1
     )
     assert round_step(spent).verdict == "dead_letter"
+
+
+def test_a_refused_request_ends_the_retries_at_once() -> None:
+    """A 400/413/422 refusal is the data budget spent on its first try, in both modes: the next try
+    would send the same request and be refused the same way."""
+    refused = attempt(0, 0, "retired", "refused: POST /run: HTTP 413 payload_too_large: too big")
+    sibling_group = group("sibling", {0: [refused]})
+    assert sibling_exhausted(sibling_group, sibling_group.siblings[0]) == "data"
+    assert "refused g_g0#0's request itself" in dead_letter_reason("data", sibling_group)
+    # prompt_group: whichever sibling was refused, the round is dead-lettered, not rerun.
+    other = attempt(0, 0, "retired", "http: 503")
+    rounds = group("prompt_group", {0: [other], 1: [attempt(1, 0, "retired", "refused: HTTP 422")]})
+    assert round_step(rounds).verdict == "dead_letter"
+    # A retryable failure still leaves room for another try.
+    assert (
+        sibling_exhausted(group("sibling", {0: [other]}), group("sibling", {0: [other]}).siblings[0]) is None
+    )

@@ -325,6 +325,18 @@ def test_bounded_retries(store: EventStore, log: LogBuilder) -> None:
     assert only(audit(store), BOUNDED_RETRIES) == [[replaced], dead + after]
 
 
+def test_a_refused_request_is_never_retried(store: EventStore, log: LogBuilder) -> None:
+    """A try whose request the agent refused itself (413, 422) ends its group: a replacement is the
+    same request sent again."""
+    log.reserve("p", 1)
+    log.mint("p", 1)
+    log.dispatch("p_g0")
+    refused = log.fail("p_g0", kind="refused")
+    log.retire("p_g0", 0, "tombstoned")
+    again = log.replace("p_g0", 1)
+    assert only(audit(store), BOUNDED_RETRIES) == [refused + again]
+
+
 @pytest.mark.parametrize(
     ("type_", "version", "data", "why"),
     [

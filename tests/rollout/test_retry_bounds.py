@@ -8,8 +8,10 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from eventstore import EventStore
-from eventstore.events import AckDeliveryStuck
+from eventstore.events import AckDeliveryStuck, GroupDeadLettered, ReplacementMinted, RunFailed
 from gym_agent.config import AgentConfig
 from projections.base import decode
 from protocol.retry import RetryPolicy
@@ -101,3 +103,31 @@ async def test_a_receipt_the_agent_keeps_changing_is_refetched_at_most_max_refet
             assert (await client.status()).completed_unacknowledged == 1
     rejected = [e.data["error"] for e in store.read_stream(f"group-{g}") if e.type == "AckRejected"]
     assert rejected == ["receipt_mismatch"] * (MAX_REFETCHES + 1)
+
+
+@pytest.mark.parametrize("mode", ["sibling", "prompt_group"])
+async def test_a_run_the_agent_refuses_as_too_large_is_one_data_failure_never_retried(
+    store: EventStore, tmp_path: Path, mode: str
+) -> None:
+    """An 8.4 MB prompt over the agent's 8 MiB body cap: the first answer (413 payload_too_large) is a
+    deterministic refusal, so the group is dead-lettered on its data budget after that one try; a
+    retry would send the very same request."""
+    from gym_agent.server import serve_in_thread
+
+    huge = {"responses_create_params": {"input": [{"role": "user", "content": "x" * 8_400_000}]}}
+    g = gid("big")
+    with serve_in_thread(_config(tmp_path)) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(store, {"h": client}, mode=mode)
+            async with coord:
+                await coord.submit(g, PROMPT, "h", 2, huge)
+                await coord.wait_idle(60)
+                assert coord.ledger.groups[g].status == "dead_lettered"
+            assert await client.debug_runs() == {}  # nothing ever ran at the agent
+    events = [decode(e) for e in store.read_stream(f"group-{g}")]
+    failed = [e for e in events if isinstance(e, RunFailed)]
+    assert {e.kind for e in failed} <= {"refused"} and any(e.kind == "refused" for e in failed)
+    assert "413" in failed[0].reason
+    assert not [e for e in events if isinstance(e, ReplacementMinted)]
+    (dead,) = [e for e in events if isinstance(e, GroupDeadLettered)]
+    assert dead.budget == "data" and "refused" in dead.reasons[0]
