@@ -1,0 +1,160 @@
+"""`PostgresPayloadStore`: payloads as large values in a PostgreSQL table (`ledger_payloads`).
+
+The table is created on first use.  Its content column is stored `EXTERNAL`: out of line (TOAST) and
+uncompressed, since token arrays do not compress enough to pay for pglz on every write and read (see
+docs/payloads.md).  A put of many payloads is one statement in autocommit mode: durable at its commit
+(with the server's `synchronous_commit`), a digest already there left as it is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any, Final
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from payloads._errors import PayloadStoreError, PayloadStoreUnavailable
+from payloads._store import PayloadStore, StoredPayload, check_digest
+
+TABLE: Final = "ledger_payloads"
+_CREATE: Final = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    digest text PRIMARY KEY,
+    size bigint NOT NULL,
+    stored_at double precision NOT NULL,
+    content bytea NOT NULL
+);
+ALTER TABLE {TABLE} ALTER COLUMN content SET STORAGE EXTERNAL;
+"""
+_PUT: Final = (
+    f"INSERT INTO {TABLE} (digest, size, stored_at, content) "
+    "SELECT d, octet_length(c), %s, c FROM unnest(%s::text[], %s::bytea[]) AS t(d, c) "
+    "ON CONFLICT (digest) DO NOTHING"
+)
+_BATCH: Final = 500  # digests per SELECT / DELETE
+
+
+def _url(url: str) -> str:
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url.removeprefix("postgres://")
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return url
+
+
+class PostgresPayloadStore(PayloadStore):
+    kind = "postgres"
+
+    def __init__(self, url: str, name: str | None = None, *, pool_size: int = 4) -> None:
+        super().__init__(name)
+        try:
+            self.engine: Engine = create_engine(
+                _url(url), pool_size=pool_size, pool_pre_ping=True, isolation_level="AUTOCOMMIT"
+            )
+        except Exception as exc:  # a bad URL, a missing driver
+            raise PayloadStoreError(f"payload store {url!r}: {exc}") from None
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    def _ensure_table(self, raw: Any) -> None:
+        import psycopg
+
+        with self._ready_lock:
+            if self._ready:
+                return
+            try:
+                with raw.cursor() as cur:
+                    cur.execute(_CREATE)
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                pass  # another process created it at the same moment
+            self._ready = True
+
+    def _run(self, fn: Any, what: str) -> Any:
+        try:
+            with self.engine.connect() as conn:
+                raw: Any = conn.connection.dbapi_connection
+                if not self._ready:
+                    self._ensure_table(raw)
+                with raw.cursor() as cur:
+                    return fn(cur)
+        except OperationalError as exc:
+            raise PayloadStoreUnavailable(f"{what}: {_first_line(exc.orig)}") from None
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise PayloadStoreUnavailable(f"{what}: {_first_line(exc.orig)}") from None
+            raise PayloadStoreError(f"{what}: {_first_line(exc.orig)}") from None
+        except Exception as exc:
+            import psycopg
+
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise PayloadStoreUnavailable(f"{what}: {_first_line(exc)}") from None
+            if isinstance(exc, psycopg.Error):
+                raise PayloadStoreError(f"{what}: {_first_line(exc)}") from None
+            raise
+
+    def put_many(self, items: Mapping[str, bytes]) -> None:
+        if not items:
+            return
+        digests = [check_digest(d) for d in items]
+        contents = [bytes(c) for c in items.values()]
+        self._run(lambda cur: cur.execute(_PUT, (time.time(), digests, contents)), "storing payloads")
+
+    def get_many(self, digests: Collection[str]) -> dict[str, bytes]:
+        wanted = sorted(set(digests))
+        found: dict[str, bytes] = {}
+        for i in range(0, len(wanted), _BATCH):
+            chunk = wanted[i : i + _BATCH]
+
+            def read(cur: Any, chunk: list[str] = chunk) -> list[tuple[str, bytes]]:
+                cur.execute(f"SELECT digest, content FROM {TABLE} WHERE digest = ANY(%s)", (chunk,))
+                return list(cur.fetchall())
+
+            found.update((str(d), bytes(c)) for d, c in self._run(read, "reading payloads"))
+        return found
+
+    def contains(self, digests: Collection[str]) -> set[str]:
+        wanted = sorted(set(digests))
+        found: set[str] = set()
+        for i in range(0, len(wanted), _BATCH):
+            chunk = wanted[i : i + _BATCH]
+
+            def read(cur: Any, chunk: list[str] = chunk) -> list[tuple[str]]:
+                cur.execute(f"SELECT digest FROM {TABLE} WHERE digest = ANY(%s)", (chunk,))
+                return list(cur.fetchall())
+
+            found.update(str(row[0]) for row in self._run(read, "looking up payloads"))
+        return found
+
+    def delete(self, digests: Collection[str]) -> int:
+        wanted = sorted(set(digests))
+        removed = 0
+        for i in range(0, len(wanted), _BATCH):
+            chunk = wanted[i : i + _BATCH]
+
+            def drop(cur: Any, chunk: list[str] = chunk) -> int:
+                cur.execute(f"DELETE FROM {TABLE} WHERE digest = ANY(%s)", (chunk,))
+                return int(cur.rowcount)
+
+            removed += self._run(drop, "deleting payloads")
+        return removed
+
+    def scan(self) -> Iterator[StoredPayload]:
+        def read(cur: Any) -> list[tuple[str, int, float]]:
+            cur.execute(f"SELECT digest, size, stored_at FROM {TABLE}")
+            return list(cur.fetchall())
+
+        for digest, size, stored_at in self._run(read, "listing payloads"):
+            yield StoredPayload(str(digest), int(size), float(stored_at))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _first_line(exc: BaseException | None) -> str:
+    return str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else type(exc).__name__
+
+
+__all__ = ["TABLE", "PostgresPayloadStore"]

@@ -1,0 +1,117 @@
+"""Each backend runs the one contract (tests/payloads/contract.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+
+from payloads import (
+    InMemoryPayloadStore,
+    LocalDirPayloadStore,
+    PayloadStore,
+    PayloadStoreUnavailable,
+    open_payload_store,
+)
+from payloads._postgres import TABLE, PostgresPayloadStore
+from payloads._s3 import S3PayloadStore
+from tests.payloads.contract import PayloadStoreContract
+from tests.payloads.s3_server import make_bucket, moto_s3
+
+
+class TestInMemory(PayloadStoreContract):
+    def create_store(self) -> PayloadStore:
+        return InMemoryPayloadStore()
+
+    def reopen(self, store: PayloadStore) -> PayloadStore:
+        return store  # nothing outlives the instance
+
+    def damage(self, store: PayloadStore, digest: str, content: bytes) -> None:
+        assert isinstance(store, InMemoryPayloadStore)
+        store.overwrite(digest, content)
+
+
+class TestLocalDir(PayloadStoreContract):
+    @pytest.fixture(autouse=True)
+    def _root(self, tmp_path: Path) -> None:
+        self.root = tmp_path / "payloads"
+
+    def create_store(self) -> PayloadStore:
+        return LocalDirPayloadStore(self.root)
+
+    def reopen(self, store: PayloadStore) -> PayloadStore:
+        return LocalDirPayloadStore(self.root)
+
+    def damage(self, store: PayloadStore, digest: str, content: bytes) -> None:
+        assert isinstance(store, LocalDirPayloadStore)
+        store.path_of(digest).write_bytes(content)
+
+    def test_an_unfinished_put_is_never_listed(self, tmp_path: Path) -> None:
+        store = LocalDirPayloadStore(self.root)
+        store.put("sha256:" + "ab" * 32, b"x")
+        shard = self.root / "sha256" / "ab"
+        (shard / (".tmp-" + "ab" * 32 + ".dead")).write_bytes(b"half")
+        assert [p.digest for p in store.scan()] == ["sha256:" + "ab" * 32]
+        assert [p.name for p in store.leftovers(older_than=float("inf"))] == [".tmp-" + "ab" * 32 + ".dead"]
+
+
+class TestPostgres(PayloadStoreContract):
+    @pytest.fixture(autouse=True)
+    def _url(self, pg_url: str) -> None:
+        self.url = pg_url
+
+    def create_store(self) -> PayloadStore:
+        return PostgresPayloadStore(self.url)
+
+    def reopen(self, store: PayloadStore) -> PayloadStore:
+        return PostgresPayloadStore(self.url)
+
+    def damage(self, store: PayloadStore, digest: str, content: bytes) -> None:
+        assert isinstance(store, PostgresPayloadStore)
+        with store.engine.connect() as conn:
+            raw: Any = conn.connection.dbapi_connection
+            with raw.cursor() as cur:
+                cur.execute(f"UPDATE {TABLE} SET content = %s WHERE digest = %s", (content, digest))
+
+    def test_a_server_that_is_not_there_is_unavailable(self) -> None:
+        store = PostgresPayloadStore("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=2")
+        try:
+            with pytest.raises(PayloadStoreUnavailable):
+                store.put("sha256:" + "0" * 64, b"x")
+        finally:
+            store.close()
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with moto_s3() as endpoint:
+        yield endpoint
+
+
+class TestS3(PayloadStoreContract):
+    @pytest.fixture(autouse=True)
+    def _bucket(self, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        self.endpoint = s3_endpoint
+        self.bucket = f"b{uuid.uuid4().hex[:12]}"
+        make_bucket(s3_endpoint, self.bucket)
+
+    def create_store(self) -> PayloadStore:
+        return open_payload_store(f"s3://{self.bucket}/runs/one?endpoint={self.endpoint}&region=us-east-1")
+
+    def reopen(self, store: PayloadStore) -> PayloadStore:
+        return self.create_store()
+
+    def damage(self, store: PayloadStore, digest: str, content: bytes) -> None:
+        assert isinstance(store, S3PayloadStore)
+        obstore.put(store.client, store.key_of(digest), content)  # an unconditional overwrite
+
+    def test_an_endpoint_that_is_not_there_is_unavailable(self) -> None:
+        store = S3PayloadStore("nobucket", endpoint="http://127.0.0.1:1", region="us-east-1")
+        with pytest.raises(PayloadStoreUnavailable):
+            store.put("sha256:" + "0" * 64, b"x")

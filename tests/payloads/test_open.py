@@ -1,0 +1,41 @@
+"""Choosing a backend by URL, the default store beside a log, and the package's public names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import payloads
+from payloads import (
+    InMemoryPayloadStore,
+    LocalDirPayloadStore,
+    PayloadStoreError,
+    default_payload_url,
+    open_payload_store,
+)
+
+
+def test_each_url_scheme_opens_its_backend(tmp_path: Path) -> None:
+    assert isinstance(open_payload_store("memory://"), InMemoryPayloadStore)
+    local = open_payload_store((tmp_path / "p").as_uri(), name="shared")
+    assert isinstance(local, LocalDirPayloadStore)
+    assert (local.root, local.name) == (tmp_path / "p", "shared")
+    assert isinstance(open_payload_store(str(tmp_path / "q")), LocalDirPayloadStore)
+    with pytest.raises(PayloadStoreError, match="unknown payload store URL 'ftp://x'"):
+        open_payload_store("ftp://x")
+
+
+def test_the_default_store_sits_beside_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEDGER_PAYLOADS", raising=False)
+    db = tmp_path / "ledger.db"
+    assert default_payload_url(f"sqlite:///{db}") == (tmp_path / "ledger.db.payloads").as_uri()
+    assert default_payload_url("sqlite://") == "memory://"
+    pg = "postgresql+psycopg://u@127.0.0.1:5432/ledger"
+    assert default_payload_url(pg) == pg
+    monkeypatch.setenv("LEDGER_PAYLOADS", "s3://bucket/x")
+    assert default_payload_url(pg) == "s3://bucket/x"
+
+
+def test_the_public_names_are_what_the_package_exports() -> None:
+    assert set(payloads.__all__) == {n for n in dir(payloads) if not n.startswith("_")}
