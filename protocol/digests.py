@@ -1,11 +1,23 @@
-"""Canonical JSON and the `sha256:<hex>` digests every side of the hand-off compares."""
+"""Canonical JSON and the `sha256:<hex>` digests every side of the hand-off compares.
+
+Canonical JSON is the standard library's `json` with sorted keys, no insignificant whitespace, UTF-8
+text (not ASCII escapes) and no NaN or infinity: those are the bytes every digest is taken of, on
+every side and in every version.  `canonical_bytes` writes them with orjson (20x faster on large
+replies) and falls back to the standard library wherever orjson's text could differ: orjson writes
+floats below 1e-4 in another form (`1e-5` and `0.00001` where `json` writes `1e-05`), writes NaN and
+infinity as `null` where `json` refuses them, and refuses keys that are not strings and integers past
+64 bits, which `json` writes.  A property test holds the two to the same bytes
+(tests/core/test_canonical_json.py).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Annotated, Any, Final
 
+import orjson
 from pydantic import StringConstraints
 
 DIGEST_PREFIX: Final = "sha256:"
@@ -16,11 +28,69 @@ Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
 # One encoder for every call: `json.dumps` with options builds a new one each time (1 us of 3.3 for a
 # small dict; the store renders an append's metadata with it).
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS
+_DIGITS: Final = frozenset(b"0123456789")
+
+
+def _orjson_float_form(out: bytes) -> bool:
+    """Whether `out` holds text where orjson's floats can differ from json's: a one-digit negative
+    exponent (`1e-5`, `1.2e-7`; json writes `e-05`) or a fixed-point small number (`0.00001`).  Found
+    anywhere, even inside a string, json writes instead.  Searched with `bytes.find` (C), never a regex
+    (a regex over a 100 KB reply cost more than the encoding)."""
+    if b"0.0000" in out:
+        return True
+    i = out.find(b"e-")
+    while i >= 0:
+        if (
+            i > 0
+            and out[i - 1] in _DIGITS
+            and i + 2 < len(out)
+            and out[i + 2] in _DIGITS
+            and (i + 3 >= len(out) or out[i + 3] not in _DIGITS)
+        ):
+            return True
+        i = out.find(b"e-", i + 2)
+    return False
+
+
+def _all_finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in `value` (orjson writes them as `null`; json refuses them)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind is dict:
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            try:  # a list of numbers is summed in C: a NaN or infinity shows in the total
+                total = sum(item, 0.0)
+                if math.isfinite(total):
+                    continue
+            except (TypeError, OverflowError):
+                pass
+            stack.extend(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            return False
+    return True
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """Canonical JSON as UTF-8 bytes: exactly `canonical_json(value).encode()`, faster."""
+    try:
+        out = orjson.dumps(value, option=_ORJSON_OPTIONS)
+    except (TypeError, orjson.JSONEncodeError):
+        return _CANONICAL.encode(value).encode()  # json's own answer: its text, or its error
+    if _orjson_float_form(out) or (b"null" in out and not _all_finite(value)):
+        return _CANONICAL.encode(value).encode()
+    return out
 
 
 def canonical_json(value: Any) -> str:
-    """UTF-8 JSON with sorted keys and no insignificant whitespace: the bytes every digest is taken of."""
-    return _CANONICAL.encode(value)
+    """UTF-8 JSON with sorted keys and no insignificant whitespace: the text every digest is taken of."""
+    return canonical_bytes(value).decode()
 
 
 def sha256_digest(content: bytes) -> str:
@@ -30,4 +100,4 @@ def sha256_digest(content: bytes) -> str:
 
 def reply_digest(reply: dict[str, Any]) -> str:
     """The digest of a `/run` reply, as an agent's completion receipt names it."""
-    return sha256_digest(canonical_json(reply).encode())
+    return sha256_digest(canonical_bytes(reply))

@@ -1,0 +1,176 @@
+"""Token records as numpy arrays: the trainer's and the workers' side of `protocol.token_codec`.
+
+`decode_arrays` reads a binary payload into views of its buffer (no copy, no per-token Python
+object); `encode_arrays` writes the binary form from arrays with the same dtype rule as the Gym
+side's list encoder, so both give the same bytes; `canonical` turns any valid binary payload into the
+canonical one (the same object when it already is).  numpy is imported here and nowhere below
+`payloads`: the Gym side never imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from protocol.token_codec import (
+    ARRAY_FIELDS,
+    TOKENS_JSON_MEDIA_TYPE,
+    TOKENS_MEDIA_TYPE,
+    TokenCodecError,
+    TokenLayout,
+    assemble,
+    decode_json,
+    encode_records,
+    read_layout,
+)
+
+_NUMPY_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    "u4": np.dtype("<u4"),
+    "i8": np.dtype("<i8"),
+    "f4": np.dtype("<f4"),
+    "f8": np.dtype("<f8"),
+}
+_U4_MAX: Final = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TokenArrays:
+    """The token records of one try: each record's other fields, and its arrays as views of `buffer`."""
+
+    layout: TokenLayout
+    buffer: bytes | bytearray | memoryview
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.layout.records
+
+    def __len__(self) -> int:
+        return len(self.layout.records)
+
+    def array(self, record: int, field: str) -> npt.NDArray[Any]:
+        span = self.layout.span(record, field)
+        return np.frombuffer(
+            self.buffer, dtype=_NUMPY_DTYPES[span.dtype], count=span.count, offset=span.offset
+        )
+
+    def prompt(self, record: int) -> npt.NDArray[Any]:
+        return self.array(record, "prompt_token_ids")
+
+    def generation(self, record: int) -> npt.NDArray[Any]:
+        return self.array(record, "generation_token_ids")
+
+    def logprobs(self, record: int) -> npt.NDArray[Any]:
+        return self.array(record, "generation_log_probs")
+
+    @property
+    def model_call_ids(self) -> list[str]:
+        return [str(r.get("model_call_id")) for r in self.layout.records]
+
+    @property
+    def token_count(self) -> int:
+        """Generated tokens over every record."""
+        return self.layout.generated()
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt and generated tokens over every record (each call's prompt counted whole)."""
+        return sum(s.count for s in self.layout.spans if s.field != "generation_log_probs")
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """Each record as a dict with Python lists (the slow, lossless way back)."""
+        out = []
+        for r, head in enumerate(self.layout.records):
+            record = dict(head)
+            for name in ARRAY_FIELDS:
+                record[name] = self.array(r, name).tolist()
+            out.append(record)
+        return out
+
+
+def decode_arrays(content: bytes | bytearray | memoryview) -> TokenArrays:
+    """The binary payload as views of `content` (pass a bytearray for writable arrays)."""
+    return TokenArrays(read_layout(content), content)
+
+
+def decode_payload(content: bytes | bytearray, media_type: str) -> TokenArrays:
+    """Token records stored in either form as arrays: the binary form as views, the JSON reference
+    form (what older logs hold) converted once."""
+    if media_type == TOKENS_MEDIA_TYPE:
+        return decode_arrays(content)
+    if media_type in (TOKENS_JSON_MEDIA_TYPE, "application/json"):
+        return decode_arrays(encode_records(decode_json(bytes(content))))
+    raise TokenCodecError(f"token records of media type {media_type!r} have no decoder")
+
+
+def _ids(values: npt.ArrayLike) -> tuple[str, bytes]:
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return "u4", b""
+    if arr.dtype.kind not in "iu":
+        raise TokenCodecError(f"token ids of dtype {arr.dtype} are not integers")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and int(arr.max()) > np.iinfo(np.int64).max:
+        raise TokenCodecError("a token id is outside the 64-bit range")
+    if int(arr.min()) >= 0 and int(arr.max()) <= _U4_MAX:
+        return "u4", arr.astype("<u4", copy=False).tobytes()
+    return "i8", arr.astype("<i8", copy=False).tobytes()
+
+
+def _logprobs(values: npt.ArrayLike) -> tuple[str, bytes]:
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return "f4", b""
+    if arr.dtype.kind != "f":
+        arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise TokenCodecError("a logprob is NaN or infinite")
+    with np.errstate(over="ignore"):  # a value past float32's range becomes inf, hence f8
+        narrow = arr.astype("<f4")
+    if arr.dtype.itemsize <= 4 or np.array_equal(narrow.astype(np.float64), arr):
+        return "f4", narrow.tobytes()
+    return "f8", arr.astype("<f8", copy=False).tobytes()
+
+
+def encode_arrays(
+    records: Sequence[dict[str, Any]],
+    prompts: Sequence[npt.ArrayLike],
+    generations: Sequence[npt.ArrayLike],
+    logprobs: Sequence[npt.ArrayLike],
+) -> bytes:
+    """The binary form from each record's other fields and its three arrays."""
+    if not len(records) == len(prompts) == len(generations) == len(logprobs):
+        raise TokenCodecError("one prompt, generation and logprob array per record")
+    arrays: list[tuple[str, bytes]] = []
+    for prompt, generation, values in zip(prompts, generations, logprobs, strict=True):
+        gen = _ids(generation)
+        lps = _logprobs(values)
+        if len(gen[1]) // (4 if gen[0] == "u4" else 8) != len(lps[1]) // (4 if lps[0] == "f4" else 8):
+            raise TokenCodecError("generation_token_ids and generation_log_probs differ in length")
+        arrays += [_ids(prompt), gen, lps]
+    heads = [{k: v for k, v in r.items() if k not in ARRAY_FIELDS} for r in records]
+    return assemble(heads, arrays)
+
+
+def canonical(content: bytes) -> bytes:
+    """`content` if it is the canonical binary form of its records, else that form (TokenCodecError
+    when it is no binary token payload at all)."""
+    arrays = decode_arrays(content)
+    again = encode_arrays(
+        arrays.records,
+        [arrays.prompt(r) for r in range(len(arrays))],
+        [arrays.generation(r) for r in range(len(arrays))],
+        [arrays.logprobs(r) for r in range(len(arrays))],
+    )
+    return content if again == content else again
+
+
+__all__ = [
+    "TokenArrays",
+    "canonical",
+    "decode_arrays",
+    "decode_payload",
+    "encode_arrays",
+]

@@ -1,0 +1,273 @@
+"""The token records of a try as one payload: the binary form (layout, version, media type) and the
+plain JSON reference form beside it.
+
+Binary form, version 1 (`TOKENS_MEDIA_TYPE`), little-endian:
+
+    offset 0   b"RLTK"                      magic
+           4   u8 version (1), 3 zero bytes
+           8   u64 H, the header's length
+          16   header: canonical JSON, {"arrays": [[dtype, count], ...], "records": [{...}, ...]}
+               zero bytes up to a multiple of 8
+               each array in header order, each padded with zero bytes to a multiple of 8
+
+`records` are the records as they travel (`model_dump(mode="json", exclude_unset=True)`: every field
+that was set, extras and lineage fields included) without their three token arrays; `arrays` holds,
+per record in order, `prompt_token_ids`, `generation_token_ids`, `generation_log_probs`.  Token ids
+are `u4` when every id fits 0..2^32-1, else `i8`; logprobs are `f4` when every value is exactly a
+float32 (what a model server's float32 logprobs are), else `f8`.  That choice is part of the form, so
+equal records give equal bytes, hence one digest, whichever side encodes them: the Gym side from
+Python lists here (the standard library's `array`, no numpy), the trainer from numpy arrays
+(`payloads.token_arrays`), each held to the other by tests.  Decoding gives back exactly the fields
+that were set: the form is lossless.
+
+The JSON reference form (`TOKENS_JSON_MEDIA_TYPE`) is the canonical JSON of the record list, the form
+token records were stored in before the binary one.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from protocol.digests import canonical_bytes
+
+TOKENS_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens.v1"
+TOKENS_JSON_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens+json"
+MAGIC: Final = b"RLTK"
+VERSION: Final = 1
+ARRAY_FIELDS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+ID_DTYPES: Final = ("u4", "i8")
+LOGPROB_DTYPES: Final = ("f4", "f8")
+ITEM_SIZE: Final = {"u4": 4, "i8": 8, "f4": 4, "f8": 8}
+_PREFIX = struct.Struct("<4sB3xQ")
+ALIGN: Final = 8
+# The largest header a reader accepts: the records' own fields, never their arrays.
+MAX_HEADER_BYTES: Final = 64 * 1024 * 1024
+_TYPECODES: Final = {"u4": "I", "i8": "q", "f4": "f", "f8": "d"}
+for _code, _size in (("I", 4), ("q", 8), ("f", 4), ("d", 8)):
+    assert array(_code).itemsize == _size, f"array typecode {_code} is not {_size} bytes here"
+_SWAP: Final = sys.byteorder != "little"
+
+
+class TokenCodecError(ValueError):
+    """Bytes that are not token records in the binary form, or records that have no binary form."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArraySpan:
+    record: int
+    field: str
+    dtype: str
+    offset: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.count * ITEM_SIZE[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLayout:
+    """A binary payload read as far as its header: the records' other fields and where each array is."""
+
+    records: list[dict[str, Any]]
+    spans: list[ArraySpan]
+
+    def span(self, record: int, field: str) -> ArraySpan:
+        return self.spans[3 * record + ARRAY_FIELDS.index(field)]
+
+    def generated(self) -> int:
+        return sum(s.count for s in self.spans if s.field == "generation_token_ids")
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+def id_dtype_of(ids: Sequence[int]) -> tuple[str, bytes]:
+    """The form's dtype for token ids, and the ids in it (little-endian bytes)."""
+    try:
+        arr = array("I", ids)
+        dtype = "u4"
+    except OverflowError:
+        try:
+            arr = array("q", ids)
+        except OverflowError:
+            raise TokenCodecError("a token id is outside the 64-bit range") from None
+        dtype = "i8"
+    if _SWAP:
+        arr.byteswap()
+    return dtype, arr.tobytes()
+
+
+def logprob_dtype_of(values: Sequence[float]) -> tuple[str, bytes]:
+    """The form's dtype for logprobs (f4 when every value is exactly a float32), and the values in it."""
+    if not math.isfinite(sum(values, 0.0)) and not all(map(math.isfinite, values)):
+        raise TokenCodecError("a logprob is NaN or infinite")
+    wide = array("d", values)
+    narrow = array("f", wide)
+    exact = array("d", narrow) == wide
+    arr, dtype = (narrow, "f4") if exact else (wide, "f8")
+    if _SWAP:
+        arr.byteswap()
+    return dtype, arr.tobytes()
+
+
+def assemble(records: list[dict[str, Any]], arrays: list[tuple[str, bytes]]) -> bytes:
+    """The binary form from the records' other fields and their arrays as `(dtype, bytes)`, in order."""
+    header = canonical_bytes(
+        {"arrays": [[dtype, len(data) // ITEM_SIZE[dtype]] for dtype, data in arrays], "records": records}
+    )
+    parts = [_PREFIX.pack(MAGIC, VERSION, len(header)), header, bytes(_pad(len(header)))]
+    for _, data in arrays:
+        parts.append(data)
+        parts.append(bytes(_pad(len(data))))
+    return b"".join(parts)
+
+
+def split_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's fields without its token arrays (KeyError when one of them is missing)."""
+    for name in ARRAY_FIELDS:
+        if name not in record:
+            raise TokenCodecError(f"token record lacks {name}")
+    return {k: v for k, v in record.items() if k not in ARRAY_FIELDS}
+
+
+def encode_records(records: Sequence[dict[str, Any]]) -> bytes:
+    """The binary form of records given as dicts (each record as it travels), from Python lists."""
+    heads: list[dict[str, Any]] = []
+    arrays: list[tuple[str, bytes]] = []
+    for record in records:
+        heads.append(split_record(record))
+        arrays.append(id_dtype_of(record["prompt_token_ids"]))
+        arrays.append(id_dtype_of(record["generation_token_ids"]))
+        arrays.append(logprob_dtype_of(record["generation_log_probs"]))
+    return assemble(heads, arrays)
+
+
+def read_layout(content: bytes | bytearray | memoryview) -> TokenLayout:
+    """The header of a binary payload, checked: magic, version, a canonical header, every array inside
+    the payload and nothing after the last one, generated ids and logprobs of equal length."""
+    view = memoryview(content)
+    if len(view) < _PREFIX.size:
+        raise TokenCodecError(f"{len(view)} bytes are too short for token records")
+    magic, version, header_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise TokenCodecError("not token records in the binary form (bad magic)")
+    if version != VERSION:
+        raise TokenCodecError(f"token records of form version {version}; this reader knows {VERSION}")
+    if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
+        raise TokenCodecError(f"a header of {header_len} bytes does not fit the payload")
+    raw = bytes(view[_PREFIX.size : _PREFIX.size + header_len])
+    try:
+        header = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TokenCodecError(f"the header is not JSON: {exc}") from None
+    if not isinstance(header, dict) or set(header) != {"arrays", "records"}:
+        raise TokenCodecError("the header must hold exactly 'arrays' and 'records'")
+    records, arrays = header["records"], header["arrays"]
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise TokenCodecError("the header's records must be a list of objects")
+    if not isinstance(arrays, list) or len(arrays) != 3 * len(records):
+        raise TokenCodecError("the header must describe three arrays per record")
+    if canonical_bytes(header) != raw:
+        raise TokenCodecError("the header is not canonical JSON")
+    offset = _PREFIX.size + header_len + _pad(header_len)
+    spans: list[ArraySpan] = []
+    for i, entry in enumerate(arrays):
+        field = ARRAY_FIELDS[i % 3]
+        allowed = LOGPROB_DTYPES if i % 3 == 2 else ID_DTYPES
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or entry[0] not in allowed
+            or type(entry[1]) is not int
+            or entry[1] < 0
+        ):
+            raise TokenCodecError(f"array {i} ({field}) is described as {entry!r}")
+        span = ArraySpan(i // 3, field, entry[0], offset, entry[1])
+        if span.end > len(view):
+            raise TokenCodecError(f"array {i} ({field}) runs past the end of the payload")
+        spans.append(span)
+        offset = span.end + _pad(span.end - span.offset)
+    if offset != len(view):
+        raise TokenCodecError(f"{len(view) - offset} bytes follow the last array")
+    if any(view[s.end : s.end + _pad(s.end - s.offset)].tobytes().strip(b"\0") for s in spans):
+        raise TokenCodecError("padding between arrays is not zero")
+    for r in range(len(records)):
+        if spans[3 * r + 1].count != spans[3 * r + 2].count:
+            raise TokenCodecError(
+                f"record {r}: generation_token_ids and generation_log_probs differ in length"
+            )
+    return TokenLayout(records, spans)
+
+
+def _values(view: memoryview, span: ArraySpan) -> list[Any]:
+    arr = array(_TYPECODES[span.dtype])
+    arr.frombytes(view[span.offset : span.end])
+    if _SWAP:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def decode_records(content: bytes | bytearray | memoryview) -> list[dict[str, Any]]:
+    """The records of a binary payload as dicts with Python lists (the reference decoder)."""
+    layout = read_layout(content)
+    view = memoryview(content)
+    out = []
+    for r, head in enumerate(layout.records):
+        record = dict(head)
+        for name in ARRAY_FIELDS:
+            record[name] = _values(view, layout.span(r, name))
+        out.append(record)
+    return out
+
+
+def encode_json(records: Sequence[dict[str, Any]]) -> bytes:
+    """The JSON reference form: canonical JSON of the record list."""
+    return canonical_bytes(list(records))
+
+
+def decode_json(content: bytes) -> list[dict[str, Any]]:
+    try:
+        records = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise TokenCodecError(f"token records are not JSON: {exc}") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise TokenCodecError("token records must be a JSON list of objects")
+    return records
+
+
+def decode_any(content: bytes, media_type: str) -> list[dict[str, Any]]:
+    """The records of a payload in either form, by its media type."""
+    if media_type == TOKENS_MEDIA_TYPE:
+        return decode_records(content)
+    if media_type in (TOKENS_JSON_MEDIA_TYPE, "application/json"):
+        return decode_json(content)
+    raise TokenCodecError(f"token records of media type {media_type!r} have no decoder")
+
+
+__all__ = [
+    "ARRAY_FIELDS",
+    "MAGIC",
+    "TOKENS_JSON_MEDIA_TYPE",
+    "TOKENS_MEDIA_TYPE",
+    "VERSION",
+    "ArraySpan",
+    "TokenCodecError",
+    "TokenLayout",
+    "assemble",
+    "decode_any",
+    "decode_json",
+    "decode_records",
+    "encode_json",
+    "encode_records",
+    "read_layout",
+]

@@ -1,0 +1,64 @@
+"""orjson writes canonical JSON only where its bytes are the standard library's (protocol.digests)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.digests import canonical_bytes
+
+_STD = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.floats(min_value=-1e-3, max_value=1e-3)  # the small numbers orjson writes otherwise
+    | st.text()
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=6)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=6)
+        | st.dictionaries(st.integers(-5, 5), inner, max_size=3)
+    ),
+    max_leaves=40,
+)
+
+
+def _std(value: Any) -> bytes | type[BaseException]:
+    try:
+        return _STD.encode(value).encode()
+    except (ValueError, TypeError, UnicodeEncodeError) as exc:
+        return type(exc)
+
+
+def _ours(value: Any) -> bytes | type[BaseException]:
+    try:
+        return canonical_bytes(value)
+    except (ValueError, TypeError, UnicodeEncodeError) as exc:
+        return type(exc)
+
+
+@settings(max_examples=600, deadline=None)
+@given(values)
+def test_the_same_bytes_or_the_same_refusal_as_the_standard_library(value: Any) -> None:
+    assert _ours(value) == _std(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [1e-5, -1.2e-7, 6.186164884549407e-05, 1e16, 1e22, [float("nan")], {"a": [1.0, float("inf")]},
+     [1e308, 1e308], 2**64, {1: "x"}, "e-5 in text", {"k": None, "v": -0.0}],
+)  # fmt: skip
+def test_the_forms_orjson_writes_differently_fall_back(value: Any) -> None:
+    assert _ours(value) == _std(value)
+    if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
+        assert _ours(value) is ValueError

@@ -1,0 +1,149 @@
+"""The token codec: the binary form against the JSON reference, lists against numpy, every dtype,
+ragged lengths, and the payloads a reader must refuse."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from payloads.token_arrays import canonical, decode_arrays, decode_payload, encode_arrays
+from protocol.token_codec import (
+    TOKENS_JSON_MEDIA_TYPE,
+    TOKENS_MEDIA_TYPE,
+    TokenCodecError,
+    assemble,
+    decode_json,
+    decode_records,
+    encode_json,
+    encode_records,
+    read_layout,
+)
+from protocol.wire import TokenEntry
+
+small_ids = st.lists(st.integers(0, 2**32 - 1), max_size=40)
+wide_ids = st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=10)
+f32_values = st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), max_size=40)
+f64_values = st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=40)
+
+
+@st.composite
+def records(draw: st.DrawFn) -> list[dict[str, Any]]:
+    out = []
+    for i in range(draw(st.integers(0, 4))):
+        prompt = draw(small_ids | wide_ids)
+        lps = draw(f32_values | f64_values)
+        gen = draw(st.lists(st.integers(0, 2**32 - 1), min_size=len(lps), max_size=len(lps)))
+        record: dict[str, Any] = {
+            "rollout_id": "g1_g0",
+            "model_call_id": f"call-{i + 1}",
+            "prompt_token_ids": prompt,
+            "generation_token_ids": gen,
+            "generation_log_probs": lps,
+        }
+        # Every other field rides in the header as it was set: lineage fields, extras, nested JSON.
+        record.update(draw(st.dictionaries(st.sampled_from(["model", "created_at", "cum_len", "x_extra"]),
+                                           st.none() | st.integers(-5, 5) | st.text(max_size=5) | st.floats(allow_nan=False, allow_infinity=False),
+                                           max_size=3)))  # fmt: skip
+        out.append(record)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(records())
+def test_both_forms_round_trip_and_both_encoders_write_the_same_bytes(recs: list[dict[str, Any]]) -> None:
+    binary = encode_records(recs)
+    assert decode_records(binary) == recs
+    assert decode_json(encode_json(recs)) == recs
+    arrays = decode_arrays(binary)
+    assert arrays.to_records() == recs
+    again = encode_arrays(
+        arrays.records,
+        [np.asarray(r["prompt_token_ids"], dtype=np.int64) if r["prompt_token_ids"] else [] for r in recs],
+        [np.asarray(r["generation_token_ids"], dtype=np.uint64) for r in recs],
+        [np.asarray(r["generation_log_probs"], dtype=np.float64) for r in recs],
+    )
+    assert again == binary
+    assert canonical(binary) is binary
+    assert decode_payload(encode_json(recs), TOKENS_JSON_MEDIA_TYPE).to_records() == recs
+
+
+def test_each_dtype_is_chosen_by_the_values() -> None:
+    recs = [
+        {"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-0.5]},
+        {"prompt_token_ids": [-1], "generation_token_ids": [2**40], "generation_log_probs": [-0.1]},
+    ]
+    layout = read_layout(encode_records(recs))
+    assert [s.dtype for s in layout.spans] == ["u4", "u4", "f4", "i8", "i8", "f8"]
+    arrays = decode_arrays(encode_records(recs))
+    assert arrays.generation(1).dtype == np.dtype("<i8") and arrays.logprobs(1)[0] == -0.1
+    assert (arrays.token_count, arrays.total_tokens) == (2, 5)
+
+
+def test_a_non_canonical_encoding_is_made_canonical() -> None:
+    recs = [{"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-0.5]}]
+    wide = assemble(
+        [{}],
+        [("i8", np.array([1, 2], "<i8").tobytes()), ("i8", np.array([3], "<i8").tobytes()),
+         ("f8", np.array([-0.5], "<f8").tobytes())],
+    )  # fmt: skip
+    assert decode_records(wide) == recs
+    assert canonical(wide) == encode_records(recs) != wide
+
+
+def test_a_token_entry_comes_back_with_exactly_the_fields_that_were_set() -> None:
+    entry = TokenEntry(
+        rollout_id="g1_g0",
+        model_call_id="call-1",
+        model="m",
+        prompt_token_ids=[5, 6, 7],
+        generation_token_ids=[8, 9],
+        generation_log_probs=[-0.125, -2.5],
+        output_items=[{"type": "message", "id": "x"}],
+        token_item_index=0,
+        created_at=12.5,
+    )
+    record = entry.model_dump(mode="json", exclude_unset=True)
+    [back] = decode_records(encode_records([record]))
+    again = TokenEntry.model_validate(back)
+    assert again == entry
+    assert again.model_fields_set == entry.model_fields_set
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda b: b[:10], "too short"),
+        (lambda b: b"XXXX" + b[4:], "bad magic"),
+        (lambda b: b[:4] + b"\x02" + b[5:], "form version 2"),
+        (lambda b: b + b"\0" * 8, "follow the last array"),
+        (lambda b: b[:-1], "runs past the end|follow the last"),
+        (lambda b: b[:8] + struct.pack("<Q", 10**9) + b[16:], "does not fit"),
+        (lambda b: b[:16] + b"[" + b[17:], "not JSON|not canonical"),
+        (lambda b: b[:-2] + b"\x01\x00", "padding"),
+    ],
+)
+def test_a_damaged_payload_is_refused_with_its_reason(damage: Any, message: str) -> None:
+    good = encode_records(
+        [{"prompt_token_ids": [1, 2, 3], "generation_token_ids": [4], "generation_log_probs": [-1.0]}]
+    )
+    with pytest.raises(TokenCodecError, match=message):
+        read_layout(damage(good))
+
+
+def test_records_without_a_binary_form_are_refused() -> None:
+    with pytest.raises(TokenCodecError, match="NaN or infinite"):
+        encode_records(
+            [{"prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": [float("nan")]}]
+        )
+    with pytest.raises(TokenCodecError, match="64-bit"):
+        encode_records(
+            [{"prompt_token_ids": [2**64], "generation_token_ids": [], "generation_log_probs": []}]
+        )
+    with pytest.raises(TokenCodecError, match="lacks generation_log_probs"):
+        encode_records([{"prompt_token_ids": [1], "generation_token_ids": [2]}])
+    assert TOKENS_MEDIA_TYPE.startswith("application/vnd.rollout-ledger.tokens")
