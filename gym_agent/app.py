@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from gym_agent.config import AgentConfig
-from gym_agent.episode import Environment
+from gym_agent.episode import HEARTBEAT_S, Environment
 from gym_agent.faults import FaultInjector, FaultRequest
 from participant import ExecutionRegistry, RunSession, mount_participant
 from participant.routes import install_json_errors
@@ -37,6 +37,7 @@ class EpisodeRunner:
             fault=self.faults.fault_of(request),
             at_boundary=session.at_boundary,
             record=session.record,
+            heartbeat=session.heartbeat,
         )
 
 
@@ -75,6 +76,7 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         hooks=faults,
         deliver=faults.deliver,
         guard="all",
+        heartbeat_s=HEARTBEAT_S,
     )
     reg = participant.registry
 

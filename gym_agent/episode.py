@@ -30,6 +30,31 @@ OBSERVATION_LEN = (2, 6)
 # Zero-work mode (benchmarks): each model call is two tokens drawn from the episode's rng, no torch call.
 ZERO_WORK_TOKENS = 2
 ZERO_WORK_LOGPROB = -1.0
+# The agent's promise (`mount_participant(heartbeat_s=...)`): a live try reports progress at least this
+# often, from inside a model call (waiting for the model thread, or a call's simulated duration) too.
+HEARTBEAT_S = 0.5
+
+
+async def working(seconds: float, heartbeat: Callable[[], None]) -> None:
+    """`seconds` of work (a model call's or a tool's), with a heartbeat every HEARTBEAT_S."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while (left := end - loop.time()) > 0:
+        await asyncio.sleep(min(left, HEARTBEAT_S))
+        heartbeat()
+
+
+async def beating(future: Awaitable[Any], heartbeat: Callable[[], None]) -> Any:
+    """Awaits `future` (a model call queued behind others on the model thread), with heartbeats."""
+    task = asyncio.ensure_future(future)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_S)
+            if done:
+                return task.result()
+            heartbeat()
+    finally:
+        task.cancel()  # a retire cancels the try: the queued call goes with it
 
 
 def episode_seed(agent_seed: int, rollout_id: str, attempt_index: int) -> int:
@@ -88,6 +113,7 @@ class Environment:
         fault: ResolvedFault,
         at_boundary: Callable[[], Awaitable[None]],
         record: Callable[[TokenEntry], None],
+        heartbeat: Callable[[], None] = lambda: None,
     ) -> RunReply:
         key = capture_key(request.rollout_id, request.attempt_index)
         seed = episode_seed(self.seed, request.rollout_id, request.attempt_index)
@@ -107,15 +133,18 @@ class Environment:
             if fault.hang:
                 await asyncio.Event().wait()  # stuck inside a model call: only a retire (cancel) ends it
             if self.delay_s + fault.delay_s > 0:
-                await asyncio.sleep(self.delay_s + fault.delay_s)
+                await working(self.delay_s + fault.delay_s, heartbeat)
             max_new = rng.randint(*NEW_TOKENS)
             prompt = context[-(self.policy.max_seq_len - max_new) :]
             if generator is None:
                 token_ids = [rng.randrange(vocab) for _ in range(ZERO_WORK_TOKENS)]
                 logprobs = [ZERO_WORK_LOGPROB] * ZERO_WORK_TOKENS
             else:
-                sample = await loop.run_in_executor(
-                    self.executor, self.policy.sample, prompt, max_new, generator, self.temperature
+                sample = await beating(
+                    loop.run_in_executor(
+                        self.executor, self.policy.sample, prompt, max_new, generator, self.temperature
+                    ),
+                    heartbeat,
                 )
                 token_ids, logprobs = sample.token_ids, sample.logprobs
             item: dict[str, Any] = {

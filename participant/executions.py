@@ -49,6 +49,8 @@ from protocol.wire import (
     RunReply,
     RunRequest,
     TokenEntry,
+    TryProgress,
+    TryWork,
 )
 
 log = logging.getLogger("participant")
@@ -63,13 +65,22 @@ CHECKPOINT_OPS: Final[dict[str, tuple[Phase, ...]]] = {
 
 
 class RunSession(Protocol):
-    """What a runner may do while it plays a try."""
+    """What a runner may do while it plays a try.
+
+    Every call is progress of the try's own, what a prepare judges a try by: a try that reports none
+    for longer than its runner promised (`heartbeat_s`) is stuck.  A model call runs from a boundary
+    (or the try's start) to its token record; time inside `at_boundary` (parked included) and between a
+    record and the next boundary (a tool) is not model time."""
 
     async def at_boundary(self) -> None:
         """A model-call boundary: a checkpoint parks the try here until it is resumed or aborted."""
 
     def record(self, entry: TokenEntry) -> None:
         """Keeps one model call's token record (in call order)."""
+
+    def heartbeat(self, generated_tokens: int | None = None) -> None:
+        """The try is alive (inside a model call or a tool); `generated_tokens`: what the model call in
+        progress has generated so far, when the runner knows."""
 
 
 class Runner(Protocol):
@@ -132,6 +143,17 @@ class Execution:
     receipt: CompletionReceipt | None = None
     tokens: list[TokenEntry] = field(default_factory=list)
     error: str | None = None
+    # Progress of its own (monotonic): its start, a boundary, a token record, a heartbeat.
+    last_progress: float = field(default_factory=time.monotonic)
+    # Since when it is inside a model call (None at a boundary, or in a tool after a record).
+    in_call_since: float | None = field(default_factory=time.monotonic)
+    model_s: float = 0.0
+    recorded_tokens: int = 0
+    # The model call in progress: tokens generated so far, as the runner's heartbeat said.
+    call_tokens: int = 0
+    # Whether the runner ever reached a boundary: one that never does goes from one record straight
+    # into its next model call.
+    uses_boundaries: bool = False
 
     def __post_init__(self) -> None:
         self.may_run.set()
@@ -148,15 +170,56 @@ class Execution:
     def evidence(self) -> tuple[str, int, str]:
         return (self.request.rollout_id, self.request.attempt_index, self.capture_key)
 
+    def _leave_call(self, now: float) -> None:
+        if self.in_call_since is not None:
+            self.model_s += now - self.in_call_since
+            self.in_call_since = None
+
+    def work(self, now: float | None = None) -> TryWork:
+        """What the try has cost so far (the model call in progress counted up to `now`)."""
+        now = time.monotonic() if now is None else now
+        running = now - self.in_call_since if self.in_call_since is not None else 0.0
+        return TryWork(
+            model_s=round(self.model_s + running, 6),
+            generated_tokens=self.recorded_tokens + self.call_tokens,
+        )
+
+    def progress(self, now: float) -> TryProgress:
+        return TryProgress(
+            rollout_id=self.request.rollout_id,
+            attempt_index=self.request.attempt_index,
+            model_calls_done=len(self.tokens),
+            work=self.work(now),
+            since_progress_s=round(max(0.0, now - self.last_progress), 4),
+            in_model_call=self.in_call_since is not None,
+        )
+
     async def at_boundary(self) -> None:
+        now = time.monotonic()
+        self._leave_call(now)
+        self.uses_boundaries = True
+        self.last_progress = now
         if self.state is ExecState.PARK_REQUESTED:
             self.state = ExecState.PARKED
             self.notify()
         # Whoever clears the park (resume, abort) sets the state back to RUNNING before waking us.
         await self.may_run.wait()
+        self.in_call_since = self.last_progress = time.monotonic()
 
     def record(self, entry: TokenEntry) -> None:
+        now = time.monotonic()
+        self._leave_call(now)
         self.tokens.append(entry)
+        self.recorded_tokens += len(entry.generation_token_ids)
+        self.call_tokens = 0
+        self.last_progress = now
+        if not self.uses_boundaries:
+            self.in_call_since = now
+
+    def heartbeat(self, generated_tokens: int | None = None) -> None:
+        self.last_progress = time.monotonic()
+        if generated_tokens is not None:
+            self.call_tokens = max(0, generated_tokens)
 
 
 @dataclass(frozen=True)
@@ -191,8 +254,13 @@ class ExecutionRegistry:
         runner: Runner,
         state_dir: Path,
         hooks: Hooks | None = None,
+        heartbeat_s: float | None = None,
     ) -> None:
+        if heartbeat_s is not None and not heartbeat_s > 0:
+            raise ValueError(f"heartbeat_s must be > 0 (or None), got {heartbeat_s}")
         self.agent_name = agent_name
+        # The runner's promise: the longest it goes without progress of a live try (RunSession).
+        self.heartbeat_s = heartbeat_s
         self.generation = generation
         self.runner = runner
         self.state_dir = state_dir
@@ -309,9 +377,11 @@ class ExecutionRegistry:
             reply = await self.runner(ex.request, ex)
             if (reply.rollout_id, reply.attempt_index) != ex.key:
                 raise ValueError(f"the runner answered for ({reply.rollout_id}, {reply.attempt_index})")
+            ex._leave_call(time.monotonic())
             if not ex.tokens:
                 # A runner that does not capture call by call: read the records off the reply.
                 ex.tokens = token_records_from_reply(reply, ex.capture_key, time.time())
+                ex.recorded_tokens = sum(len(t.generation_token_ids) for t in ex.tokens)
             reply_json = reply.payload()
             ex.reply = reply_json
             ex.receipt = CompletionReceipt(
@@ -322,6 +392,7 @@ class ExecutionRegistry:
                 result_digest=reply.digest(),
                 manifest_capture_key=ex.capture_key,
                 terminal_model_call_id=ex.tokens[-1].model_call_id if ex.tokens else "",
+                work=ex.work(),
             )
             # Both durable before anyone is given the reply or the receipt: an execution whose result
             # can leave this process is always in the evidence.
@@ -380,6 +451,7 @@ class ExecutionRegistry:
         blocking = self._in_state(*BLOCKING_STATES)
         completed = self._in_state(ExecState.COMPLETED)
         parked_without_boundary = 0  # every run of this agent parks only at a model-call boundary
+        now = time.monotonic()
         return AgentStatus(
             phase=self.phase,
             active_checkpoint_id=self.active_checkpoint,
@@ -391,6 +463,8 @@ class ExecutionRegistry:
             blocking_attempts=[e.ref for e in blocking],
             parked_without_boundary=parked_without_boundary,
             ready_to_commit=not blocking and not parked_without_boundary and not completed,
+            heartbeat_s=self.heartbeat_s,
+            progress=[e.progress(now) for e in blocking if e.state is ExecState.PARK_REQUESTED],
         )
 
     # -- acknowledgement and retirement ---------------------------------------------------------
@@ -467,6 +541,7 @@ class ExecutionRegistry:
                 retired=False, tombstoned=False, completed_unacknowledged=True, execution_generation=gen
             )
         retired = ex is not None and ex.state in LIVE_STATES
+        work = ex.work() if ex is not None and retired else None
         self._tombstones.add(key)
         if ex is not None and retired:
             task = ex.task
@@ -482,7 +557,11 @@ class ExecutionRegistry:
         )
         # A FAILED try is tombstoned like a never-started one: it produced nothing to adopt.
         return RetireResponse(
-            retired=retired, tombstoned=True, completed_unacknowledged=False, execution_generation=gen
+            retired=retired,
+            tombstoned=True,
+            completed_unacknowledged=False,
+            execution_generation=gen,
+            work=work,
         )
 
     # -- checkpoint phases ------------------------------------------------------------------------

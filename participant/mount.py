@@ -191,6 +191,7 @@ def mount_participant(
     deliver: Deliver | None = None,
     open_paths: frozenset[str] = frozenset({"/health"}),
     guard: Literal["participant", "all"] = "participant",
+    heartbeat_s: float | None = None,
 ) -> Participant:
     """Mounts the participant onto `app` (before it starts serving) and returns it.
 
@@ -198,6 +199,10 @@ def mount_participant(
     durable execution evidence and the checkpoint artefacts.  By default a try runs through the
     agent's own `POST /run`; `runner` replaces that (the reference agent plays its episodes with
     boundaries to park at).  `hooks` and `deliver` are the reference agent's fault-injection points.
+    `heartbeat_s` is the runner's promise to report progress of every live try at least that often
+    (`RunSession.heartbeat`, a boundary, a token record): a prepare then judges a try that went longer
+    without progress stuck.  The agent's own `/run` makes no such promise (None): its tries are waited
+    for until the trainer's last resort.
     """
     generation = next_generation(state_dir)
     asgi_runner: AsgiRunner | None = None
@@ -209,6 +214,7 @@ def mount_participant(
         runner=runner,
         state_dir=state_dir,
         hooks=hooks,
+        heartbeat_s=heartbeat_s,
     )
     routes = participant_app(registry, deliver=deliver)
     app.add_middleware(

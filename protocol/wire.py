@@ -150,6 +150,17 @@ def gym_reply(payload: Any, rollout_id: str, attempt_index: int) -> RunReply:
     return RunReply.model_validate(data)
 
 
+class TryWork(WireModel):
+    """What one try has cost the agent so far: seconds inside model calls (parked time not counted)
+    and tokens generated (the current call's partial count included).  Reported by the agent, so the
+    log can say how much generation a retire threw away and how much a seal kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_s: float = Field(default=0.0, ge=0)
+    generated_tokens: int = Field(default=0, ge=0)
+
+
 class CompletionReceipt(WireModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -161,6 +172,8 @@ class CompletionReceipt(WireModel):
     result_digest: Digest
     manifest_capture_key: Identifier
     terminal_model_call_id: str
+    # The execution's work (None from agents that do not report it).
+    work: TryWork | None = None
 
     @property
     def attempt(self) -> tuple[str, int]:
@@ -234,6 +247,8 @@ class RetireResponse(WireModel):
     done: bool = False
     # The generation of the agent process that answered: an adoption accepts a receipt only from it.
     execution_generation: int | None = Field(default=None, ge=0)
+    # What the cancelled execution had done when it was cancelled (`retired`), as the agent measured it.
+    work: TryWork | None = None
 
 
 class PrepareRequest(WireModel):
@@ -243,6 +258,18 @@ class PrepareRequest(WireModel):
 
 class CheckpointRequest(WireModel):
     checkpoint_id: Identifier
+
+
+class TryProgress(WireModel):
+    """A try a prepare asked to park that has not reached a boundary yet, and how recently it made
+    progress of its own (a boundary, a token record, a heartbeat from its runner)."""
+
+    rollout_id: Identifier
+    attempt_index: AttemptIndex
+    model_calls_done: int = Field(ge=0)
+    work: TryWork
+    since_progress_s: float = Field(ge=0)
+    in_model_call: bool
 
 
 class AgentStatus(WireModel):
@@ -256,6 +283,11 @@ class AgentStatus(WireModel):
     blocking_attempts: list[AttemptRef]
     parked_without_boundary: int
     ready_to_commit: bool
+    # The runner's promise: the longest it goes without reporting progress of a live try (None: no
+    # promise, and a try is never judged stuck from the agent's side).
+    heartbeat_s: float | None = Field(default=None, gt=0)
+    # One per try asked to park that is still on its way to a boundary (PARK_REQUESTED).
+    progress: list[TryProgress] = Field(default_factory=list)
 
 
 class PhaseResponse(WireModel):

@@ -32,7 +32,9 @@ DONE = RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=
 def _answer(answer: RetireResponse) -> RetireResponse:
     """The answer without its generation, after checking it names the answering process's."""
     assert answer.execution_generation is not None and answer.execution_generation >= 1
-    return answer.model_copy(update={"execution_generation": None})
+    # Only a cancelled execution reports the work it had done.
+    assert (answer.work is not None) == answer.retired
+    return answer.model_copy(update={"execution_generation": None, "work": None})
 
 
 VALID_FROM = "(valid from: ['idle', 'prepared', 'preparing'])"
