@@ -60,6 +60,7 @@ from trainer.errors import (
     GroupConflict,
     LogprobsMismatch,
     NotSealed,
+    StreamExists,
     UnknownGroup,
 )
 from trainer.gym import GymClient
@@ -316,7 +317,13 @@ class RolloutCoordinator:
                     for i in range(expected_generations)
                 ),
             ]
-            await self.journal.append(group_stream(group_id), events)
+            try:
+                await self.journal.append(group_stream(group_id), events, create=True)
+            except StreamExists:
+                # Reserved by another writer after this process last folded the log (another trainer
+                # sharing it): the same request is this one, anything else refuses this submit alone.
+                await self.journal.catch_up()
+                await self._check_same_request(reserved)
         group = self.ledger.groups.get(group_id)
         if group is not None and group.status == "open" and self.owns(group):
             self._drive(group_id)
@@ -336,6 +343,11 @@ class RolloutCoordinator:
         budgets = {"max_tries", "max_infra_failures", "max_data_failures"}
         mine = reserved.model_dump(mode="json", exclude=budgets)
         theirs = held.model_dump(mode="json", exclude=budgets)
+        if held.trainer_id != reserved.trainer_id:
+            raise GroupConflict(
+                f"group {reserved.group_id!r} is reserved by trainer {held.trainer_id!r}, not this one "
+                f"({reserved.trainer_id!r}): group ids are unique across every trainer sharing the log"
+            )
         if mine != theirs:
             fields = sorted(k for k in mine if mine[k] != theirs.get(k))
             raise GroupConflict(

@@ -11,6 +11,15 @@ class FencedOff(RolloutError):
     """Another coordinator appended to a stream this one writes: this one is stale and has stopped for good."""
 
 
+class StreamExists(RolloutError):
+    """An append meant to start a stream found it started by another writer; nothing was written."""
+
+    def __init__(self, stream: str, version: int) -> None:
+        super().__init__(f"stream {stream!r} already exists (at version {version}); nothing was written")
+        self.stream = stream
+        self.version = version
+
+
 class CoordinatorStopped(RolloutError):
     """The coordinator was closed (or fenced off, or lost its database) and accepts no more work."""
 

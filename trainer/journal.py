@@ -58,7 +58,7 @@ from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState, lookahead
 from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.streams import group_of_stream, group_stream, is_group_stream
-from trainer.errors import CoordinatorStopped, FencedOff
+from trainer.errors import CoordinatorStopped, FencedOff, StreamExists
 from trainer.eventloop import wait_at_most
 from trainer.telemetry import JOURNAL_BATCHES
 
@@ -189,10 +189,17 @@ class Journal:
         stream: str,
         build: Sequence[Event] | Callable[[LedgerState], Sequence[Event]],
         blobs: Sequence[bytes] = (),
+        *,
+        create: bool = False,
     ) -> list[Event]:
         """Appends to `stream` at the version last seen; `build` may look at the current ledger first.
 
         Returns the events written (empty if `build` decided there was nothing to write).
+
+        `create`: the append starts the stream (a group's reservation).  If the stream exists already
+        (another writer created it, whether or not this process has folded that yet), the append is
+        refused with `StreamExists` and nothing else happens: this process never saw the stream, so
+        its view of it cannot be stale and it is not fenced off.
 
         Group commit: the call is queued and one writer task writes every append queued meanwhile
         in one store transaction, then folds the log once (see the module doc).  `build` always sees
@@ -203,7 +210,9 @@ class Journal:
             raise self.fenced
         if self.stopped is not None:
             raise self.stopped
-        request = _Request(stream, build, blobs, asyncio.get_running_loop().create_future())
+        if create and stream in self.versions:
+            raise StreamExists(stream, self.versions[stream])
+        request = _Request(stream, build, blobs, asyncio.get_running_loop().create_future(), create=create)
         self._queue.append(request)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_batches(), name="journal-writer")
@@ -275,6 +284,8 @@ class Journal:
                     _resolve(request, [])
                     continue
                 stream_stale = self._stream_moved(request.stream)
+                if stream_stale and request.create:
+                    raise StreamExists(request.stream, stream_stale.actual)
                 if stream_stale:
                     self._fence(request.stream, stream_stale)
             except Exception as exc:
@@ -402,6 +413,8 @@ class Journal:
                 "and has stopped"
             )
             exc = self.fenced
+        elif isinstance(exc, WrongExpectedVersion) and request.create:
+            exc = StreamExists(request.stream, exc.actual)
         elif isinstance(exc, WrongExpectedVersion):
             try:
                 self._fence(request.stream, exc)
@@ -581,6 +594,8 @@ class _Request:
     blobs: Sequence[bytes]
     future: asyncio.Future[list[Event]]
     events: list[Event] = field(default_factory=list)
+    # The append starts its stream: finding it there is `StreamExists`, not a fence.
+    create: bool = False
     # (expected version, events with their ids), fixed on the first try so that retries repeat it.
     prepared: tuple[int, list[NewEvent]] | None = None
 

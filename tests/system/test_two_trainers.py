@@ -17,7 +17,7 @@ from projections.audit import audit_log
 from protocol.ids import rollout_id_of
 from protocol.wire import AttemptFault
 from trainer import RolloutCoordinator
-from trainer.errors import UnknownGroup
+from trainer.errors import GroupConflict, UnknownGroup
 from trainer.gym import GymClient
 
 PROMPT = PromptRef(sample_id="s1", task_name="math")
@@ -121,6 +121,46 @@ async def test_two_trainers_share_a_log_and_each_recovers_only_its_own_groups(
                 status = await client.status()
                 assert status.completed_unacknowledged == 0 and status.phase == "idle"
                 assert all(v == 1 for v in (await client.debug_runs()).values())
+        report = audit_log(stores[0])
+        assert report.ok, report.as_json()["violations"]
+    finally:
+        for s in stores:
+            s.close()
+
+
+async def test_a_group_id_another_trainer_reserved_refuses_that_submit_alone(
+    sqlite_url: str, agents: dict[str, ThreadAgent]
+) -> None:
+    """B submits `p0` after A reserved it but before B's fold saw it: the reservation meets a stream
+    B never wrote.  That one submit is refused (`GroupConflict`, naming A); B is not fenced off, its
+    next submit runs, and A's group is untouched."""
+    upgrade_database(sqlite_url)
+    stores = [open_store(sqlite_url) for _ in range(2)]
+    kw = {"mode": "sibling", "rollout_timeout_s": 10.0, "reconcile_every_s": 0.0}
+    try:
+        async with (
+            GymClient(agents["agent-a"].url, "agent-a") as ca,
+            GymClient(agents["agent-b"].url, "agent-b") as cb,
+        ):
+            a = RolloutCoordinator(stores[0], {"agent-a": ca}, trainer_id="A", **kw)  # type: ignore[arg-type]
+            b = RolloutCoordinator(stores[1], {"agent-b": cb}, trainer_id="B", **kw)  # type: ignore[arg-type]
+            await b.start()  # B's fold ends here: it appends nothing until its submit
+            await a.start()
+            await a.submit("p0", PROMPT, "agent-a", 2, PAYLOAD)
+            assert not b.ledger.knows_group("p0")  # the gate: B has not folded A's reservation
+            with pytest.raises(GroupConflict, match="reserved by trainer 'A'"):
+                await b.submit("p0", PROMPT, "agent-b", 2, PAYLOAD)
+            assert b.journal.fenced is None
+            await b.submit("p1", PROMPT, "agent-b", 2, PAYLOAD)
+            # And once B has folded it, the same submit is refused the same way.
+            with pytest.raises(GroupConflict, match="reserved by trainer 'A'"):
+                await b.submit("p0", PROMPT, "agent-b", 2, PAYLOAD)
+            await asyncio.gather(settle(a, "agent-a"), settle(b, "agent-b"))
+            assert b.journal.fenced is None and a.journal.fenced is None
+            assert "GroupSealed" in group_events(sqlite_url, "p0")
+            assert "GroupSealed" in group_events(sqlite_url, "p1")
+            await a.close()
+            await b.close()
         report = audit_log(stores[0])
         assert report.ok, report.as_json()["violations"]
     finally:
