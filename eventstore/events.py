@@ -12,12 +12,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.ids import AttemptIndex, Identifier
+from protocol.levels import TargetLevel
 from protocol.wire import AttemptRef, CompletionReceipt
 
 Mode = Literal["sibling", "prompt_group"]
 # The retry budgets of a group: infrastructure failures, data failures, and the one budget of v1 groups.
 RetryBudget = Literal["infra", "data", "tries"]
-TargetLevel = Literal["turn", "sibling", "prompt_group"]
 
 EVENT_TYPES: dict[str, type[Event]] = {}
 
@@ -74,9 +74,13 @@ class RolloutReceipt(Payload):
 # --- groups and tries -------------------------------------------------------
 
 
-class GroupReserved(Event, version=2):
+class GroupReserved(Event, version=3):
     """Version 2 added the two retry budgets (`max_infra_failures`, `max_data_failures`); version 1
-    rows are upcast with both equal to `max_tries`, which then binds first, as it did."""
+    rows are upcast with both equal to `max_tries`, which then binds first, as it did.
+
+    Version 3 added `requested_level`: the target level the run asked for, where `target_level` is the
+    one the group runs at (lowered to what its agent supports, `protocol.levels`); version 2 rows are
+    upcast with the one they had."""
 
     group_id: Identifier
     prompt_ref: PromptRef
@@ -84,6 +88,7 @@ class GroupReserved(Event, version=2):
     expected_generations: int = Field(ge=1, le=10_000)
     mode: Mode
     target_level: TargetLevel = "sibling"
+    requested_level: TargetLevel = "sibling"
     target_step: int | None = None
     start_weight_version: int | None = None
     max_tries: int = Field(default=4, ge=1)

@@ -84,3 +84,9 @@ def _group_reserved_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 had one budget, `max_tries`: both failure budgets equal it (so it binds first, as before)."""
     tries = data.get("max_tries", 4)
     return {**data, "max_infra_failures": tries, "max_data_failures": tries}
+
+
+@upcaster("GroupReserved", 2)
+def _group_reserved_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 recorded one target level (never lowered, never read): the one asked for is the same."""
+    return {**data, "requested_level": data.get("target_level", "sibling")}

@@ -15,9 +15,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from participant.checkpoint import AgentCheckpoint, ParkedContinuation, write_checkpoint
 from participant.errors import (
@@ -33,6 +32,18 @@ from participant.errors import (
     StaleCheckpointError,
 )
 from participant.evidence import EvidenceKind, EvidenceLog
+from participant.states import (
+    BLOCKING_STATES,
+    CHECKPOINT_OPS,
+    DONE_STATES,
+    LIVE_STATES,
+    RETIRE_PHASES,
+    ExecEvent,
+    ExecState,
+    PhaseOp,
+    next_phase,
+    next_state,
+)
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key
 from protocol.tokens import token_records_from_reply
@@ -54,14 +65,6 @@ from protocol.wire import (
 )
 
 log = logging.getLogger("participant")
-
-RETIRE_PHASES: Final[tuple[Phase, ...]] = ("idle", "preparing", "prepared")
-CHECKPOINT_OPS: Final[dict[str, tuple[Phase, ...]]] = {
-    "prepare": ("idle", "preparing", "prepared"),
-    "commit": ("prepared",),
-    "resume": ("committed_paused",),
-    "abort": ("preparing", "prepared"),
-}
 
 
 class RunSession(Protocol):
@@ -91,24 +94,7 @@ class Runner(Protocol):
     def __call__(self, request: RunRequest, session: RunSession) -> Awaitable[RunReply]: ...
 
 
-class ExecState(StrEnum):
-    RUNNING = "RUNNING"
-    PARK_REQUESTED = "PARK_REQUESTED"
-    PARKED = "PARKED"
-    COMPLETED = "COMPLETED"
-    ACKNOWLEDGED = "ACKNOWLEDGED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-LIVE_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED, ExecState.PARKED})
-BLOCKING_STATES: Final = frozenset({ExecState.RUNNING, ExecState.PARK_REQUESTED})
-
 AttemptKey = tuple[str, int]
-
-
-# States no `_in_state` query asks for: a try in one of them has left play for good.
-_DONE_STATES = frozenset({ExecState.ACKNOWLEDGED, ExecState.CANCELLED, ExecState.FAILED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,13 +180,18 @@ class Execution:
             in_model_call=self.in_call_since is not None,
         )
 
+    def move(self, event: ExecEvent) -> None:
+        """The try's next state, as `participant.states.EXEC_TRANSITIONS` has it (raises otherwise)."""
+        self.state = next_state(self.state, event)
+
     async def at_boundary(self) -> None:
         now = time.monotonic()
         self._leave_call(now)
         self.uses_boundaries = True
         self.last_progress = now
-        if self.state is ExecState.PARK_REQUESTED:
-            self.state = ExecState.PARKED
+        parking = self.state is ExecState.PARK_REQUESTED
+        self.move(ExecEvent.BOUNDARY)
+        if parking:
             self.notify()
         # Whoever clears the park (resume, abort) sets the state back to RUNNING before waking us.
         await self.may_run.wait()
@@ -294,7 +285,7 @@ class ExecutionRegistry:
             await self._changed.wait()
 
     def _in_state(self, *states: ExecState) -> list[Execution]:
-        done = [k for k, e in self._active.items() if e.state in _DONE_STATES]
+        done = [k for k, e in self._active.items() if e.state in DONE_STATES]
         for key in done:
             del self._active[key]
         return sorted((e for e in self._active.values() if e.state in states), key=lambda e: e.key)
@@ -302,9 +293,10 @@ class ExecutionRegistry:
     def _is_done_for_good(self, key: AttemptKey) -> bool:
         return key in self._tombstones or key in self._done
 
-    def _forget(self, ex: Execution, state: ExecState) -> None:
+    def _forget(self, ex: Execution, event: ExecEvent) -> None:
         """`ex` is done for good: keep only its compact record (a task still running it holds its own)."""
-        ex.state = state
+        ex.move(event)
+        state = ex.state
         ex.reply, ex.tokens = None, []
         if self._executions.get(ex.key) is ex:
             del self._executions[ex.key]
@@ -399,14 +391,15 @@ class ExecutionRegistry:
             if ex.started is not None:
                 await asyncio.shield(ex.started)
             await self.evidence.commit("completed", [ex.evidence])
-            ex.state = ExecState.COMPLETED
+            ex.move(ExecEvent.COMPLETE)
             self.hooks.completed(ex.request)
         except asyncio.CancelledError:
-            self._forget(ex, ExecState.CANCELLED)
+            self._forget(ex, ExecEvent.CANCEL)
             raise
         except Exception as exc:
             log.exception("try %s failed", ex.key)
-            ex.state, ex.error = ExecState.FAILED, f"{type(exc).__name__}: {exc}"
+            ex.move(ExecEvent.FAIL)
+            ex.error = f"{type(exc).__name__}: {exc}"
             ex.done.set()
             self._notify()
             await self._record("failed", [ex])
@@ -503,7 +496,7 @@ class ExecutionRegistry:
             results.append(result)
         for ex in released:
             if ex.state is ExecState.COMPLETED:  # two items of one batch may name the same try
-                self._forget(ex, ExecState.ACKNOWLEDGED)
+                self._forget(ex, ExecEvent.ACKNOWLEDGE)
         self._notify()
         # Durable before the results leave: an ACK the trainer saw accepted is in the evidence.
         await self.evidence.commit("acknowledged", [e.evidence for e in released])
@@ -545,7 +538,7 @@ class ExecutionRegistry:
         self._tombstones.add(key)
         if ex is not None and retired:
             task = ex.task
-            self._forget(ex, ExecState.CANCELLED)
+            self._forget(ex, ExecEvent.CANCEL)
             if task is not None:
                 task.cancel()
             log.info("retired running try %s", key)
@@ -595,11 +588,12 @@ class ExecutionRegistry:
         self._check_open()
         self._fence_checkpoint("prepare", checkpoint_id)
         if self.active_checkpoint is None:
-            self.phase, self.active_checkpoint = "preparing", checkpoint_id
+            self.active_checkpoint = checkpoint_id
             self._admission.clear()
             log.info("checkpoint %s: preparing, admission closed", checkpoint_id)
+        self._move_phase("prepare")
         for ex in self._in_state(ExecState.RUNNING):
-            ex.state = ExecState.PARK_REQUESTED
+            ex.move(ExecEvent.PARK_REQUEST)
             ex.may_run.clear()
         self._notify()
         with contextlib.suppress(TimeoutError):
@@ -610,17 +604,14 @@ class ExecutionRegistry:
         self._fence_checkpoint("prepare", checkpoint_id)
         status = self.status()
         if status.ready_to_commit:
-            self.phase = "prepared"
-            self._notify()
+            self._move_phase("prepared")
             return self._phase_response()
-        self.phase = "preparing"
-        self._notify()
+        self._move_phase("not_ready")
         raise NotReadyError(self.status(), [e.ref for e in self._in_state(ExecState.COMPLETED)])
 
     async def commit(self, checkpoint_id: str) -> PhaseResponse:
         self._fence_checkpoint("commit", checkpoint_id)
-        self.phase = "committing"
-        self._notify()
+        self._move_phase("commit")
         artefact = AgentCheckpoint(
             agent_name=self.agent_name,
             checkpoint_id=checkpoint_id,
@@ -638,36 +629,41 @@ class ExecutionRegistry:
         try:
             path = await asyncio.to_thread(write_checkpoint, self.state_dir, artefact)
         except BaseException as exc:
-            self.phase = "prepared"  # nothing was published; the coordinator may retry or abort
-            self._notify()
+            self._move_phase("write_failed")  # nothing was published: commit again, or abort
             if isinstance(exc, OSError):
                 raise CheckpointWriteError(
                     f"checkpoint {checkpoint_id}: artefact not written: {exc}"
                 ) from exc
             raise
-        self.phase = "committed_paused"
-        self._notify()
+        self._move_phase("committed")
         log.info("checkpoint %s: committed (%d parked) to %s", checkpoint_id, len(artefact.parked), path)
         return self._phase_response()
 
-    def _finish_checkpoint(self, checkpoint_id: str, outcome: str) -> None:
+    def _move_phase(self, op: PhaseOp) -> None:
+        """The phase's next value, as `participant.states.PHASE_TRANSITIONS` has it."""
+        self.phase = next_phase(self.phase, op)
+        self._notify()
+
+    def _finish_checkpoint(self, checkpoint_id: str, op: PhaseOp) -> None:
+        outcome = "resumed" if op == "resume" else "aborted"
         for ex in self._in_state(ExecState.PARKED, ExecState.PARK_REQUESTED):
-            ex.state = ExecState.RUNNING
+            ex.move(ExecEvent.UNPARK)
             ex.may_run.set()
         self._finished[checkpoint_id] = outcome
-        self.phase, self.active_checkpoint = "idle", None
+        self._move_phase(op)
+        self.active_checkpoint = None
         self._admission.set()
         self._notify()
         log.info("checkpoint %s: %s, admission open", checkpoint_id, outcome)
 
     def resume(self, checkpoint_id: str) -> PhaseResponse:
         self._fence_checkpoint("resume", checkpoint_id)
-        self._finish_checkpoint(checkpoint_id, "resumed")
+        self._finish_checkpoint(checkpoint_id, "resume")
         return self._phase_response()
 
     def abort(self, checkpoint_id: str) -> PhaseResponse:
         if self._fence_checkpoint("abort", checkpoint_id):
-            self._finish_checkpoint(checkpoint_id, "aborted")
+            self._finish_checkpoint(checkpoint_id, "abort")
         return self._phase_response()
 
     # -- shutdown ----------------------------------------------------------------------------------

@@ -50,11 +50,11 @@ from eventstore.events import (
     RunReplied,
     SiblingHeld,
     SiblingSealed,
-    TargetLevel,
     TrainerRestored,
 )
 from projections.base import TypedProjection
 from protocol.ids import group_id_of
+from protocol.levels import TargetLevel
 from protocol.streams import group_of_stream, group_stream
 from protocol.wire import CompletionReceipt
 

@@ -10,7 +10,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from protocol.digests import Digest, reply_digest
+from protocol.digests import Digest, canonical_json, reply_digest, sha256_digest
 from protocol.errors import NOT_READY
 from protocol.ids import AttemptIndex, Identifier, capture_key
 
@@ -22,6 +22,9 @@ FEATURE_CHECKPOINT_PARTICIPATION: Final = "checkpoint_participation"
 FEATURE_COMPLETED_RESULT_ACKNOWLEDGEMENT: Final = "completed_result_acknowledgement"
 FEATURE_RETIRE: Final = "retire"
 FEATURE_TOKEN_CAPTURE: Final = "token_capture"
+# The agent saves a continuation at each turn boundary and resumes a replacement try from one
+# (`x-ledger-continue-from`): what lets a group run at target level `turn` (protocol.levels).
+FEATURE_TURN_CONTINUATION: Final = "turn_continuation"
 ALL_FEATURES: Final = (
     FEATURE_CHECKPOINT_PARTICIPATION,
     FEATURE_COMPLETED_RESULT_ACKNOWLEDGEMENT,
@@ -40,6 +43,9 @@ MAX_JSON_DEPTH: Final = 64
 # agent replays the stored reply, or answers 404 `not_found` when it has no record of the try (it
 # restarted), and never starts a new execution for such a request.
 ADOPT_ONLY_HEADER: Final = "x-ledger-adopt-only"
+# A replacement try's `POST /run` carries this header set to a continuation's digest to resume from it
+# (docs/turns.md): the agent resumes from that continuation, or declines and starts from the prompt.
+CONTINUE_FROM_HEADER: Final = "x-ledger-continue-from"
 
 Phase = Literal["idle", "preparing", "prepared", "committing", "committed_paused"]
 
@@ -104,6 +110,14 @@ class RunRequest(GymModel):
     def _not_too_deep(cls, value: dict[str, Any]) -> dict[str, Any]:
         return check_depth(value)
 
+    def prompt_digest(self) -> str:
+        """The digest of the row without the try's identity: equal for every try of one sibling, and
+        what a continuation names as the prompt its lineage began from."""
+        row = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        row.pop("_ng_rollout_id", None)
+        row.pop("_ng_attempt_index", None)
+        return sha256_digest(canonical_json(row).encode())
+
 
 class RunReply(GymModel):
     """`BaseVerifyResponse`: the only way the reward reaches the trainer.
@@ -161,6 +175,84 @@ class TryWork(WireModel):
     generated_tokens: int = Field(default=0, ge=0)
 
 
+# --- turn-level resume (docs/turns.md) ----------------------------------------------------------
+
+ResourceClass = Literal["export_restore", "restart_only", "stateless"]
+
+
+class ResourceRevision(WireModel):
+    """A resource a continuation touched: its class, its session (one per lineage) and its revision at
+    the boundary (0 for the classes that export nothing).  The protocol is `protocol.resources`."""
+
+    name: Identifier
+    resource_class: ResourceClass
+    session: Identifier
+    revision: int = Field(default=0, ge=0)
+
+
+class ContinuationRef(WireModel):
+    """A continuation an agent holds: what a retire answer offers and a replacement try resumes from.
+
+    `lineage` is the capture key of the try whose prompt began the conversation; `source_attempt` the
+    try that committed this boundary; `turn` the turns done (model calls recorded); `digest` the
+    sha256 of the stored continuation (its claim); `model_call_ids` the calls a resume reuses, and
+    `generated_tokens` their generated tokens (what resuming does not generate again)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rollout_id: Identifier
+    source_attempt: AttemptIndex
+    lineage: Identifier
+    turn: int = Field(ge=1)
+    digest: Digest
+    prompt_digest: Digest
+    model_call_ids: list[str] = Field(max_length=MAX_LIST_ITEMS)
+    generated_tokens: int = Field(ge=0)
+    resources: list[ResourceRevision] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+
+
+DeclineReason = Literal[
+    "unknown_continuation",  # the agent holds no committed continuation with that digest (state lost)
+    "continuation_lost",  # its index names it, the payload store does not have it
+    "continuation_corrupt",  # the bytes read back do not hash to the digest, or do not parse
+    "prompt_mismatch",  # the try's row is not the prompt the lineage began from
+    "restart_only_resource",  # it touched a resource whose state cannot be restored
+    "already_resumed",  # another try resumed it already
+    "source_live",  # the try that committed it is still running here
+    "restore_failed",  # a resource could not be restored at its revision
+    "not_resumable",  # the agent's runner does not resume (it plays every try from its prompt)
+]
+
+
+class ResumeReport(WireModel):
+    """What the agent did with a `continue-from`: resumed (which calls it reused, which resources it
+    restored at which revision) or declined (why; the try then ran from its prompt)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    continuation: Digest
+    outcome: Literal["resumed", "declined"]
+    reason: DeclineReason | None = None
+    detail: str = Field(default="", max_length=500)
+    source_attempt: AttemptIndex | None = None
+    lineage: Identifier | None = None
+    turn: int = Field(default=0, ge=0)
+    reused_model_calls: list[str] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    reused_tokens: int = Field(default=0, ge=0)
+    restored: list[ResourceRevision] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    prompt_digest: Digest | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ResumeReport:
+        if (self.outcome == "declined") != (self.reason is not None):
+            raise ValueError("a declined resume names its reason, and only a declined one does")
+        if self.outcome == "resumed" and (
+            self.turn < 1 or self.lineage is None or self.source_attempt is None
+        ):
+            raise ValueError("a resumed continuation names its lineage, source try and turn")
+        return self
+
+
 class CompletionReceipt(WireModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -174,6 +266,8 @@ class CompletionReceipt(WireModel):
     terminal_model_call_id: str
     # The execution's work (None from agents that do not report it).
     work: TryWork | None = None
+    # The try was asked to resume a continuation: what the agent did (None: it was not asked).
+    resume: ResumeReport | None = None
 
     @property
     def attempt(self) -> tuple[str, int]:
@@ -249,6 +343,10 @@ class RetireResponse(WireModel):
     execution_generation: int | None = Field(default=None, ge=0)
     # What the cancelled execution had done when it was cancelled (`retired`), as the agent measured it.
     work: TryWork | None = None
+    # The try's latest committed turn boundary, offered to a replacement (None: none to offer).
+    continuation: ContinuationRef | None = None
+    # The try had been asked to resume a continuation: what the agent did.
+    resume: ResumeReport | None = None
 
 
 class PrepareRequest(WireModel):

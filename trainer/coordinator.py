@@ -37,13 +37,13 @@ from eventstore.events import (
     Mode,
     PromptRef,
     ReplacementMinted,
-    TargetLevel,
     TrainerEpochTaken,
 )
 from projections.figures import LogFigures
 from projections.group_core import Budget, dead_letter_reason, round_exhausted, round_step, sibling_exhausted
 from projections.ledger import GroupState, LedgerState
 from protocol.ids import rollout_id_of
+from protocol.levels import TargetLevel, effective_level
 from protocol.retry import RetryPolicy
 from protocol.streams import group_stream, trainer_stream
 from protocol.wire import AttemptRef
@@ -93,6 +93,7 @@ class RolloutCoordinator:
         agents: dict[str, GymClient],
         *,
         mode: Mode = "sibling",
+        target_level: TargetLevel = "sibling",
         rollout_timeout_s: float = 600.0,
         prepare_timeout_s: float = 300.0,
         max_tries: int = 4,
@@ -107,6 +108,8 @@ class RolloutCoordinator:
     ) -> None:
         self.store = store
         self.mode: Mode = mode
+        # The run's target level (docs/turns.md); each group's is lowered to what its agent supports.
+        self.target_level: TargetLevel = target_level
         self.settings = Settings(
             rollout_timeout_s=rollout_timeout_s,
             prepare_timeout_s=prepare_timeout_s,
@@ -281,10 +284,13 @@ class RolloutCoordinator:
         payload: dict[str, Any] | None = None,
         *,
         mode: Mode | None = None,
-        target_level: TargetLevel = "sibling",
+        target_level: TargetLevel | None = None,
         target_step: int | None = None,
     ) -> GroupState | None:
         """Reserves the group with its first tries (one append), then dispatches every sibling.
+
+        `target_level` (default: the coordinator's) is lowered to what the agent supports
+        (`protocol.levels.effective_level` of its `/capabilities`); both are recorded.
 
         Idempotent: a group id the log already holds with the same request is not reserved again; an
         open one is driven (a retried call resumes it) and its state returned.  The same id with another
@@ -292,14 +298,15 @@ class RolloutCoordinator:
         """
         self._check_alive()
         await self.start()
-        self.ctx.client(agent_name)
+        requested = target_level or self.target_level
         reserved = GroupReserved(
             group_id=group_id,
             prompt_ref=prompt_ref,
             agent_name=agent_name,
             expected_generations=expected_generations,
             mode=mode or self.mode,
-            target_level=target_level,
+            target_level=await self._level_at(agent_name, requested),
+            requested_level=requested,
             target_step=target_step,
             max_tries=self.settings.max_tries,
             max_infra_failures=self.settings.max_infra_failures,
@@ -340,7 +347,8 @@ class RolloutCoordinator:
             raise GroupConflict(f"group {reserved.group_id!r} is in the log but its reservation is not")
         held = first.decode()
         assert isinstance(held, GroupReserved)
-        budgets = {"max_tries", "max_infra_failures", "max_data_failures"}
+        # The level run at follows the agent's capabilities at the time; the one asked for must match.
+        budgets = {"max_tries", "max_infra_failures", "max_data_failures", "target_level"}
         mine = reserved.model_dump(mode="json", exclude=budgets)
         theirs = held.model_dump(mode="json", exclude=budgets)
         if held.trainer_id != reserved.trainer_id:
@@ -354,6 +362,20 @@ class RolloutCoordinator:
                 f"group {reserved.group_id!r} already exists in the log with another request "
                 f"(differs in {', '.join(fields)}); group ids are never reused"
             )
+
+    async def _level_at(self, agent_name: str, requested: TargetLevel) -> TargetLevel:
+        """The finest level at or below `requested` the agent declares it supports.  An agent whose
+        capabilities are not known (away since the start) gets the level that needs none."""
+        client = self.ctx.client(agent_name)
+        if effective_level(requested, ()) == requested:
+            return requested  # a level that needs no feature: no need to ask the agent
+        if client.capabilities_seen is None:
+            await client.connect_quietly()
+        seen = client.capabilities_seen
+        level = effective_level(requested, seen.features if seen is not None else ())
+        if level != requested:
+            log.info("agent %s runs groups at level %s (asked: %s)", agent_name, level, requested)
+        return level
 
     def _drive(self, group_id: str) -> None:
         if group_id not in self._drivers or self._drivers[group_id].done():
