@@ -1,7 +1,13 @@
-"""Options and error handling shared by every `ledger` command."""
+"""Options and error handling shared by every `ledger` command.
+
+Every `ledger` command imports this module, and `ledger --help` imports every command module: they
+import typer and rich at the top and the rest (the log, the trainer, torch) in the command that uses
+it, so a command costs only what it needs and runs with only the extras it needs (`require_extra`).
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,8 +17,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from eventstore import EventStoreError
-from eventstore.backends import mask_url, resolve_url
 from protocol.logsafety import install_log_masking
 
 # Every `ledger` command imports this module: from here on no log line carries a database password.
@@ -45,6 +49,8 @@ def db_url(db: str | None, role: Role = "writer") -> str:
     SELECT-only role) when it is set, and fall back to `$LEDGER_DB`.  A URL that names no log this
     code can open is `BadDatabaseUrl` (call it inside `clear_errors`).
     """
+    from eventstore.backends import resolve_url
+
     if role not in ("writer", "auditor"):
         raise ValueError(f"unknown database role {role!r} (writer, auditor)")
     if db:
@@ -59,11 +65,45 @@ def db_url(db: str | None, role: Role = "writer") -> str:
 @contextmanager
 def clear_errors() -> Iterator[None]:
     """A store error ends the command with its message (password masked) and exit status 2."""
+    from eventstore.errors import EventStoreError
+
     try:
         yield
     except EventStoreError as exc:
         error(str(exc))
         raise typer.Exit(2) from None
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password hidden (`eventstore.backends.mask_url`)."""
+    from eventstore.backends import mask_url as mask
+
+    return mask(url)
+
+
+# What each extra brings, as `require_extra` names it.
+EXTRAS: Final = {
+    "workers": "torch, Triton, numpy",
+    "agent": "uvicorn, torch",
+    "ray": "ray",
+    "metrics": "prometheus_client",
+    "otel": "opentelemetry-sdk",
+}
+
+
+def require_extra(extra: str, what: str, *modules: str) -> None:
+    """Imports `modules`; when one is missing, ends the command with one line naming the extra that
+    brings it and the command that installs it (exit status 2)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing = exc.name or name
+            error(
+                f"{what} needs the `{extra}` extra ({EXTRAS.get(extra, extra)}; {missing} is not installed): "
+                f"pip install -c requirements/constraints.txt '.[{extra}]'"
+            )
+            raise typer.Exit(2) from None
 
 
 def error(message: str) -> None:
@@ -82,4 +122,5 @@ __all__ = [
     "err_console",
     "error",
     "mask_url",
+    "require_extra",
 ]

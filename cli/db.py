@@ -5,12 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from sqlalchemy import create_engine
 
 from cli.common import DbOption, clear_errors, console, db_url, mask_url
-from eventstore import migrate, upgrade_database
-from eventstore.backends import create_engines
-from eventstore.roles import create_roles
 
 app = typer.Typer(no_args_is_help=True, help="Schema migrations and database roles.")
 
@@ -18,6 +14,8 @@ app = typer.Typer(no_args_is_help=True, help="Schema migrations and database rol
 @app.command()
 def upgrade(db: DbOption = None) -> None:
     """Bring the database to the migration head (creates the schema on a new database)."""
+    from eventstore import upgrade_database
+
     with clear_errors():
         url = db_url(db)
         revision = upgrade_database(url)
@@ -27,6 +25,9 @@ def upgrade(db: DbOption = None) -> None:
 @app.command()
 def current(db: DbOption = None) -> None:
     """Print the database's migration revision and the head this code expects."""
+    from eventstore import migrate
+    from eventstore.backends import create_engines
+
     with clear_errors():
         url = db_url(db)
         engine = create_engines(url, pool_size=1, read_only=True)[1]  # never creates a missing file
@@ -49,6 +50,10 @@ def roles(
     ] = "",
 ) -> None:
     """Create (or update) the writer and auditor roles on PostgreSQL."""
+    from sqlalchemy import create_engine
+
+    from eventstore.roles import create_roles
+
     with clear_errors():
         url = db_url(db)
         create_roles(create_engine(url), writer, writer_password, auditor, auditor_password)

@@ -19,25 +19,18 @@ import getpass
 import random
 import socket
 import time
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
-from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
-from eventstore import EventStore, open_store
-from eventstore.errors import Fenced
-from eventstore.events import OperatorMark
-from eventstore.records import ExpectedVersion, Fence
-from projections.base import ReplayRefused
-from projections.ledger import LedgerState
-from projections.runner import rebuild
-from protocol.ids import group_id_of
 from protocol.retry import RetryPolicy, RetryState, next_step
-from protocol.streams import group_stream, operator_stream
-from trainer.core.debt import on_operator_drop
+
+if TYPE_CHECKING:  # imported by the commands that use them: `ledger --help` stays light
+    from eventstore import EventStore
+    from projections.ledger import LedgerState
 
 # Decisions made again when the trainer writes to the debt's group between the read and the append.
 DROP_POLICY: Final = RetryPolicy(max_calls=3, deadline_s=30.0, base_s=0.05, cap_s=0.5)
@@ -48,6 +41,9 @@ app = typer.Typer(help="The unpaid ACK debts, and an operator's drop of one.", n
 
 
 def _ledger(store: EventStore) -> LedgerState:
+    from projections.base import ReplayRefused
+    from projections.runner import rebuild
+
     try:
         state: LedgerState = rebuild(store).state("ledger")
     except ReplayRefused as exc:
@@ -82,6 +78,8 @@ def list_debts(
     agent: Annotated[str | None, typer.Option("--agent", help="Only the debts owed to this agent.")] = None,
 ) -> None:
     """Every unpaid ACK debt: the agent, the try (rollout id and attempt) and the receipt's generation."""
+    from eventstore import open_store
+
     with clear_errors():
         store = open_store(db_url(db, "auditor"), read_only=True)
         try:
@@ -115,6 +113,16 @@ def drop(
     db: DbOption = None,
 ) -> None:
     """Drop one unpaid ACK debt by hand; exit status 2 (nothing written) if the log holds no such debt."""
+    from pydantic import ValidationError
+
+    from eventstore import open_store
+    from eventstore.errors import Fenced
+    from eventstore.events import OperatorMark
+    from eventstore.records import ExpectedVersion, Fence
+    from protocol.ids import group_id_of
+    from protocol.streams import group_stream, operator_stream
+    from trainer.core.debt import on_operator_drop
+
     try:
         mark = OperatorMark(operator=operator or default_operator(), reason=reason.strip())
     except ValidationError as exc:

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -21,29 +21,16 @@ from rich.table import Table
 from rich.tree import Tree
 
 from cli.common import DbOption, Role, clear_errors, console, db_url, err_console
-from cli.debt import STATUS_DEBTS_SHOWN, debts_table
-from eventstore import EventStore, RecordedEvent, open_store
-from eventstore.errors import EventStoreError
-from eventstore.events import AckDeliveryStuck
-from projections.audit import audit_log
-from projections.base import ReplayRefused
-from projections.checkpoints import CheckpointsState
-from projections.ledger import LedgerState
-from projections.recovery import RolloutRecoveryState
-from projections.runner import (
-    RUNNER_NAME,
-    Replay,
-    default_projections,
-    latest_common_checkpoint,
-    load_replay,
-    read_batches,
-    rebuild,
-    store_checkpoint,
-)
-from projections.sql import list_checkpoints
-from projections.swimlane import render_html
-from projections.timeline import describe, timeline
-from protocol.streams import trainer_stream
+
+if TYPE_CHECKING:  # imported by the commands that use them: `ledger --help` stays light
+    from eventstore import EventStore, RecordedEvent
+    from eventstore.events import AckDeliveryStuck
+    from projections.base import ReplayRefused
+    from projections.checkpoints import CheckpointsState
+    from projections.ledger import LedgerState
+    from projections.runner import (
+        Replay,
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -60,6 +47,8 @@ def register(app: typer.Typer) -> None:
 def _store(db: str | None, role: Role = "auditor") -> Iterator[EventStore]:
     """Read-only commands connect as the auditor role when `$LEDGER_AUDITOR_DB` is set, and open the
     log read-only (a SQLite file that is not there is an error, never created)."""
+    from eventstore import open_store
+
     with clear_errors():
         store = open_store(db_url(db, role), read_only=role == "auditor")
         try:
@@ -98,6 +87,8 @@ def _progress(description: str, total: int | None, quiet: bool = False) -> Itera
 def _rebuild(
     store: EventStore, to: int | None, from_checkpoint: bool, quiet: bool = False, label: str = "replay"
 ) -> tuple[Replay, float]:
+    from projections.runner import default_projections, latest_common_checkpoint, rebuild
+
     head = store.head()
     target = head if to is None else min(to, head)
     start = latest_common_checkpoint(store, default_projections(), target) if from_checkpoint else None
@@ -108,6 +99,8 @@ def _rebuild(
 
 
 def _hashes(replay: Replay) -> dict[str, str]:
+    from projections.recovery import RolloutRecoveryState
+
     hashes = replay.hashes()
     hashes["recovery"] = RolloutRecoveryState.of(
         replay.state("ledger"), replay.state("checkpoints")
@@ -148,6 +141,9 @@ def replay(
     ] = False,
 ) -> None:
     """Rebuild the projections up to a position and print their state hashes and the rate."""
+    from projections.base import ReplayRefused
+    from projections.runner import store_checkpoint
+
     with _store(db, "writer") as store:
         try:
             if verify:
@@ -176,6 +172,8 @@ def replay(
 def _verify(store: EventStore, to: int | None) -> None:
     """Scratch vs nearest checkpoint vs the live runner's stored checkpoint, at one position: `to`,
     else the head (a check that stopped at the newest checkpoint would leave the tail unchecked)."""
+    from projections.runner import default_projections, latest_common_checkpoint, load_replay, read_batches
+
     projections = default_projections()
     head = store.head()
     target = head if to is None else min(to, head)
@@ -221,6 +219,9 @@ def snapshot(
     at: Annotated[int | None, typer.Option("--at", min=0, help="Position (default: the head).")] = None,
 ) -> None:
     """Print the RolloutRecoveryState as of a position, as JSON."""
+    from projections.base import ReplayRefused
+    from projections.recovery import RolloutRecoveryState
+
     with _store(db) as store:
         try:
             result, _ = _rebuild(store, at, from_checkpoint=True, quiet=True)
@@ -238,6 +239,8 @@ def audit(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Replay the whole log and check every invariant of docs/events.md; exit status 1 on any violation."""
+    from projections.audit import audit_log
+
     with _store(db) as store:
         started = time.perf_counter()
         with _progress("audit", store.head(), quiet=as_json) as advance:
@@ -270,6 +273,9 @@ def show(
     ] = None,
 ) -> None:
     """The whole history of one sibling across its tries."""
+    from projections.swimlane import render_html
+    from projections.timeline import timeline
+
     with _store(db) as store:
         tl = timeline(store, rollout_id)
     if not tl.entries:
@@ -293,6 +299,12 @@ def show(
 
 def status(db: DbOption = None) -> None:
     """Groups by status, unpaid debts per agent, the last checkpoint, the log head."""
+    from cli.debt import STATUS_DEBTS_SHOWN, debts_table
+    from projections.base import ReplayRefused
+    from projections.runner import RUNNER_NAME
+    from projections.sql import list_checkpoints
+    from protocol.streams import trainer_stream
+
     with _store(db) as store:
         try:
             result, _ = _rebuild(store, None, from_checkpoint=True, quiet=True)
@@ -374,6 +386,9 @@ def trainer_ids(ledger: LedgerState) -> list[str | None]:
 
 def stuck_deliveries(trainer_events: list[RecordedEvent], ledger: LedgerState) -> list[AckDeliveryStuck]:
     """The newest `AckDeliveryStuck` of each agent the log still owes debts to."""
+    from eventstore.errors import EventStoreError
+    from eventstore.events import AckDeliveryStuck
+
     newest: dict[str, AckDeliveryStuck] = {}
     for row in sorted(trainer_events, key=lambda r: r.position):
         if row.type == AckDeliveryStuck.event_type():
@@ -411,6 +426,9 @@ def tail(
 
 
 def _line(ev: Any) -> str:
+    from eventstore.errors import EventStoreError
+    from projections.timeline import describe
+
     when = time.strftime("%H:%M:%S", time.gmtime(ev.recorded_at))
     try:
         summary = escape(describe(ev.decode()))

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 
+from cli.common import require_extra
 from eventstore import EventStore
 from projections.exporter import PREFIX, Families, MetricsServer
 from projections.exporter import serve_metrics as serve_log_metrics
 from trainer.telemetry import journal_families
-from workers.logprobs import LogprobWorker
+
+if TYPE_CHECKING:  # the trainer's metrics need no torch
+    from workers.logprobs import LogprobWorker
 
 
 def _queue_families(worker: LogprobWorker) -> Families:
@@ -34,10 +37,7 @@ def _queue_families(worker: LogprobWorker) -> Families:
 def serve_metrics(
     store: EventStore, port: int, role: Literal["trainer", "worker"], worker: LogprobWorker | None = None
 ) -> MetricsServer:
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
-        raise typer.BadParameter("--metrics-port needs prometheus_client (the `metrics` extra)") from None
+    require_extra("metrics", "--metrics-port", "prometheus_client")
     extra: list[Families] = [journal_families] if role == "trainer" else []
     if worker is not None:
         extra.append(_queue_families(worker))

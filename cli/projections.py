@@ -9,8 +9,6 @@ from typing import Annotated
 import typer
 
 from cli.common import DbOption, clear_errors, console, db_url
-from eventstore import open_store
-from projections.runner import ProjectionRunner
 
 app = typer.Typer(no_args_is_help=True, help="The projections folded from the log.")
 
@@ -39,6 +37,9 @@ def run(
     a checkpoint at the position it reached.  A lost database ends it with exit status 2 (its
     supervisor starts it again; it resumes from its last checkpoint).
     """
+    from eventstore import open_store
+    from projections.runner import ProjectionRunner
+
     with clear_errors():
         store = open_store(db_url(db))
         try:

@@ -1,28 +1,36 @@
-"""`ledger simulate`: run a faulty rollout workload against reference agents and summarise it."""
+"""`ledger simulate`: run a faulty rollout workload against reference agents and summarise it.
+
+The options are the function's parameters below, each given to `SimConfig` (simulation/config.py,
+the one place a run's settings live) by name in `_config`; the log, the trainer and the agents are
+imported when a run starts, so `ledger --help` and an option error cost nothing.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import DbOption, clear_errors, console, db_url, err_console
-from cli.metrics import serve_metrics
-from eventstore import EventStore, open_store
-from protocol.streams import group_stream
-from simulation.explore import explore
-from simulation.ray_run import ray_failed
-from simulation.run import DEFAULT_FAULTS, SimConfig, failed, parse_faults, run_simulation
-from trainer.eventloop import run_async
+from cli.common import DbOption, clear_errors, console, db_url, err_console, error, require_extra
+from cli.signals import Interrupted, StopRequest, run_until_stopped
+from simulation.config import DEFAULT_FAULTS, RUN_ID, SimConfig, parse_faults, run_state_dir
+
+if TYPE_CHECKING:
+    from eventstore import EventStore
+
+# Seconds between progress lines when stderr is not a terminal (a log file, a CI job).
+PROGRESS_LINE_EVERY_S = 5.0
 
 
 def register(app: typer.Typer) -> None:
@@ -54,19 +62,30 @@ def simulate(
         str, typer.Option("--faults", help="drop_reply=P,fail=P,hang=P,crash_after=N")
     ] = DEFAULT_FAULTS,
     checkpoint_every: Annotated[
-        float, typer.Option("--checkpoint-every", help="Seconds between checkpoints (0: none).")
+        float, typer.Option("--checkpoint-every", min=0.0, help="Seconds between checkpoints (0: none).")
     ] = 1.5,
-    prepare_timeout: Annotated[float, typer.Option("--prepare-timeout")] = 30.0,
-    rollout_timeout: Annotated[float, typer.Option("--rollout-timeout")] = 10.0,
+    prepare_timeout: Annotated[float, typer.Option("--prepare-timeout", min=0.01)] = 30.0,
+    rollout_timeout: Annotated[float, typer.Option("--rollout-timeout", min=0.01)] = 10.0,
     park_grace: Annotated[
         float,
         typer.Option(
             "--park-grace",
+            min=0.0,
             help="Seconds a try may block a prepare without progress before it is retired as stuck "
             "(above the agents' longest model call).",
         ),
     ] = 1.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            metavar="RUN_ID",
+            help="Carry on an interrupted run: recover its trainer from the log (each group it left "
+            "open is driven to a seal or dead-lettered) and submit what it never submitted.  Give the "
+            "run's other options as they were.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     explore_seeds: Annotated[
         int,
@@ -121,9 +140,12 @@ def simulate(
 ) -> None:
     """Runs GROUPS prompt groups through the coordinator with faults and checkpoints, then reports.
 
-    The log defaults to ./ledger.db (or $LEDGER_DB); each run uses its own id prefix, so running
-    twice on the same file is fine.  Exit status 1 if any result was stranded, any try ran twice,
-    or the auditor found a violation.
+    The log defaults to ./ledger.db (or $LEDGER_DB).  Each run is its own trainer (its id is the
+    run id), so runs on one file never drive or claim each other's groups; `--resume RUN_ID` carries
+    on one that was interrupted.  Ctrl-C or SIGTERM stops a run cleanly (exit status 130 / 143):
+    its checkpoint in flight is decided, its agents are stopped, and one line says what it left.
+    Exit status 1 if any result was stranded, any try ran twice, the auditor found a violation, or
+    the run stalled.
     """
     if real and not explore_seeds:
         raise typer.BadParameter("--real needs --explore N")
@@ -138,13 +160,8 @@ def simulate(
     try:
         parse_faults(faults)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    urls: dict[str, str] = {}
-    for item in agent_url or []:
-        name, sep, url = item.partition("=")
-        if not sep or not name or not url:
-            raise typer.BadParameter(f"--agent-url wants NAME=URL, got {item!r}")
-        urls[name] = url
+        raise typer.BadParameter(str(exc), param_hint="--faults") from None
+    urls = _agent_urls(agent_url or [])
     state_dirs: dict[str, Path] = {}
     for item in agent_state_dir or []:
         name, sep, path = item.partition("=")
@@ -153,8 +170,22 @@ def simulate(
                 f"--agent-state-dir wants NAME=DIR for an --agent-url NAME, got {item!r}"
             )
         state_dirs[name] = Path(path)
-    logging.basicConfig(level=logging.ERROR)
-    config = SimConfig(
+    if ray_kill_after is not None and not use_ray:
+        raise typer.BadParameter("--ray-kill-after needs --ray")
+    if resume is not None and not RUN_ID.fullmatch(resume):
+        raise typer.BadParameter(f"{resume!r} is not a run id (the one an interrupted run printed)")
+    if resume is not None and use_ray:
+        raise typer.BadParameter("--resume drives the coordinator in this process: not with --ray")
+    if not urls:  # the reference agents are started here
+        require_extra("agent", "ledger simulate (it starts reference agents; or give --agent-url)",
+                      "uvicorn", "torch")  # fmt: skip
+    if use_ray:
+        require_extra("ray", "ledger simulate --ray", "ray")
+    if metrics_port is not None:
+        require_extra("metrics", "--metrics-port", "prometheus_client")
+    if otel:
+        require_extra("otel", "--otel", "opentelemetry.sdk.trace")
+    config = _config(
         agents=agents,
         agent_urls=urls,
         agent_state_dirs=state_dirs,
@@ -167,58 +198,229 @@ def simulate(
         rollout_timeout_s=rollout_timeout,
         park_grace_s=park_grace,
         seed=seed,
+        run_id=resume,
+        resume=resume is not None,
     )
-    if ray_kill_after is not None and not use_ray:
-        raise typer.BadParameter("--ray-kill-after needs --ray")
+    logging.basicConfig(level=logging.ERROR)
     with clear_errors():
         url = db_url(db)
-        store = open_store(url, migrate_schema=True)
-        exporter = serve_metrics(store, metrics_port, "trainer") if metrics_port is not None else None
-        try:
-            if use_ray:
-                from simulation.ray_run import run_ray_simulation
+        summary, store_url = _run(url, config, use_ray, ray_kill_after, as_json, metrics_port, otel)
+    from simulation.ray_run import ray_failed
+    from simulation.run import failed
 
-                # Ray prints the task errors it retries (an actor killed) to stdout: keep stdout the
-                # summary's alone.
-                with contextlib.redirect_stdout(sys.stderr):
-                    summary = run_async(run_ray_simulation(store, url, config, kill_after=ray_kill_after))
-            elif as_json:
-                summary = run_async(run_simulation(store, config))
-            else:
-                with Progress(
-                    TextColumn("groups"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    console=err_console,
-                ) as bar:
-                    task = bar.add_task("groups", total=groups)
-                    summary = run_async(
-                        run_simulation(
-                            store, config, progress=lambda done, total: bar.update(task, completed=done)
-                        )
-                    )
-            if otel:
-                traced = emit_run_spans(store, summary["run_id"])
-                err_console.print(f"{traced} tries traced")
-        finally:
-            if exporter is not None:
-                exporter.close()
-            store.close()
+    failing = failed(summary) or (use_ray and ray_failed(summary))
+    summary["verdict"] = _verdict(summary, failing)
     if as_json:
         console.print_json(json.dumps(summary))
     else:
-        table = Table(title=f"ledger simulate ({summary['run_id']}, {store.url})")
-        table.add_column("metric")
-        table.add_column("value", justify="right")
-        for key, value in summary.items():
-            table.add_row(key, "-" if value is None else str(value))
-        console.print(table)
-    if failed(summary) or (use_ray and ray_failed(summary)):
+        print_summary(summary, store_url)
+    if config.agent_state_root is not None and not config.agent_urls:
+        shutil.rmtree(config.agent_state_root, ignore_errors=True)  # the run ended: nothing to resume
+    if failing:
         raise typer.Exit(1)
 
 
+def _agent_urls(items: list[str]) -> dict[str, str]:
+    urls: dict[str, str] = {}
+    for item in items:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url:
+            raise typer.BadParameter(f"--agent-url wants NAME=URL, got {item!r}")
+        if not url.startswith(("http://", "https://")):
+            raise typer.BadParameter(f"--agent-url {name}={url}: the URL starts with http:// or https://")
+        urls[name] = url.rstrip("/")
+    return urls
+
+
+def _config(*, run_id: str | None, **options: Any) -> SimConfig:
+    """The run's settings: the options by name, a new run id unless one is resumed, and where the
+    agents started here keep their state (so that `--resume` restarts the same agents)."""
+    import uuid
+
+    run_id = run_id or f"s{uuid.uuid4().hex[:6]}"
+    return SimConfig(run_id=run_id, agent_state_root=run_state_dir(run_id), **options)
+
+
+def _run(
+    url: str,
+    config: SimConfig,
+    use_ray: bool,
+    ray_kill_after: int | None,
+    quiet: bool,
+    metrics_port: int | None,
+    otel: bool,
+) -> tuple[dict[str, Any], str]:
+    """Runs the workload until it ends or a signal stops it; (summary, the log's URL as shown)."""
+    from eventstore import open_store
+    from simulation.run import RunInterrupted, RunStalled, SimulationError
+
+    store = open_store(url, migrate_schema=True)
+    exporter = None
+    try:
+        if metrics_port is not None:
+            from cli.metrics import serve_metrics
+
+            exporter = serve_metrics(store, metrics_port, "trainer")
+        try:
+            summary = run_until_stopped(
+                lambda stop: _drive(store, url, config, use_ray, ray_kill_after, quiet, stop)
+            )
+        except RunInterrupted as exc:
+            err_console.print(escape(exc.line()), soft_wrap=True, highlight=False)
+            raise typer.Exit(130 if exc.signum is None else 128 + exc.signum) from None
+        except Interrupted as exc:
+            err_console.print(
+                f"interrupted again: run {config.run_id} stopped at once (its agents were stopped); "
+                f"carry on with: ledger simulate --resume {config.run_id}",
+                soft_wrap=True,
+                highlight=False,
+            )
+            raise typer.Exit(exc.exit_code) from None
+        except RunStalled as exc:
+            error(str(exc))
+            raise typer.Exit(1) from None
+        except SimulationError as exc:
+            error(str(exc))
+            raise typer.Exit(2) from None
+        if otel:
+            traced = emit_run_spans(store, summary["run_id"])
+            err_console.print(f"{traced} tries traced")
+        return summary, store.url
+    finally:
+        if exporter is not None:
+            exporter.close()
+        store.close()
+
+
+async def _drive(
+    store: EventStore,
+    url: str,
+    config: SimConfig,
+    use_ray: bool,
+    ray_kill_after: int | None,
+    quiet: bool,
+    stop: StopRequest,
+) -> dict[str, Any]:
+    from simulation.run import RunInterrupted, run_simulation
+
+    if use_ray:
+        from simulation.ray_run import run_ray_simulation
+
+        # Ray prints the task errors it retries (an actor killed) to stdout: keep stdout the summary's.
+        with contextlib.redirect_stdout(sys.stderr):
+            ray_run = run_ray_simulation(store, url, config, kill_after=ray_kill_after)
+            return await _until(ray_run, stop, config.run_id)
+    with _progress(config.groups, quiet) as progress:
+        try:
+            return await run_simulation(store, config, progress=progress, stop=stop)
+        except RunInterrupted as exc:
+            exc.signum = stop.signum
+            raise
+
+
+async def _until(run: Any, stop: StopRequest, run_id: str) -> dict[str, Any]:
+    """A run that has no wind-down of its own (the Ray actor's): cancelled at the first signal (its
+    `finally` shuts Ray down and stops the agents)."""
+    import asyncio
+
+    from simulation.run import RunInterrupted
+
+    task = asyncio.ensure_future(run)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise RunInterrupted(run_id, 0, 0, 0, 0, signum=stop.signum)
+        return dict(task.result())
+    finally:
+        stopping.cancel()
+
+
+@contextlib.contextmanager
+def _progress(total: int, quiet: bool) -> Any:
+    """`progress(decided, total)` for the run: a bar on a terminal, else a line every few seconds."""
+    if quiet:
+        yield None
+        return
+    if err_console.is_terminal:
+        columns = (TextColumn("groups"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err_console) as bar:
+            task = bar.add_task("groups", total=total)
+            yield lambda done, _total: bar.update(task, completed=done)
+        return
+    started = time.monotonic()
+    last = [started - PROGRESS_LINE_EVERY_S, -1]
+
+    def line(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_LINE_EVERY_S or (done == total and last[1] != done):
+            last[0], last[1] = now, done
+            err_console.print(f"groups {done}/{total} decided ({now - started:.0f} s)", highlight=False)
+
+    yield line
+
+
+def _verdict(summary: Mapping[str, Any], failing: bool) -> str:
+    """One line: whether the run kept the promise (nothing stranded, nothing ran twice, the audit
+    clean), with the figures that say so."""
+    audit = summary["audit_violations"]
+    figures = f"{summary['stranded']} stranded, {summary['duplicate_executions']} duplicate executions, " + (
+        "audit not run" if audit is None else f"{audit} audit violations"
+    )
+    if "rows" in summary:  # the Ray run: every row back once
+        figures += f", {summary['rows_delivered']}/{summary['rows']} rows delivered"
+        figures += f" ({summary['rows_delivered_twice']} twice)"
+    return f"{'FAIL' if failing else 'PASS'}: {figures}"
+
+
+# The summary's sections: (title, keys) in the order they are printed; any key not named here is
+# printed under "other", so a figure a driver adds is never hidden.
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("run", ("run_id", "mode", "agents", "groups", "siblings", "wall_s", "ray", "actor_kills")),
+    ("groups", ("groups_sealed", "groups_claimed", "groups_abandoned", "groups_dead_lettered")),
+    ("tries", ("tries", "replacements", "retired", "adopted")),
+    ("ACKs", ("acks_accepted", "acks_rejected", "debts_outstanding")),
+    (
+        "checkpoints",
+        ("checkpoints_committed", "checkpoints_aborted", "prepare_wait_p50_s", "prepare_wait_max_s"),
+    ),
+    ("agents", ("agent_restarts", "reduced_mode_agents")),
+    ("rows", ("rows", "rows_delivered", "rows_delivered_twice")),
+    ("the promise", ("stranded", "duplicate_executions", "audit_violations")),
+    ("the log", ("events", "journal_appends", "journal_batches")),
+)
+
+
+def print_summary(summary: Mapping[str, Any], store_url: str) -> None:
+    """The summary as a table in sections, then the verdict line."""
+    table = Table(title=f"ledger simulate ({summary['run_id']}, {escape(store_url)})", show_lines=False)
+    table.add_column("section")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    named = {k for _, keys in SECTIONS for k in keys} | {"verdict"}
+    sections = [*SECTIONS, ("other", tuple(k for k in summary if k not in named))]
+    for title, keys in sections:
+        present = [k for k in keys if k in summary]
+        for i, key in enumerate(present):
+            value = summary[key]
+            shown = (
+                "-"
+                if value is None
+                else ", ".join(value) or "none"
+                if isinstance(value, list)
+                else str(value)
+            )
+            table.add_row(title if i == 0 else "", key, shown, end_section=i == len(present) - 1)
+    console.print(table)
+    verdict = str(summary["verdict"])
+    console.print(f"[{'red' if verdict.startswith('FAIL') else 'green'}]{escape(verdict)}[/]", soft_wrap=True)
+
+
 def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
+    from simulation.explore import explore
 
     started = time.monotonic()
     result = explore(seeds, first_seed)
@@ -239,6 +441,7 @@ def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
 
 def _explore_real(seeds: int, first_seed: int, db: str | None, as_json: bool) -> None:
     from simulation.explore_store import explore_real
+    from trainer.eventloop import run_async
 
     with clear_errors():
         url = db_url(db) if db is not None else None
@@ -276,12 +479,12 @@ def _report_exploration(
 
 def emit_run_spans(store: EventStore, run_id: str) -> int:
     """The run's tries as spans, through an SDK tracer provider flushed before returning."""
-    try:
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-    except ImportError:
-        raise typer.BadParameter("--otel needs opentelemetry-sdk (the `otel` extra)") from None
-    from trainer.tracing import emit_try_spans
+    require_extra("otel", "--otel", "opentelemetry.sdk.trace")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+    from protocol.streams import group_stream
+    from trainer.tracing import emit_try_spans, tracer_resource
 
     exporter: SpanExporter
     try:
@@ -290,7 +493,7 @@ def emit_run_spans(store: EventStore, run_id: str) -> int:
         exporter = OTLPSpanExporter()
     except ImportError:
         exporter = ConsoleSpanExporter(out=sys.stderr)
-    provider = TracerProvider()
+    provider = TracerProvider(resource=tracer_resource(run_id))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     prefix = group_stream(run_id)
     events = (e for e in store.read_all(0) if e.stream_id.startswith(prefix))

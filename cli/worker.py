@@ -7,19 +7,16 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
-import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import DbOption, clear_errors, console, db_url, err_console
-from cli.metrics import serve_metrics
-from eventstore import open_store
-from workers.kernels import Backend
-from workers.logprobs import LogprobWorker, QueueCounts, WorkerConfig, WorkerStats, WorkerStopped
-from workers.policy import DEFAULT_POLICY_SPEC, load_policy
+from cli.common import DbOption, clear_errors, console, db_url, err_console, require_extra
+
+if TYPE_CHECKING:  # torch and the workers come with the `workers` extra, imported by the command
+    from workers.logprobs import LogprobWorker, QueueCounts, WorkerStats
 
 app = typer.Typer(no_args_is_help=True, help="Workers that score what the log holds.")
 
@@ -29,8 +26,13 @@ def logprobs(
     db: DbOption = None,
     device: Annotated[str, typer.Option("--device", help="cpu | cuda")] = "cpu",
     policy: Annotated[
-        str, typer.Option("--policy", help="Policy spec, e.g. tiny or tiny:seed=1.")
-    ] = DEFAULT_POLICY_SPEC,
+        str | None,
+        typer.Option(
+            "--policy",
+            help="Policy spec, e.g. tiny or tiny:seed=1 (default: the reference policy).",
+            show_default=False,
+        ),
+    ] = None,
     once: Annotated[
         bool, typer.Option("--once", help="Drain the work there is, then exit (else keep following the log).")
     ] = False,
@@ -65,6 +67,7 @@ def logprobs(
     Many workers can share one PostgreSQL log (claims are leased with FOR UPDATE SKIP LOCKED); use one
     worker per SQLite file.  Token records are read from the log's blob table, never from an agent.
     """
+    require_extra("workers", "ledger worker logprobs", "numpy", "torch", "triton", "workers.logprobs")
     # A stop asked while the policy loads or the database connects is kept, and honoured at once.
     stop_asked = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop_asked.set())
@@ -78,7 +81,7 @@ def logprobs(
 def _logprobs(
     db: str | None,
     device: str,
-    policy: str,
+    policy: str | None,
     once: bool,
     batch_tokens: int,
     claim_size: int,
@@ -90,6 +93,14 @@ def _logprobs(
     stop_asked: threading.Event,
     metrics_port: int | None = None,
 ) -> None:
+    import torch
+
+    from cli.metrics import serve_metrics
+    from eventstore import open_store
+    from workers.kernels import Backend
+    from workers.logprobs import LogprobWorker, WorkerConfig, WorkerStopped
+    from workers.policy import DEFAULT_POLICY_SPEC, load_policy
+
     if device not in ("cpu", "cuda"):
         raise typer.BadParameter("--device must be cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
@@ -97,7 +108,7 @@ def _logprobs(
     if backend not in ("auto", "triton", "torch"):
         raise typer.BadParameter("--backend must be auto, triton or torch")
     try:
-        loaded = load_policy(policy)
+        loaded = load_policy(policy or DEFAULT_POLICY_SPEC)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     logging.basicConfig(level=logging.WARNING)

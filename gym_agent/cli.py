@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -46,9 +52,28 @@ def serve(
     ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn/agent log level.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request line.")] = False,
+    stop_with_stdin: Annotated[
+        bool,
+        typer.Option(
+            "--stop-with-stdin",
+            hidden=True,
+            help="Stop (as on SIGTERM) when stdin reaches its end: the process that started this agent "
+            "holds the other end, so the agent stops with it however it ends (the launcher's lifeline).",
+        ),
+    ] = False,
 ) -> None:
     """Serve a reference Gym agent until SIGTERM/SIGINT."""
-    from gym_agent.server import run_server
+    if stop_with_stdin:
+        _stop_when_stdin_ends()
+    try:
+        from gym_agent.server import run_server
+    except ImportError as exc:  # the reference agent's own extra: uvicorn, and torch for its policy
+        typer.echo(
+            f"error: ledger gym serve needs the `agent` extra (uvicorn, torch; {exc.name} is not "
+            "installed): pip install -c requirements/constraints.txt '.[agent]'",
+            err=True,
+        )
+        raise typer.Exit(2) from None
 
     try:
         config = AgentConfig(
@@ -68,3 +93,21 @@ def serve(
     except (ValueError, ValidationError) as exc:
         raise typer.BadParameter(str(exc)) from None
     raise typer.Exit(run_server(config))
+
+
+def _stop_when_stdin_ends(grace_s: float = 30.0) -> None:
+    """A thread that waits for stdin's end of file, then asks this process to stop as SIGTERM does,
+    again each second (a SIGTERM that lands before the server installed its handlers is lost), and
+    ends it outright once `grace_s` has passed: an orphaned agent never outlives its parent for long."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while sys.stdin.buffer.read(4096):
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="stop-with-stdin", daemon=True).start()

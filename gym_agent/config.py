@@ -14,10 +14,14 @@ DEFAULT_HOST = "127.0.0.1"
 TOKEN_ENV = "LEDGER_GYM_TOKEN"
 
 
+def cache_home() -> Path:
+    """This project's folder under the user's cache ($XDG_CACHE_HOME, else ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollout-ledger"
+
+
 def default_state_dir(name: str) -> Path:
     """Where an agent keeps its generation counter and checkpoint artefacts unless told otherwise."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "rollout-ledger" / "gym-agent" / name
+    return cache_home() / "gym-agent" / name
 
 
 def parse_turns(text: str) -> tuple[int, int]:

@@ -90,6 +90,7 @@ class AgentProcess:
             "--delay-s", str(self.delay_s),
             "--state-dir", str(self.state_dir),
             "--log-level", "info",
+            "--stop-with-stdin",
             *self.extra_args,
         ]  # fmt: skip
 
@@ -102,8 +103,16 @@ class AgentProcess:
             env[TOKEN_ENV] = self.token
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # Its own session (a Ctrl-C at the terminal reaches the parent, which stops it in order);
+            # stdin a pipe only this object holds the write end of: when the parent ends, however it
+            # ends (SIGKILL included), the agent reads end of file and stops (`--stop-with-stdin`).
             self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self.command(),
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         self.wait_healthy()
         return self
@@ -145,17 +154,22 @@ class AgentProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                return self.process.wait(timeout_s)
+                return self._reaped(self.process.wait(timeout_s))
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        return self.process.wait()
+        return self._reaped(self.process.wait())
 
     def kill(self) -> int | None:
         if self.process is None:
             return None
         if self.process.poll() is None:
             self.process.kill()
-        return self.process.wait()
+        return self._reaped(self.process.wait())
+
+    def _reaped(self, status: int) -> int:
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()  # the lifeline of a process that has ended
+        return status
 
     def restart(self) -> AgentProcess:
         """Stops (if running) and starts again on the same port and state dir."""

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ from eventstore import EventStore
 from eventstore.events import PromptRef
 from gym_agent.launcher import AgentProcess
 from participant.evidence import read_evidence
-from protocol.streams import checkpoint_stream, group_stream
-from protocol.wire import CrashAfter, FaultRates, RateFaults
+from protocol.streams import checkpoint_stream, group_stream, trainer_stream
+from protocol.wire import CrashAfter, RateFaults
+from simulation.config import DEFAULT_FAULTS, RUN_ID, Fault, SimConfig, parse_faults
 from trainer.checkpoint import CheckpointOutcome
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
@@ -34,57 +35,35 @@ from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
 from trainer.gym.errors import GymError, NotFoundError
 
-DEFAULT_FAULTS = "drop_reply=0.05,fail=0.05,hang=0.01"
+
+class SimulationError(Exception):
+    """A run that cannot start or carry on, said in one line (the command prints it)."""
+
+
+class RunStalled(SimulationError):
+    """No group of the run moved for the stall timeout: the run stops instead of waiting for ever."""
 
 
 @dataclass
-class SimConfig:
-    agents: int = 2
-    agent_urls: dict[str, str] = field(default_factory=dict)
-    groups: int = 24
-    siblings: int = 4
-    mode: str = "prompt_group"
-    faults: str = DEFAULT_FAULTS
-    checkpoint_every_s: float = 2.0
-    prepare_timeout_s: float = 30.0
-    rollout_timeout_s: float = 10.0
-    park_grace_s: float = 1.0
-    seed: int = 0
-    # Groups open at once per agent: keeps the agents (one model thread each) responsive.
-    window_per_agent: int = 3
-    turns: tuple[int, int] = (1, 3)
-    agent_delay_s: float = 0.02
-    # Rounds (and failures of each kind) a group may spend.  The default fault mix fails about one
-    # prompt-group round in five (5 % environment failures and 1 % hangs over 4 siblings), so 4 rounds
-    # dead-lettered a group in about one run of 48 groups in ten; 8 makes that about one in 40,000.
-    max_tries: int = 8
-    run_id: str = ""
-    # State directories of agents given by URL, for their durable execution evidence.
-    agent_state_dirs: dict[str, Path] = field(default_factory=dict)
-    # Fields every `/run` row carries besides the prompt (e.g. a NeMo RL row's `agent_ref`).
-    row_fields: dict[str, Any] = field(default_factory=dict)
+class RunInterrupted(Exception):
+    """The run was asked to stop (Ctrl-C, SIGTERM) and stopped cleanly: its checkpoint in flight was
+    decided or aborted, its coordinator closed, its agents stopped.  What it left for `--resume`."""
 
+    run_id: str
+    groups: int
+    open_groups: int
+    unsubmitted: int
+    tries_in_flight: int
+    # The signal that asked for the stop (the command's exit status is 128 + it), when known.
+    signum: int | None = None
 
-@dataclass
-class Fault:
-    rates: FaultRates
-    crash_after: int | None
-
-
-def parse_faults(text: str) -> Fault:
-    values: dict[str, float] = {}
-    crash: int | None = None
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep:
-            raise ValueError(f"fault {part!r} is not NAME=VALUE")
-        if name == "crash_after":
-            crash = int(value)
-        elif name in ("drop_reply", "fail", "hang"):
-            values[name] = float(value)
-        else:
-            raise ValueError(f"unknown fault {name!r} (drop_reply, fail, hang, crash_after)")
-    return Fault(FaultRates(**values), crash)
+    def line(self) -> str:
+        left = f"{self.open_groups} of {self.groups} groups open ({self.tries_in_flight} tries in flight)"
+        if self.unsubmitted:
+            left += f", {self.unsubmitted} never submitted"
+        if not self.open_groups and not self.unsubmitted:
+            return f"interrupted: run {self.run_id} had nothing left open"
+        return f"interrupted: run {self.run_id} left {left}; carry on with: ledger simulate --resume {self.run_id}"
 
 
 class CheckpointLoop:
@@ -112,6 +91,29 @@ class CheckpointLoop:
                 return
             outcomes.append(await self.coord.checkpoint(checkpoint_id(k)))
             k += 1
+
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def check(self) -> None:
+        """Raises what ended the loop, if it failed (the run stops then, instead of going on without
+        checkpoints and reporting it at the end)."""
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            error = self._task.exception()
+            if error is not None:
+                raise error
+
+    async def interrupt(self) -> None:
+        """Stops at once (the run was interrupted): a checkpoint in flight is cancelled (its prepare
+        is presumed aborted at the agents), then every checkpoint of this trainer the log holds
+        undecided is aborted there and at the agents, and a committed one is finished, so none is
+        left open and no agent keeps its admission closed."""
+        if self._task is not None:
+            self._stop.set()
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self.coord.checkpointer.recover()
 
     async def finish(self) -> None:
         """Lets the checkpoint in flight (if any) finish: cancelling it would leave it undecided, and
@@ -162,17 +164,27 @@ class Agents:
         fault = parse_faults(config.faults)
         urls = dict(config.agent_urls)
         if not urls:
+            root = config.agent_state_root
             self.processes = [
                 AgentProcess(
-                    f"agent-{i}", seed=config.seed + i, turns=config.turns, delay_s=config.agent_delay_s
+                    f"agent-{i}",
+                    seed=config.seed + i,
+                    turns=config.turns,
+                    delay_s=config.agent_delay_s,
+                    state_dir=None if root is None else root / f"agent-{i}",
                 )
                 for i in range(config.agents)
             ]
-            await asyncio.gather(*(asyncio.to_thread(p.start) for p in self.processes))
+            try:
+                await asyncio.gather(*(asyncio.to_thread(p.start) for p in self.processes))
+            except BaseException:
+                await asyncio.gather(*(asyncio.to_thread(p.close) for p in self.processes))
+                raise
             urls = {p.name: p.url for p in self.processes}
         self.state_dirs = {p.name: p.state_dir for p in self.processes} | dict(config.agent_state_dirs)
         self.clients = {name: self.client_factory(url, name) for name, url in urls.items()}
         try:
+            await self._check_reachable(urls)
             for i, (name, client) in enumerate(self.clients.items()):
                 try:
                     await client.set_faults(RateFaults(rates=fault.rates, seed=config.seed * 1000 + i))
@@ -188,6 +200,18 @@ class Agents:
             raise
         self._supervisor = asyncio.create_task(self._supervise())
         return self
+
+    async def _check_reachable(self, urls: dict[str, str]) -> None:
+        """Every agent answers /health before the run starts: one named by URL that does not is a
+        mistake the user fixes (one line), not a run that fails try by try."""
+        for name, client in self.clients.items():
+            try:
+                await client.health()
+            except GymError as exc:
+                raise SimulationError(
+                    f"agent {name} at {urls[name]} does not answer /health ({exc}): start it "
+                    f"(ledger gym serve --name {name} --port PORT) or fix --agent-url"
+                ) from None
 
     async def _supervise(self) -> None:
         while not self._stop.is_set():
@@ -236,85 +260,189 @@ async def run_simulation(
     store: EventStore,
     config: SimConfig,
     *,
-    coordinator_factory: Callable[..., RolloutCoordinator] = RolloutCoordinator,
+    coordinator_factory: type[RolloutCoordinator] = RolloutCoordinator,
     client_factory: Callable[[str, str], GymClient] = GymClient,
     progress: Callable[[int, int], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> dict[str, Any]:
+    """Runs the workload and returns its summary.  `progress(decided, total)` is called as groups are
+    decided; once `stop` is set the run winds down (`RunInterrupted`).  `SimulationError` when it
+    cannot start (a run to resume the log does not hold, an agent away) or stalls."""
     run_id = config.run_id or f"s{uuid.uuid4().hex[:6]}"
+    if not RUN_ID.fullmatch(run_id):
+        raise SimulationError(f"run id {run_id!r} is not 1-24 letters, digits, '.', '_' or '-'")
+    if config.resume and await asyncio.to_thread(store.stream_version, trainer_stream(run_id)) < 0:
+        raise SimulationError(
+            f"this log holds no run {run_id!r} to resume (ledger status lists the trainers)"
+        )
+    stop = stop if stop is not None else asyncio.Event()
     started = time.monotonic()
     async with Agents(config, client_factory) as agents:
         clients = agents.clients
-        coord = coordinator_factory(
-            store,
-            clients,
-            mode=config.mode,
-            rollout_timeout_s=config.rollout_timeout_s,
-            prepare_timeout_s=config.prepare_timeout_s,
-            park_grace_s=config.park_grace_s,
-            max_tries=config.max_tries,
-        )
-        await coord.start()
-        names = sorted(clients)
-        window = max(1, config.window_per_agent * len(names))
-        outcomes: list[CheckpointOutcome] = []
-        claimed: list[str] = []
+        settings: dict[str, Any] = {
+            "mode": config.mode,
+            "rollout_timeout_s": config.rollout_timeout_s,
+            "prepare_timeout_s": config.prepare_timeout_s,
+            "park_grace_s": config.park_grace_s,
+            "max_tries": config.max_tries,
+            # Each run is its own trainer: another run's groups on this log are never driven or claimed.
+            "trainer_id": run_id,
+        }
+        if (
+            config.resume
+        ):  # every group the run left open is driven (retired or adopted first) or dead-lettered
+            coord = await coordinator_factory.recover(store, clients, **settings)
+        else:
+            coord = coordinator_factory(store, clients, **settings)
+            await coord.start()
+        try:
+            facts = await _drive_run(coord, config, run_id, agents, started, progress, stop)
+        finally:
+            await coord.close()
+            await coord.journal.drain()
+            await agents.stop_supervising()
+    return await summarize_run(store, config, run_id, agents, facts)
 
-        async def feed() -> None:
-            for i in range(config.groups):
-                while len(coord.open_groups()) >= window:
-                    await asyncio.sleep(0.02)
-                await coord.submit(
-                    f"{run_id}-p{i}",
-                    PromptRef(sample_id=f"sample-{i}", task_name="arith"),
-                    names[i % len(names)],
-                    config.siblings,
-                    {**config.row_fields, **workload_payload(i)},
-                )
 
-        feeder = asyncio.create_task(feed())
-        checkpoints = CheckpointLoop(
-            coord, config.checkpoint_every_s, lambda k: f"{run_id}-ckpt-{k}", outcomes
+async def _drive_run(
+    coord: RolloutCoordinator,
+    config: SimConfig,
+    run_id: str,
+    agents: Agents,
+    started: float,
+    progress: Callable[[int, int], None] | None,
+    stop: asyncio.Event,
+) -> RunFacts:
+    names = sorted(agents.clients)
+    window = max(1, config.window_per_agent * len(names))
+    outcomes: list[CheckpointOutcome] = []
+    claimed: list[str] = []
+    group_ids = [f"{run_id}-p{i}" for i in range(config.groups)]
+
+    async def feed() -> None:
+        for i, group_id in enumerate(group_ids):
+            while len(coord.open_groups()) >= window:
+                await asyncio.sleep(0.02)
+            # Idempotent: a resumed run's groups already in the log are not reserved again.
+            await coord.submit(
+                group_id,
+                PromptRef(sample_id=f"sample-{i}", task_name="arith"),
+                names[i % len(names)],
+                config.siblings,
+                {**config.row_fields, **workload_payload(i)},
+            )
+
+    def decided() -> int:
+        ledger = coord.ledger
+        return sum(
+            1
+            for g in group_ids
+            if g in ledger.archived or (g in ledger.groups and ledger.groups[g].status != "open")
         )
-        trainer = asyncio.create_task(claim_as_sealed(coord, claimed))
-        await feeder
-        while coord.open_groups():
-            if coord.errors:
-                raise coord.errors[0]
-            if progress is not None:
-                progress(config.groups - len(coord.open_groups()), config.groups)
-            await asyncio.sleep(0.1)
+
+    async def run_to_the_end() -> None:
+        feeder = asyncio.create_task(feed(), name="feed")
+        stall_s = config.stall_after_s()
+        moved_at, last = time.monotonic(), _movement(coord)
+        try:
+            while True:
+                if feeder.done():
+                    feeder.result()  # its error, if it failed
+                    if not coord.open_groups():
+                        return
+                if coord.errors:
+                    raise coord.errors[0]
+                checkpoints.check()
+                if progress is not None:
+                    progress(decided(), config.groups)
+                now, seen = time.monotonic(), _movement(coord)
+                if seen != last:
+                    moved_at, last = now, seen
+                elif now - moved_at > stall_s:
+                    open_ = coord.open_groups()
+                    raise RunStalled(
+                        f"run {run_id}: no group moved for {stall_s:.0f} s with {len(open_)} open "
+                        f"({', '.join(open_[:5])}{', ...' if len(open_) > 5 else ''}); stopped"
+                    )
+                await asyncio.sleep(0.1)
+        finally:
+            if not feeder.done():
+                feeder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feeder
+
+    # A resumed run numbers its checkpoints on from those its earlier part took (ids are never reused).
+    taken = sum(1 for c in coord.journal.checkpoints.checkpoints if c.startswith(f"{run_id}-ckpt-"))
+    checkpoints = CheckpointLoop(
+        coord, config.checkpoint_every_s, lambda k: f"{run_id}-ckpt-{taken + k}", outcomes
+    )
+    trainer = asyncio.create_task(claim_as_sealed(coord, claimed), name="train")
+    work = asyncio.create_task(run_to_the_end(), name="run")
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    try:
+        await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+            await checkpoints.interrupt()
+            await coord.close()  # its drivers stop: what is open now stays open
+            await coord.journal.drain()  # and what they had queued is in the log
+            ledger = coord.ledger
+            open_ = coord.open_groups()
+            known = sum(1 for g in group_ids if ledger.knows_group(g))
+            raise RunInterrupted(
+                run_id=run_id,
+                groups=config.groups,
+                open_groups=len(open_),
+                unsubmitted=config.groups - known,
+                tries_in_flight=sum(
+                    1
+                    for g in open_
+                    for s in ledger.groups[g].siblings.values()
+                    if s.current is not None and s.current.status in ("dispatched", "replied")
+                ),
+            )
+        await work
         await checkpoints.finish()
         await coord.wait_idle(60)
         if progress is not None:
-            progress(config.groups, config.groups)
-        await asyncio.sleep(0.2)
-        trainer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await trainer
-        elapsed = time.monotonic() - started
-        stranded, duplicates = await agents.final_counts()
-        await coord.close()
-        await agents.stop_supervising()
-
+            progress(decided(), config.groups)
+        # The training loop claims what sealed last (bounded: it claims on every change of the log).
+        async with asyncio.timeout(30):
+            while coord.sealed_unclaimed() and not trainer.done():
+                await asyncio.sleep(0.05)
+    finally:
+        stopping.cancel()
+        for task in (work, trainer):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if checkpoints.running():
+            await checkpoints.interrupt()
+    elapsed = time.monotonic() - started
+    stranded, duplicates = await agents.final_counts()
     ledger = coord.ledger
-    return await summarize_run(
-        store,
-        config,
-        run_id,
-        agents,
-        RunFacts(
-            wall_s=elapsed,
-            groups_claimed=len(claimed),
-            prepare_waits=[w for o in outcomes for w in o.prepare_wait_s.values()],
-            stranded=stranded,
-            duplicate_executions=duplicates,
-            debts_outstanding=sum(
-                1 for a, r in ledger.unpaid_debts() if r.rollout_id.startswith(run_id) and a in clients
-            ),
-            journal_appends=coord.journal.appends,
-            journal_batches=coord.journal.batches,
+    return RunFacts(
+        wall_s=elapsed,
+        groups_claimed=len(claimed),
+        prepare_waits=[w for o in outcomes for w in o.prepare_wait_s.values()],
+        stranded=stranded,
+        duplicate_executions=duplicates,
+        debts_outstanding=sum(
+            1 for a, r in ledger.unpaid_debts() if r.rollout_id.startswith(run_id) and a in agents.clients
         ),
+        journal_appends=coord.journal.appends,
+        journal_batches=coord.journal.batches,
     )
+
+
+def _movement(coord: RolloutCoordinator) -> tuple[int, int]:
+    """What changes whenever a group of the coordinator moves: how many are open, and the sum of
+    their stream versions (every mint, dispatch, reply, seal and retire appends to its group)."""
+    groups = coord.ledger.groups
+    open_ = coord.open_groups()
+    return len(open_), sum(groups[g].stream_version for g in open_)
 
 
 def workload_payload(i: int) -> dict[str, Any]:
@@ -394,3 +522,21 @@ def _completed_answers(store: EventStore, run_id: str) -> int:
 
 def failed(summary: dict[str, Any]) -> bool:
     return bool(summary["stranded"] or summary["duplicate_executions"] or (summary["audit_violations"] or 0))
+
+
+__all__ = [
+    "DEFAULT_FAULTS",
+    "Agents",
+    "CheckpointLoop",
+    "Fault",
+    "RunFacts",
+    "RunInterrupted",
+    "RunStalled",
+    "SimConfig",
+    "SimulationError",
+    "failed",
+    "parse_faults",
+    "run_simulation",
+    "summarize_run",
+    "workload_payload",
+]

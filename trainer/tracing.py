@@ -11,15 +11,17 @@ from the rollout id: a rollout's tries, replacements and adoptions line up in on
 Per try: a `try` span (attributes `ledger.rollout_id`, `ledger.attempt_index`, `ledger.group_id`,
 `ledger.agent`, `ledger.outcome`) with children `run` (dispatch to reply or failure), `receipt`
 (reply to the fetched receipt), `seal` (receipt to the seal or hold) and `ack` (debt to its payment);
-retires and adoptions are span events.
+retires and adoptions are span events.  Each child carries the try's id and agent and what its step
+recorded (`SEGMENT_ATTRIBUTES`); the provider's resource names the service (`tracer_resource`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from eventstore import RecordedEvent
 from protocol.ids import group_id_of
@@ -89,6 +91,81 @@ def fold_tries(events: Iterable[RecordedEvent]) -> dict[tuple[str, int], TryTime
     return tries
 
 
+SERVICE_NAME: Final = "rollout-ledger"
+
+
+def tracer_resource(run_id: str | None = None) -> Any:
+    """The resource of a tracer provider for the ledger's spans: `service.name` (unless
+    $OTEL_SERVICE_NAME names another), the trainer's run id when there is one."""
+    from opentelemetry.sdk.resources import Resource
+
+    attributes: dict[str, str] = {}
+    if not os.environ.get("OTEL_SERVICE_NAME"):
+        attributes["service.name"] = SERVICE_NAME
+    if run_id:
+        attributes["ledger.run_id"] = run_id
+    return Resource.create(attributes)
+
+
+Marks = dict[str, tuple[float, dict[str, Any]]]
+
+
+def _data(marks: Marks, kind: str) -> dict[str, Any]:
+    return marks[kind][1] if kind in marks else {}
+
+
+def _run_attributes(marks: Marks) -> dict[str, Any]:
+    replied, failed = _data(marks, "RunReplied"), _data(marks, "RunFailed")
+    dispatched = _data(marks, "RunDispatched")
+    found: dict[str, Any] = {"ledger.capture_key": dispatched.get("capture_key")}
+    if dispatched.get("deadline_s") is not None:
+        found["ledger.deadline_s"] = dispatched["deadline_s"]
+    if replied:
+        found |= {"ledger.reward": replied.get("reward"), "ledger.mask_sample": replied.get("mask_sample")}
+    if failed:
+        found |= {"ledger.failure_kind": failed.get("kind"), "ledger.failure_reason": failed.get("reason")}
+    return found
+
+
+def _receipt_attributes(marks: Marks) -> dict[str, Any]:
+    receipt = _data(marks, "ReceiptFetched").get("receipt", {})
+    return {
+        "ledger.execution_generation": receipt.get("execution_generation"),
+        "ledger.result_digest": receipt.get("result_digest"),
+    }
+
+
+def _seal_attributes(marks: Marks) -> dict[str, Any]:
+    step = "sealed" if "SiblingSealed" in marks else "held" if "SiblingHeld" in marks else None
+    receipt = _data(marks, "SiblingSealed" if step == "sealed" else "SiblingHeld").get("receipt", {})
+    return {
+        "ledger.seal": step,
+        "ledger.token_count": receipt.get("token_count"),
+        "ledger.tokens_digest": receipt.get("tokens_digest"),
+        "ledger.reward": _data(marks, "SiblingSealed").get("reward"),
+    }
+
+
+def _ack_attributes(marks: Marks) -> dict[str, Any]:
+    if "AckAccepted" in marks:
+        return {
+            "ledger.ack": "accepted",
+            "ledger.ack_idempotent": _data(marks, "AckAccepted").get("idempotent"),
+        }
+    if "AckRejected" in marks:
+        return {"ledger.ack": "rejected", "ledger.ack_error": _data(marks, "AckRejected").get("error")}
+    return {"ledger.ack": "owed"}
+
+
+# What each child span says beyond the try's id and agent, from the events of its step.
+SEGMENT_ATTRIBUTES: Final[dict[str, Callable[[Marks], dict[str, Any]]]] = {
+    "run": _run_attributes,
+    "receipt": _receipt_attributes,
+    "seal": _seal_attributes,
+    "ack": _ack_attributes,
+}
+
+
 def trace_id_of(rollout_id: str) -> int:
     """A rollout's trace id: 128 bits of the SHA-256 of its id (never 0)."""
     return int(hashlib.sha256(rollout_id.encode()).hexdigest()[:32], 16) or 1
@@ -143,7 +220,19 @@ def emit_try_spans(events: Iterable[RecordedEvent], tracer: Any) -> int:
             begin, finish = timeline.at(*begins), timeline.at(*ends)
             if begin is None:
                 continue
-            span = tracer.start_span(name, context=inside, start_time=_ns(begin))
+            attributes = {
+                "ledger.rollout_id": rid,
+                "ledger.attempt_index": timeline.attempt_index,
+                "ledger.agent": timeline.agent,
+                **SEGMENT_ATTRIBUTES[name](timeline.marks),
+            }
+            span = tracer.start_span(
+                name,
+                context=inside,
+                start_time=_ns(begin),
+                # OpenTelemetry takes no None: a field the step did not record is left out.
+                attributes={k: v for k, v in attributes.items() if v is not None},
+            )
             if name == "run" and "RunFailed" in timeline.marks:
                 span.set_status(
                     Status(StatusCode.ERROR, str(timeline.marks["RunFailed"][1].get("reason", "")))

@@ -1,0 +1,116 @@
+"""What a `ledger simulate` run is asked to do: the one place its settings live.
+
+`SimConfig` is filled by the command's options (`cli/simulate.py`, one keyword per option) and read by
+the drivers (`simulation/run.py`, `simulation/ray_run.py`) and the benchmarks; a new knob is a field
+here with its default, an option there, and its use in a driver.  This module imports no trainer, no
+agent and no torch, so `ledger --help` and option errors cost nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:  # the wire models (pydantic) are imported when faults are parsed, not by `--help`
+    from protocol.wire import FaultRates
+
+DEFAULT_FAULTS: Final = "drop_reply=0.05,fail=0.05,hang=0.01"
+FAULT_NAMES: Final = ("drop_reply", "fail", "hang", "crash_after")
+# A run id is the prefix of its group ids and its trainer id: short, and safe in a file name.
+RUN_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,23}")
+
+
+@dataclass
+class SimConfig:
+    agents: int = 2
+    agent_urls: dict[str, str] = field(default_factory=dict)
+    groups: int = 24
+    siblings: int = 4
+    mode: str = "prompt_group"
+    faults: str = DEFAULT_FAULTS
+    checkpoint_every_s: float = 2.0
+    prepare_timeout_s: float = 30.0
+    rollout_timeout_s: float = 10.0
+    park_grace_s: float = 1.0
+    seed: int = 0
+    # Groups open at once per agent: keeps the agents (one model thread each) responsive.
+    window_per_agent: int = 3
+    turns: tuple[int, int] = (1, 3)
+    agent_delay_s: float = 0.02
+    # Rounds (and failures of each kind) a group may spend.  The default fault mix fails about one
+    # prompt-group round in five (5 % environment failures and 1 % hangs over 4 siblings), so 4 rounds
+    # dead-lettered a group in about one run of 48 groups in ten; 8 makes that about one in 40,000.
+    max_tries: int = 8
+    # The run's id: the prefix of its group and checkpoint ids, and its trainer id (each run is its own
+    # trainer, so runs on one log never drive or claim each other's groups).  Empty: a new one.
+    run_id: str = ""
+    # Carry on the run `run_id` names: recover its trainer from the log (every group it left open is
+    # driven to a seal or dead-lettered), then submit what it never submitted.
+    resume: bool = False
+    # State directories of agents given by URL, for their durable execution evidence.
+    agent_state_dirs: dict[str, Path] = field(default_factory=dict)
+    # Where the agents this run starts keep their state (one folder per agent), so that a resumed run
+    # restarts the same agents; None: a temporary folder each, gone with the run.
+    agent_state_root: Path | None = None
+    # Fields every `/run` row carries besides the prompt (e.g. a NeMo RL row's `agent_ref`).
+    row_fields: dict[str, Any] = field(default_factory=dict)
+    # A run in which no group of it moves for this long stops as stalled (None: derived from the
+    # timeouts, `stall_after_s()`): nothing waits for ever.
+    stall_timeout_s: float | None = None
+
+    def stall_after_s(self) -> float:
+        """Seconds without any group of the run moving before it is declared stalled: longer than one
+        try may legitimately take (its rollout timeout, a retire within its 30 s budget, a checkpoint's
+        prepare deadline), with room to spare."""
+        if self.stall_timeout_s is not None:
+            return self.stall_timeout_s
+        return 2 * (self.rollout_timeout_s + 30.0 + self.prepare_timeout_s)
+
+
+def run_state_dir(run_id: str) -> Path:
+    """Where the agents `ledger simulate` starts for run `run_id` keep their state: kept while the run
+    may be resumed, removed once it ends."""
+    from gym_agent.config import cache_home
+
+    return cache_home() / "simulate" / run_id
+
+
+@dataclass
+class Fault:
+    rates: FaultRates
+    crash_after: int | None
+
+
+def parse_faults(text: str) -> Fault:
+    """`drop_reply=P,fail=P,hang=P,crash_after=N` (each optional); ValueError with a one-line reason."""
+    from pydantic import ValidationError
+
+    from protocol.wire import FaultRates
+
+    values: dict[str, float] = {}
+    crash: int | None = None
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not value:
+            raise ValueError(f"fault {part!r} is not NAME=VALUE ({', '.join(FAULT_NAMES)})")
+        if name == "crash_after":
+            if not value.isdigit():
+                raise ValueError(f"crash_after={value} is not a whole number of runs (e.g. crash_after=20)")
+            crash = int(value)
+        elif name in FAULT_NAMES:
+            try:
+                rate = float(value)
+            except ValueError:
+                raise ValueError(f"{name}={value} is not a number (a rate between 0 and 1)") from None
+            if not math.isfinite(rate) or not 0 <= rate <= 1:
+                raise ValueError(f"{name}={value} is not a rate: it is between 0 and 1 (e.g. {name}=0.05)")
+            values[name] = rate
+        else:
+            raise ValueError(f"unknown fault {name!r} ({', '.join(FAULT_NAMES)})")
+    try:
+        return Fault(FaultRates(**values), crash)
+    except ValidationError as exc:  # the wire model's own bounds, should they ever be narrower
+        raise ValueError(f"faults {text!r}: {exc.errors()[0]['msg']}") from None

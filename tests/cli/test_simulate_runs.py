@@ -1,0 +1,170 @@
+"""`ledger simulate` runs on one log: each is its own trainer, an interrupted one winds down and leaves
+nothing undecided, a later run never waits on (or claims) what an earlier one left, and `--resume`
+drives every group it inherits to an end.  In process, on real agents over loopback HTTP; every step
+waits for its gate (the coordinator's own state), never for a time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventstore import EventStore, open_store
+from gym_agent.config import AgentConfig
+from gym_agent.server import ThreadAgent, serve_in_thread
+from projections.runner import rebuild
+from simulation.run import RunInterrupted, RunStalled, SimConfig, run_simulation
+from trainer import RolloutCoordinator
+from trainer.gym import GymClient
+
+# Far above what any of these runs takes; reached only if a run waits for ever (the fault under test).
+RUN_BOUND_S = 240.0
+# The interrupted run's size: enough that its gate (a checkpoint in flight mid-run) comes long before it ends.
+GROUPS = 60
+
+
+def _pair(stack: ExitStack, folder: Path) -> dict[str, ThreadAgent]:
+    return {
+        name: stack.enter_context(
+            serve_in_thread(
+                AgentConfig(name=name, state_dir=folder / name, log_level="warning", turns=(1, 2), delay_s=0.02)
+            )
+        )
+        for name in ("agent-0", "agent-1")
+    }
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[dict[str, ThreadAgent]]:
+    with ExitStack() as stack:
+        yield _pair(stack, tmp_path / "agents")
+
+
+@pytest.fixture
+def other_agents(tmp_path: Path) -> Iterator[dict[str, ThreadAgent]]:
+    """Another run's own agents, with the same names (as every `ledger simulate` starts its own): an
+    agent serves one trainer."""
+    with ExitStack() as stack:
+        yield _pair(stack, tmp_path / "other-agents")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[EventStore]:
+    s = open_store(f"sqlite:///{tmp_path / 'ledger.db'}", migrate_schema=True)
+    yield s
+    s.close()
+
+
+def config(agents: dict[str, ThreadAgent], run_id: str, groups: int, **overrides: Any) -> SimConfig:
+    values: dict[str, Any] = {
+        "agent_urls": {n: a.url for n, a in agents.items()},
+        "agent_state_dirs": {n: a.config.state_dir for n, a in agents.items()},
+        "groups": groups,
+        "siblings": 2,
+        "faults": "",
+        "checkpoint_every_s": 0.2,
+        "turns": (1, 2),
+        "run_id": run_id,
+    }
+    return SimConfig(**(values | overrides))
+
+
+class Watched(RolloutCoordinator):
+    """The real coordinator, kept where the test's gates can read its state."""
+
+    made: list[RolloutCoordinator] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        Watched.made.append(self)
+
+
+def run_groups(store: EventStore, run_id: str) -> dict[str, str]:
+    """Every group of the run in the log, and its status."""
+    ledger = rebuild(store).state("ledger")
+    groups = {g: s.status for g, s in ledger.groups.items()} | {g: a.status for g, a in ledger.archived.items()}
+    return {g: s for g, s in groups.items() if g.startswith(f"{run_id}-")}
+
+
+async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_finishes(
+    store: EventStore, agents: dict[str, ThreadAgent], other_agents: dict[str, ThreadAgent]
+) -> None:
+    stop = asyncio.Event()
+    seen: list[tuple[int, int]] = []
+
+    def interrupt_mid_run(decided: int, total: int) -> None:
+        # The gate: a group decided, others open, more not yet submitted, and a checkpoint in flight
+        # (the interrupt must decide it).
+        coord = Watched.made[-1]
+        submitted = sum(1 for g in [*coord.ledger.groups, *coord.ledger.archived] if g.startswith("first-"))
+        seen.append((decided, submitted))
+        if decided >= 1 and coord.open_groups() and submitted < total and coord.ctx.checkpoint_in_flight:
+            stop.set()
+
+    Watched.made.clear()
+    with pytest.raises(RunInterrupted) as interrupted:
+        async with asyncio.timeout(RUN_BOUND_S):
+            await run_simulation(
+                store,
+                config(agents, "first", GROUPS, window_per_agent=2),
+                coordinator_factory=Watched,
+                progress=interrupt_mid_run,
+                stop=stop,
+            )
+    left = interrupted.value
+    assert left.run_id == "first" and left.open_groups >= 1 and left.unsubmitted >= 1
+    assert "ledger simulate --resume first" in left.line()
+    # The progress moved while groups were still being submitted.
+    assert any(decided >= 1 and submitted < GROUPS for decided, submitted in seen), seen
+    # Nothing undecided: every checkpoint of the run is committed or aborted, and no agent is left
+    # paused or preparing by it.
+    checkpoints = rebuild(store).state("checkpoints")
+    mine = [c for c in checkpoints.checkpoints.values() if c.checkpoint_id.startswith("first-")]
+    assert mine and all(c.status in ("resumed", "aborted") for c in mine), [c.status for c in mine]
+    assert not [c for c in [*checkpoints.in_doubt(), *checkpoints.to_resume()] if c.trainer_id == "first"]
+    for name, agent in agents.items():
+        async with GymClient(agent.url, name) as client:
+            status = await client.status()
+            assert status.phase == "idle" and status.active_checkpoint_id is None, (name, status)
+    open_before = {g for g, s in run_groups(store, "first").items() if s == "open"}
+    assert len(open_before) == left.open_groups, (open_before, Watched.made[-1].open_groups(), {g: Watched.made[-1].ledger.groups[g] for g in Watched.made[-1].open_groups() if g not in open_before})
+
+    # A new run on the same log is its own trainer: it ends, and claims only its own groups.
+    async with asyncio.timeout(RUN_BOUND_S):
+        second = await run_simulation(store, config(other_agents, "second", 3))
+    assert second["groups_sealed"] == 3 and second["groups_claimed"] == 3
+    assert {g for g, s in run_groups(store, "first").items() if s == "open"} == open_before
+
+    # Resumed, the first run drives every group it left open to an end, and submits the rest.
+    async with asyncio.timeout(RUN_BOUND_S):
+        resumed = await run_simulation(store, config(agents, "first", GROUPS, resume=True))
+    groups = run_groups(store, "first")
+    assert len(groups) == GROUPS and "open" not in groups.values(), groups
+    assert resumed["groups_sealed"] + resumed["groups_dead_lettered"] == GROUPS
+    assert resumed["stranded"] == 0 and resumed["duplicate_executions"] == 0
+    assert resumed["audit_violations"] == 0
+
+
+async def test_a_run_to_resume_must_be_in_the_log(store: EventStore, agents: dict[str, ThreadAgent]) -> None:
+    from simulation.run import SimulationError
+
+    with pytest.raises(SimulationError, match="holds no run 'nosuch'"):
+        await run_simulation(store, config(agents, "nosuch", 2, resume=True))
+
+
+async def test_a_run_whose_groups_never_move_stops_as_stalled(
+    store: EventStore, agents: dict[str, ThreadAgent]
+) -> None:
+    """Every try hangs and the rollout deadline is far away: nothing moves, and the run says so within
+    its stall timeout instead of waiting for ever."""
+    with pytest.raises(RunStalled, match="no group moved for 2 s"):
+        async with asyncio.timeout(RUN_BOUND_S):
+            await run_simulation(
+                store,
+                config(agents, "stuck", 2, faults="hang=1", checkpoint_every_s=0, rollout_timeout_s=3600.0,
+                       stall_timeout_s=2.0),
+            )  # fmt: skip
