@@ -100,9 +100,13 @@ def _stop_when_stdin_ends(grace_s: float = 30.0) -> None:
     again each second (a SIGTERM that lands before the server installed its handlers is lost), and
     ends it outright once `grace_s` has passed: an orphaned agent never outlives its parent for long."""
 
+    # The file descriptor, not sys.stdin: a daemon thread blocked inside a buffered reader holds its
+    # lock, and the interpreter aborts at shutdown when it cannot take it ("Fatal Python error").
+    fd = sys.stdin.fileno()
+
     def watch() -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while sys.stdin.buffer.read(4096):
+        with contextlib.suppress(OSError):
+            while os.read(fd, 4096):
                 pass
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import debt as debt_cli
+from trainer.core import debt as debt_core
 from cli.main import app
 from eventstore import EventStore, open_store
 from eventstore.events import AckDeliveryStuck, AckRejected, OperatorMark
@@ -154,7 +155,7 @@ def test_a_trainer_paying_the_debt_between_the_read_and_the_append_wins(
     """The trainer's relay pays the debt after the command read the log and before it appends: the
     append is fenced on the group's version, nothing is written, and the decision made again finds
     nothing to drop (exit 2).  The trainer's own stream was never touched, so it is not fenced off."""
-    decide = debt_cli.on_operator_drop
+    decide = debt_core.on_operator_drop
     calls = []
 
     def paid_meanwhile(*args: object, **kwargs: object) -> object:
@@ -164,7 +165,7 @@ def test_a_trainer_paying_the_debt_between_the_read_and_the_append_wins(
         calls.append(decision)
         return decision
 
-    monkeypatch.setattr(debt_cli, "on_operator_drop", paid_meanwhile)
+    monkeypatch.setattr(debt_core, "on_operator_drop", paid_meanwhile)
     code, out = run("debt", "drop", "p2_g0", "0", "--reason", "agent disk lost", "--db", store_url)
     assert code == 2 and "no unpaid ACK debt" in out, out
     assert len(calls) == 2
@@ -177,7 +178,7 @@ def test_a_trainer_that_keeps_writing_to_the_group_outlasts_the_drop_budget(
 ) -> None:
     """The trainer writes to the debt's group between every read and append: each decision is fenced
     off, and after `DROP_POLICY`'s tries the command gives up with nothing written (exit 2)."""
-    decide = debt_cli.on_operator_drop
+    decide = debt_core.on_operator_drop
     calls = []
 
     def written_meanwhile(*args: object, **kwargs: object) -> object:
@@ -185,7 +186,7 @@ def test_a_trainer_that_keeps_writing_to_the_group_outlasts_the_drop_budget(
         LogBuilder(owed).claim("p2", len(calls))  # a write to group-p2 that leaves the debt owed
         return calls[-1]
 
-    monkeypatch.setattr(debt_cli, "on_operator_drop", written_meanwhile)
+    monkeypatch.setattr(debt_core, "on_operator_drop", written_meanwhile)
     code, out = run("debt", "drop", "p2_g0", "0", "--reason", "agent disk lost", "--db", store_url)
     tries = debt_cli.DROP_POLICY.max_calls
     assert code == 2 and f"kept writing to group p2 ({tries} tries)" in out, out
