@@ -31,7 +31,9 @@ def _pair(stack: ExitStack, folder: Path) -> dict[str, ThreadAgent]:
     return {
         name: stack.enter_context(
             serve_in_thread(
-                AgentConfig(name=name, state_dir=folder / name, log_level="warning", turns=(1, 2), delay_s=0.02)
+                AgentConfig(
+                    name=name, state_dir=folder / name, log_level="warning", turns=(1, 2), delay_s=0.02
+                )
             )
         )
         for name in ("agent-0", "agent-1")
@@ -86,7 +88,9 @@ class Watched(RolloutCoordinator):
 def run_groups(store: EventStore, run_id: str) -> dict[str, str]:
     """Every group of the run in the log, and its status."""
     ledger = rebuild(store).state("ledger")
-    groups = {g: s.status for g, s in ledger.groups.items()} | {g: a.status for g, a in ledger.archived.items()}
+    groups = {g: s.status for g, s in ledger.groups.items()} | {
+        g: a.status for g, a in ledger.archived.items()
+    }
     return {g: s for g, s in groups.items() if g.startswith(f"{run_id}-")}
 
 
@@ -131,7 +135,7 @@ async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_
             status = await client.status()
             assert status.phase == "idle" and status.active_checkpoint_id is None, (name, status)
     open_before = {g for g, s in run_groups(store, "first").items() if s == "open"}
-    assert len(open_before) == left.open_groups, (open_before, Watched.made[-1].open_groups(), {g: Watched.made[-1].ledger.groups[g] for g in Watched.made[-1].open_groups() if g not in open_before})
+    assert len(open_before) == left.open_groups, (open_before, Watched.made[-1].open_groups())
 
     # A new run on the same log is its own trainer: it ends, and claims only its own groups.
     async with asyncio.timeout(RUN_BOUND_S):

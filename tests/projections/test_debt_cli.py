@@ -8,7 +8,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import debt as debt_cli
-from trainer.core import debt as debt_core
 from cli.main import app
 from eventstore import EventStore, open_store
 from eventstore.events import AckDeliveryStuck, AckRejected, OperatorMark
@@ -19,6 +18,7 @@ from projections.runner import rebuild
 from protocol.streams import operator_stream, trainer_stream
 from tests.projections.builder import AGENT, LogBuilder
 from tests.projections.tamper import append_raw
+from trainer.core import debt as debt_core
 
 cli = CliRunner()
 
