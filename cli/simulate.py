@@ -71,8 +71,8 @@ def simulate(
         typer.Option(
             "--park-grace",
             min=0.0,
-            help="Seconds a try may block a prepare without progress before it is retired as stuck "
-            "(above the agents' longest model call).",
+            help="Seconds a try may block a prepare without progress of its own (and at least 4 of "
+            "its agent's heartbeats) before it is retired as stalled.",
         ),
     ] = 1.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,

@@ -13,11 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.ids import AttemptIndex, Identifier
 from protocol.levels import TargetLevel
-from protocol.wire import AttemptRef, CompletionReceipt
+from protocol.wire import AttemptRef, CompletionReceipt, TryWork
 
 Mode = Literal["sibling", "prompt_group"]
 # The retry budgets of a group: infrastructure failures, data failures, and the one budget of v1 groups.
 RetryBudget = Literal["infra", "data", "tries"]
+# Why a checkpoint's prepare retired a try: `checkpoint`, its last resort near the prepare deadline (the
+# try was making progress; bounded per rollout); `stalled`, no progress of its own for longer than its
+# agent promised to report it (stuck inside a model call).
+RetireCause = Literal["checkpoint", "stalled"]
 
 EVENT_TYPES: dict[str, type[Event]] = {}
 
@@ -240,7 +244,11 @@ class AckDeliveryStuck(Event):
     reason: str
 
 
-class AttemptRetired(Event):
+class AttemptRetired(Event, version=2):
+    """Version 2 added `cause` (set when a checkpoint's prepare retired the try: RetireCause) and
+    `work` (what the cancelled execution had done, as its agent measured it: the generation the retire
+    threw away).  Version 1 rows are upcast with None for both."""
+
     rollout_id: Identifier
     attempt_index: AttemptIndex
     outcome: Literal["cancelled", "tombstoned", "completed_unacknowledged", "done"]
@@ -249,6 +257,8 @@ class AttemptRetired(Event):
     # a `done` from a newer generation than the one that answered `completed_unacknowledged` is the
     # log's evidence that the finished result went with the older process.
     execution_generation: int | None = Field(default=None, ge=0)
+    cause: RetireCause | None = None
+    work: TryWork | None = None
 
 
 class AttemptAdopted(Event):

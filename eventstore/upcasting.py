@@ -67,6 +67,12 @@ def _ack_rejected_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "operator": None}
 
 
+@upcaster("AttemptRetired", 1)
+def _attempt_retired_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 recorded neither why a checkpoint retired the try nor what the cancelled execution had done."""
+    return {**data, "cause": None, "work": None}
+
+
 @upcaster("GroupClaimedForTraining", 1)
 def _group_claimed_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 did not name the call that delivered the group."""

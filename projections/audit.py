@@ -159,6 +159,15 @@ class GroupFacts:
     trainer_id: str | None = None
     # generation index -> rollout id, from the mints
     siblings: dict[int, str] = field(default_factory=dict)
+    # Tries lost to checkpoints (`AttemptRetired` cause `checkpoint`), which spend no budget: per
+    # rollout id in sibling mode, the rounds (attempt indexes) in prompt_group mode.
+    lost_to_checkpoints: dict[str, int] = field(default_factory=dict)
+    rounds_lost_to_checkpoints: list[int] = field(default_factory=list)
+
+    def checkpoint_allowance(self, rollout_id: str) -> int:
+        if self.mode == "prompt_group":
+            return len(self.rounds_lost_to_checkpoints)
+        return self.lost_to_checkpoints.get(rollout_id, 0)
 
 
 @with_config(_FORBID)
@@ -313,13 +322,15 @@ def _mint(
                 f"try {rollout_id}#{index} is minted after the agent refused a try of group {group_id} "
                 f"as a request it can never serve (at {group.refused}): the same request is retried",
             )
-        elif index + 1 > group.max_tries:
+        elif index + 1 > group.max_tries + group.checkpoint_allowance(rollout_id):
             unit = "group" if group.mode == "prompt_group" else "sibling"
+            lost = group.checkpoint_allowance(rollout_id)
             st.violate(
                 BOUNDED_RETRIES,
                 [ev.position],
                 f"try {rollout_id}#{index} is try {index + 1} of its {unit}, past the budget of "
-                f"{group.max_tries}; the group should have been dead-lettered",
+                f"{group.max_tries} (and {lost} tries lost to checkpoints); the group should have "
+                "been dead-lettered",
             )
     facts = AttemptFacts(group_id=group_id, minted=ev.position)
     st.tries[key] = facts
@@ -521,6 +532,13 @@ def _retired(st: AuditState, ev: RecordedEvent, e: AttemptRetired) -> None:
     if t is None:
         return
     t.retire, t.retired_at, t.retire_generation = e.outcome, ev.position, e.execution_generation
+    group = st.groups.get(t.group_id)
+    if e.cause == "checkpoint" and group is not None:
+        if group.mode == "prompt_group":
+            if e.attempt_index not in group.rounds_lost_to_checkpoints:
+                group.rounds_lost_to_checkpoints.append(e.attempt_index)
+        else:
+            group.lost_to_checkpoints[e.rollout_id] = group.lost_to_checkpoints.get(e.rollout_id, 0) + 1
     if e.outcome == "completed_unacknowledged":
         if t.finished is None:
             t.finished = ev.position

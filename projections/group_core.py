@@ -15,7 +15,9 @@ and the group drivers, so what recovery plans and what a driver does cannot disa
 Two retry budgets, each with its own dead-letter reason: infrastructure failures (the agent away, a
 transport error, a deadline: another try may well succeed) and data failures (the environment failed,
 the result did not verify, the sample was masked: the prompt itself may be at fault).  `max_tries`
-caps the tries of a sibling (or the rounds of a prompt group) whatever their causes.
+caps the tries of a sibling (or the rounds of a prompt group) whatever their causes, but one: a try a
+checkpoint's prepare retired as its last resort (`AttemptRetired` cause `checkpoint`) is the trainer's
+doing and spends no budget; the trainer bounds those per rollout instead (trainer.core.blocking).
 """
 
 from __future__ import annotations
@@ -63,10 +65,32 @@ def refused(attempt: AttemptState) -> bool:
     return any(f.partition(":")[0] in FINAL_FAILURE_KINDS for f in attempt.failures)
 
 
+def lost_to_checkpoint(attempt: AttemptState) -> bool:
+    """A checkpoint's prepare retired the try as its last resort: the trainer's doing, not the try's
+    failure, so it spends no budget (a rollout loses at most `max_checkpoint_retires` tries so)."""
+    return attempt.retire_cause == "checkpoint"
+
+
+def checkpoint_losses(group: GroupState, sibling: SiblingState) -> int:
+    """Tries this sibling's rollout lost to checkpoints: its own in sibling mode; in prompt_group mode
+    the group's rounds (a round lost to a checkpoint throws every sibling's try away with it)."""
+    if group.mode == "prompt_group":
+        rounds = {
+            a.attempt_index
+            for s in group.siblings.values()
+            for a in s.attempts.values()
+            if lost_to_checkpoint(a)
+        }
+        return len(rounds)
+    return sum(1 for a in sibling.attempts.values() if lost_to_checkpoint(a))
+
+
 def spent(group: GroupState, attempts: list[AttemptState]) -> dict[Budget, int]:
-    """The failures of `attempts` (settled without a result) counted against each budget."""
-    counts: dict[Budget, int] = {"infra": 0, "data": 0, "tries": len(attempts)}
-    for attempt in attempts:
+    """The failures of `attempts` (settled without a result) counted against each budget; a try lost
+    to a checkpoint counts against none."""
+    counted = [a for a in attempts if not lost_to_checkpoint(a)]
+    counts: dict[Budget, int] = {"infra": 0, "data": 0, "tries": len(counted)}
+    for attempt in counted:
         if attempt.status in ("retired", "discarded", "failed"):
             counts[failure_budget(attempt)] += 1
     return counts
@@ -156,8 +180,12 @@ def round_exhausted(group: GroupState) -> Budget | None:
 
 
 def _round_attempts(group: GroupState, round_index: int) -> AttemptState | None:
-    """One try standing for a finished round: its first try that failed (else any of the round)."""
+    """One try standing for a finished round: its try lost to a checkpoint (the round spends no
+    budget then), else its first try that failed, else any of the round."""
     tries = [s.attempts[round_index] for s in group.siblings.values() if round_index in s.attempts]
+    lost = [a for a in tries if lost_to_checkpoint(a)]
+    if lost:
+        return lost[0]
     failed = [a for a in tries if a.status in ("retired", "discarded", "failed")]
     found = failed or tries
     return found[0] if found else None

@@ -44,6 +44,7 @@ from eventstore.events import (
     PromptRef,
     ReceiptFetched,
     ReplacementMinted,
+    RetireCause,
     RolloutReceipt,
     RunDispatched,
     RunFailed,
@@ -82,6 +83,8 @@ class AttemptState:
     receipt: CompletionReceipt | None = None
     rollout_receipt: RolloutReceipt | None = None
     retire_outcome: RetireOutcome | None = None
+    # Set when a checkpoint's prepare retired it (`checkpoint`: lost to a checkpoint, spends no budget).
+    retire_cause: RetireCause | None = None
     adopted: bool = False
     failures: list[str] = field(default_factory=list)
     dispatched_position: int | None = None
@@ -566,6 +569,8 @@ def _retired(state: LedgerState, ev: RecordedEvent, e: AttemptRetired) -> None:
     if attempt is None:
         return
     attempt.retire_outcome = e.outcome
+    if e.cause is not None:
+        attempt.retire_cause = e.cause
     # completed_unacknowledged: the try finished at the agent and is to be adopted, not retired.
     if e.outcome != "completed_unacknowledged" and attempt.status not in _SETTLED:
         attempt.status = "retired"

@@ -30,7 +30,7 @@ from protocol.digests import canonical_json, sha256_digest
 from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
 from protocol.wire import AttemptRef, CompletionReceipt, RunReply, RunRequest, TokenEntry
-from trainer.context import AttemptOutcome, Context, Lease, log
+from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
 from trainer.gym import GymClient, verify_receipt
 from trainer.gym.errors import (
@@ -326,18 +326,23 @@ class Attempts:
 
     # --- retire or adopt ---------------------------------------------------------------------------
 
-    async def resolve(self, group_id: str, rollout_id: str, attempt_index: int) -> AttemptOutcome:
-        """Retire the try; adopt it if it finished (docs/protocol.md, Retire or adopt).  Settles it once."""
+    async def resolve(
+        self, group_id: str, rollout_id: str, attempt_index: int, why: RetireFor | None = None
+    ) -> AttemptOutcome:
+        """Retire the try; adopt it if it finished (docs/protocol.md, Retire or adopt).  Settles it once.
+        `why`: a checkpoint's prepare retires it (recorded with its `AttemptRetired` if it was running)."""
         live = self.ctx.live_attempt(rollout_id, attempt_index)
         async with live.lock:
             if live.outcome is not None:
                 return live.outcome
             attempt = self.ctx.journal.ledger.attempt(rollout_id, attempt_index)
             known = from_ledger(attempt) if attempt is not None else None
-            live.outcome = known or await self._resolve_locked(group_id, rollout_id, attempt_index)
+            live.outcome = known or await self._resolve_locked(group_id, rollout_id, attempt_index, why)
             return live.outcome
 
-    async def _resolve_locked(self, group_id: str, rid: str, n: int) -> AttemptOutcome:
+    async def _resolve_locked(
+        self, group_id: str, rid: str, n: int, why: RetireFor | None = None
+    ) -> AttemptOutcome:
         """Performs the retire/adopt steps of trainer.core.attempt until the try is settled."""
         ctx = self.ctx
         group = ctx.journal.ledger.groups[group_id]
@@ -368,8 +373,23 @@ class Attempts:
         if action.kind in ("stranded", "lost"):
             log.error("(%s, %d): %s", rid, n, action.reason)
             return AttemptOutcome("stranded", action.reason)
+        if why is not None and action.retire_outcome == "cancelled":
+            # Cancelled for the checkpoint: its reason, cause and the work it threw away are the log's.
+            return AttemptOutcome(
+                "retired",
+                why.reason,
+                action.retire_outcome,
+                execution_generation=action.execution_generation,
+                cause=why.cause,
+                checkpoint_id=why.checkpoint_id,
+                work=action.work,
+            )
         return AttemptOutcome(
-            "retired", action.reason, action.retire_outcome, execution_generation=action.execution_generation
+            "retired",
+            action.reason,
+            action.retire_outcome,
+            execution_generation=action.execution_generation,
+            work=action.work,
         )
 
     async def _adopt(
@@ -415,7 +435,7 @@ async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str
     except GymError as exc:
         return core.CallFailed(f"retire: {type(exc).__name__}: {exc}"[:300])
     return core.RetireAnswer(
-        a.retired, a.tombstoned, a.completed_unacknowledged, a.done, a.execution_generation
+        a.retired, a.tombstoned, a.completed_unacknowledged, a.done, a.execution_generation, a.work
     )
 
 

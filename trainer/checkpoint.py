@@ -27,12 +27,14 @@ from eventstore.events import (
     CheckpointResumed,
     Event,
 )
+from projections.group_core import checkpoint_losses
 from projections.ledger import debt_key
 from protocol.retry import RetryState, next_step
 from protocol.streams import checkpoint_stream
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts, group_id_of
-from trainer.context import Context, log
+from trainer.context import Context, RetireFor, log
+from trainer.core.blocking import Blocking, Retire, judge, last_resort_s
 from trainer.core.checkpoint import (
     FINISH_POLICY,
     Accepted,
@@ -137,12 +139,8 @@ class _Prepare:
     adopted: int = 0
     retired: int = 0
     acked: int = 0
-
-
-@dataclass
-class _Progress:
-    since: float
-    blocking: set[tuple[str, int]] | None = None
+    # Per agent: the blocking tries the last resort may not retire (the prepare waits for them).
+    protected: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
 
 class Checkpointer:
@@ -368,39 +366,39 @@ class Checkpointer:
         ctx = self.ctx
         client = ctx.client(name)
         started = time.monotonic()
-        progress = _Progress(time.monotonic())
+        last_resort_at = last_resort_s(ctx.settings.prepare_timeout_s)
         failures = RetryState()
         unchanged = RetryState()
-        last_blocked: frozenset[tuple[str, int]] | None = None
+        last_owed: frozenset[tuple[str, int]] | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                state.failures[name] = (
-                    f"not ready within the {ctx.settings.prepare_timeout_s} s prepare deadline"
-                )
+                state.failures[name] = self._not_ready_reason(name, state)
                 return
+            # Back at least once per poll (and grace) period, and at the last resort's moment.
+            until_last_resort = remaining - last_resort_at
+            poll = min(remaining, ctx.settings.prepare_poll_s, ctx.settings.park_grace_s)
+            if until_last_resort > 0:
+                poll = min(poll, until_last_resort)
             try:
-                await client.prepare(
-                    checkpoint_id,
-                    # Back at least once per grace period, so a stuck try is retired on time.
-                    timeout_s=max(
-                        0.05, min(remaining, ctx.settings.prepare_poll_s, ctx.settings.park_grace_s)
-                    ),
-                )
+                await client.prepare(checkpoint_id, timeout_s=max(0.05, poll))
                 state.ready[name] = round(time.monotonic() - started, 4)
                 return
             except NotReadyError as exc:
-                await self._unblock(name, exc, progress, state)
-                blocked = frozenset(
-                    (a.rollout_id, a.attempt_index) for a in [*exc.attempts, *exc.status.blocking_attempts]
-                )
+                await self._unblock(checkpoint_id, name, exc, deadline, state)
                 now = time.monotonic()
-                if blocked == last_blocked:
+                if exc.status.blocking_attempts:
+                    # The agent waited for its tries to park before answering: it paces this loop.
+                    unchanged, last_owed = RetryState(), None
+                    continue
+                owed = frozenset((a.rollout_id, a.attempt_index) for a in exc.attempts)
+                if owed == last_owed:
+                    # Only the trainer can unblock it (finished tries to ACK or adopt) and nothing changed.
                     unchanged = unchanged.failed(now, "not ready, the same tries blocking")
                     await asyncio.sleep(not_ready_wait(unchanged, now, random.random(), deadline - now))
                 else:
                     unchanged = RetryState()
-                last_blocked = blocked
+                last_owed = owed
             except (CheckpointConflictError, StaleCheckpointError, InvalidPhaseError) as exc:
                 state.failures[name] = f"{type(exc).__name__}: {exc}"
                 return
@@ -417,7 +415,40 @@ class Checkpointer:
                 log.info("prepare %s on %s failed, retrying in %.2f s: %s", checkpoint_id, name, delay, exc)
                 await asyncio.sleep(delay)
 
-    async def _unblock(self, name: str, exc: NotReadyError, progress: _Progress, state: _Prepare) -> None:
+    def _not_ready_reason(self, name: str, state: _Prepare) -> str:
+        reason = f"not ready within the {self.ctx.settings.prepare_timeout_s} s prepare deadline"
+        protected = state.protected.get(name, ())
+        if protected:
+            named = ", ".join(f"{rid}#{n}" for rid, n in protected[:5])
+            reason += (
+                f": {len(protected)} tries still short of a boundary whose rollouts already lost "
+                f"{self.ctx.settings.max_checkpoint_retires} to checkpoints were waited for ({named})"
+            )
+        return reason
+
+    def _blocking(self, exc: NotReadyError) -> list[Blocking]:
+        """The tries the answer names as blocking, with their own progress and the log's count of the
+        tries their rollouts lost to checkpoints."""
+        ledger = self.ctx.journal.ledger
+        progress = {(p.rollout_id, p.attempt_index): p for p in exc.status.progress}
+        found = []
+        for ref in exc.status.blocking_attempts:
+            group = ledger.groups.get(group_id_of(ref.rollout_id))
+            sibling = group.sibling_of(ref.rollout_id) if group is not None else None
+            seen = progress.get((ref.rollout_id, ref.attempt_index))
+            found.append(
+                Blocking(
+                    ref.rollout_id,
+                    ref.attempt_index,
+                    seen.since_progress_s if seen is not None else None,
+                    checkpoint_losses(group, sibling) if group is not None and sibling is not None else 0,
+                )
+            )
+        return found
+
+    async def _unblock(
+        self, checkpoint_id: str, name: str, exc: NotReadyError, deadline: float, state: _Prepare
+    ) -> None:
         ctx = self.ctx
         ledger = ctx.journal.ledger
         owed = ledger.debts.get(name, {})
@@ -431,12 +462,9 @@ class Checkpointer:
         results = await asyncio.gather(*adopt)
         state.adopted += sum(results)
         await self.relay.send(name)
-        # Parking takes as long as the agent needs to finish the model calls in progress; while the
-        # blocking set keeps shrinking the agent is making progress.  Attempts still blocking after
-        # park_grace_s without any progress are stuck inside a model call: retire them.
-        now = time.monotonic()
-        blocking = {(b.rollout_id, b.attempt_index) for b in exc.status.blocking_attempts}
-        previous = progress.blocking
+        # The tries still on their way to a boundary: waited for while they make progress of their
+        # own; retired when stuck, or at the last resort (trainer.core.blocking).
+        blocking = self._blocking(exc)
         log.debug(
             "prepare %s: blocking %d parked %d completed %d adopt %d",
             name,
@@ -445,15 +473,19 @@ class Checkpointer:
             exc.status.completed_unacknowledged,
             len(to_adopt),
         )
-        # The grace runs from the prepare's start: a try blocking from the first answer on has had
-        # the whole wait to park.
-        if previous is not None and (not blocking or (blocking - previous) or len(blocking) < len(previous)):
-            progress.since = now
-        progress.blocking = blocking
-        if blocking and now - progress.since >= ctx.settings.park_grace_s:
-            outcomes = await asyncio.gather(*(self._retire(rid, n) for rid, n in sorted(blocking)))
+        verdict = judge(
+            blocking,
+            heartbeat_s=exc.status.heartbeat_s,
+            park_grace_s=ctx.settings.park_grace_s,
+            left_s=deadline - time.monotonic(),
+            last_resort_at_s=last_resort_s(ctx.settings.prepare_timeout_s),
+            max_checkpoint_retires=ctx.settings.max_checkpoint_retires,
+            checkpoint_id=checkpoint_id,
+        )
+        state.protected[name] = verdict.protected
+        if verdict.retire:
+            outcomes = await asyncio.gather(*(self._retire(checkpoint_id, r) for r in verdict.retire))
             state.retired += sum(outcomes)
-            progress.since = time.monotonic()
         elif not to_adopt and not blocking:
             await asyncio.sleep(0.02)
 
@@ -469,11 +501,14 @@ class Checkpointer:
         outcome = await self.tries.resolve(group_id_of(rollout_id), rollout_id, attempt_index)
         return outcome.kind != "retired"
 
-    async def _retire(self, rollout_id: str, attempt_index: int) -> bool:
-        if self.ctx.journal.ledger.attempt(rollout_id, attempt_index) is None:
-            log.warning("prepare blocked by (%s, %d), a try this log never minted", rollout_id, attempt_index)
+    async def _retire(self, checkpoint_id: str, retire: Retire) -> bool:
+        rid, n = retire.rollout_id, retire.attempt_index
+        if self.ctx.journal.ledger.attempt(rid, n) is None:
+            log.warning("prepare blocked by (%s, %d), a try this log never minted", rid, n)
             return False
-        outcome = await self.tries.resolve(group_id_of(rollout_id), rollout_id, attempt_index)
+        log.warning("checkpoint %s retires (%s, %d): %s", checkpoint_id, rid, n, retire.reason)
+        why = RetireFor(retire.cause, checkpoint_id, retire.reason)
+        outcome = await self.tries.resolve(group_id_of(rid), rid, n, why)
         return outcome.kind == "retired"
 
     # --- after the decision ----------------------------------------------------------------------

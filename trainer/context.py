@@ -8,8 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from eventstore.events import RetireCause
 from protocol.ids import group_id_of
 from protocol.retry import RetryPolicy
+from protocol.wire import TryWork
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
 from trainer.gym import GymClient
@@ -27,8 +29,11 @@ class Settings:
     max_tries: int = 4
     max_infra_failures: int = 4
     max_data_failures: int = 4
-    # A try still RUNNING this long into a prepare is stuck inside a model call: it is retired.
+    # A try that reports no progress of its own for this long (and STALL_BEATS of its agent's heartbeat
+    # intervals) is stuck inside a model call: a prepare retires it (trainer.core.blocking).
     park_grace_s: float = 1.0
+    # Tries one rollout may lose to checkpoints' last resort; past it a prepare waits for its try.
+    max_checkpoint_retires: int = 1
     # Server-side wait of one prepare call before it answers 409 and the coordinator acts on it.
     prepare_poll_s: float = 0.5
     adopt_timeout_s: float = 60.0
@@ -60,6 +65,20 @@ class AttemptOutcome:
     recorded: bool = False
     # The agent's generation that answered the retire (recorded with the `AttemptRetired`).
     execution_generation: int | None = None
+    # Set when a checkpoint's prepare retired it while running (recorded with the `AttemptRetired`).
+    cause: RetireCause | None = None
+    checkpoint_id: str | None = None
+    # What the cancelled execution had done, as its agent measured it.
+    work: TryWork | None = None
+
+
+@dataclass(frozen=True)
+class RetireFor:
+    """Why the trainer retires a try that did not fail: a checkpoint's prepare needs it gone."""
+
+    cause: RetireCause
+    checkpoint_id: str
+    reason: str
 
 
 @dataclass

@@ -100,6 +100,7 @@ class RolloutCoordinator:
         max_infra_failures: int | None = None,
         max_data_failures: int | None = None,
         park_grace_s: float = 1.0,
+        max_checkpoint_retires: int = 1,
         outage_budget_s: float = OUTAGE_BUDGET_S,
         trainer_id: str | None = None,
         retire_policy: RetryPolicy = RETIRE_POLICY,
@@ -117,6 +118,7 @@ class RolloutCoordinator:
             max_infra_failures=max_infra_failures or max_tries,
             max_data_failures=max_data_failures or max_tries,
             park_grace_s=park_grace_s,
+            max_checkpoint_retires=max_checkpoint_retires,
             trainer_id=trainer_id,
             retire_policy=retire_policy,
             ack_policy=ack_policy,
@@ -432,7 +434,9 @@ class RolloutCoordinator:
             outcome = await self.tries.settle(group_id, gi, n)
             if outcome.kind == "finished":
                 continue
-            retired = _retired_event(sibling.rollout_id, n, outcome)
+            retired = await self._record_checkpoint_losses(
+                group_id, _retired_event(sibling.rollout_id, n, outcome)
+            )
             group = self.ledger.groups[group_id]
             # The same rule as the recovery plan's (projections.group_core).
             budget = sibling_exhausted(group, group.siblings[gi])
@@ -490,6 +494,8 @@ class RolloutCoordinator:
             retired: list[Event] = []
             for gi, o in outcomes.items():
                 retired += _retired_event(group.siblings[gi].rollout_id, current[gi], o)
+            retired = await self._record_checkpoint_losses(group_id, retired)
+            group = self.ledger.groups[group_id]
             reason = "; ".join(f"g{gi}: {o.reason}" for gi, o in sorted(failed.items()))[:500]
             refs = [
                 AttemptRef(rollout_id=group.siblings[gi].rollout_id, attempt_index=n)
@@ -516,6 +522,16 @@ class RolloutCoordinator:
             )
             self.stats["abandoned"] += 1
             self.stats["replacements"] += len(replacements)
+
+    async def _record_checkpoint_losses(self, group_id: str, retired: list[Event]) -> list[Event]:
+        """A try a checkpoint retired spends no budget, and the budget rule reads that from the log
+        (projections.group_core): such retires are appended first, on their own (the rest are
+        returned, to go with the replacement or the dead letter as before)."""
+        lost = [e for e in retired if isinstance(e, AttemptRetired) and e.cause == "checkpoint"]
+        if not lost:
+            return retired
+        await self.journal.append(group_stream(group_id), retired)
+        return []
 
     async def _round(
         self, group_id: str, tasks: dict[int, asyncio.Task[AttemptOutcome]]
@@ -752,6 +768,9 @@ def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome)
             attempt_index=attempt_index,
             outcome=outcome.retire_outcome,
             execution_generation=outcome.execution_generation,
+            checkpoint_id=outcome.checkpoint_id,
+            cause=outcome.cause,
+            work=outcome.work,
         )
     ]
 

@@ -133,3 +133,29 @@ def test_a_refused_request_ends_the_retries_at_once() -> None:
     assert (
         sibling_exhausted(group("sibling", {0: [other]}), group("sibling", {0: [other]}).siblings[0]) is None
     )
+
+
+def _lost(gi: int, n: int) -> AttemptState:
+    lost = attempt(gi, n, "retired")
+    lost.retire_cause = "checkpoint"
+    return lost
+
+
+def test_a_try_lost_to_a_checkpoint_spends_no_budget() -> None:
+    from projections.group_core import checkpoint_losses, round_exhausted
+
+    # sibling mode: one try per budget, the first lost to a checkpoint: not exhausted.
+    g = group("sibling", {0: [_lost(0, 0)]}, max_tries=1, infra=1)
+    assert sibling_exhausted(g, g.siblings[0]) is None
+    assert checkpoint_losses(g, g.siblings[0]) == 1
+    # A stalled try (stuck, not the checkpoint's doing) spends the infra budget like any retire.
+    stalled = attempt(0, 0, "retired")
+    stalled.retire_cause = "stalled"
+    g = group("sibling", {0: [stalled]}, max_tries=1, infra=1)
+    assert sibling_exhausted(g, g.siblings[0]) == "tries"
+    # prompt_group: a round lost to a checkpoint is not counted, its other siblings' retires neither.
+    g = group("prompt_group", {0: [_lost(0, 0)], 1: [attempt(1, 0, "retired")]}, max_tries=1, infra=1)
+    assert round_exhausted(g) is None
+    assert checkpoint_losses(g, g.siblings[1]) == 1  # the group's rounds, for every sibling
+    g = group("prompt_group", {0: [attempt(0, 0, "retired")], 1: [attempt(1, 0, "retired")]}, max_tries=1)
+    assert round_exhausted(g) == "tries"

@@ -122,13 +122,17 @@ async def test_a_try_running_past_its_deadline_is_retired_and_replaced(
             await _all_done(coord)
         events = list(store.read_stream(f"group-{g}"))
         retired = [e.data for e in events if e.type == "AttemptRetired"]
+        work = retired[0].pop("work")
         assert retired[0] == {
             "rollout_id": f"{g}_g0",
             "attempt_index": 0,
             "outcome": "cancelled",
             "checkpoint_id": None,
             "execution_generation": agent.generation,  # the agent that answered the retire
+            "cause": None,  # its own deadline, not a checkpoint's
         }
+        # What the agent had spent on it: inside its (hung) first model call, nothing generated.
+        assert work["model_s"] > 0 and work["generated_tokens"] == 0
         sealed = [e.data["attempt_index"] for e in events if e.type == "SiblingSealed"]
         assert sealed == [1]
         dispatched = [e.data["deadline_s"] for e in events if e.type == "RunDispatched"]

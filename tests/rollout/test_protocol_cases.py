@@ -125,7 +125,10 @@ async def test_case4_an_abort_that_fails_once_is_retried_until_the_agent_confirm
     idle afterwards and the next checkpoint commits."""
     agent = make_agent("a", delay_s=5.0)
     async with _AbortFailsOnce(agent.url, "a") as client:
-        coord = coordinator(sqlite_store, {"a": client}, prepare_timeout_s=0.3, park_grace_s=30.0)
+        # The try heartbeats (it is not stuck) and no retire is allowed as a last resort: it blocks.
+        coord = coordinator(
+            sqlite_store, {"a": client}, prepare_timeout_s=0.3, park_grace_s=30.0, max_checkpoint_retires=0
+        )
         await coord.start()
         await coord.submit(gid(), PROMPT, "a", 1, PAYLOAD)
         async with asyncio.timeout(30):  # the gate: the try is running, so prepare cannot finish in 0.3 s

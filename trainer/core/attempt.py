@@ -23,6 +23,7 @@ from typing import Literal
 
 from eventstore.events import AttemptRetired, Event, RunFailed
 from protocol.retry import RetryPolicy, RetryState, next_step
+from protocol.wire import TryWork
 
 # Transport failures of retire and adopt calls: about half a minute of an agent away, then lost.
 RETIRE_POLICY = RetryPolicy(max_calls=16, deadline_s=30.0, base_s=0.05, cap_s=2.0)
@@ -45,6 +46,8 @@ class RetireAnswer:
     completed_unacknowledged: bool
     done: bool = False
     execution_generation: int | None = None
+    # What the cancelled execution had done (`retired`), as the agent measured it.
+    work: TryWork | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Settled:
     retire_outcome: RetireOutcome | None = None
     # The generation that answered the retire (recorded with its `AttemptRetired`).
     execution_generation: int | None = None
+    work: TryWork | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,7 @@ def _retire_answered(state: Retiring, got: RetireAnswer, checkpoint_id: str | No
         return Next(state, CallAdopt(got.execution_generation), events)
     gen = got.execution_generation
     if got.retired:
-        return Next(state, Settled("retired", "retired while running", "cancelled", gen))
+        return Next(state, Settled("retired", "retired while running", "cancelled", gen, got.work))
     if got.tombstoned:
         return Next(state, Settled("retired", "never started at the agent (tombstoned)", "tombstoned", gen))
     return Next(state, Settled("retired", "already done for good at the agent", "done", gen))
