@@ -13,12 +13,22 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from participant.checkpoint import AgentCheckpoint, ParkedContinuation, write_checkpoint
+from participant.continuations import (
+    Continuation,
+    ContinuationReadError,
+    ContinuationStore,
+    Declined,
+    decide_resume,
+    declined_report,
+    resumed_report,
+    token_record,
+)
 from participant.errors import (
     CheckpointConflictError,
     CheckpointWriteError,
@@ -41,20 +51,27 @@ from participant.states import (
     ExecEvent,
     ExecState,
     PhaseOp,
+    RestartFromPrompt,
     next_phase,
     next_state,
+    resume_decision,
 )
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key
 from protocol.tokens import token_records_from_reply
 from protocol.wire import (
+    ALL_FEATURES,
+    FEATURE_TURN_CONTINUATION,
     AcknowledgeRequest,
     AcknowledgeResult,
     AgentStatus,
     AttemptRef,
     CompletionReceipt,
+    ContinuationRef,
     Phase,
     PhaseResponse,
+    ResourceRevision,
+    ResumeReport,
     RetireRequest,
     RetireResponse,
     RunReply,
@@ -84,6 +101,44 @@ class RunSession(Protocol):
     def heartbeat(self, generated_tokens: int | None = None) -> None:
         """The try is alive (inside a model call or a tool); `generated_tokens`: what the model call in
         progress has generated so far, when the runner knows."""
+
+    @property
+    def lineage(self) -> str:
+        """The conversation this try plays: the capture key of the try whose prompt began it (its own,
+        unless it resumed a continuation).  Resource sessions and mutation keys are per lineage."""
+        ...
+
+    @property
+    def resumed(self) -> Resumed | None:
+        """The continuation this try carries on from (None: it plays from its prompt).  Its token
+        records are this try's first records already; the runner continues after `turn`."""
+        ...
+
+    async def commit_turn(
+        self, turn: int, state: dict[str, Any], resources: Sequence[ResourceRevision] = ()
+    ) -> ContinuationRef | None:
+        """A turn boundary: `turn` turns are done, `state` is the runner's own JSON state to carry on
+        from, `resources` the resources touched so far at their revisions (exported by the runner).
+        Returns once the continuation (with every token record so far) is durable; None when this agent
+        keeps no continuations.  Call it before `at_boundary`, so a park finds the boundary saved."""
+        ...
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resumed try starts from: the continuation's turn and state, its records (reused, not
+    generated again), and the resources restored at their revisions before the runner was called."""
+
+    ref: ContinuationRef
+    turn: int
+    state: dict[str, Any]
+    tokens: tuple[TokenEntry, ...]
+    restored: tuple[ResourceRevision, ...]
+
+
+# Restores export/restore resources at a continuation's revisions before a resumed try runs (raises
+# when it cannot: the try then plays from its prompt).
+Restorer = Callable[[Sequence[ResourceRevision]], Awaitable[None]]
 
 
 class Runner(Protocol):
@@ -140,9 +195,24 @@ class Execution:
     # Whether the runner ever reached a boundary: one that never does goes from one record straight
     # into its next model call.
     uses_boundaries: bool = False
+    # The continuation the trainer asked this try to resume (`x-ledger-continue-from`), and what came of it.
+    continue_from: str | None = None
+    resume_report: ResumeReport | None = None
+    resumed: Resumed | None = None
+    lineage: str = ""
+    # The latest boundary this try committed (or resumed from): the next one's `previous`.
+    last_continuation: str | None = None
+    committer: (
+        Callable[
+            [Execution, int, dict[str, Any], Sequence[ResourceRevision]], Awaitable[ContinuationRef | None]
+        ]
+        | None
+    ) = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.may_run.set()
+        if not self.lineage:
+            self.lineage = self.capture_key
 
     @property
     def key(self) -> AttemptKey:
@@ -212,6 +282,15 @@ class Execution:
         if generated_tokens is not None:
             self.call_tokens = max(0, generated_tokens)
 
+    async def commit_turn(
+        self, turn: int, state: dict[str, Any], resources: Sequence[ResourceRevision] = ()
+    ) -> ContinuationRef | None:
+        self._leave_call(time.monotonic())
+        self.last_progress = time.monotonic()
+        if self.committer is None:
+            return None
+        return await self.committer(self, turn, state, resources)
+
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -246,6 +325,8 @@ class ExecutionRegistry:
         state_dir: Path,
         hooks: Hooks | None = None,
         heartbeat_s: float | None = None,
+        continuations: ContinuationStore | None = None,
+        restorer: Restorer | None = None,
     ) -> None:
         if heartbeat_s is not None and not heartbeat_s > 0:
             raise ValueError(f"heartbeat_s must be > 0 (or None), got {heartbeat_s}")
@@ -257,6 +338,11 @@ class ExecutionRegistry:
         self.state_dir = state_dir
         self.hooks = hooks if hooks is not None else Hooks()
         self.evidence = EvidenceLog(state_dir, generation)
+        # Turn-level resume (None: this agent keeps no continuations, a continue-from is declined).
+        self.continuations = continuations
+        self.restorer = restorer
+        # Continuations a try is taking up right now (read, restore): one try at a time.
+        self._taking: set[str] = set()
         self._executions: dict[AttemptKey, Execution] = {}
         # Attempts not yet done for good: what status and checkpoints look at, so their cost follows the
         # tries in play, not every try the agent ever ran.  Pruned lazily by `_in_state`.
@@ -310,9 +396,18 @@ class ExecutionRegistry:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    async def run(self, request: RunRequest, *, adopt_only: bool = False) -> RunOutcome:
+    def features(self) -> list[str]:
+        """What `/capabilities` declares."""
+        extra = [FEATURE_TURN_CONTINUATION] if self.continuations is not None else []
+        return [*ALL_FEATURES, *extra]
+
+    async def run(
+        self, request: RunRequest, *, adopt_only: bool = False, continue_from: str | None = None
+    ) -> RunOutcome:
         """Starts the try, or joins/replays the execution this process already has of it.  An
-        adopt-only call never starts one: without a record of the try it answers 404."""
+        adopt-only call never starts one: without a record of the try it answers 404.  A new try
+        with `continue_from` (a continuation's digest) resumes it, or declines and plays from its
+        prompt (`ResumeReport` in its receipt)."""
         key = (request.rollout_id, request.attempt_index)
         while True:
             self._check_open()
@@ -330,15 +425,21 @@ class ExecutionRegistry:
             if self._admission.is_set():
                 break
             await self._admission.wait()
-        return await self._join(self._start(request))
+        return await self._join(self._start(request, continue_from))
 
-    def _start(self, request: RunRequest) -> Execution:
+    def _start(self, request: RunRequest, continue_from: str | None = None) -> Execution:
         key = (request.rollout_id, request.attempt_index)
         ck = capture_key(*key)
         owner = self._by_capture_key.get(ck)
         if owner is not None and owner != key:
             raise InvalidRequestError(f"capture key '{ck}' of try {key} collides with try {owner}")
-        ex = Execution(request=request, capture_key=ck, notify=self._notify)
+        ex = Execution(
+            request=request,
+            capture_key=ck,
+            notify=self._notify,
+            continue_from=continue_from,
+            committer=self._commit_turn if self.continuations is not None else None,
+        )
         # Queued before the try runs (in order: no later record of it can be written first), and
         # awaited before its result leaves; the runner does not wait for the disk.
         ex.started = self.evidence.append("started", [ex.evidence])
@@ -366,6 +467,8 @@ class ExecutionRegistry:
 
     async def _execute(self, ex: Execution) -> None:
         try:
+            if ex.continue_from is not None:
+                await self._take_up(ex, ex.continue_from)
             reply = await self.runner(ex.request, ex)
             if (reply.rollout_id, reply.attempt_index) != ex.key:
                 raise ValueError(f"the runner answered for ({reply.rollout_id}, {reply.attempt_index})")
@@ -385,6 +488,7 @@ class ExecutionRegistry:
                 manifest_capture_key=ex.capture_key,
                 terminal_model_call_id=ex.tokens[-1].model_call_id if ex.tokens else "",
                 work=ex.work(),
+                resume=ex.resume_report,
             )
             # Both durable before anyone is given the reply or the receipt: an execution whose result
             # can leave this process is always in the evidence.
@@ -406,6 +510,93 @@ class ExecutionRegistry:
         finally:
             ex.done.set()
             self._notify()
+
+    # -- continuations -------------------------------------------------------------------------------
+
+    async def _take_up(self, ex: Execution, digest: str) -> None:
+        """Resumes `ex` from continuation `digest`, or declines (the try then plays from its prompt):
+        one read of the continuation, a restore of its export/restore resources, and a durable
+        `resumed` line, in that order, before the runner is called."""
+        store = self.continuations
+        if store is None:
+            ex.resume_report = declined_report(digest, Declined("not_resumable", "no continuations here"))
+            return
+        live = {k for k, e in self._active.items() if e.state in LIVE_STATES and e is not ex}
+        decided = decide_resume(
+            digest,
+            rollout_id=ex.request.rollout_id,
+            prompt_digest=ex.request.prompt_digest(),
+            index=store.index,
+            live=live,
+        )
+        if isinstance(decided, ContinuationRef) and digest in self._taking:
+            decided = Declined("already_resumed", "another try is taking it up now")
+        if isinstance(decided, Declined):
+            await self._decline(ex, digest, decided)
+            return
+        ref = decided
+        self._taking.add(digest)
+        try:
+            try:
+                continuation = await asyncio.to_thread(store.read, ref)
+            except ContinuationReadError as exc:
+                await self._decline(ex, digest, Declined(exc.reason, exc.detail))
+                return
+            restore = resume_decision(continuation.resources)
+            assert not isinstance(restore, RestartFromPrompt)  # decide_resume refused those
+            if restore.restore:
+                try:
+                    if self.restorer is None:
+                        raise RuntimeError("this agent has no restorer for its resources")
+                    await self.restorer(restore.restore)
+                except Exception as exc:
+                    log.warning("try %s: restoring %s failed: %s", ex.key, digest, exc)
+                    await self._decline(
+                        ex, digest, Declined("restore_failed", f"{type(exc).__name__}: {exc}")
+                    )
+                    return
+            await store.record_resumed(ref, *ex.key)
+        finally:
+            self._taking.discard(digest)
+        tokens = tuple(continuation.token_entries())
+        ex.tokens = list(tokens)
+        ex.lineage = continuation.lineage
+        ex.last_continuation = digest
+        ex.resumed = Resumed(ref, continuation.turn, continuation.state, tokens, restore.restore)
+        ex.resume_report = resumed_report(ref, list(restore.restore))
+        log.info("try %s resumed %s at turn %d (try %d)", ex.key, digest, ref.turn, ref.source_attempt)
+
+    async def _decline(self, ex: Execution, digest: str, declined: Declined) -> None:
+        ex.resume_report = declined_report(digest, declined)
+        log.info("try %s declined %s: %s %s", ex.key, digest, declined.reason, declined.detail)
+        if self.continuations is not None:
+            await self.continuations.record_declined(digest, *ex.key, declined.reason)
+
+    async def _commit_turn(
+        self, ex: Execution, turn: int, state: dict[str, Any], resources: Sequence[ResourceRevision]
+    ) -> ContinuationRef | None:
+        store = self.continuations
+        if store is None:
+            return None
+        continuation = Continuation(
+            rollout_id=ex.request.rollout_id,
+            lineage=ex.lineage,
+            source_attempt=ex.request.attempt_index,
+            turn=turn,
+            prompt_digest=ex.request.prompt_digest(),
+            tokens=[token_record(t) for t in ex.tokens],
+            state=state,
+            resources=list(resources),
+            previous=ex.last_continuation,
+        )
+        ref = await store.commit(continuation, ex.request.attempt_index)
+        ex.last_continuation = ref.digest
+        return ref
+
+    def offer(self, rollout_id: str, attempt_index: int) -> ContinuationRef | None:
+        """The try's latest committed boundary (durable: also after a restart with the state kept)."""
+        store = self.continuations
+        return store.index.offer(rollout_id, attempt_index) if store is not None else None
 
     async def _record(self, kind: EvidenceKind, executions: list[Execution]) -> None:
         try:
@@ -527,6 +718,7 @@ class ExecutionRegistry:
                 completed_unacknowledged=False,
                 done=True,
                 execution_generation=gen,
+                continuation=self.offer(*key),
             )
         ex = self._executions.get(key)
         if ex is not None and ex.state is ExecState.COMPLETED:
@@ -555,6 +747,8 @@ class ExecutionRegistry:
             completed_unacknowledged=False,
             execution_generation=gen,
             work=work,
+            continuation=self.offer(*key),
+            resume=ex.resume_report if ex is not None else None,
         )
 
     # -- checkpoint phases ------------------------------------------------------------------------

@@ -23,10 +23,12 @@ from typing import Any, Final, Literal
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from participant.executions import ExecutionRegistry, Hooks, Runner, RunSession
+from participant.continuations import ContinuationStore
+from participant.executions import ExecutionRegistry, Hooks, Restorer, Runner, RunSession
 from participant.generation import next_generation
 from participant.guard import GuardMiddleware
 from participant.routes import Deliver, is_participant_path, participant_app
+from payloads._store import PayloadStore
 from protocol.wire import MAX_BODY_BYTES, RunReply, RunRequest, gym_reply
 
 RUN_PATH: Final = "/run"
@@ -192,6 +194,9 @@ def mount_participant(
     open_paths: frozenset[str] = frozenset({"/health"}),
     guard: Literal["participant", "all"] = "participant",
     heartbeat_s: float | None = None,
+    continuations: bool = False,
+    payload_store: PayloadStore | None = None,
+    restorer: Restorer | None = None,
 ) -> Participant:
     """Mounts the participant onto `app` (before it starts serving) and returns it.
 
@@ -203,6 +208,11 @@ def mount_participant(
     (`RunSession.heartbeat`, a boundary, a token record): a prepare then judges a try that went longer
     without progress stuck.  The agent's own `/run` makes no such promise (None): its tries are waited
     for until the trainer's last resort.
+
+    `continuations=True` is a runner's declaration that it resumes tries at turn boundaries
+    (`RunSession.commit_turn`, `RunSession.resumed`; docs/turns.md): the agent then keeps their
+    continuations (in `payload_store`, by default a directory under `state_dir`) and declares
+    `turn_continuation` in `/capabilities`.  `restorer` restores export/restore resources on a resume.
     """
     generation = next_generation(state_dir)
     asgi_runner: AsgiRunner | None = None
@@ -215,6 +225,8 @@ def mount_participant(
         state_dir=state_dir,
         hooks=hooks,
         heartbeat_s=heartbeat_s,
+        continuations=ContinuationStore(state_dir, generation, payload_store) if continuations else None,
+        restorer=restorer,
     )
     routes = participant_app(registry, deliver=deliver)
     app.add_middleware(

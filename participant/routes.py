@@ -15,11 +15,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from participant.errors import AgentError
 from participant.executions import ExecutionRegistry
+from protocol.digests import DIGEST_PATTERN
 from protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_ALLOWED, NOT_FOUND
 from protocol.ids import ID_PATTERN, MAX_ATTEMPT_INDEX, MAX_ID_LENGTH
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
-    ALL_FEATURES,
+    CONTINUE_FROM_HEADER,
     AcknowledgeRequest,
     AcknowledgeResponse,
     Capabilities,
@@ -94,9 +95,13 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
 
     @app.post("/run")
     async def run(
-        request: RunRequest, adopt_only: Annotated[str | None, Header(alias=ADOPT_ONLY_HEADER)] = None
+        request: RunRequest,
+        adopt_only: Annotated[str | None, Header(alias=ADOPT_ONLY_HEADER)] = None,
+        continue_from: Annotated[
+            str | None, Header(alias=CONTINUE_FROM_HEADER, pattern=DIGEST_PATTERN)
+        ] = None,
     ) -> Response:
-        outcome = await reg.run(request, adopt_only=adopt_only == "1")
+        outcome = await reg.run(request, adopt_only=adopt_only == "1", continue_from=continue_from)
         if outcome.live and deliver is not None:
             special = deliver(request, outcome.reply)
             if special is not None:
@@ -141,6 +146,6 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
 
     @app.get("/capabilities")
     async def capabilities() -> JSONResponse:
-        return _json(Capabilities(agent_name=reg.agent_name, features=list(ALL_FEATURES)))
+        return _json(Capabilities(agent_name=reg.agent_name, features=reg.features()))
 
     return app
