@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # imported by the commands that use them: `ledger --help` sta
     from eventstore.events import AckDeliveryStuck
     from projections.base import ReplayRefused
     from projections.checkpoints import CheckpointsState
+    from projections.generation import GenerationFigures
     from projections.ledger import LedgerState
     from projections.runner import (
         Replay,
@@ -301,6 +302,7 @@ def status(db: DbOption = None) -> None:
     """Groups by status, unpaid debts per agent, the last checkpoint, the log head."""
     from cli.debt import STATUS_DEBTS_SHOWN, debts_table
     from projections.base import ReplayRefused
+    from projections.generation import GENERATION_EVENTS, generation_figures
     from projections.runner import RUNNER_NAME
     from projections.sql import list_checkpoints
     from protocol.streams import trainer_stream
@@ -315,6 +317,7 @@ def status(db: DbOption = None) -> None:
         head = store.head()
         ledger: LedgerState = result.state("ledger")
         trainer_events = [e for t in trainer_ids(ledger) for e in store.read_stream(trainer_stream(t))]
+        generation = generation_figures(store.read_all(0, head, types=GENERATION_EVENTS))
     checkpoints: CheckpointsState = result.state("checkpoints")
 
     counts: Counter[str] = Counter(g.status for g in ledger.groups.values())
@@ -354,6 +357,7 @@ def status(db: DbOption = None) -> None:
             f"last checkpoint: [bold]{escape(last.checkpoint_id)}[/bold] {last.status}, cut at {last.cut_position}, "
             f"prepare waited {waits}"
         )
+    print_generation(generation)
     pending = [c.checkpoint_id for c in checkpoints.in_doubt()]
     if pending:
         console.print(f"checkpoints preparing (undecided): {', '.join(pending)}")
@@ -376,6 +380,34 @@ def status(db: DbOption = None) -> None:
         f"log head: [bold]{head}[/bold]; newest projection checkpoint: {newest if newest is not None else 'none'}; "
         f"projection runner at {runner_at}"
     )
+
+
+# Checkpoints listed by `ledger status` among those that threw generation away (the costliest first).
+STATUS_CHECKPOINTS_SHOWN = 10
+
+
+def print_generation(generation: GenerationFigures) -> None:
+    """Model time and tokens the tries spent, what checkpoints threw away of them (per checkpoint,
+    the costliest first), and the warning when that is more than WARN_SHARE of the model time."""
+    total, thrown = generation.total, generation.thrown
+    console.print(
+        f"model time: {total.model_s:.1f} s, {total.tokens} tokens generated ({total.tries} tries); "
+        f"thrown away by checkpoints: {thrown.model_s:.1f} s ({100 * generation.share:.2f} %), "
+        f"{thrown.tokens} tokens, {thrown.tries} tries"
+    )
+    if generation.by_checkpoint:
+        table = Table(
+            "checkpoint", "tries", "model s", "tokens", title="generation thrown away by checkpoints"
+        )
+        for checkpoint_id, work in generation.worst(STATUS_CHECKPOINTS_SHOWN):
+            table.add_row(escape(checkpoint_id), str(work.tries), f"{work.model_s:.1f}", str(work.tokens))
+        more = len(generation.by_checkpoint) - STATUS_CHECKPOINTS_SHOWN
+        if more > 0:
+            table.add_row(f"... {more} more", "", "", "")
+        console.print(table)
+    warning = generation.warning()
+    if warning is not None:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
 
 
 def trainer_ids(ledger: LedgerState) -> list[str | None]:

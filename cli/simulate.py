@@ -387,6 +387,17 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "checkpoints",
         ("checkpoints_committed", "checkpoints_aborted", "prepare_wait_p50_s", "prepare_wait_max_s"),
     ),
+    (
+        "generation",
+        (
+            "model_s",
+            "generated_tokens",
+            "thrown_by_checkpoints_model_s",
+            "thrown_by_checkpoints_tokens",
+            "thrown_by_checkpoints_tries",
+            "thrown_by_checkpoints_share",
+        ),
+    ),
     ("agents", ("agent_restarts", "reduced_mode_agents")),
     ("rows", ("rows", "rows_delivered", "rows_delivered_twice")),
     ("the promise", ("stranded", "duplicate_executions", "audit_violations")),
@@ -400,7 +411,7 @@ def print_summary(summary: Mapping[str, Any], store_url: str) -> None:
     table.add_column("section")
     table.add_column("figure")
     table.add_column("value", justify="right")
-    named = {k for _, keys in SECTIONS for k in keys} | {"verdict"}
+    named = {k for _, keys in SECTIONS for k in keys} | {"verdict", "thrown_by_checkpoints_warning"}
     sections = [*SECTIONS, ("other", tuple(k for k in summary if k not in named))]
     for title, keys in sections:
         present = [k for k in keys if k in summary]
@@ -415,6 +426,8 @@ def print_summary(summary: Mapping[str, Any], store_url: str) -> None:
             )
             table.add_row(title if i == 0 else "", key, shown, end_section=i == len(present) - 1)
     console.print(table)
+    if summary.get("thrown_by_checkpoints_warning"):
+        console.print(f"[yellow]warning:[/yellow] {escape(str(summary['thrown_by_checkpoints_warning']))}")
     verdict = str(summary["verdict"])
     console.print(f"[{'red' if verdict.startswith('FAIL') else 'green'}]{escape(verdict)}[/]", soft_wrap=True)
 

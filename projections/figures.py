@@ -21,7 +21,9 @@ What each figure is computed from:
   (`ReplacementMinted`), abandoned rounds (`GroupAbandoned`);
 - dead-lettered groups: `GroupDeadLettered`, by the retry budget its `budget` field names (`none`
   when it names none: a stranded try, or a group dead-lettered before budgets were recorded);
-- groups reserved, sealed, claimed; logprob results computed and refused.
+- groups reserved, sealed, claimed; logprob results computed and refused;
+- model time and tokens generated, and what checkpoints threw away of them: the agents' own measure
+  of each try's work, from its receipt or its cancelled retire (`projections.generation`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Final
 from eventstore import EventStore, RecordedEvent
 from eventstore.events import AckAccepted, AckOwed, AckRejected
 from projections.base import decode
+from projections.generation import GENERATION_EVENTS, GenerationFigures, GenerationTotals
 from projections.ledger import LedgerProjection, LedgerState, debt_key
 
 # Upper bounds (seconds) of the prepare-wait histogram's buckets; +Inf is implied.
@@ -99,6 +102,7 @@ class Snapshot:
     stranded: int
     duplicate_executions: int
     logprobs: dict[str, int]
+    generation: GenerationTotals
 
 
 class LogFigures:
@@ -117,6 +121,7 @@ class LogFigures:
         self._owed: set[str] = set()
         self._identities: dict[str, set[str]] = {}
         self._duplicates = 0
+        self._generation = GenerationFigures()
 
     # --- folding ---------------------------------------------------------------------------------
 
@@ -137,6 +142,8 @@ class LogFigures:
         self._events[kind] += 1
         if kind in _DEBT_EVENTS:
             self._ledger_projection.apply(self._debts, event, decode(event))
+        if kind in GENERATION_EVENTS:
+            self._generation.apply(kind, event.data)
         data: dict[str, Any] | None = None
         if kind in _CHECKPOINT_OUTCOMES:
             self._checkpoints[_CHECKPOINT_OUTCOMES[kind]] += 1
@@ -178,6 +185,7 @@ class LogFigures:
             stranded=len(self._finished_at_agent - self._owed),
             duplicate_executions=self._duplicates,
             logprobs=dict(self._logprobs),
+            generation=self._generation.totals(),
         )
 
     def snapshot(self) -> Snapshot:
@@ -210,6 +218,12 @@ class LogFigures:
             if s.prepare_wait.count
             else 0.0,
             "ledger/prepare_wait_max_s": s.prepare_wait.largest,
+            "ledger/model_s": s.generation.total.model_s,
+            "ledger/generated_tokens": float(s.generation.total.tokens),
+            "ledger/thrown_by_checkpoints_model_s": s.generation.thrown.model_s,
+            "ledger/thrown_by_checkpoints_tokens": float(s.generation.thrown.tokens),
+            "ledger/thrown_by_checkpoints_tries": float(s.generation.thrown.tries),
+            "ledger/thrown_by_checkpoints_share": s.generation.share,
         }
         for agent, n in s.unpaid_debts.items():
             out[f"ledger/unpaid_debts/{agent}"] = float(n)

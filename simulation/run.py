@@ -25,6 +25,7 @@ from eventstore import EventStore
 from eventstore.events import PromptRef
 from gym_agent.launcher import AgentProcess
 from participant.evidence import read_evidence
+from projections.generation import GENERATION_EVENTS, GenerationFigures, generation_figures
 from protocol.streams import checkpoint_stream, group_stream, trainer_stream
 from protocol.wire import CrashAfter, RateFaults
 from simulation.config import DEFAULT_FAULTS, RUN_ID, Fault, SimConfig, parse_faults
@@ -469,6 +470,7 @@ async def summarize_run(
 ) -> dict[str, Any]:
     """The summary `ledger simulate` prints: counts from the log, the agents' own, the audit."""
     counts = await asyncio.to_thread(summarize, store, run_id)
+    generation = await asyncio.to_thread(run_generation, store, run_id)
     waits = facts.prepare_waits
     audit: int | None = None
     try:
@@ -499,6 +501,8 @@ async def summarize_run(
         "checkpoints_aborted": counts["CheckpointAborted"],
         "prepare_wait_p50_s": round(statistics.median(waits), 3) if waits else None,
         "prepare_wait_max_s": round(max(waits), 3) if waits else None,
+        **generation.summary(),
+        "thrown_by_checkpoints_warning": generation.warning(),
         "agent_restarts": agents.restarts,
         "reduced_mode_agents": sorted(n for n, c in agents.clients.items() if c.reduced is not None),
         "stranded": facts.stranded,
@@ -509,6 +513,15 @@ async def summarize_run(
         "journal_appends": facts.journal_appends,
         "journal_batches": facts.journal_batches,
     }
+
+
+def run_generation(store: EventStore, run_id: str) -> GenerationFigures:
+    """The run's model time and what its checkpoints threw away (projections.generation), from its
+    groups' streams."""
+    prefix = group_stream(run_id)
+    return generation_figures(
+        e for e in store.read_all(0, types=GENERATION_EVENTS) if e.stream_id.startswith(prefix)
+    )
 
 
 def _completed_answers(store: EventStore, run_id: str) -> int:

@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 from eventstore import EventStore
+from projections.generation import GENERATION_EVENTS, generation_figures
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer.gym import GymClient
@@ -123,3 +124,14 @@ async def test_the_last_resort_retires_a_rollout_once_and_spends_no_budget(
         )
         assert [d["attempt_index"] for t, d in events if t == "SiblingSealed"] == [1]
         assert "GroupDeadLettered" not in [t for t, _ in events]
+        # The cost in sight, from the log: the retired try's work, as its agent measured it, is what
+        # the first checkpoint threw away; the model time is both tries'.
+        figures = generation_figures(sqlite_store.read_all(0, types=GENERATION_EVENTS))
+        [receipt] = [d["receipt"] for t, d in events if t == "ReceiptFetched"]
+        assert retired["work"]["model_s"] > 1.0  # it ran to the last resort, 2 s into the prepare
+        assert figures.by_checkpoint[first].model_s == retired["work"]["model_s"]
+        assert figures.thrown.tries == 1
+        assert figures.total.model_s == retired["work"]["model_s"] + receipt["work"]["model_s"]
+        assert (
+            figures.total.tokens == retired["work"]["generated_tokens"] + receipt["work"]["generated_tokens"]
+        )
