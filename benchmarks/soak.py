@@ -2,7 +2,9 @@
 
 The agents' own work is set to zero (`--zero-work`: no model call, one tiny token record per turn,
 one turn per episode), so what is measured is the hand-off through the log: coordinator, HTTP
-protocol, appends.  Reports throughput (sealed rollouts/s, events/s), prepare wait p50/p99, the
+protocol, appends.  `--call-seconds MEAN[:SPREAD]` gives each model call a real duration (drawn per
+call; the agents heartbeat through it), to measure what checkpoints cost at real durations: the
+prepare wait, and the model time they threw away.  Reports throughput (sealed rollouts/s, events/s), prepare wait p50/p99, the
 resident memory of the trainer process and of every agent process over time (peak, and the mean of
 the first against the last quarter of the workload: flat or growing), and the auditor's verdict.
 
@@ -29,6 +31,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +42,10 @@ from rich.table import Table
 from eventstore import EventStore, open_store
 from eventstore.backends import mask_url
 from eventstore.testing import PgCluster
+from gym_agent.durations import parse_durations
 from gym_agent.launcher import AgentProcess
 from protocol.streams import checkpoint_stream, group_stream
+from simulation.config import derived_rollout_timeout_s
 from simulation.run import SimConfig, run_simulation
 from trainer.eventloop import run_async
 
@@ -217,13 +222,19 @@ def sustained_rate(times: list[float], low: float = 0.1, high: float = 0.9) -> f
 
 async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None = None) -> dict[str, Any]:
     run_id = f"soak{os.getpid()}x{int(time.time()) % 100000}"
+    durations = SimConfig(call_seconds=args.call_seconds, tool_seconds=args.tool_seconds, turns=(1, 1))
+    rollout_timeout = (
+        args.rollout_timeout
+        if args.rollout_timeout is not None
+        else derived_rollout_timeout_s(durations, 5.0)
+    )
     agents = [
         AgentProcess(
             f"agent-{i}",
             seed=args.seed + i,
             turns=(1, 1),
             delay_s=0.0,
-            extra_args=["--zero-work", "--log-level", "warning"],
+            extra_args=["--zero-work", "--log-level", "warning", *durations.agent_args()],
         )
         for i in range(args.agents)
     ]
@@ -259,7 +270,9 @@ async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None
         faults=args.faults,
         checkpoint_every_s=args.checkpoint_every,
         prepare_timeout_s=args.prepare_timeout,
-        rollout_timeout_s=args.rollout_timeout,
+        rollout_timeout_s=rollout_timeout,
+        call_seconds=args.call_seconds,
+        tool_seconds=args.tool_seconds,
         park_grace_s=args.park_grace,
         seed=args.seed,
         window_per_agent=args.window,
@@ -347,6 +360,9 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
          f"{s['journal_appends']} / {s['journal_batches']} ({s['journal_batches'] / t['wall_s']:.0f}/s)"),
         ("prepare wait p50 / p99 / max (s)",
          f"{t['prepare_wait_p50_s']} / {t['prepare_wait_p99_s']} / {t['prepare_wait_max_s']}"),
+        ("model time / thrown away by checkpoints (s)",
+         f"{s['model_s']} / {s['thrown_by_checkpoints_model_s']} ({100 * s['thrown_by_checkpoints_share']:.2f} %, "
+         f"{s['thrown_by_checkpoints_tries']} tries)"),
         ("stranded / duplicate executions", f"{s['stranded']} / {s['duplicate_executions']}"),
         ("debts outstanding", s["debts_outstanding"]),
         ("audit (whole log)",
@@ -392,8 +408,23 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
     console.print(cpu)
     for line in result["checkpoint_aborts"]:
         console.print(f"[yellow]checkpoint aborted:[/yellow] {line}")
+    if s.get("thrown_by_checkpoints_warning"):
+        console.print(f"[yellow]warning:[/yellow] {s['thrown_by_checkpoints_warning']}")
     for line in result["audit"]["first"]:
         console.print(f"[red]audit:[/red] {line}")
+
+
+def _durations(option: str) -> Callable[[str], str]:
+    """An argparse type: the text of a valid MEAN[:SPREAD] (gym_agent.durations), else its error."""
+
+    def check(text: str) -> str:
+        try:
+            parse_durations(text, option)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,7 +436,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default=DEFAULT_FAULTS)
     parser.add_argument("--checkpoint-every", type=float, default=3.0)
     parser.add_argument("--prepare-timeout", type=float, default=30.0)
-    parser.add_argument("--rollout-timeout", type=float, default=5.0)
+    parser.add_argument(
+        "--rollout-timeout",
+        type=float,
+        default=None,
+        help="Seconds a try may run (default: 5, or twice the longest call at --call-seconds).",
+    )
+    parser.add_argument(
+        "--call-seconds",
+        default=None,
+        type=_durations("--call-seconds"),
+        help="The agents' model-call duration, MEAN[:SPREAD] seconds (default: none, zero work).",
+    )
+    parser.add_argument(
+        "--tool-seconds",
+        default=None,
+        type=_durations("--tool-seconds"),
+        help="Their tools' duration, MEAN[:SPREAD].",
+    )
     parser.add_argument(
         "--park-grace",
         type=float,

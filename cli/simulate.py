@@ -24,7 +24,14 @@ from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console, error, require_extra
 from cli.signals import Interrupted, StopRequest, run_until_stopped
-from simulation.config import DEFAULT_FAULTS, RUN_ID, SimConfig, parse_faults, run_state_dir
+from simulation.config import (
+    DEFAULT_FAULTS,
+    RUN_ID,
+    SimConfig,
+    derived_rollout_timeout_s,
+    parse_faults,
+    run_state_dir,
+)
 
 if TYPE_CHECKING:
     from eventstore import EventStore
@@ -65,7 +72,26 @@ def simulate(
         float, typer.Option("--checkpoint-every", min=0.0, help="Seconds between checkpoints (0: none).")
     ] = 1.5,
     prepare_timeout: Annotated[float, typer.Option("--prepare-timeout", min=0.01)] = 30.0,
-    rollout_timeout: Annotated[float, typer.Option("--rollout-timeout", min=0.01)] = 10.0,
+    rollout_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--rollout-timeout",
+            min=0.01,
+            help="Seconds a try may run [default: 10, or twice the longest episode at --call-seconds "
+            "and --tool-seconds].",
+        ),
+    ] = None,
+    call_seconds: Annotated[
+        str | None,
+        typer.Option(
+            "--call-seconds",
+            help="The reference agents' model-call duration, MEAN[:SPREAD] seconds (gamma, drawn per call).",
+        ),
+    ] = None,
+    tool_seconds: Annotated[
+        str | None,
+        typer.Option("--tool-seconds", help="Their tools' duration between two model calls, MEAN[:SPREAD]."),
+    ] = None,
     park_grace: Annotated[
         float,
         typer.Option(
@@ -161,6 +187,14 @@ def simulate(
         parse_faults(faults)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--faults") from None
+    from gym_agent.durations import parse_durations
+
+    for text, option in ((call_seconds, "--call-seconds"), (tool_seconds, "--tool-seconds")):
+        if text is not None:
+            try:
+                parse_durations(text, option)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint=option) from None
     urls = _agent_urls(agent_url or [])
     state_dirs: dict[str, Path] = {}
     for item in agent_state_dir or []:
@@ -196,6 +230,8 @@ def simulate(
         checkpoint_every_s=checkpoint_every,
         prepare_timeout_s=prepare_timeout,
         rollout_timeout_s=rollout_timeout,
+        call_seconds=call_seconds,
+        tool_seconds=tool_seconds,
         park_grace_s=park_grace,
         seed=seed,
         run_id=resume,
@@ -238,7 +274,12 @@ def _config(*, run_id: str | None, **options: Any) -> SimConfig:
     import uuid
 
     run_id = run_id or f"s{uuid.uuid4().hex[:6]}"
-    return SimConfig(run_id=run_id, agent_state_root=run_state_dir(run_id), **options)
+    rollout_timeout = options.pop("rollout_timeout_s")
+    config = SimConfig(run_id=run_id, agent_state_root=run_state_dir(run_id), **options)
+    config.rollout_timeout_s = (
+        rollout_timeout if rollout_timeout is not None else derived_rollout_timeout_s(config, 10.0)
+    )
+    return config
 
 
 def _run(

@@ -55,6 +55,8 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         temperature=config.temperature,
         delay_s=config.delay_s,
         zero_work=config.zero_work,
+        call_seconds=config.call_seconds,
+        tool_seconds=config.tool_seconds,
     )
     faults = FaultInjector()
 

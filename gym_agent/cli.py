@@ -15,6 +15,7 @@ import typer
 from pydantic import SecretStr, ValidationError
 
 from gym_agent.config import DEFAULT_HOST, TOKEN_ENV, AgentConfig, parse_turns
+from gym_agent.durations import parse_durations
 
 app = typer.Typer(no_args_is_help=True, help="The reference Gym agent (checkpoint participant).")
 
@@ -38,6 +39,17 @@ def serve(
     seed: Annotated[int, typer.Option(help="Seed of the simulated environment.")] = 0,
     turns: Annotated[str, typer.Option(help="Model calls per episode, MIN:MAX (or N).")] = "1:3",
     delay_s: Annotated[float, typer.Option("--delay-s", help="Extra seconds held at each model call.")] = 0.0,
+    call_seconds: Annotated[
+        str | None,
+        typer.Option(
+            "--call-seconds",
+            help="Each model call's duration, MEAN[:SPREAD] seconds (gamma-distributed, drawn per call).",
+        ),
+    ] = None,
+    tool_seconds: Annotated[
+        str | None,
+        typer.Option("--tool-seconds", help="Each tool's duration between two model calls, MEAN[:SPREAD]."),
+    ] = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -84,6 +96,10 @@ def serve(
             seed=seed,
             turns=parse_turns(turns),
             delay_s=delay_s,
+            call_seconds=parse_durations(call_seconds) if call_seconds is not None else None,
+            tool_seconds=parse_durations(tool_seconds, "--tool-seconds")
+            if tool_seconds is not None
+            else None,
             state_dir=state_dir,
             policy=policy,
             zero_work=zero_work,

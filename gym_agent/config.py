@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from gym_agent.durations import Durations
 from protocol.ids import Identifier
 from protocol.wire import MAX_BODY_BYTES
 
@@ -47,6 +48,9 @@ class AgentConfig(BaseModel):
     seed: int = 0
     turns: tuple[int, int] = (1, 3)
     delay_s: float = Field(default=0.0, ge=0)
+    # Each model call's duration (beside delay_s) and each tool's, between two calls (gym_agent.durations).
+    call_seconds: Durations | None = None
+    tool_seconds: Durations | None = None
     # Benchmarks: skip the model, each model call is a fixed tiny token record (gym_agent.episode).
     zero_work: bool = False
     state_dir: Path | None = None

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gym_agent.durations import Durations
 from gym_agent.faults import ResolvedFault
 from protocol.digests import canonical_json
 from protocol.ids import capture_key
@@ -95,6 +96,8 @@ class Environment:
         temperature: float = 1.0,
         delay_s: float = 0.0,
         zero_work: bool = False,
+        call_seconds: Durations | None = None,
+        tool_seconds: Durations | None = None,
     ) -> None:
         self.policy = policy
         self.executor = executor
@@ -105,6 +108,9 @@ class Environment:
         # The agent's own work set to zero: no model call, a fixed tiny token record per turn (what a
         # throughput benchmark of the log needs; the protocol, faults and checkpoints are unchanged).
         self.zero_work = zero_work
+        # How long each model call and each tool between two calls takes (drawn per call).
+        self.call_seconds = call_seconds
+        self.tool_seconds = tool_seconds
 
     async def play(
         self,
@@ -132,8 +138,11 @@ class Environment:
             call_id = f"call-{turn + 1}"
             if fault.hang:
                 await asyncio.Event().wait()  # stuck inside a model call: only a retire (cancel) ends it
-            if self.delay_s + fault.delay_s > 0:
-                await working(self.delay_s + fault.delay_s, heartbeat)
+            held = self.delay_s + fault.delay_s
+            if self.call_seconds is not None:
+                held += self.call_seconds.draw(f"call|{self.seed}|{key}|{turn}")
+            if held > 0:
+                await working(held, heartbeat)
             max_new = rng.randint(*NEW_TOKENS)
             prompt = context[-(self.policy.max_seq_len - max_new) :]
             if generator is None:
@@ -177,6 +186,8 @@ class Environment:
                     {"type": "function_call_output", "call_id": call_id, "output": _text(observation)}
                 )
                 context = context + observation
+                if self.tool_seconds is not None:
+                    await working(self.tool_seconds.draw(f"tool|{self.seed}|{key}|{turn}"), heartbeat)
 
         response: dict[str, Any] = {
             "id": f"resp-{key}",

@@ -40,6 +40,10 @@ class SimConfig:
     window_per_agent: int = 3
     turns: tuple[int, int] = (1, 3)
     agent_delay_s: float = 0.02
+    # The reference agents' model-call and tool durations, MEAN[:SPREAD] seconds (gym_agent.durations);
+    # None: none beyond agent_delay_s.
+    call_seconds: str | None = None
+    tool_seconds: str | None = None
     # Rounds (and failures of each kind) a group may spend.  The default fault mix fails about one
     # prompt-group round in five (5 % environment failures and 1 % hangs over 4 siblings), so 4 rounds
     # dead-lettered a group in about one run of 48 groups in ten; 8 makes that about one in 40,000.
@@ -60,6 +64,28 @@ class SimConfig:
     # A run in which no group of it moves for this long stops as stalled (None: derived from the
     # timeouts, `stall_after_s()`): nothing waits for ever.
     stall_timeout_s: float | None = None
+
+    def agent_args(self) -> list[str]:
+        """The options of the reference agents a run starts that carry its durations."""
+        args = []
+        if self.call_seconds is not None:
+            args += ["--call-seconds", self.call_seconds]
+        if self.tool_seconds is not None:
+            args += ["--tool-seconds", self.tool_seconds]
+        return args
+
+    def episode_s(self) -> float:
+        """How long an episode's model calls and tools take at most, but for about one in 10,000 calls
+        (each call's mean + 4 spreads, per turn): what a derived rollout timeout allows."""
+        from gym_agent.durations import parse_durations
+
+        call = parse_durations(self.call_seconds).longest_s() if self.call_seconds is not None else 0.0
+        tool = (
+            parse_durations(self.tool_seconds, "--tool-seconds").longest_s()
+            if self.tool_seconds is not None
+            else 0.0
+        )
+        return self.turns[1] * (self.agent_delay_s + call) + (self.turns[1] - 1) * tool
 
     def stall_after_s(self) -> float:
         """Seconds without any group of the run moving before it is declared stalled: longer than one
@@ -114,3 +140,9 @@ def parse_faults(text: str) -> Fault:
         return Fault(FaultRates(**values), crash)
     except ValidationError as exc:  # the wire model's own bounds, should they ever be narrower
         raise ValueError(f"faults {text!r}: {exc.errors()[0]['msg']}") from None
+
+
+def derived_rollout_timeout_s(config: SimConfig, floor_s: float) -> float:
+    """A rollout timeout for `config`'s durations: twice its longest episode (its model calls queue on
+    the agents' model threads and wait out checkpoints too), and at least `floor_s`."""
+    return max(floor_s, round(2 * config.episode_s(), 1))

@@ -173,6 +173,7 @@ class Agents:
                     turns=config.turns,
                     delay_s=config.agent_delay_s,
                     state_dir=None if root is None else root / f"agent-{i}",
+                    extra_args=config.agent_args(),
                 )
                 for i in range(config.agents)
             ]
