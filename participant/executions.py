@@ -766,7 +766,10 @@ class ExecutionRegistry:
                 return True
             if op == "abort":
                 # Presumed abort: recovery may abort a checkpoint this agent never saw (or lost in a
-                # restart); nothing is in flight, so there is nothing to undo.
+                # restart); nothing is in flight, so there is nothing to undo.  It is remembered all
+                # the same: a stale coordinator's prepare of it arriving later is refused (409 stale),
+                # so no agent closes its admission for a checkpoint the log already aborted.
+                self._finished[checkpoint_id] = "aborted"
                 return False
             raise InvalidPhaseError(self.phase, CHECKPOINT_OPS[op])
         if checkpoint_id != active:

@@ -221,6 +221,13 @@ def _group_id(event: RecordedEvent, rollout_id: str) -> str:
     return group_id_of(rollout_id)
 
 
+def _owned_by(st: AuditState, key: str, trainer_id: str | None) -> bool:
+    """Whether the try (and debt) `key` belongs to `trainer_id`: its group's trainer, as the
+    trainer's own check has it (projections.ownership); a try of no known group is nobody's else."""
+    group = st.groups.get(group_id_of(key.rpartition("/")[0]))
+    return group is None or group.trainer_id == trainer_id
+
+
 def _lost_with_its_process(t: AttemptFacts) -> bool:
     """A retire answered `done` by a newer generation than the one that held the finished result:
     that process is gone and its result with it (the new one answers `done` for its own tombstone, e.g.
@@ -676,8 +683,9 @@ def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
     st.claim_log.extend(reversed(kept))
     _check_plan_kept(st, ev, e, cut, rolled_back)
     planned = next((e.plan[k] for k in PLAN_DEBTS_KEYS if k in e.plan), None)
-    # Debts owed by the time the plan was made (other trainers may append between plan and record).
-    unpaid = {k: v for k, v in st.unpaid.items() if v[0] <= as_of}
+    # This trainer's debts owed by the time the plan was made (other trainers may append between plan
+    # and record, and their debts, to agents of the same name perhaps, are theirs to flush).
+    unpaid = {k: v for k, v in st.unpaid.items() if v[0] <= as_of and _owned_by(st, k, e.trainer_id)}
     if planned is not None and planned < len(unpaid):
         st.violate(
             DEBT_UNTIL_ACCEPTED,
@@ -796,17 +804,19 @@ def _committed(st: AuditState, ev: RecordedEvent, e: CheckpointCommitted) -> Non
     # The trainer that prepared it (the checkpoints projection's owner too); the commit's if none did.
     owner = facts.trainer_id if facts.prepared is not None else e.trainer_id
     st.own_cuts[owner or ""] = cut
+    # Its participants are its trainer's agents: a debt of another trainer's group to an agent of the
+    # same name is not this cut's (projections.ownership).
     participants = set(e.participants)
     owed = [
         (owed_at, key)
         for key, (owed_at, agent) in st.unpaid.items()
-        if owed_at <= cut and agent in participants
+        if owed_at <= cut and agent in participants and _owned_by(st, key, owner)
     ]
     first_paid_after = bisect.bisect_right(st.payments, (cut, 1 << 62))
     owed += [
         (owed_at, key)
         for _, owed_at, agent, key in st.payments[first_paid_after:]
-        if owed_at <= cut and agent in participants
+        if owed_at <= cut and agent in participants and _owned_by(st, key, owner)
     ]
     if owed:
         owed.sort()

@@ -25,6 +25,7 @@ from projections.base import canonical, sha256_text
 from projections.checkpoints import CheckpointsState, CheckpointState
 from projections.group_core import AttemptAction, attempt_action, round_step, sibling_exhausted
 from projections.ledger import ArchivedGroup, AttemptState, GroupState, LedgerState
+from projections.ownership import trainer_debts
 from protocol.ids import rollout_id_of
 from protocol.wire import AcknowledgeItem, CompletionReceipt
 
@@ -168,7 +169,8 @@ def plan_recovery(
     ]
     return RecoveryPlan(
         position=ledger.position,
-        debts_to_flush={a: list(owed.values()) for a, owed in ledger.debts.items() if owed},
+        # Only this trainer's: another trainer's debt to an agent of the same name is not its to pay.
+        debts_to_flush=trainer_debts(ledger, trainer_id),
         attempts_to_settle=settle,
         siblings_to_replace=replace,
         groups_to_rerun=rerun,

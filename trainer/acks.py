@@ -78,14 +78,12 @@ class AckRelay:
                 await self._task
 
     def owed_agents(self) -> list[str]:
-        """Agents this trainer owes an ACK.  Debts to agents it does not drive belong to another
-        trainer sharing the log (each trainer drives its own agents) and are that trainer's to pay."""
+        """Agents this trainer owes an ACK.  A debt belongs to its group's trainer
+        (projections.ownership): another trainer's debt to an agent of the same name is that trainer's
+        to pay, to its own agent."""
         ledger = self.ctx.journal.ledger
-        return [
-            a
-            for a, owed in ledger.debts.items()
-            if a in self.ctx.agents and any(k not in self._mismatched for k in owed)
-        ]
+        driver = self.ctx.driver
+        return [a for a in ledger.debts if any(k not in self._mismatched for k, _ in driver.debts(ledger, a))]
 
     async def _run(self) -> None:
         ctx = self.ctx
@@ -104,8 +102,8 @@ class AckRelay:
         async with self._locks[agent_name]:
             owed = [
                 r
-                for _, r in self.ctx.journal.ledger.unpaid_debts(agent_name)
-                if debt_key(r.rollout_id, r.attempt_index) not in self._mismatched
+                for key, r in self.ctx.driver.debts(self.ctx.journal.ledger, agent_name)
+                if key not in self._mismatched
             ][:MAX_BATCH]
             if not owed:
                 return True
@@ -268,8 +266,8 @@ class AckRelay:
         """Sends until nothing is owed to `agent_name` (in the log); False if the time ran out."""
         deadline = time.monotonic() + timeout_s
         while True:
-            ledger = self.ctx.journal.ledger
-            if not any(k not in self._mismatched for k in ledger.debts.get(agent_name, {})):
+            owed = self.ctx.driver.debts(self.ctx.journal.ledger, agent_name)
+            if not any(k not in self._mismatched for k, _ in owed):
                 return True
             if time.monotonic() >= deadline:
                 return False

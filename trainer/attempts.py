@@ -32,6 +32,7 @@ from protocol.streams import group_stream
 from protocol.wire import AttemptRef, CompletionReceipt, RunReply, RunRequest, TokenEntry
 from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
+from trainer.errors import NotOwned
 from trainer.gym import GymClient, verify_receipt
 from trainer.gym.errors import (
     AgentServerError,
@@ -331,6 +332,9 @@ class Attempts:
     ) -> AttemptOutcome:
         """Retire the try; adopt it if it finished (docs/protocol.md, Retire or adopt).  Settles it once.
         `why`: a checkpoint's prepare retires it (recorded with its `AttemptRetired` if it was running)."""
+        refusal = self.ctx.driver.refusal(self.ctx.journal.ledger, rollout_id, "settle")
+        if refusal is not None:
+            raise NotOwned(refusal)
         live = self.ctx.live_attempt(rollout_id, attempt_index)
         async with live.lock:
             if live.outcome is not None:

@@ -55,7 +55,7 @@ from trainer.core.checkpoint import (
     step,
     unpaid_at_decision,
 )
-from trainer.errors import CheckpointBusy, CheckpointDecided, UnknownCheckpoint
+from trainer.errors import CheckpointBusy, CheckpointDecided, FencedOff, UnknownCheckpoint
 from trainer.gym import GymClient
 from trainer.gym.errors import (
     CheckpointConflictError,
@@ -197,8 +197,12 @@ class Checkpointer:
         if held is None:
             return None
         if self.ctx.journal.fenced is not None:
-            # Another process owns this trainer's log now; its recovery presumes the checkpoint aborted.
-            self._release()
+            # Another process owns this trainer's log now; its recovery presumes the checkpoint aborted,
+            # perhaps before these agents were prepared: undo the prepare, recording nothing.
+            try:
+                await self._undo_at_agents(held.checkpoint_id, held.participants, "abort")
+            finally:
+                self._release()
             return None
         return await self._abort(held, reason)
 
@@ -254,7 +258,10 @@ class Checkpointer:
         """No decision is in the log and this call failed (the log lost, a cancel): presumed abort,
         so no agent stays prepared with its admission closed because this coordinator failed."""
         with contextlib.suppress(Exception):
-            await asyncio.shield(self.abort_agents(checkpoint_id, names))
+            if self.ctx.journal.fenced is not None:  # nothing can be recorded: undo at the agents only
+                await asyncio.shield(self._undo_at_agents(checkpoint_id, names, "abort"))
+            else:
+                await asyncio.shield(self.abort_agents(checkpoint_id, names))
 
     async def _prepare_all(
         self, checkpoint_id: str, participants: list[str] | None
@@ -290,9 +297,9 @@ class Checkpointer:
                     if not await self.relay.flush(name, max(1.0, deadline - time.monotonic())):
                         state.failures[name] = "debts still unpaid in the log at the decision"
             if not state.failures:
-                # A debt the relay keeps owed and no longer sends is unpaid all the same.
-                debts = ctx.journal.ledger.debts
-                owed = {a: len(debts.get(a, {})) for a in names}
+                # A debt the relay keeps owed and no longer sends is unpaid all the same.  Only this
+                # trainer's: another trainer's debt to an agent of the same name is not this cut's.
+                owed = ctx.driver.unpaid(ctx.journal.ledger, names)
                 state.failures.update(unpaid_at_decision(owed, names))
         except BaseException:
             await self._presume_abort(checkpoint_id, names)
@@ -330,6 +337,14 @@ class Checkpointer:
                 ],
             )
             ends = await self.finish_commit(checkpoint_id, names)
+        except FencedOff:
+            # Another process owns this trainer now, and its recovery presumed this checkpoint aborted
+            # (maybe before these agents were prepared, so its abort found nothing to undo).  Unless the
+            # log shows this decision written after all, undo the prepare before stopping: no agent
+            # stays prepared, admission closed, on a checkpoint the log says aborted.
+            if not await self._commit_in_log(checkpoint_id):
+                await self._undo_at_agents(checkpoint_id, names, "abort")
+            raise
         except BaseException:
             if not decided:
                 await self._presume_abort(checkpoint_id, names)
@@ -337,6 +352,32 @@ class Checkpointer:
         finally:
             self._release()
         return prepared.outcome("committed", cut, "", ends)
+
+    async def _commit_in_log(self, checkpoint_id: str) -> bool:
+        """Whether the log holds this checkpoint's `CheckpointCommitted` (read from the store, not the
+        fold: a fenced process folds nothing more).  Unreadable: assumed written (nothing undone)."""
+        journal = self.ctx.journal
+        try:
+            events = await journal.read(
+                lambda: list(journal.store.read_stream(checkpoint_stream(checkpoint_id))),
+                f"reading checkpoint {checkpoint_id}",
+            )
+        except Exception as exc:
+            log.error(
+                "checkpoint %s: the log is unreadable after the fence (%s): left to recovery",
+                checkpoint_id,
+                exc,
+            )
+            return True
+        return any(e.type == "CheckpointCommitted" for e in events)
+
+    async def _undo_at_agents(self, checkpoint_id: str, names: list[str], op: Op) -> None:
+        """`op` (abort) at every agent, within FINISH_POLICY each, recording nothing (the log's record
+        stands; this process may not write to it any more)."""
+        clients = [(n, self.ctx.agents[n]) for n in names if n in self.ctx.agents]
+        await asyncio.gather(
+            *(self._call_until_answered(checkpoint_id, n, c, op) for n, c in clients), return_exceptions=True
+        )
 
     async def _abort(self, prepared: PreparedCheckpoint, reason: str) -> CheckpointOutcome:
         checkpoint_id, names = prepared.checkpoint_id, prepared.participants
@@ -385,7 +426,10 @@ class Checkpointer:
                 state.ready[name] = round(time.monotonic() - started, 4)
                 return
             except NotReadyError as exc:
-                await self._unblock(checkpoint_id, name, exc, deadline, state)
+                refused = await self._unblock(checkpoint_id, name, exc, deadline, state)
+                if refused is not None:
+                    state.failures[name] = refused
+                    return
                 now = time.monotonic()
                 if exc.status.blocking_attempts:
                     # The agent waited for its tries to park before answering: it paces this loop.
@@ -448,10 +492,18 @@ class Checkpointer:
 
     async def _unblock(
         self, checkpoint_id: str, name: str, exc: NotReadyError, deadline: float, state: _Prepare
-    ) -> None:
+    ) -> str | None:
+        """Pays, adopts or retires what keeps `name` from being ready; the reason the prepare fails
+        instead if the agent names a try this trainer does not own (it would act on another's)."""
         ctx = self.ctx
         ledger = ctx.journal.ledger
-        owed = ledger.debts.get(name, {})
+        driver = ctx.driver
+        for ref in [*exc.attempts, *exc.status.blocking_attempts]:
+            refusal = driver.refusal(ledger, ref.rollout_id, "settle")
+            if refusal is not None and ledger.attempt(ref.rollout_id, ref.attempt_index) is not None:
+                # A try of another trainer's group at this agent: two trainers drive one agent.
+                return f"the agent holds a try this trainer may not settle ({refusal})"
+        owed = {key for key, _ in driver.debts(ledger, name)}
         to_adopt = []
         for ref in exc.attempts:
             if debt_key(ref.rollout_id, ref.attempt_index) in owed:
@@ -488,6 +540,7 @@ class Checkpointer:
             state.retired += sum(outcomes)
         elif not to_adopt and not blocking:
             await asyncio.sleep(0.02)
+        return None
 
     async def _adopt(self, rollout_id: str, attempt_index: int) -> bool:
         attempt = self.ctx.journal.ledger.attempt(rollout_id, attempt_index)
@@ -675,6 +728,10 @@ class Checkpointer:
             phase,
             op,
         )
+        await self._call_until_answered(checkpoint_id, name, client, op)
+
+    async def _call_until_answered(self, checkpoint_id: str, name: str, client: GymClient, op: Op) -> None:
+        """`op` at one agent until it answers (any answer but a transport failure), within FINISH_POLICY."""
         tries = RetryState()
         while True:
             answer = await _phase_answer(client, op, checkpoint_id)
@@ -683,7 +740,7 @@ class Checkpointer:
             tries = tries.failed(time.monotonic(), answer.error)
             verdict = next_step(FINISH_POLICY, tries, time.monotonic(), random.random())
             if verdict.kind == "give_up":
-                log.error("putting right %s at %s gave up: %s", checkpoint_id, name, verdict.reason)
+                log.error("%s of %s at %s gave up: %s", op, checkpoint_id, name, verdict.reason)
                 return
             await asyncio.sleep(verdict.delay_s)
 
@@ -695,7 +752,7 @@ class Checkpointer:
         have started it after this process last folded).  Decided: driven to the decision.  Started
         by this trainer and undecided: presumed abort, written to the log first, so that a live
         coordinator still preparing it fails its decision append instead of committing what the
-        agent aborted.  Another trainer's undecided checkpoint is that trainer's: left alone.  Never
+        agent aborted.  Another trainer's checkpoint, in whatever state, is that trainer's: left alone.  Never
         started in this log: nobody can decide it, so it is aborted at the agent.  Already finished by
         this agent in the log (it restarted and forgot, then a stale process prepared it again): the
         leftover is undone at the agent and nothing is recorded.
@@ -715,7 +772,17 @@ class Checkpointer:
             return
         await ctx.journal.catch_up()
         known = ctx.journal.checkpoints.checkpoints.get(active)
-        if known is not None and name in known.finished:
+        if known is not None and known.trainer_id != ctx.settings.trainer_id:
+            # Its participants are that trainer's agents (of the same name, perhaps): not this one's to
+            # drive, whatever its state.  Found here, the agent is driven by two trainers.
+            log.error(
+                "agent %s holds checkpoint %s of trainer %r, not of this one (%r): left alone",
+                name,
+                active,
+                known.trainer_id,
+                ctx.settings.trainer_id,
+            )
+        elif known is not None and name in known.finished:
             await self._put_right(active, name, client, status.phase)
         elif known is None:
             await self.abort_agents(active, [name])
@@ -723,7 +790,7 @@ class Checkpointer:
             await self.finish_commit(active, [name])
         elif known.status == "aborted":
             await self.abort_agents(active, [name])
-        elif known.trainer_id == ctx.settings.trainer_id:
+        else:
             await self._presume_abort_in_log(
                 active,
                 known.participants,

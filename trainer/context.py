@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from eventstore.events import RetireCause
+from projections.ownership import Driver
 from protocol.ids import group_id_of
 from protocol.retry import RetryPolicy
 from protocol.wire import TryWork
@@ -119,6 +120,12 @@ class Context:
             live = self.live.get(key)
             if live is not None and not live.lock.locked():
                 del self.live[key]
+
+    @property
+    def driver(self) -> Driver:
+        """This coordinator as the log sees it: its trainer and the agents it drives (every act at an
+        agent on a try or debt is checked against it: projections.ownership)."""
+        return Driver.of(self.settings.trainer_id, self.agents)
 
     def client(self, agent_name: str) -> GymClient:
         try:

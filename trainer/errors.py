@@ -20,6 +20,11 @@ class StreamExists(RolloutError):
         self.version = version
 
 
+class NotOwned(RolloutError):
+    """An act on a try or debt another trainer owns (or at an agent this one does not drive): refused,
+    nothing done (projections.ownership)."""
+
+
 class CoordinatorStopped(RolloutError):
     """The coordinator was closed (or fenced off, or lost its database) and accepts no more work."""
 

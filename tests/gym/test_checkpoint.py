@@ -222,6 +222,19 @@ async def test_abort_is_presumed_abort_friendly(make_agent: MakeAgent) -> None:
         assert (await asyncio.wait_for(c.run(run_request("after")), 5)).rollout_id == "after"
 
 
+async def test_an_abort_of_a_checkpoint_never_seen_is_remembered(make_agent: MakeAgent) -> None:
+    """Recovery presumed `ckpt-X` aborted before a stale coordinator's prepare of it arrived: the
+    agent refuses that prepare (409 stale) and keeps its admission open."""
+    async with connect(make_agent()) as c:
+        assert (await c.abort("ckpt-X")).phase == "idle"
+        with pytest.raises(StaleCheckpointError, match="outcome 'aborted'"):
+            await c.prepare("ckpt-X", timeout_s=5)
+        status = await c.status()
+        assert (status.phase, status.active_checkpoint_id) == ("idle", None)
+        assert (await asyncio.wait_for(c.run(run_request("still-open")), 5)).rollout_id == "still-open"
+        assert (await c.abort("ckpt-X")).phase == "idle"  # and an abort of it again is a no-op
+
+
 async def test_execution_generation_rises_on_every_start(tmp_path: object) -> None:
     from pathlib import Path
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from trainer import (
     RolloutCoordinator,
     UnknownCheckpoint,
 )
+from trainer.errors import FencedOff
 from trainer.gym import GymClient
 
 
@@ -215,3 +217,69 @@ async def test_a_trainer_killed_while_prepared_is_presumed_aborted(
         assert "CheckpointAborted" in seq and "CheckpointCommitted" not in seq
     finally:
         store.close()
+
+
+async def test_a_fenced_process_aborts_what_it_prepared_before_it_stops(
+    sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """Prepared, then another process of the same trainer recovers and presumes the checkpoint aborted
+    without reaching the agents (it drives none of them).  The stale process's commit is fenced: it
+    undoes its prepare at every agent before it stops, so none stays prepared on a checkpoint the log
+    says aborted."""
+    a, b = make_agent("a"), make_agent("b")
+    async with GymClient(a.url, "a") as ca, GymClient(b.url, "b") as cb:
+        stale = coordinator(sqlite_store, {"a": ca, "b": cb}, reconcile_every_s=0.0)
+        await stale.start()
+        ck = gid("ck")
+        await _prepared(stale, ck)
+        assert [(await c.status()).phase for c in (ca, cb)] == ["prepared", "prepared"]
+        fresh = await RolloutCoordinator.recover(sqlite_store, {}, reconcile_every_s=0.0)
+        assert "CheckpointAborted" in types(sqlite_store, ck)
+        with pytest.raises(FencedOff):
+            await stale.commit_checkpoint(ck)
+        for client in (ca, cb):
+            status = await client.status()
+            assert (status.phase, status.active_checkpoint_id) == ("idle", None)
+        await stale.close()
+        await fresh.close()
+    assert "CheckpointCommitted" not in types(sqlite_store, ck)
+    report = audit_log(sqlite_store)
+    assert report.ok, report.as_json()["violations"]
+
+
+async def test_a_stale_prepare_after_a_presumed_abort_closes_no_agent(
+    sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """The stale process is held (the gate) right after its `CheckpointPrepareStarted`; a new process
+    recovers: presumed abort in the log and at the agent, which has never seen the checkpoint.  Let
+    go, the stale prepare is refused by the agent (it remembers that abort): its admission stays open."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        stale = coordinator(sqlite_store, {"a": client}, reconcile_every_s=0.0)
+        await stale.start()
+        reached, release = asyncio.Event(), asyncio.Event()
+        real_prepare = client.prepare
+
+        async def gated_prepare(checkpoint_id: str, timeout_s: float = 30.0) -> Any:
+            reached.set()
+            await release.wait()
+            return await real_prepare(checkpoint_id, timeout_s=timeout_s)
+
+        client.prepare = gated_prepare  # type: ignore[method-assign]
+        ck = gid("ck")
+        preparing = asyncio.create_task(stale.prepare_checkpoint(ck))
+        await asyncio.wait_for(reached.wait(), 30)
+        assert types(sqlite_store, ck) == ["CheckpointPrepareStarted"]
+        async with GymClient(agent.url, "a") as own:
+            fresh = await RolloutCoordinator.recover(sqlite_store, {"a": own}, reconcile_every_s=0.0)
+            assert types(sqlite_store, ck)[1:] == ["CheckpointAborted", "CheckpointParticipantFinished"]
+            await fresh.close()
+        release.set()
+        with pytest.raises(FencedOff):
+            await asyncio.wait_for(preparing, 30)
+        status = await client.status()
+        assert (status.phase, status.active_checkpoint_id) == ("idle", None)
+        await stale.close()
+    assert "CheckpointCommitted" not in types(sqlite_store, ck)
+    report = audit_log(sqlite_store)
+    assert report.ok, report.as_json()["violations"]

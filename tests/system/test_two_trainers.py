@@ -166,3 +166,63 @@ async def test_a_group_id_another_trainer_reserved_refuses_that_submit_alone(
     finally:
         for s in stores:
             s.close()
+
+
+@pytest.fixture
+def same_named(tmp_path: Path) -> Iterator[tuple[ThreadAgent, ThreadAgent]]:
+    """Two agents both called `ag`, one per trainer (each started with a fresh state directory)."""
+    with ExitStack() as stack:
+        a, b = (
+            stack.enter_context(
+                serve_in_thread(
+                    AgentConfig(name="ag", state_dir=tmp_path / d, log_level="warning", turns=(2, 2))
+                )
+            )
+            for d in ("ag-of-a", "ag-of-b")
+        )
+        yield a, b
+
+
+@pytest.mark.parametrize("older", ["A", "B"])
+async def test_two_agents_of_one_name_keep_each_trainers_debts_its_own(
+    sqlite_url: str, same_named: tuple[ThreadAgent, ThreadAgent], older: str
+) -> None:
+    """A and B each drive their own agent called `ag`.  A's debt, unpaid, is A's alone: B's relay never
+    sends it to B's `ag` (whatever the two agents' generations), nothing of B lands in A's group, B's
+    checkpoint is not aborted over it, and A pays it later to its own agent."""
+    upgrade_database(sqlite_url)
+    stores = [open_store(sqlite_url) for _ in range(2)]
+    kw = {"mode": "sibling", "rollout_timeout_s": 10.0, "reconcile_every_s": 0.0}
+    agent_a, agent_b = same_named if older == "A" else same_named[::-1]
+    try:
+        async with GymClient(agent_a.url, "ag") as ca, GymClient(agent_b.url, "ag") as cb:
+            a = RolloutCoordinator(stores[0], {"ag": ca}, trainer_id="A", **kw)  # type: ignore[arg-type]
+            b = RolloutCoordinator(stores[1], {"ag": cb}, trainer_id="B", **kw)  # type: ignore[arg-type]
+            await a.start()
+            await b.start()
+            await a.relay.stop()  # the gate: A's debts stay owed until A pays them below
+            await a.submit("A-1", PROMPT, "ag", 1, PAYLOAD)
+            async with asyncio.timeout(30):
+                while a.open_groups():
+                    await asyncio.sleep(0.02)
+            assert len(a.ledger.debts["ag"]) == 1
+            await b.journal.catch_up()
+            assert b.relay.owed_agents() == []
+            assert await b.relay.send("ag")
+            assert await b.relay.flush("ag", 0.0)  # nothing of B's is owed: done at once
+            outcome = await b.checkpoint("B-ck0")
+            assert outcome.committed, outcome.reason
+            assert "AckRejected" not in group_events(sqlite_url, "A-1")
+            await a.journal.catch_up()
+            assert len(a.ledger.debts["ag"]) == 1  # still owed to A's own agent
+            assert (await ca.status()).completed_unacknowledged == 1
+            assert await a.relay.flush("ag", 10.0)
+            assert (await ca.status()).completed_unacknowledged == 0
+            assert "AckAccepted" in group_events(sqlite_url, "A-1")
+            await a.close()
+            await b.close()
+        report = audit_log(stores[0])
+        assert report.ok, report.as_json()["violations"]
+    finally:
+        for s in stores:
+            s.close()
