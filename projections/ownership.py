@@ -88,9 +88,12 @@ class Driver:
     def drives(self, ref: AgentRef) -> bool:
         return ref.trainer_id == self.trainer_id and ref.agent_name in self.agents
 
-    def refusal(self, ledger: LedgerState, rollout_id: str, act: Act) -> str | None:
-        """None if this coordinator may `act` on the try `rollout_id` at its agent; else why not."""
-        ref = owner_of_try(ledger, rollout_id)
+    def refusal(
+        self, ledger: LedgerState, rollout_id: str, act: Act, group_id: str | None = None
+    ) -> str | None:
+        """None if this coordinator may `act` on the try `rollout_id` (of `group_id`, where the caller
+        knows it) at its agent; else why not."""
+        ref = owner_of_group(ledger, group_id) if group_id is not None else owner_of_try(ledger, rollout_id)
         if ref is None:
             return f"{act} of {rollout_id}: no group of this log holds it"
         if ref.trainer_id != self.trainer_id:

@@ -332,7 +332,7 @@ class Attempts:
     ) -> AttemptOutcome:
         """Retire the try; adopt it if it finished (docs/protocol.md, Retire or adopt).  Settles it once.
         `why`: a checkpoint's prepare retires it (recorded with its `AttemptRetired` if it was running)."""
-        refusal = self.ctx.driver.refusal(self.ctx.journal.ledger, rollout_id, "settle")
+        refusal = self.ctx.driver.refusal(self.ctx.journal.ledger, rollout_id, "settle", group_id)
         if refusal is not None:
             raise NotOwned(refusal)
         live = self.ctx.live_attempt(rollout_id, attempt_index)
