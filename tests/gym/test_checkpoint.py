@@ -231,7 +231,7 @@ async def test_an_abort_of_a_checkpoint_never_seen_is_remembered(make_agent: Mak
             await c.prepare("ckpt-X", timeout_s=5)
         status = await c.status()
         assert (status.phase, status.active_checkpoint_id) == ("idle", None)
-        assert (await asyncio.wait_for(c.run(run_request("still-open")), 5)).rollout_id == "still-open"
+        assert (await asyncio.wait_for(c.run(run_request("still-open")), 60)).rollout_id == "still-open"
         assert (await c.abort("ckpt-X")).phase == "idle"  # and an abort of it again is a no-op
 
 
