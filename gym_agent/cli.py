@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import SecretStr, ValidationError
 
-from gym_agent.config import DEFAULT_HOST, TOKEN_ENV, AgentConfig, parse_turns
-from gym_agent.durations import parse_durations
+from gym_agent.defaults import DEFAULT_HOST, TOKEN_ENV
 
 app = typer.Typer(no_args_is_help=True, help="The reference Gym agent (checkpoint participant).")
 
@@ -86,6 +84,10 @@ def serve(
             err=True,
         )
         raise typer.Exit(2) from None
+    from pydantic import SecretStr, ValidationError
+
+    from gym_agent.config import AgentConfig, parse_turns
+    from gym_agent.durations import parse_durations
 
     try:
         config = AgentConfig(

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from gym_agent.defaults import DEFAULT_HOST, TOKEN_ENV, cache_home, default_state_dir
 from gym_agent.durations import Durations
 from protocol.ids import Identifier
 from protocol.wire import MAX_BODY_BYTES
 
-DEFAULT_HOST = "127.0.0.1"
-TOKEN_ENV = "LEDGER_GYM_TOKEN"
-
-
-def cache_home() -> Path:
-    """This project's folder under the user's cache ($XDG_CACHE_HOME, else ~/.cache)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollout-ledger"
-
-
-def default_state_dir(name: str) -> Path:
-    """Where an agent keeps its generation counter and checkpoint artefacts unless told otherwise."""
-    return cache_home() / "gym-agent" / name
+# Re-exported: the defaults live in gym_agent.defaults (light enough for `ledger --help`).
+__all__ = ["DEFAULT_HOST", "TOKEN_ENV", "AgentConfig", "cache_home", "default_state_dir", "parse_turns"]
 
 
 def parse_turns(text: str) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from types import TracebackType
 
 import httpx
 
-from gym_agent.config import DEFAULT_HOST, TOKEN_ENV
+from gym_agent.defaults import DEFAULT_HOST, TOKEN_ENV
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:

@@ -99,7 +99,7 @@ class SimConfig:
 def run_state_dir(run_id: str) -> Path:
     """Where the agents `ledger simulate` starts for run `run_id` keep their state: kept while the run
     may be resumed, removed once it ends."""
-    from gym_agent.config import cache_home
+    from gym_agent.defaults import cache_home
 
     return cache_home() / "simulate" / run_id
 
