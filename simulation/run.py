@@ -34,7 +34,7 @@ from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
 from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
-from trainer.gym.errors import GymError, NotFoundError
+from trainer.gym.errors import AgentUnavailableError, GymError, NotFoundError
 
 
 class SimulationError(Exception):
@@ -204,16 +204,19 @@ class Agents:
         return self
 
     async def _check_reachable(self, urls: dict[str, str]) -> None:
-        """Every agent answers /health before the run starts: one named by URL that does not is a
-        mistake the user fixes (one line), not a run that fails try by try."""
+        """Every agent answers HTTP before the run starts: one named by URL with nothing listening (or
+        that never answers) is a mistake the user fixes (one line), not a run that fails try by try.
+        Any answer counts, whatever its status: a real Gym agent or a plain one has no /health (404)."""
         for name, client in self.clients.items():
             try:
                 await client.health()
-            except GymError as exc:
+            except AgentUnavailableError as exc:
                 raise SimulationError(
-                    f"agent {name} at {urls[name]} does not answer /health ({exc}): start it "
+                    f"agent {name} at {urls[name]} does not answer ({exc}): start it "
                     f"(ledger gym serve --name {name} --port PORT) or fix --agent-url"
                 ) from None
+            except GymError:
+                pass  # it answered HTTP: reachable
 
     async def _supervise(self) -> None:
         while not self._stop.is_set():

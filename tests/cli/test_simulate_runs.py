@@ -6,8 +6,10 @@ waits for its gate (the coordinator's own state), never for a time."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +174,39 @@ async def test_a_run_whose_groups_never_move_stops_as_stalled(
                 config(agents, "stuck", 2, faults="hang=1", checkpoint_every_s=0, rollout_timeout_s=3600.0,
                        stall_timeout_s=2.0),
             )  # fmt: skip
+
+
+class _NoSuchRoute(BaseHTTPRequestHandler):
+    """An HTTP server that has none of the reference agent's extra routes, as a real Gym agent or a
+    plain one: 404 (FastAPI's body) to every request, /health included."""
+
+    def _answer(self) -> None:
+        body = b'{"detail":"Not Found"}'
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def test_an_agent_that_answers_http_without_a_health_route_is_reachable() -> None:
+    """Reachable means it answered HTTP at all: a 404 at /health is an agent to drive (without
+    injected faults), not the one-line 'nothing listening' error."""
+    from simulation.run import Agents
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoSuchRoute)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        agents = Agents(SimConfig(agent_urls={"gym": url}, groups=1, faults="drop_reply=0.1"))
+        async with agents:
+            assert list(agents.clients) == ["gym"] and agents.injectable == []
+    finally:
+        server.shutdown()
+        server.server_close()
