@@ -27,17 +27,23 @@ log = logging.getLogger("gym_agent")
 class EpisodeRunner:
     """Plays a try as one of the environment's episodes, with the fault the try started with."""
 
-    def __init__(self, environment: Environment, faults: FaultInjector) -> None:
+    def __init__(self, environment: Environment, faults: FaultInjector, *, resumes: bool = False) -> None:
         self.environment = environment
         self.faults = faults
+        # Whether it saves a continuation at each boundary and carries on from one (docs/turns.md).
+        self.resumes = resumes
 
     async def __call__(self, request: RunRequest, session: RunSession) -> RunReply:
+        resumed = session.resumed if self.resumes else None
         return await self.environment.play(
             request,
             fault=self.faults.fault_of(request),
             at_boundary=session.at_boundary,
             record=session.record,
             heartbeat=session.heartbeat,
+            lineage=session.lineage,
+            resumed=resumed.state if resumed is not None else None,
+            commit_turn=session.commit_turn if self.resumes else None,
         )
 
 
@@ -74,11 +80,12 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         state_dir=config.resolved_state_dir,
         token=config.token_value(),
         max_body_bytes=config.max_body_bytes,
-        runner=EpisodeRunner(environment, faults),
+        runner=EpisodeRunner(environment, faults, resumes=config.turn_continuation),
         hooks=faults,
         deliver=faults.deliver,
         guard="all",
         heartbeat_s=HEARTBEAT_S,
+        continuations=config.turn_continuation,
     )
     reg = participant.registry
 

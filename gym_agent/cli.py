@@ -60,6 +60,14 @@ def serve(
         bool,
         typer.Option("--zero-work", help="Benchmarks: no model calls, each turn a fixed tiny token record."),
     ] = False,
+    turn_continuation: Annotated[
+        bool,
+        typer.Option(
+            "--turn-continuation",
+            help="Save a continuation at each turn boundary and resume replacement tries from one "
+            "(declares turn_continuation: groups may run at target level turn).",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn/agent log level.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request line.")] = False,
     stop_with_stdin: Annotated[
@@ -105,6 +113,7 @@ def serve(
             state_dir=state_dir,
             policy=policy,
             zero_work=zero_work,
+            turn_continuation=turn_continuation,
             log_level=log_level.lower(),
             access_log=access_log,
         )

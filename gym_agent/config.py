@@ -43,6 +43,9 @@ class AgentConfig(BaseModel):
     tool_seconds: Durations | None = None
     # Benchmarks: skip the model, each model call is a fixed tiny token record (gym_agent.episode).
     zero_work: bool = False
+    # Save a continuation at each turn boundary and resume replacement tries from one (docs/turns.md):
+    # declares `turn_continuation`, so groups may run at target level `turn`.
+    turn_continuation: bool = False
     state_dir: Path | None = None
     policy: str = "tiny"
     temperature: float = Field(default=1.0, gt=0)

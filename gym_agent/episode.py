@@ -1,8 +1,11 @@
 """The simulated environment: a deterministic multi-turn episode whose model calls sample a real policy.
 
-Everything random in an episode comes from one seed derived from (agent seed, rollout id, try), and the
-prompt from the task payload, so the same seed and ids give the same tokens, reward and reply digest.
-Siblings of a prompt group share their task, hence their prompt, but not their samples.
+Everything random in an episode comes from seeds derived from (agent seed, rollout id, lineage) and,
+per turn, the turn's number; the prompt from the task payload.  So the same seed and ids give the same
+tokens, reward and reply digest, and a try that resumes a continuation (docs/turns.md) plays the turns
+after it from the same seeds its lineage would have.  A try that plays from its prompt is a lineage of
+its own (its capture key).  Siblings of a prompt group share their task, hence their prompt, but not
+their samples.
 """
 
 from __future__ import annotations
@@ -11,17 +14,18 @@ import asyncio
 import hashlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from gym_agent.durations import Durations
 from gym_agent.faults import ResolvedFault
 from protocol.digests import canonical_json
 from protocol.ids import capture_key
-from protocol.wire import RunReply, RunRequest, TokenEntry
+from protocol.wire import ContinuationRef, ResourceRevision, RunReply, RunRequest, TokenEntry
 from workers.policy import Policy
 
 MODEL_NAME = "policy"
@@ -58,9 +62,15 @@ async def beating(future: Awaitable[Any], heartbeat: Callable[[], None]) -> Any:
         task.cancel()  # a retire cancels the try: the queued call goes with it
 
 
-def episode_seed(agent_seed: int, rollout_id: str, attempt_index: int) -> int:
-    digest = hashlib.sha256(f"episode|{agent_seed}|{rollout_id}|{attempt_index}".encode()).digest()
+def episode_seed(agent_seed: int, rollout_id: str, lineage: str, turn: int | None = None) -> int:
+    """The seed of a lineage's episode (`turn` None: its length) or of one of its turns."""
+    where = "" if turn is None else f"|{turn}"
+    digest = hashlib.sha256(f"episode|{agent_seed}|{rollout_id}|{lineage}{where}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # torch seeds must fit a signed 64-bit integer
+
+
+# What a turn boundary saves (`RunSession.commit_turn`) and a resumed try carries on from.
+CommitTurn = Callable[[int, dict[str, Any], Sequence[ResourceRevision]], Awaitable[ContinuationRef | None]]
 
 
 def prompt_ids(agent_seed: int, request: RunRequest, vocab_size: int) -> list[int]:
@@ -81,6 +91,19 @@ def episode_reward(generated: list[int], vocab_size: int) -> float:
 
 def _text(tokens: list[int]) -> str:
     return " ".join(f"t{t}" for t in tokens)
+
+
+class EpisodeState(BaseModel):
+    """An episode at a turn boundary: what a continuation carries (the token records go beside it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_turns: int = Field(ge=1)
+    turns_done: int = Field(ge=0)
+    # The policy's context so far: the prompt, each call's generation and each tool's observation.
+    context: list[int]
+    output: list[dict[str, Any]] = Field(default_factory=list)
+    generated: list[int] = Field(default_factory=list)
 
 
 class Environment:
@@ -120,19 +143,28 @@ class Environment:
         at_boundary: Callable[[], Awaitable[None]],
         record: Callable[[TokenEntry], None],
         heartbeat: Callable[[], None] = lambda: None,
+        lineage: str | None = None,
+        resumed: dict[str, Any] | None = None,
+        commit_turn: CommitTurn | None = None,
     ) -> RunReply:
+        """Plays the episode from its prompt, or (`resumed`: the state a boundary saved, with
+        `lineage` the continuation's) from the turn after that boundary; `commit_turn` saves each
+        boundary before the run may park at it."""
         key = capture_key(request.rollout_id, request.attempt_index)
-        seed = episode_seed(self.seed, request.rollout_id, request.attempt_index)
-        rng = random.Random(seed)
-        generator = None if self.zero_work else torch.Generator().manual_seed(seed)
+        lineage = lineage or key
         vocab = self.policy.vocab_size
         loop = asyncio.get_running_loop()
 
-        context = prompt_ids(self.seed, request, vocab)
-        output: list[dict[str, Any]] = []
-        generated: list[int] = []
-        n_turns = rng.randint(*self.turns)
-        for turn in range(n_turns):
+        if resumed is not None:
+            state = EpisodeState.model_validate(resumed)
+        else:
+            n_turns = random.Random(episode_seed(self.seed, request.rollout_id, lineage)).randint(*self.turns)
+            state = EpisodeState(n_turns=n_turns, turns_done=0, context=prompt_ids(self.seed, request, vocab))
+        context, output, generated, n_turns = state.context, state.output, state.generated, state.n_turns
+        for turn in range(state.turns_done, n_turns):
+            seed = episode_seed(self.seed, request.rollout_id, lineage, turn + 1)
+            rng = random.Random(seed)
+            generator = None if self.zero_work else torch.Generator().manual_seed(seed)
             # The turn boundary: a checkpoint parks the run here, before its next model call.
             await at_boundary()
             call_id = f"call-{turn + 1}"
@@ -188,6 +220,15 @@ class Environment:
                 context = context + observation
                 if self.tool_seconds is not None:
                     await working(self.tool_seconds.draw(f"tool|{self.seed}|{key}|{turn}"), heartbeat)
+                if commit_turn is not None:
+                    done = EpisodeState(
+                        n_turns=n_turns,
+                        turns_done=turn + 1,
+                        context=context,
+                        output=output,
+                        generated=generated,
+                    )
+                    await commit_turn(turn + 1, done.model_dump(mode="json"), ())
 
         response: dict[str, Any] = {
             "id": f"resp-{key}",

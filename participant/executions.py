@@ -111,7 +111,8 @@ class RunSession(Protocol):
     @property
     def resumed(self) -> Resumed | None:
         """The continuation this try carries on from (None: it plays from its prompt).  Its token
-        records are this try's first records already; the runner continues after `turn`."""
+        records are this try's first records already (the same records, under this try's capture
+        key); the runner continues after `turn`."""
         ...
 
     async def commit_turn(
@@ -558,7 +559,11 @@ class ExecutionRegistry:
             await store.record_resumed(ref, *ex.key)
         finally:
             self._taking.discard(digest)
-        tokens = tuple(continuation.token_entries())
+        # The reused records become this try's first records, filed under its own capture key (a Gym
+        # token store holds one list per capture key, and its consumer resolves lineage within it).
+        tokens = tuple(
+            t.model_copy(update={"rollout_id": ex.capture_key}) for t in continuation.token_entries()
+        )
         ex.tokens = list(tokens)
         ex.lineage = continuation.lineage
         ex.last_continuation = digest

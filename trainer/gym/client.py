@@ -29,6 +29,7 @@ from protocol.errors import CHECKPOINT_CONFLICT, GONE, INVALID_PHASE, NOT_READY,
 from protocol.ids import capture_key
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
+    CONTINUE_FROM_HEADER,
     FEATURE_CHECKPOINT_PARTICIPATION,
     AcknowledgeItem,
     AcknowledgeRequest,
@@ -93,6 +94,10 @@ _FENCE_ERRORS: dict[str, type[GymError]] = {
 
 
 _ADOPT_ONLY = ((ADOPT_ONLY_HEADER.encode(), b"1"),)
+
+
+def _continue_from(digest: str | None) -> tuple[tuple[bytes, bytes], ...]:
+    return () if digest is None else ((CONTINUE_FROM_HEADER.encode(), digest.encode()),)
 
 
 @functools.cache
@@ -277,11 +282,18 @@ class GymClient:
     # -- the run pool ----------------------------------------------------------------------------------
 
     async def run(
-        self, request: RunRequest, *, timeout_s: float | None = None, adopt_only: bool = False
+        self,
+        request: RunRequest,
+        *,
+        timeout_s: float | None = None,
+        adopt_only: bool = False,
+        continue_from: str | None = None,
     ) -> RunReply:
         """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it.
 
-        `adopt_only`: the agent replays a stored reply or answers 404, and never starts the try.  A
+        `adopt_only`: the agent replays a stored reply or answers 404, and never starts the try.
+        `continue_from`: a continuation's digest the new try resumes (docs/turns.md); what the agent
+        did with it is in the try's completion receipt.  A
         plain Gym agent's reply is completed with the try's identity (`gym_reply`); in reduced mode
         the trainer keeps it (its receipt and token records are made here) and replays it itself."""
         await self.connect_quietly()
@@ -298,7 +310,7 @@ class GymClient:
             "/run",
             body=request,
             timeout_s=timeout_s,
-            extra_headers=_ADOPT_ONLY if adopt_only else (),
+            extra_headers=_ADOPT_ONLY if adopt_only else _continue_from(continue_from),
         )
         payload = self._validated(_JSON.validate_json, "JSON", body, "/run")
         try:
