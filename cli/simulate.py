@@ -24,6 +24,7 @@ from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console, error, require_extra
 from cli.signals import Interrupted, StopRequest, run_until_stopped
+from gym_agent.defaults import TOKEN_ENV
 from simulation.config import (
     DEFAULT_FAULTS,
     RUN_ID,
@@ -60,6 +61,15 @@ def simulate(
             "--agent-state-dir",
             help="NAME=DIR: the state directory of an --agent-url agent with the participant mounted; "
             "its durable execution evidence counts duplicates and stranded results (repeatable).",
+        ),
+    ] = None,
+    agent_token: Annotated[
+        str | None,
+        typer.Option(
+            "--agent-token",
+            envvar=TOKEN_ENV,
+            show_envvar=True,
+            help="The agents' control token: sent to every agent, and required by the agents this run starts.",
         ),
     ] = None,
     groups: Annotated[int, typer.Option("--groups", min=1)] = 48,
@@ -223,6 +233,7 @@ def simulate(
         agents=agents,
         agent_urls=urls,
         agent_state_dirs=state_dirs,
+        agent_token=agent_token or None,
         groups=groups,
         siblings=siblings,
         mode=mode,

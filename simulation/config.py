@@ -54,6 +54,9 @@ class SimConfig:
     # Carry on the run `run_id` names: recover its trainer from the log (every group it left open is
     # driven to a seal or dead-lettered), then submit what it never submitted.
     resume: bool = False
+    # The agents' control token: sent on every call to them, and required by the agents a run starts
+    # (given in their environment, never on a command line).  None: agents without one.
+    agent_token: str | None = field(default=None, repr=False)
     # State directories of agents given by URL, for their durable execution evidence.
     agent_state_dirs: dict[str, Path] = field(default_factory=dict)
     # Where the agents this run starts keep their state (one folder per agent), so that a resumed run

@@ -12,7 +12,9 @@ MAX_CHARS = 15_000
 
 def test_the_readme_is_short_and_its_links_resolve() -> None:
     text = (ROOT / "README.md").read_text()
-    assert len(text) <= MAX_CHARS, f"README.md is {len(text)} characters (at most {MAX_CHARS}): move detail to docs/"
+    assert len(text) <= MAX_CHARS, (
+        f"README.md is {len(text)} characters (at most {MAX_CHARS}): move detail to docs/"
+    )
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
     assert "docs/cli.md" in links
     missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
