@@ -207,3 +207,20 @@ def test_status_shows_an_agent_whose_ack_delivery_is_stuck_while_it_is_owed(
     LogBuilder(owed).ack("p2_g0")  # the agent answered again: paid, no longer shown
     code, out = run("status", "--db", store_url)
     assert code == 0 and "ACK delivery stuck" not in out, out
+
+
+def test_debt_list_shows_rollout_ids_whole_on_a_narrow_terminal(store_url: str) -> None:
+    """`ledger debt drop` takes the rollout id: the list never cuts it, even 60 columns wide."""
+    store = open_store(store_url)
+    try:
+        log = LogBuilder(store)
+        group = "prompt-0000123456789-with-a-long-name"
+        log.reserve(group, 1)
+        log.mint(group, 1)
+        log.dispatch(f"{group}_g0")
+        log.reply(f"{group}_g0")
+        log.seal(f"{group}_g0")
+    finally:
+        store.close()
+    result = cli.invoke(app, ["debt", "list", "--db", store_url], env={"COLUMNS": "60"})
+    assert result.exit_code == 0 and f"{group}_g0" in result.output, result.output
