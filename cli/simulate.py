@@ -102,6 +102,14 @@ def simulate(
         str | None,
         typer.Option("--tool-seconds", help="Their tools' duration between two model calls, MEAN[:SPREAD]."),
     ] = None,
+    generation_cuts: Annotated[
+        bool,
+        typer.Option(
+            "--generation-cuts",
+            help="The reference agents cut a model call at a token boundary when a checkpoint parks "
+            "it, and go on from there after the resume.",
+        ),
+    ] = False,
     park_grace: Annotated[
         float,
         typer.Option(
@@ -243,6 +251,7 @@ def simulate(
         rollout_timeout_s=rollout_timeout,
         call_seconds=call_seconds,
         tool_seconds=tool_seconds,
+        generation_cuts=generation_cuts,
         park_grace_s=park_grace,
         seed=seed,
         run_id=resume,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from participant.checkpoint import AgentCheckpoint, ParkedContinuation, write_checkpoint
+from participant.checkpoint import ActivePrefix, AgentCheckpoint, ParkedContinuation, write_checkpoint
 from participant.continuations import (
     Continuation,
     ContinuationReadError,
@@ -61,6 +61,7 @@ from protocol.ids import capture_key
 from protocol.tokens import token_records_from_reply
 from protocol.wire import (
     ALL_FEATURES,
+    FEATURE_GENERATION_CUT,
     FEATURE_TURN_CONTINUATION,
     AcknowledgeRequest,
     AcknowledgeResult,
@@ -101,6 +102,13 @@ class RunSession(Protocol):
     def heartbeat(self, generated_tokens: int | None = None) -> None:
         """The try is alive (inside a model call or a tool); `generated_tokens`: what the model call in
         progress has generated so far, when the runner knows."""
+
+    async def at_cut(self, prefix: ActivePrefix) -> None:
+        """A durable token boundary inside a model call (a generation-safe cut): when a checkpoint has
+        asked the try to park, it parks here with `prefix` (the call's tokens so far) kept in the
+        checkpoint's artefact, until it is resumed or aborted; otherwise it returns at once (a
+        heartbeat).  The runner then goes on with the same call from `prefix`.  An agent whose runner
+        cuts declares it (`mount_participant(generation_cuts=True)`)."""
 
     @property
     def lineage(self) -> str:
@@ -196,6 +204,8 @@ class Execution:
     # Whether the runner ever reached a boundary: one that never does goes from one record straight
     # into its next model call.
     uses_boundaries: bool = False
+    # Parked at a cut inside a model call: the call's prefix (RunSession.at_cut).
+    cut: ActivePrefix | None = None
     # The continuation the trainer asked this try to resume (`x-ledger-continue-from`), and what came of it.
     continue_from: str | None = None
     resume_report: ResumeReport | None = None
@@ -278,6 +288,21 @@ class Execution:
         if not self.uses_boundaries:
             self.in_call_since = now
 
+    async def at_cut(self, prefix: ActivePrefix) -> None:
+        self.heartbeat(len(prefix.generation_token_ids))
+        if self.state is not ExecState.PARK_REQUESTED:
+            return
+        # Parked time is not model time: the call is left and entered again after the park.
+        self._leave_call(time.monotonic())
+        self.cut = prefix
+        self.move(ExecEvent.BOUNDARY)
+        self.notify()
+        try:
+            await self.may_run.wait()
+        finally:
+            self.cut = None
+        self.in_call_since = self.last_progress = time.monotonic()
+
     def heartbeat(self, generated_tokens: int | None = None) -> None:
         self.last_progress = time.monotonic()
         if generated_tokens is not None:
@@ -327,6 +352,7 @@ class ExecutionRegistry:
         hooks: Hooks | None = None,
         heartbeat_s: float | None = None,
         continuations: ContinuationStore | None = None,
+        generation_cuts: bool = False,
         restorer: Restorer | None = None,
     ) -> None:
         if heartbeat_s is not None and not heartbeat_s > 0:
@@ -341,6 +367,8 @@ class ExecutionRegistry:
         self.evidence = EvidenceLog(state_dir, generation)
         # Turn-level resume (None: this agent keeps no continuations, a continue-from is declined).
         self.continuations = continuations
+        # The runner cuts model calls at durable token boundaries (RunSession.at_cut): declared.
+        self.generation_cuts = generation_cuts
         self.restorer = restorer
         # Continuations a try is taking up right now (read, restore): one try at a time.
         self._taking: set[str] = set()
@@ -400,6 +428,8 @@ class ExecutionRegistry:
     def features(self) -> list[str]:
         """What `/capabilities` declares."""
         extra = [FEATURE_TURN_CONTINUATION] if self.continuations is not None else []
+        if self.generation_cuts:
+            extra.append(FEATURE_GENERATION_CUT)
         return [*ALL_FEATURES, *extra]
 
     async def run(
@@ -824,6 +854,7 @@ class ExecutionRegistry:
                     attempt_index=e.request.attempt_index,
                     capture_key=e.capture_key,
                     model_calls_done=len(e.tokens),
+                    active_prefix=e.cut,
                 )
                 for e in self._in_state(ExecState.PARKED)
             ],

@@ -195,6 +195,7 @@ def mount_participant(
     guard: Literal["participant", "all"] = "participant",
     heartbeat_s: float | None = None,
     continuations: bool = False,
+    generation_cuts: bool = False,
     payload_store: PayloadStore | None = None,
     restorer: Restorer | None = None,
 ) -> Participant:
@@ -213,6 +214,8 @@ def mount_participant(
     (`RunSession.commit_turn`, `RunSession.resumed`; docs/turns.md): the agent then keeps their
     continuations (in `payload_store`, by default a directory under `state_dir`) and declares
     `turn_continuation` in `/capabilities`.  `restorer` restores export/restore resources on a resume.
+    `generation_cuts=True` is a runner's declaration that it cuts a model call in progress at a
+    durable token boundary when its try is asked to park (`RunSession.at_cut`): `generation_cut`.
     """
     generation = next_generation(state_dir)
     asgi_runner: AsgiRunner | None = None
@@ -227,6 +230,7 @@ def mount_participant(
         heartbeat_s=heartbeat_s,
         continuations=ContinuationStore(state_dir, generation, payload_store) if continuations else None,
         restorer=restorer,
+        generation_cuts=generation_cuts,
     )
     routes = participant_app(registry, deliver=deliver)
     app.add_middleware(

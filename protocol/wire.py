@@ -25,6 +25,9 @@ FEATURE_TOKEN_CAPTURE: Final = "token_capture"
 # The agent saves a continuation at each turn boundary and resumes a replacement try from one
 # (`x-ledger-continue-from`): what lets a group run at target level `turn` (protocol.levels).
 FEATURE_TURN_CONTINUATION: Final = "turn_continuation"
+# The agent's runner cuts a model call in progress at a durable token boundary when a checkpoint asks
+# its try to park (`RunSession.at_cut`), and continues the call from that prefix after the resume.
+FEATURE_GENERATION_CUT: Final = "generation_cut"
 ALL_FEATURES: Final = (
     FEATURE_CHECKPOINT_PARTICIPATION,
     FEATURE_COMPLETED_RESULT_ACKNOWLEDGEMENT,

@@ -1,0 +1,64 @@
+"""One model call's decode: its tokens generated over its duration, and cut at a token boundary when a
+checkpoint asks its try to park (a generation-safe cut).
+
+The call's duration (`gym_agent.durations`) is spread evenly over its tokens and spent in slices of at
+most a heartbeat; after each slice the tokens due by then are generated and the call reports them
+(`RunSession.heartbeat`, or `RunSession.at_cut` when the agent cuts).  A cut parks the try with that
+prefix kept in the checkpoint's artefact; after the resume the call goes on from it: the rest of its
+tokens are sampled after the prefix with the same generator, so a cut call's tokens, log
+probabilities and time are those of the same call uncut.  Nothing is generated twice, nothing thrown
+away, and the checkpoint waits at most one slice for the call instead of all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from participant.checkpoint import ActivePrefix
+
+# The longest slice of a decode between two reports (the agent's heartbeat promise).
+SLICE_S = 0.5
+
+# (the call's tokens so far, how many more) -> (their ids, their log probabilities)
+SampleMore = Callable[[list[int], int], Awaitable[tuple[list[int], list[float]]]]
+Cut = Callable[[ActivePrefix], Awaitable[None]]
+Heartbeat = Callable[..., None]
+
+
+async def decode(
+    total: int,
+    seconds: float,
+    sample_more: SampleMore,
+    *,
+    call_id: str,
+    heartbeat: Heartbeat,
+    at_cut: Cut | None = None,
+) -> tuple[list[int], list[float]]:
+    """Generates the call's `total` tokens over `seconds` of model time (parked time not counted)."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    spent = 0.0
+    while True:
+        step = min(SLICE_S, seconds - spent)
+        if step > 0:
+            await asyncio.sleep(step)
+            spent += step
+        due = total if spent >= seconds else min(total, int(total * spent / seconds))
+        if due > len(ids):
+            more, more_logprobs = await sample_more(ids, due - len(ids))
+            ids += more
+            logprobs += more_logprobs
+        if len(ids) >= total:
+            return ids, logprobs
+        if at_cut is not None:
+            await at_cut(
+                ActivePrefix(
+                    model_call_id=call_id,
+                    generation_token_ids=list(ids),
+                    generation_log_probs=list(logprobs),
+                    model_s=round(spent, 6),
+                )
+            )
+        else:
+            heartbeat(len(ids))
