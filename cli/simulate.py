@@ -495,9 +495,15 @@ def print_summary(summary: Mapping[str, Any], store_url: str) -> None:
 
 def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
     from simulation.explore import explore
+    from simulation.explore_progress import explore_progress
 
     started = time.monotonic()
     result = explore(seeds, first_seed)
+    # Progress under frequent checkpoints: a schedule there is some 20 times one of the core's.
+    progress = explore_progress(max(1, seeds // 20), first_seed)
+    violations = dict(result.violations)
+    for seed, found in progress.violations.items():
+        violations[seed] = [*violations.get(seed, []), *(f"progress: {m}" for m in found)]
     summary = {
         "seeds_explored": result.seeds,
         "first_seed": result.first_seed,
@@ -506,11 +512,20 @@ def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
         "participants_lost": result.lost,
         "participants_stuck": result.stuck,
         "tries_declared_lost": result.tries_lost,
-        "violations": sum(len(v) for v in result.violations.values()),
-        "failing_seeds": sorted(result.violations)[:50],
+        "progress_schedules": progress.seeds,
+        "progress_groups_sealed": progress.groups_sealed,
+        "progress_groups_dead_lettered": progress.groups_dead_lettered,
+        "progress_checkpoints": progress.checkpoints,
+        "progress_checkpoints_aborted": progress.checkpoints_aborted,
+        "progress_thrown_by_checkpoints_share": round(progress.thrown_s / progress.model_s, 4)
+        if progress.model_s
+        else 0.0,
+        "progress_prepare_wait_p50_s": progress.prepare_wait_p50_s,
+        "violations": sum(len(v) for v in violations.values()),
+        "failing_seeds": sorted(violations)[:50],
         "wall_s": round(time.monotonic() - started, 2),
     }
-    _report_exploration(summary, result.violations, "--explore 1", as_json)
+    _report_exploration(summary, violations, "--explore 1", as_json)
 
 
 def _explore_real(seeds: int, first_seed: int, db: str | None, as_json: bool) -> None:
