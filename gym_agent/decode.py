@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 
 from participant.checkpoint import ActivePrefix
 
-# The longest slice of a decode between two reports (the agent's heartbeat promise).
-SLICE_S = 0.5
+# The longest slice of a decode between two reports: what a cut makes a prepare wait at most
+# (the agent promises a heartbeat every HEARTBEAT_S, twice a slice).
+SLICE_S = 0.25
 
 # (the call's tokens so far, how many more) -> (their ids, their log probabilities)
 SampleMore = Callable[[list[int], int], Awaitable[tuple[list[int], list[float]]]]
