@@ -145,25 +145,37 @@ class Attempts:
         rid, n = attempt.rollout_id, attempt.attempt_index
         client = ctx.client(group.agent_name)
         key = capture_key(rid, n)
-        await ctx.journal.append(
-            group_stream(group.group_id),
-            [
-                RunDispatched(
-                    rollout_id=rid,
-                    attempt_index=n,
-                    capture_key=key,
-                    agent_name=group.agent_name,
-                    deadline_s=ctx.settings.rollout_timeout_s,
-                )
-            ],
-        )
+        dispatched = asyncio.Event()
+
+        async def dispatch() -> None:
+            # Recorded once the /run holds a connection, right before it is sent: the try's lease
+            # starts here, never while it waits behind other tries in this trainer's own pool.
+            await ctx.journal.append(
+                group_stream(group.group_id),
+                [
+                    RunDispatched(
+                        rollout_id=rid,
+                        attempt_index=n,
+                        capture_key=key,
+                        agent_name=group.agent_name,
+                        deadline_s=ctx.settings.rollout_timeout_s,
+                    )
+                ],
+            )
+            dispatched.set()
+
         request = run_request(group, rid, n)
-        task = asyncio.create_task(client.run(request), name=f"run:{key}")
-        lease = Lease(ctx, ctx.settings.rollout_timeout_s)
+        task = asyncio.create_task(client.run(request, on_slot=dispatch), name=f"run:{key}")
         failure: BaseException | None = None
         reply: RunReply | None = None
         try:
-            while True:
+            admitted = asyncio.create_task(dispatched.wait())
+            try:
+                await asyncio.wait({task, admitted}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                admitted.cancel()
+            lease = Lease(ctx, ctx.settings.rollout_timeout_s)
+            while not task.done():
                 done, _ = await asyncio.wait({task}, timeout=max(0.0, min(lease.remaining, 0.25)))
                 if done:
                     break
@@ -179,6 +191,10 @@ class Attempts:
                 reply = task.result()
             except GymError as exc:
                 failure = exc
+        if failure is not None and not dispatched.is_set():
+            # Failed before it was sent (the agent's identity, the wait for a connection): recorded
+            # as a dispatch that failed, and retired at the agent like any other.
+            await dispatch()
         live = ctx.live_attempt(rid, n)
         async with live.lock:
             if live.outcome is not None:

@@ -709,7 +709,13 @@ class RolloutCoordinator:
         flat["journal/batches"] = float(self.journal.batches)
         flat["journal/appends_per_batch"] = self.journal.appends / batches
         flat["coordinator/open_groups"] = float(len(self.open_groups()))
+        flat["coordinator/queued_tries"] = float(self.queued_tries())
         return flat
+
+    def queued_tries(self) -> int:
+        """Tries waiting for a connection of their agent's run pool (`max_run_connections`): minted,
+        not yet dispatched, and spending none of their lease while they wait."""
+        return sum(client.runs_waiting for client in self.ctx.agents.values())
 
     async def record_logprobs(
         self, rollout_id: str, attempt_index: int, logprobs: Sequence[float], policy_version: str
