@@ -1,7 +1,8 @@
 """`ledger debt list | drop`: the ACK debts the log holds unpaid, and an operator's drop of one.
 
-A debt leaves the ledger only on evidence: the agent accepted the ACK, the agent's execution
-generation is newer than the receipt's (it restarted and lost the result), or an operator says so.
+A debt leaves the ledger only on evidence: the agent accepted the ACK, an agent process other than
+the one that made the receipt (another incarnation) denies it (it restarted and lost the result), or
+an operator says so.
 `drop` is the last: it appends `AckRejected` of kind `dropped_by_operator` carrying the operator's
 mark (who, and the reason given), which the ledger folds as the debt dropped and the auditor accepts.
 

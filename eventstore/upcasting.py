@@ -73,6 +73,12 @@ def _attempt_retired_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "cause": None, "work": None}
 
 
+@upcaster("AckRejected", 3)
+def _ack_rejected_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 did not record the agent's incarnation: the row keeps its generation rule."""
+    return {**data, "agent_incarnation": None}
+
+
 @upcaster("GroupClaimedForTraining", 1)
 def _group_claimed_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 did not name the call that delivered the group."""

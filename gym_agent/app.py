@@ -54,7 +54,7 @@ class EpisodeRunner:
 
 def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
     """Builds the app (the agent's routes with the participant mounted) and the registry it serves;
-    takes this start's execution generation."""
+    takes this start's identity (execution generation and incarnation)."""
     # One model thread per agent: model calls queue like they would on one inference server, and many
     # agents in one test process do not multiply torch's thread pools.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"policy-{config.name}")
@@ -99,7 +99,13 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return JSONResponse(Health(agent_name=config.name, execution_generation=reg.generation).model_dump())
+        return JSONResponse(
+            Health(
+                agent_name=config.name,
+                execution_generation=reg.generation,
+                execution_incarnation=reg.incarnation,
+            ).model_dump()
+        )
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

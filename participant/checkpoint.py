@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from participant.durable import replace_file
 from protocol.ids import AttemptIndex, Identifier
 from protocol.wire import GYM_SCHEMA_VERSION, GymSchemaVersion
 
@@ -54,14 +54,9 @@ class AgentCheckpoint(BaseModel):
 
 
 def write_checkpoint(state_dir: Path, checkpoint: AgentCheckpoint) -> Path:
-    """Writes `<state dir>/checkpoints/<id>.json` atomically (temporary file, fsync, rename)."""
+    """Writes `<state dir>/checkpoints/<id>.json` atomically (`participant.durable.replace_file`)."""
     directory = state_dir / "checkpoints"
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{checkpoint.checkpoint_id}.json"
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(checkpoint.model_dump(mode="json"), f, sort_keys=True, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(checkpoint.model_dump(mode="json"), sort_keys=True, indent=1).encode())
     return path

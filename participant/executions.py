@@ -57,7 +57,7 @@ from participant.states import (
     resume_decision,
 )
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
-from protocol.ids import capture_key
+from protocol.ids import capture_key, mint_incarnation
 from protocol.tokens import token_records_from_reply
 from protocol.wire import (
     ALL_FEATURES,
@@ -354,6 +354,7 @@ class ExecutionRegistry:
         continuations: ContinuationStore | None = None,
         generation_cuts: bool = False,
         restorer: Restorer | None = None,
+        incarnation: str | None = None,
     ) -> None:
         if heartbeat_s is not None and not heartbeat_s > 0:
             raise ValueError(f"heartbeat_s must be > 0 (or None), got {heartbeat_s}")
@@ -361,6 +362,9 @@ class ExecutionRegistry:
         # The runner's promise: the longest it goes without progress of a live try (RunSession).
         self.heartbeat_s = heartbeat_s
         self.generation = generation
+        # This process's identity for the trainer (`participant.generation`): minted here when the
+        # caller took none from the state directory.
+        self.incarnation = incarnation if incarnation is not None else mint_incarnation()
         self.runner = runner
         self.state_dir = state_dir
         self.hooks = hooks if hooks is not None else Hooks()
@@ -406,7 +410,10 @@ class ExecutionRegistry:
         return sorted((e for e in self._active.values() if e.state in states), key=lambda e: e.key)
 
     def _is_done_for_good(self, key: AttemptKey) -> bool:
-        return key in self._tombstones or key in self._done
+        # An earlier process's try is done for good here, whatever it was: retired, acknowledged, or
+        # finished or started (its result and its run went with that process; running it again would
+        # execute it twice, and a stale trainer's late /run must not start a try the log replaced).
+        return key in self._tombstones or key in self._done or key in self.evidence.earlier
 
     def _forget(self, ex: Execution, event: ExecEvent) -> None:
         """`ex` is done for good: keep only its compact record (a task still running it holds its own)."""
@@ -443,7 +450,10 @@ class ExecutionRegistry:
         while True:
             self._check_open()
             if self._is_done_for_good(key):
-                raise GoneError(f"try {key} is done for good (acknowledged, retired or tombstoned)")
+                raise GoneError(
+                    f"try {key} is done for good (acknowledged, retired or tombstoned, or recorded by an "
+                    "earlier process of this agent)"
+                )
             existing = self._executions.get(key)
             if existing is not None:
                 # A finished try is replayed here, before (and regardless of) the admission check.
@@ -514,6 +524,7 @@ class ExecutionRegistry:
                 rollout_id=ex.request.rollout_id,
                 attempt_index=ex.request.attempt_index,
                 execution_generation=self.generation,
+                execution_incarnation=self.incarnation,
                 result_identity=reply.id,
                 result_digest=reply.digest(),
                 manifest_capture_key=ex.capture_key,
@@ -675,6 +686,7 @@ class ExecutionRegistry:
             phase=self.phase,
             active_checkpoint_id=self.active_checkpoint,
             execution_generation=self.generation,
+            execution_incarnation=self.incarnation,
             running=len(self._in_state(ExecState.RUNNING)),
             park_requested=len(self._in_state(ExecState.PARK_REQUESTED)),
             parked=len(self._in_state(ExecState.PARKED)),
@@ -754,11 +766,16 @@ class ExecutionRegistry:
                 done=True,
                 execution_generation=gen,
                 continuation=self.offer(*key),
+                execution_incarnation=self.incarnation,
             )
         ex = self._executions.get(key)
         if ex is not None and ex.state is ExecState.COMPLETED:
             return RetireResponse(
-                retired=False, tombstoned=False, completed_unacknowledged=True, execution_generation=gen
+                retired=False,
+                tombstoned=False,
+                completed_unacknowledged=True,
+                execution_generation=gen,
+                execution_incarnation=self.incarnation,
             )
         retired = ex is not None and ex.state in LIVE_STATES
         work = ex.work() if ex is not None and retired else None
@@ -784,6 +801,7 @@ class ExecutionRegistry:
             work=work,
             continuation=self.offer(*key),
             resume=ex.resume_report if ex is not None else None,
+            execution_incarnation=self.incarnation,
         )
 
     # -- checkpoint phases ------------------------------------------------------------------------

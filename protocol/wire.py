@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from protocol.digests import Digest, canonical_json, reply_digest, sha256_digest
 from protocol.errors import NOT_READY
-from protocol.ids import AttemptIndex, Identifier, capture_key
+from protocol.ids import AttemptIndex, Identifier, Incarnation, capture_key
 
 GYM_SCHEMA_VERSION: Final = 1
 GymSchemaVersion = Literal[1]
@@ -263,6 +263,9 @@ class CompletionReceipt(WireModel):
     rollout_id: Identifier
     attempt_index: AttemptIndex
     execution_generation: int = Field(ge=0)
+    # The agent process that made the receipt (None in receipts recorded before incarnations existed):
+    # a later denial of it from another incarnation is the evidence that the result was lost.
+    execution_incarnation: Incarnation | None = None
     result_identity: str
     result_digest: Digest
     manifest_capture_key: Identifier
@@ -342,7 +345,7 @@ class RetireResponse(WireModel):
     tombstoned: bool
     completed_unacknowledged: bool
     done: bool = False
-    # The generation of the agent process that answered: an adoption accepts a receipt only from it.
+    # The agent process that answered: an adoption accepts a receipt only from the same incarnation.
     execution_generation: int | None = Field(default=None, ge=0)
     # What the cancelled execution had done when it was cancelled (`retired`), as the agent measured it.
     work: TryWork | None = None
@@ -350,6 +353,7 @@ class RetireResponse(WireModel):
     continuation: ContinuationRef | None = None
     # The try had been asked to resume a continuation: what the agent did.
     resume: ResumeReport | None = None
+    execution_incarnation: Incarnation
 
 
 class PrepareRequest(WireModel):
@@ -377,6 +381,7 @@ class AgentStatus(WireModel):
     phase: Phase
     active_checkpoint_id: str | None
     execution_generation: int
+    execution_incarnation: Incarnation
     running: int
     park_requested: int
     parked: int
@@ -414,6 +419,7 @@ class ErrorResponse(WireModel):
 class Capabilities(WireModel):
     schema_version: GymSchemaVersion = Field(default=GYM_SCHEMA_VERSION, validate_default=True)
     agent_name: Identifier
+    execution_incarnation: Incarnation
     features: list[str]
 
 
@@ -453,3 +459,4 @@ class Health(WireModel):
     ok: bool = True
     agent_name: str
     execution_generation: int
+    execution_incarnation: Incarnation

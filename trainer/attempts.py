@@ -65,7 +65,7 @@ class _Garbage(_FetchFailed):
     """The agent answered, but not with a receipt of this try: nothing can be sealed or owed."""
 
 
-class _OtherGeneration(_Garbage):
+class _OtherIncarnation(_Garbage):
     """An adoption's receipt comes from another execution than the one that answered retire: the
     agent restarted in between and this is not the result retire described."""
 
@@ -217,7 +217,7 @@ class Attempts:
     # --- a reply in hand ------------------------------------------------------------------------
 
     async def finish(
-        self, group_id: str, reply: RunReply, *, adopted: bool, expect_generation: int | None = None
+        self, group_id: str, reply: RunReply, *, adopted: bool, expect_incarnation: str | None = None
     ) -> AttemptOutcome:
         """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt."""
         ctx = self.ctx
@@ -234,10 +234,10 @@ class Attempts:
             raise _Garbage(f"completion receipt of ({rid}, {n}): {exc}") from exc
         except GymError as exc:
             raise _FetchFailed(f"completion receipt of ({rid}, {n}): {exc}") from exc
-        if expect_generation is not None and receipt.execution_generation != expect_generation:
-            raise _OtherGeneration(
-                f"the receipt of ({rid}, {n}) is from execution generation {receipt.execution_generation}, "
-                f"retire described generation {expect_generation}"
+        if expect_incarnation is not None and receipt.execution_incarnation != expect_incarnation:
+            raise _OtherIncarnation(
+                f"the receipt of ({rid}, {n}) is from agent incarnation {receipt.execution_incarnation}, "
+                f"retire was answered by incarnation {expect_incarnation}"
             )
         adopted_events: list[Event] = [AttemptAdopted(rollout_id=rid, attempt_index=n)] if adopted else []
         try:
@@ -380,7 +380,7 @@ class Attempts:
             named = core.checkpoint_to_name(state, ctx.active_checkpoint)
             got: core.Input
             if isinstance(action, core.CallAdopt):
-                got, adopted = await self._adopt(group_id, client, rid, n, action.expect_generation)
+                got, adopted = await self._adopt(group_id, client, rid, n, action.expect_incarnation)
             else:
                 got = await _retire_answer(client, rid, n, named)
             step = core.on(state, got, now=time.monotonic(), jitter=random.random(), checkpoint_id=named)
@@ -400,6 +400,7 @@ class Attempts:
                 why.reason,
                 action.retire_outcome,
                 execution_generation=action.execution_generation,
+                execution_incarnation=action.execution_incarnation,
                 cause=why.cause,
                 checkpoint_id=why.checkpoint_id,
                 work=action.work,
@@ -409,25 +410,26 @@ class Attempts:
             action.reason,
             action.retire_outcome,
             execution_generation=action.execution_generation,
+            execution_incarnation=action.execution_incarnation,
             work=action.work,
         )
 
     async def _adopt(
-        self, group_id: str, client: GymClient, rid: str, n: int, generation: int | None
+        self, group_id: str, client: GymClient, rid: str, n: int, incarnation: str | None
     ) -> tuple[core.Input, AttemptOutcome | None]:
         """Re-POST /run marked adopt-only: the agent replays the stored reply or answers not found,
-        and never runs the try again.  The receipt must come from `generation` (the execution that
+        and never runs the try again.  The receipt must come from `incarnation` (the agent process that
         answered retire)."""
         group = self.ctx.journal.ledger.groups[group_id]
         try:
             reply = await client.run(
                 run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s, adopt_only=True
             )
-            outcome = await self.finish(group_id, reply, adopted=True, expect_generation=generation)
+            outcome = await self.finish(group_id, reply, adopted=True, expect_incarnation=incarnation)
             return core.AdoptResult("adopted"), outcome
-        except _OtherGeneration as exc:
+        except _OtherIncarnation as exc:
             log.warning("adopting (%s, %d): %s", rid, n, exc)
-            return core.AdoptResult("other_generation", str(exc)), None
+            return core.AdoptResult("other_incarnation", str(exc)), None
         except (BadResponseError, _Garbage) as exc:
             log.warning("adopting (%s, %d): the agent answered garbage: %s", rid, n, exc)
             return core.AdoptResult("garbage", str(exc)[:300]), None
@@ -455,7 +457,13 @@ async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str
     except GymError as exc:
         return core.CallFailed(f"retire: {type(exc).__name__}: {exc}"[:300])
     return core.RetireAnswer(
-        a.retired, a.tombstoned, a.completed_unacknowledged, a.done, a.execution_generation, a.work
+        a.retired,
+        a.tombstoned,
+        a.completed_unacknowledged,
+        a.done,
+        a.execution_generation,
+        a.execution_incarnation,
+        a.work,
     )
 
 

@@ -190,7 +190,7 @@ class RolloutCoordinator:
 
     async def _check_identity(self, name: str, client: GymClient) -> bool:
         """The agent behind `client` is still `name` (a reconnect may reach another process); a new
-        generation (it restarted) is recorded.  False when it cannot be driven now."""
+        incarnation (it restarted) is recorded.  False when it cannot be driven now."""
         try:
             health = await client.health()
         except GymError as exc:
@@ -205,15 +205,21 @@ class RolloutCoordinator:
             if not any(isinstance(e, AgentIdentityError) and str(e) == str(error) for e in self.errors):
                 self.errors.append(error)
             return False
-        known = self.ctx.generations.get(name)
-        if known is not None and health.execution_generation != known:
-            log.warning("agent %s restarted: generation %d -> %d", name, known, health.execution_generation)
-        self.ctx.generations[name] = health.execution_generation
+        known = self.ctx.incarnations.get(name)
+        if known is not None and health.execution_incarnation != known:
+            log.warning(
+                "agent %s restarted: incarnation %s -> %s (generation %d)",
+                name,
+                known,
+                health.execution_incarnation,
+                health.execution_generation,
+            )
+        self.ctx.incarnations[name] = health.execution_incarnation
         return True
 
     async def _check_agents(self) -> None:
-        """Each agent must be who the coordinator calls it; its generation is recorded for the log's
-        evidence.  An agent away now is checked when the relay first needs its generation."""
+        """Each agent must be who the coordinator calls it; its incarnation is recorded (a later change
+        is a restart).  An agent away now is checked at the next reconcile."""
         for name, client in sorted(self.ctx.agents.items()):
             try:
                 health = await client.health()
@@ -225,7 +231,7 @@ class RolloutCoordinator:
                     f"the agent at {client.base_url} is {health.agent_name!r}, not {name!r}: fix the "
                     "coordinator's agents mapping (its receipts would be owed to the wrong agent)"
                 )
-            self.ctx.generations[name] = health.execution_generation
+            self.ctx.incarnations[name] = health.execution_incarnation
 
     async def __aenter__(self) -> RolloutCoordinator:
         return await self.start()
@@ -776,6 +782,7 @@ def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome)
             attempt_index=attempt_index,
             outcome=outcome.retire_outcome,
             execution_generation=outcome.execution_generation,
+            execution_incarnation=outcome.execution_incarnation,
             checkpoint_id=outcome.checkpoint_id,
             cause=outcome.cause,
             work=outcome.work,
