@@ -44,7 +44,9 @@ def _answer(answer: RetireResponse) -> RetireResponse:
     # Only a cancelled execution reports the work it had done.
     assert (answer.work is not None) == answer.retired
     assert answer.execution_incarnation != ANY
-    return answer.model_copy(update={"execution_generation": None, "execution_incarnation": ANY, "work": None})
+    return answer.model_copy(
+        update={"execution_generation": None, "execution_incarnation": ANY, "work": None}
+    )
 
 
 VALID_FROM = "(valid from: ['idle', 'prepared', 'preparing'])"
