@@ -233,7 +233,9 @@ def mount_participant(
         state_dir=state_dir,
         hooks=hooks,
         heartbeat_s=heartbeat_s,
-        continuations=ContinuationStore(state_dir, identity.generation, payload_store) if continuations else None,
+        continuations=ContinuationStore(state_dir, identity.generation, payload_store)
+        if continuations
+        else None,
         restorer=restorer,
         generation_cuts=generation_cuts,
     )

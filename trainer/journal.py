@@ -178,9 +178,10 @@ class Journal:
         in pages, each ridden out through an outage like any other."""
         await self.catch_up()
         folded, self._folded_versions = self._folded_versions, None
-        for gid in self.ledger.archived if folded is not None else ():
-            stream = group_stream(gid)
-            self.versions[stream] = folded.get(stream, ExpectedVersion.NO_STREAM)
+        if folded is not None:  # the first load: later ones keep what it adopted
+            for gid in self.ledger.archived:
+                stream = group_stream(gid)
+                self.versions[stream] = folded.get(stream, ExpectedVersion.NO_STREAM)
         for group in [*self.ledger.groups.values()]:
             self.versions[group_stream(group.group_id)] = group.stream_version
 
