@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from protocol.ids import AttemptIndex, Identifier, Incarnation
+from protocol.ids import AttemptIndex, Identifier
 from protocol.levels import TargetLevel
-from protocol.wire import AttemptRef, CompletionReceipt, TryWork
+from protocol.wire import AttemptRef, CompletionReceipt, ContinuationRef, ResumeReport, TryWork
 
 Mode = Literal["sibling", "prompt_group"]
 # The retry budgets of a group: infrastructure failures, data failures, and the one budget of v1 groups.
@@ -120,12 +120,17 @@ class AttemptMinted(Event):
     attempt_index: Literal[0] = 0
 
 
-class ReplacementMinted(Event):
+class ReplacementMinted(Event, version=2):
+    """Version 2 added `continues`: at target level `turn`, the continuation the replaced try's agent
+    offered (its `AttemptRetired.continuation`) that the replacement resumes (docs/turns.md); None:
+    it plays from its prompt.  Version 1 rows are upcast with None."""
+
     rollout_id: Identifier
     generation_index: int = Field(ge=0)
     attempt_index: AttemptIndex
     replaces: AttemptIndex
     reason: str
+    continues: ContinuationRef | None = None
 
 
 class RunDispatched(Event):
@@ -210,7 +215,7 @@ class OperatorMark(Payload):
 AckRejectedError = Literal["receipt_mismatch", "unknown_execution", "dropped_by_operator"]
 
 
-class AckRejected(Event, version=4):
+class AckRejected(Event, version=3):
     """Version 2 added `agent_generation`: the agent's execution generation when it refused.  An
     `unknown_execution` drops the debt only if that generation is newer than the receipt's (the agent
     restarted and lost the result); otherwise the debt stays owed.  Version 1 rows (no generation
@@ -218,18 +223,12 @@ class AckRejected(Event, version=4):
 
     Version 3 added `operator`: error `dropped_by_operator` is a debt an operator dropped
     (`ledger debt drop`), the other evidence a debt may leave on; it carries the operator's mark, and
-    only it does.  Version 2 rows are upcast with None.
-
-    Version 4 added `agent_incarnation`: the agent process that refused.  An `unknown_execution` drops
-    the debt exactly when it differs from the owed receipt's incarnation (another process denies it:
-    the one that held the result is gone); from the same incarnation the debt stays owed.  Version 3
-    rows are upcast with None and keep the rule they were decided under (`agent_generation` newer)."""
+    only it does.  Version 2 rows are upcast with None."""
 
     rollout_id: Identifier
     attempt_index: AttemptIndex
     error: AckRejectedError
     agent_generation: int | None = Field(default=None, ge=0)
-    agent_incarnation: Incarnation | None = None
     operator: OperatorMark | None = None
 
     @model_validator(mode="after")
@@ -241,7 +240,7 @@ class AckRejected(Event, version=4):
 
 class AckDeliveryStuck(Event):
     """One agent's `/acknowledge` kept failing past the ACK retry budget (`ACK_POLICY`).  Its debts stay
-    owed: a debt ends only on the agent's answer, its restart (another incarnation), or an operator's drop; the
+    owed: a debt ends only on the agent's answer, a newer generation of it, or an operator's drop; the
     trainer keeps sending them at the longest wait.  Recorded once per spell, on the trainer's stream."""
 
     agent_name: Identifier
@@ -250,22 +249,57 @@ class AckDeliveryStuck(Event):
     reason: str
 
 
-class AttemptRetired(Event, version=2):
+class AttemptRetired(Event, version=3):
     """Version 2 added `cause` (set when a checkpoint's prepare retired the try: RetireCause) and
     `work` (what the cancelled execution had done, as its agent measured it: the generation the retire
-    threw away).  Version 1 rows are upcast with None for both."""
+    threw away).  Version 1 rows are upcast with None for both.
+
+    Version 3 added `continuation`: the try's latest committed turn boundary its agent offered with
+    the retire (docs/turns.md), which a replacement at target level `turn` may resume; version 2 rows
+    are upcast with None."""
 
     rollout_id: Identifier
     attempt_index: AttemptIndex
     outcome: Literal["cancelled", "tombstoned", "completed_unacknowledged", "done"]
     checkpoint_id: Identifier | None = None
-    # The agent process that answered (None in rows written before each was recorded): a `done` from
-    # another incarnation than the one that held the finished result is the log's evidence that the
-    # result went with that process.
+    # The agent's execution generation that answered (None in rows written before it was recorded):
+    # a `done` from a newer generation than the one that answered `completed_unacknowledged` is the
+    # log's evidence that the finished result went with the older process.
     execution_generation: int | None = Field(default=None, ge=0)
-    execution_incarnation: Incarnation | None = None
     cause: RetireCause | None = None
     work: TryWork | None = None
+    continuation: ContinuationRef | None = None
+
+
+class ContinuationResumed(Event):
+    """A try asked to resume a continuation did (its agent's `ResumeReport`, from the try's completion
+    receipt or retire answer): which try and turn it carried on from, the model calls and generated
+    tokens it reused, the resources it restored at which revision, the prompt its lineage began from."""
+
+    rollout_id: Identifier
+    attempt_index: AttemptIndex
+    resume: ResumeReport
+
+    @model_validator(mode="after")
+    def _resumed(self) -> ContinuationResumed:
+        if self.resume.outcome != "resumed":
+            raise ValueError("ContinuationResumed carries a resumed report")
+        return self
+
+
+class ContinuationDeclined(Event):
+    """A try asked to resume a continuation did not (the report names why): it played from its
+    prompt, on a lineage of its own."""
+
+    rollout_id: Identifier
+    attempt_index: AttemptIndex
+    resume: ResumeReport
+
+    @model_validator(mode="after")
+    def _declined(self) -> ContinuationDeclined:
+        if self.resume.outcome != "declined":
+            raise ValueError("ContinuationDeclined carries a declined report")
+        return self
 
 
 class AttemptAdopted(Event):

@@ -32,6 +32,7 @@ class ResolvedFault:
     fail: bool = False
     delay_s: float = 0.0
     hang: bool = False
+    hang_at_turn: int | None = None
 
 
 NO_FAULT = ResolvedFault()
@@ -53,7 +54,7 @@ class FaultTable:
     def apply(self, request: FaultRequest) -> None:
         if isinstance(request, AttemptFault):
             key = (request.rollout_id, request.attempt_index)
-            if request.drop_reply or request.fail or request.hang or request.delay_s:
+            if request.drop_reply or request.fail or request.hang or request.delay_s or request.hang_at_turn:
                 self._per_attempt[key] = request
             else:
                 self._per_attempt.pop(key, None)  # an all-clear body removes the entry
@@ -70,6 +71,7 @@ class FaultTable:
                 fail=explicit.fail,
                 delay_s=explicit.delay_s,
                 hang=explicit.hang,
+                hang_at_turn=explicit.hang_at_turn,
             )
         rates = self._rates
         return ResolvedFault(

@@ -27,6 +27,7 @@ from typing import Literal
 
 from eventstore.events import RetryBudget
 from projections.ledger import AttemptState, GroupState, SiblingState
+from protocol.wire import ContinuationRef
 
 AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
 Budget = RetryBudget
@@ -193,3 +194,15 @@ def _round_attempts(group: GroupState, round_index: int) -> AttemptState | None:
 
 def sibling_exhausted(group: GroupState, sibling: SiblingState) -> Budget | None:
     return exhausted_budget(group, [sibling.attempts[i] for i in sorted(sibling.attempts)])
+
+
+def continuation_to_resume(
+    group: GroupState, replaced: AttemptState, offer: ContinuationRef | None = None
+) -> ContinuationRef | None:
+    """What a replacement of `replaced` resumes (docs/turns.md): at target level `turn`, the
+    continuation the replaced try's agent offered with its retire (`offer`, or the one the log
+    recorded), if it is of the same rollout; otherwise nothing, and it plays from its prompt."""
+    offer = offer or replaced.offered
+    if group.target_level != "turn" or offer is None or offer.rollout_id != replaced.rollout_id:
+        return None
+    return offer

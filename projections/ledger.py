@@ -7,10 +7,10 @@ Dataclasses rather than BaseModels because `apply` mutates them in place and
 a model's validated `__setattr__`/`__init__` cost more than the fold itself.
 
 Debts (docs/events.md, Invariants: debts): `AckOwed` adds one, `AckAccepted` pays it, and an
-`AckRejected` of kind `unknown_execution` drops it only when the agent
-incarnation it records differs from the receipt's (the agent restarted and
-lost the result, so there is nothing left to ACK); from the incarnation that
-made the receipt it is recorded and the debt stays owed (`debt_dropped_by`).  An `AckRejected` of kind
+`AckRejected` of kind `unknown_execution` drops it only when the agent's
+generation it records is newer than the receipt's (the agent restarted and
+lost the result, so there is nothing left to ACK); from the agent's own
+generation it is recorded and the debt stays owed.  An `AckRejected` of kind
 `receipt_mismatch` leaves the debt in place on purpose: the agent still
 holds a result the trainer's receipt does not match, so it stays visible as
 unpaid (and blocks checkpoint-clean) until an operator looks at it.  An `AckRejected` of
@@ -33,6 +33,8 @@ from eventstore.events import (
     AttemptMinted,
     AttemptRetired,
     CheckpointCommitted,
+    ContinuationDeclined,
+    ContinuationResumed,
     Event,
     GroupAbandoned,
     GroupClaimedForTraining,
@@ -57,7 +59,7 @@ from projections.base import TypedProjection
 from protocol.ids import group_id_of
 from protocol.levels import TargetLevel
 from protocol.streams import group_of_stream, group_stream
-from protocol.wire import CompletionReceipt
+from protocol.wire import CompletionReceipt, ContinuationRef, ResumeReport
 
 AttemptStatus = Literal["minted", "dispatched", "replied", "failed", "held", "sealed", "retired", "discarded"]
 SiblingStatus = Literal["pending", "held", "sealed"]
@@ -89,6 +91,11 @@ class AttemptState:
     failures: list[str] = field(default_factory=list)
     dispatched_position: int | None = None
     minted_position: int = 0
+    # Turn-level resume (docs/turns.md): the continuation its agent offered when it was retired, the
+    # one this try was minted to resume, and what its agent did with that.
+    offered: ContinuationRef | None = None
+    continues: ContinuationRef | None = None
+    resume: ResumeReport | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -364,6 +371,16 @@ def _minted(state: LedgerState, ev: RecordedEvent, e: AttemptMinted) -> None:
 
 def _replacement(state: LedgerState, ev: RecordedEvent, e: ReplacementMinted) -> None:
     _mint(state, ev, e.rollout_id, e.generation_index, e.attempt_index)
+    if e.continues is not None:
+        attempt = state.attempt(e.rollout_id, e.attempt_index, ev.stream_id)
+        if attempt is not None:
+            attempt.continues = e.continues
+
+
+def _resume(state: LedgerState, ev: RecordedEvent, e: ContinuationResumed | ContinuationDeclined) -> None:
+    attempt = state.attempt(e.rollout_id, e.attempt_index, ev.stream_id)
+    if attempt is not None:
+        attempt.resume = e.resume
 
 
 def _dispatched(state: LedgerState, ev: RecordedEvent, e: RunDispatched) -> None:
@@ -543,21 +560,14 @@ def _ack_rejected(state: LedgerState, ev: RecordedEvent, e: AckRejected) -> None
 
 
 def debt_dropped_by(e: AckRejected, owed: CompletionReceipt | None) -> bool:
-    """Whether a refusal drops the debt (the one rule: the trainer's core decides by it, the folds
-    replay by it): an operator's drop does; an `unknown_execution` only on evidence that the agent lost
-    the result, i.e. the process that denies it is another incarnation than the one whose receipt is
-    owed (a receipt recorded before incarnations existed was made by another process, too).  Rows
-    written before incarnations were recorded keep the rule they were decided under: a newer
-    generation (v2, v3), or none at all (v1: dropped as then)."""
+    """Whether a refusal drops the debt: an operator's drop does; an `unknown_execution` only on
+    evidence that the agent lost the result, i.e. its generation is newer than the receipt's (None:
+    a v1 row, dropped as then)."""
     if e.error == "dropped_by_operator":
         return True
     if e.error != "unknown_execution":
         return False
-    if owed is None:
-        return True
-    if e.agent_incarnation is not None:
-        return e.agent_incarnation != owed.execution_incarnation
-    if e.agent_generation is None:
+    if e.agent_generation is None or owed is None:
         return True
     return e.agent_generation > owed.execution_generation
 
@@ -578,6 +588,8 @@ def _retired(state: LedgerState, ev: RecordedEvent, e: AttemptRetired) -> None:
     attempt.retire_outcome = e.outcome
     if e.cause is not None:
         attempt.retire_cause = e.cause
+    if e.continuation is not None:
+        attempt.offered = e.continuation
     # completed_unacknowledged: the try finished at the agent and is to be adopted, not retired.
     if e.outcome != "completed_unacknowledged" and attempt.status not in _SETTLED:
         attempt.status = "retired"
@@ -617,4 +629,6 @@ _HANDLERS: dict[type[Event], Any] = {
     AttemptRetired: _retired,
     AttemptAdopted: _adopted,
     CheckpointCommitted: _committed,
+    ContinuationResumed: _resume,
+    ContinuationDeclined: _resume,
 }

@@ -6,14 +6,13 @@ import these models; nothing else defines a wire shape.  `docs/protocol.md` desc
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from protocol.digests import Digest, canonical_json, reply_digest, sha256_digest
 from protocol.errors import NOT_READY
-from protocol.ids import AttemptIndex, Generation, Identifier, Incarnation, capture_key
+from protocol.ids import AttemptIndex, Identifier, capture_key
 
 GYM_SCHEMA_VERSION: Final = 1
 GymSchemaVersion = Literal[1]
@@ -26,9 +25,6 @@ FEATURE_TOKEN_CAPTURE: Final = "token_capture"
 # The agent saves a continuation at each turn boundary and resumes a replacement try from one
 # (`x-ledger-continue-from`): what lets a group run at target level `turn` (protocol.levels).
 FEATURE_TURN_CONTINUATION: Final = "turn_continuation"
-# The agent's runner cuts a model call in progress at a durable token boundary when a checkpoint asks
-# its try to park (`RunSession.at_cut`), and continues the call from that prefix after the resume.
-FEATURE_GENERATION_CUT: Final = "generation_cut"
 ALL_FEATURES: Final = (
     FEATURE_CHECKPOINT_PARTICIPATION,
     FEATURE_COMPLETED_RESULT_ACKNOWLEDGEMENT,
@@ -54,12 +50,8 @@ CONTINUE_FROM_HEADER: Final = "x-ledger-continue-from"
 Phase = Literal["idle", "preparing", "prepared", "committing", "committed_paused"]
 
 
-def check_depth(
-    value: dict[str, Any], limit: int = MAX_JSON_DEPTH, *, finite: bool = False
-) -> dict[str, Any]:
-    """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion)
-    or, with `finite`, if it holds a number JSON cannot carry: `NaN`, `Infinity`, or one past a double's
-    range such as `1e999` (which a JSON parser reads as infinity).
+def check_depth(value: dict[str, Any], limit: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion).
 
     Level by level, keeping only the containers of the next level: a reply's long lists of numbers
     (token ids, log-probs) cost one type check per item, nothing pushed or popped."""
@@ -73,10 +65,6 @@ def check_depth(
             for child in item.values() if isinstance(item, dict) else item:
                 if isinstance(child, (dict, list)):
                     below.append(child)
-                elif finite and isinstance(child, float) and not math.isfinite(child):
-                    raise ValueError(
-                        f"holds the number {child}, which JSON cannot carry (NaN, infinite or out of range)"
-                    )
         level = below
         depth += 1
     return value
@@ -93,13 +81,11 @@ class GymModel(BaseModel):
     nested no deeper than MAX_JSON_DEPTH like the fields we name."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
-    # Whether every number in it must be finite (a /run body: refused before anything runs).
-    _finite: ClassVar[bool] = False
 
     @model_validator(mode="after")
     def _extras_not_too_deep(self) -> GymModel:
         if self.model_extra:
-            check_depth(self.model_extra, MAX_JSON_DEPTH - 1, finite=self._finite)
+            check_depth(self.model_extra, MAX_JSON_DEPTH - 1)
         return self
 
 
@@ -111,10 +97,7 @@ class AttemptRef(WireModel):
 class RunRequest(GymModel):
     """Body of `POST /run`: the try's identity plus the task payload.  A NeMo RL row's own fields
     (`agent_ref`, `_ng_task_index`, `_ng_rollout_index`, the environment's task fields) ride along as
-    extras and reach the agent unchanged.  Every number in it is finite: `NaN`, `Infinity` or `1e999`
-    anywhere is a 422 before anything runs."""
-
-    _finite: ClassVar[bool] = True
+    extras and reach the agent unchanged."""
 
     rollout_id: Identifier = Field(alias="_ng_rollout_id")
     attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
@@ -125,7 +108,7 @@ class RunRequest(GymModel):
     @field_validator("responses_create_params", "task")
     @classmethod
     def _not_too_deep(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_depth(value, finite=True)
+        return check_depth(value)
 
     def prompt_digest(self) -> str:
         """The digest of the row without the try's identity: equal for every try of one sibling, and
@@ -276,10 +259,7 @@ class CompletionReceipt(WireModel):
     schema_version: GymSchemaVersion = Field(default=GYM_SCHEMA_VERSION, validate_default=True)
     rollout_id: Identifier
     attempt_index: AttemptIndex
-    execution_generation: Generation
-    # The agent process that made the receipt (None in receipts recorded before incarnations existed):
-    # a later denial of it from another incarnation is the evidence that the result was lost.
-    execution_incarnation: Incarnation | None = None
+    execution_generation: int = Field(ge=0)
     result_identity: str
     result_digest: Digest
     manifest_capture_key: Identifier
@@ -335,8 +315,8 @@ class AcknowledgeRequest(WireModel):
 
 
 class AcknowledgeResult(WireModel):
-    rollout_id: Identifier
-    attempt_index: AttemptIndex
+    rollout_id: str
+    attempt_index: int
     acknowledged: bool
     idempotent: bool = False
     error: Literal["receipt_mismatch", "unknown_execution"] | None = (
@@ -359,15 +339,14 @@ class RetireResponse(WireModel):
     tombstoned: bool
     completed_unacknowledged: bool
     done: bool = False
-    # The agent process that answered: an adoption accepts a receipt only from the same incarnation.
-    execution_generation: Generation | None = None
+    # The generation of the agent process that answered: an adoption accepts a receipt only from it.
+    execution_generation: int | None = Field(default=None, ge=0)
     # What the cancelled execution had done when it was cancelled (`retired`), as the agent measured it.
     work: TryWork | None = None
     # The try's latest committed turn boundary, offered to a replacement (None: none to offer).
     continuation: ContinuationRef | None = None
     # The try had been asked to resume a continuation: what the agent did.
     resume: ResumeReport | None = None
-    execution_incarnation: Incarnation
 
 
 class PrepareRequest(WireModel):
@@ -394,8 +373,7 @@ class TryProgress(WireModel):
 class AgentStatus(WireModel):
     phase: Phase
     active_checkpoint_id: str | None
-    execution_generation: Generation
-    execution_incarnation: Incarnation
+    execution_generation: int
     running: int
     park_requested: int
     parked: int
@@ -433,7 +411,6 @@ class ErrorResponse(WireModel):
 class Capabilities(WireModel):
     schema_version: GymSchemaVersion = Field(default=GYM_SCHEMA_VERSION, validate_default=True)
     agent_name: Identifier
-    execution_incarnation: Incarnation
     features: list[str]
 
 
@@ -444,6 +421,9 @@ class AttemptFault(WireModel):
     fail: bool = False
     delay_s: float = Field(default=0.0, ge=0, le=3600)
     hang: bool = False
+    # Hang inside this turn's model call (1-based), after the turns before it completed (and committed
+    # their boundaries); `hang` hangs in the first.
+    hang_at_turn: int | None = Field(default=None, ge=1, le=10_000)
 
 
 class FaultRates(WireModel):
@@ -472,5 +452,4 @@ class DebugRuns(WireModel):
 class Health(WireModel):
     ok: bool = True
     agent_name: str
-    execution_generation: Generation
-    execution_incarnation: Incarnation
+    execution_generation: int

@@ -14,6 +14,8 @@ import time
 from eventstore.events import (
     AckOwed,
     AttemptAdopted,
+    ContinuationDeclined,
+    ContinuationResumed,
     Event,
     FailureKind,
     GroupSealed,
@@ -29,7 +31,7 @@ from projections.ledger import AttemptState, GroupState, LedgerState
 from protocol.digests import canonical_json, sha256_digest
 from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
-from protocol.wire import AttemptRef, CompletionReceipt, RunReply, RunRequest, TokenEntry
+from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply, RunRequest, TokenEntry
 from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
 from trainer.errors import NotOwned
@@ -65,7 +67,7 @@ class _Garbage(_FetchFailed):
     """The agent answered, but not with a receipt of this try: nothing can be sealed or owed."""
 
 
-class _OtherIncarnation(_Garbage):
+class _OtherGeneration(_Garbage):
     """An adoption's receipt comes from another execution than the one that answered retire: the
     agent restarted in between and this is not the result retire described."""
 
@@ -94,7 +96,9 @@ def from_ledger(attempt: AttemptState) -> AttemptOutcome | None:
     if attempt.receipt is not None:
         return AttemptOutcome("owed", "finished at the agent; result not kept")
     if attempt.retire_outcome in ("cancelled", "tombstoned", "done"):
-        return AttemptOutcome("retired", "retired", attempt.retire_outcome, recorded=True)
+        return AttemptOutcome(
+            "retired", "retired", attempt.retire_outcome, recorded=True, continuation=attempt.offered
+        )
     return None
 
 
@@ -145,37 +149,27 @@ class Attempts:
         rid, n = attempt.rollout_id, attempt.attempt_index
         client = ctx.client(group.agent_name)
         key = capture_key(rid, n)
-        dispatched = asyncio.Event()
-
-        async def dispatch() -> None:
-            # Recorded once the /run holds a connection, right before it is sent: the try's lease
-            # starts here, never while it waits behind other tries in this trainer's own pool.
-            await ctx.journal.append(
-                group_stream(group.group_id),
-                [
-                    RunDispatched(
-                        rollout_id=rid,
-                        attempt_index=n,
-                        capture_key=key,
-                        agent_name=group.agent_name,
-                        deadline_s=ctx.settings.rollout_timeout_s,
-                    )
-                ],
-            )
-            dispatched.set()
-
+        await ctx.journal.append(
+            group_stream(group.group_id),
+            [
+                RunDispatched(
+                    rollout_id=rid,
+                    attempt_index=n,
+                    capture_key=key,
+                    agent_name=group.agent_name,
+                    deadline_s=ctx.settings.rollout_timeout_s,
+                )
+            ],
+        )
         request = run_request(group, rid, n)
-        task = asyncio.create_task(client.run(request, on_slot=dispatch), name=f"run:{key}")
+        # A replacement at target level turn resumes its predecessor's offered continuation.
+        resumes = attempt.continues.digest if attempt.continues is not None else None
+        task = asyncio.create_task(client.run(request, continue_from=resumes), name=f"run:{key}")
+        lease = Lease(ctx, ctx.settings.rollout_timeout_s)
         failure: BaseException | None = None
         reply: RunReply | None = None
         try:
-            admitted = asyncio.create_task(dispatched.wait())
-            try:
-                await asyncio.wait({task, admitted}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                admitted.cancel()
-            lease = Lease(ctx, ctx.settings.rollout_timeout_s)
-            while not task.done():
+            while True:
                 done, _ = await asyncio.wait({task}, timeout=max(0.0, min(lease.remaining, 0.25)))
                 if done:
                     break
@@ -191,10 +185,6 @@ class Attempts:
                 reply = task.result()
             except GymError as exc:
                 failure = exc
-        if failure is not None and not dispatched.is_set():
-            # Failed before it was sent (the agent's identity, the wait for a connection): recorded
-            # as a dispatch that failed, and retired at the agent like any other.
-            await dispatch()
         live = ctx.live_attempt(rid, n)
         async with live.lock:
             if live.outcome is not None:
@@ -217,7 +207,7 @@ class Attempts:
     # --- a reply in hand ------------------------------------------------------------------------
 
     async def finish(
-        self, group_id: str, reply: RunReply, *, adopted: bool, expect_incarnation: str | None = None
+        self, group_id: str, reply: RunReply, *, adopted: bool, expect_generation: int | None = None
     ) -> AttemptOutcome:
         """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt."""
         ctx = self.ctx
@@ -234,12 +224,13 @@ class Attempts:
             raise _Garbage(f"completion receipt of ({rid}, {n}): {exc}") from exc
         except GymError as exc:
             raise _FetchFailed(f"completion receipt of ({rid}, {n}): {exc}") from exc
-        if expect_incarnation is not None and receipt.execution_incarnation != expect_incarnation:
-            raise _OtherIncarnation(
-                f"the receipt of ({rid}, {n}) is from agent incarnation {receipt.execution_incarnation}, "
-                f"retire was answered by incarnation {expect_incarnation}"
+        if expect_generation is not None and receipt.execution_generation != expect_generation:
+            raise _OtherGeneration(
+                f"the receipt of ({rid}, {n}) is from execution generation {receipt.execution_generation}, "
+                f"retire described generation {expect_generation}"
             )
         adopted_events: list[Event] = [AttemptAdopted(rollout_id=rid, attempt_index=n)] if adopted else []
+        adopted_events += resume_events(rid, n, receipt.resume)
         try:
             verify_receipt(reply, receipt, digest)
             if reply.mask_sample:
@@ -380,7 +371,7 @@ class Attempts:
             named = core.checkpoint_to_name(state, ctx.active_checkpoint)
             got: core.Input
             if isinstance(action, core.CallAdopt):
-                got, adopted = await self._adopt(group_id, client, rid, n, action.expect_incarnation)
+                got, adopted = await self._adopt(group_id, client, rid, n, action.expect_generation)
             else:
                 got = await _retire_answer(client, rid, n, named)
             step = core.on(state, got, now=time.monotonic(), jitter=random.random(), checkpoint_id=named)
@@ -400,36 +391,38 @@ class Attempts:
                 why.reason,
                 action.retire_outcome,
                 execution_generation=action.execution_generation,
-                execution_incarnation=action.execution_incarnation,
                 cause=why.cause,
                 checkpoint_id=why.checkpoint_id,
                 work=action.work,
+                continuation=action.continuation,
+                resume=action.resume,
             )
         return AttemptOutcome(
             "retired",
             action.reason,
             action.retire_outcome,
             execution_generation=action.execution_generation,
-            execution_incarnation=action.execution_incarnation,
             work=action.work,
+            continuation=action.continuation,
+            resume=action.resume,
         )
 
     async def _adopt(
-        self, group_id: str, client: GymClient, rid: str, n: int, incarnation: str | None
+        self, group_id: str, client: GymClient, rid: str, n: int, generation: int | None
     ) -> tuple[core.Input, AttemptOutcome | None]:
         """Re-POST /run marked adopt-only: the agent replays the stored reply or answers not found,
-        and never runs the try again.  The receipt must come from `incarnation` (the agent process that
+        and never runs the try again.  The receipt must come from `generation` (the execution that
         answered retire)."""
         group = self.ctx.journal.ledger.groups[group_id]
         try:
             reply = await client.run(
                 run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s, adopt_only=True
             )
-            outcome = await self.finish(group_id, reply, adopted=True, expect_incarnation=incarnation)
+            outcome = await self.finish(group_id, reply, adopted=True, expect_generation=generation)
             return core.AdoptResult("adopted"), outcome
-        except _OtherIncarnation as exc:
+        except _OtherGeneration as exc:
             log.warning("adopting (%s, %d): %s", rid, n, exc)
-            return core.AdoptResult("other_incarnation", str(exc)), None
+            return core.AdoptResult("other_generation", str(exc)), None
         except (BadResponseError, _Garbage) as exc:
             log.warning("adopting (%s, %d): the agent answered garbage: %s", rid, n, exc)
             return core.AdoptResult("garbage", str(exc)[:300]), None
@@ -442,6 +435,15 @@ class Attempts:
 
     async def _append(self, group_id: str, events: list[Event]) -> None:
         await self.ctx.journal.append(group_stream(group_id), events)
+
+
+def resume_events(rid: str, n: int, resume: ResumeReport | None) -> list[Event]:
+    """What a try asked to resume a continuation did, as the log records it (none: it was not asked)."""
+    if resume is None:
+        return []
+    if resume.outcome == "resumed":
+        return [ContinuationResumed(rollout_id=rid, attempt_index=n, resume=resume)]
+    return [ContinuationDeclined(rollout_id=rid, attempt_index=n, resume=resume)]
 
 
 async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str | None) -> core.Input:
@@ -462,8 +464,9 @@ async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str
         a.completed_unacknowledged,
         a.done,
         a.execution_generation,
-        a.execution_incarnation,
         a.work,
+        a.continuation,
+        a.resume,
     )
 
 
@@ -508,4 +511,12 @@ def _sealed_refs(group: GroupState, rid: str, n: int) -> list[AttemptRef]:
     return refs
 
 
-__all__ = ["FINISHED", "Attempts", "build_rollout_receipt", "from_ledger", "group_id_of", "run_request"]
+__all__ = [
+    "FINISHED",
+    "Attempts",
+    "build_rollout_receipt",
+    "from_ledger",
+    "group_id_of",
+    "resume_events",
+    "run_request",
+]

@@ -12,7 +12,7 @@ from eventstore.events import RetireCause
 from projections.ownership import Driver
 from protocol.ids import group_id_of
 from protocol.retry import RetryPolicy
-from protocol.wire import TryWork
+from protocol.wire import ContinuationRef, ResumeReport, TryWork
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
 from trainer.gym import GymClient
@@ -64,14 +64,17 @@ class AttemptOutcome:
     reason: str = ""
     retire_outcome: Literal["cancelled", "tombstoned", "done"] | None = None
     recorded: bool = False
-    # The agent process that answered the retire (recorded with the `AttemptRetired`).
+    # The agent's generation that answered the retire (recorded with the `AttemptRetired`).
     execution_generation: int | None = None
-    execution_incarnation: str | None = None
     # Set when a checkpoint's prepare retired it while running (recorded with the `AttemptRetired`).
     cause: RetireCause | None = None
     checkpoint_id: str | None = None
     # What the cancelled execution had done, as its agent measured it.
     work: TryWork | None = None
+    # The try's latest committed turn boundary its agent offered with the retire, and what the try
+    # did with the continuation it was asked to resume (docs/turns.md).
+    continuation: ContinuationRef | None = None
+    resume: ResumeReport | None = None
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,8 @@ class Context:
         self.checkpoint_idle.set()
         self.stopping = False
         self.ack_wakeup = asyncio.Event()
-        # Each agent's incarnation as last seen (at start and at each reconcile): a change is a restart.
-        self.incarnations: dict[str, str] = {}
+        # Each agent's execution generation as last seen (at start, and when an ACK needed it).
+        self.generations: dict[str, int] = {}
 
     def live_attempt(self, rollout_id: str, attempt_index: int) -> LiveAttempt:
         key = (rollout_id, attempt_index)

@@ -128,9 +128,9 @@ async def test_a_try_running_past_its_deadline_is_retired_and_replaced(
             "attempt_index": 0,
             "outcome": "cancelled",
             "checkpoint_id": None,
-            "execution_generation": agent.generation,  # the agent process that answered the retire
-            "execution_incarnation": agent.registry.incarnation,
+            "execution_generation": agent.generation,  # the agent that answered the retire
             "cause": None,  # its own deadline, not a checkpoint's
+            "continuation": None,  # hung inside its first turn: no boundary committed
         }
         # What the agent had spent on it: inside its (hung) first model call, nothing generated.
         assert work["model_s"] > 0 and work["generated_tokens"] == 0

@@ -3,9 +3,9 @@
     retire --retired--------------> settled "retired" (cancelled while running)
            --tombstoned-----------> settled "retired" (never started there)
            --done-----------------> settled "retired" (already done for good)
-           --completed_unack.-----> adopt (re-POST /run, adopt-only, expecting that incarnation)
+           --completed_unack.-----> adopt (re-POST /run, adopt-only, expecting that generation)
     adopt  --adopted--------------> settled "finished" (the shell recorded seal/hold and the debt)
-           --not_found / other inc-> retire again (the agent restarted: it no longer has the result)
+           --not_found / other gen-> retire again (the agent restarted: it no longer has the result)
            --garbage x LIMIT------> settled "stranded" (a result nobody can describe; group dead-lettered)
     any call failing in transport ---> the same call again after a jittered wait, within RETIRE_POLICY;
                                        spent: settled "lost" (`RunFailed` agent_lost: the try is
@@ -13,8 +13,7 @@
     a checkpoint in the way (409) ---> retire again after a wait, within PHASE_WAIT_POLICY; spent: lost
 
 Adoption never starts a new execution: the re-POST carries the adopt-only mark, and a receipt from
-another agent process (incarnation) than the one that answered retire is refused (the try is retired
-again).
+another execution generation than the one that answered retire is refused (the try is retired again).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from typing import Literal
 
 from eventstore.events import AttemptRetired, Event, RunFailed
 from protocol.retry import RetryPolicy, RetryState, next_step
-from protocol.wire import TryWork
+from protocol.wire import ContinuationRef, ResumeReport, TryWork
 
 # Transport failures of retire and adopt calls: about half a minute of an agent away, then lost.
 RETIRE_POLICY = RetryPolicy(max_calls=16, deadline_s=30.0, base_s=0.05, cap_s=2.0)
@@ -47,9 +46,12 @@ class RetireAnswer:
     completed_unacknowledged: bool
     done: bool = False
     execution_generation: int | None = None
-    execution_incarnation: str | None = None
     # What the cancelled execution had done (`retired`), as the agent measured it.
     work: TryWork | None = None
+    # The try's latest committed turn boundary the agent offers (docs/turns.md), and what the try did
+    # with the continuation it was asked to resume, if it was.
+    continuation: ContinuationRef | None = None
+    resume: ResumeReport | None = None
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,10 @@ class CallFailed:
 @dataclass(frozen=True)
 class AdoptResult:
     """How an adoption ended: `adopted` (recorded by the shell), `garbage` (not a receipt of this
-    try), `other_incarnation` (a receipt from another process than the one retire described),
+    try), `other_generation` (a receipt from another execution than the one retire described),
     `not_found` (the agent has no record of it), `gone` (acknowledged or cancelled meanwhile)."""
 
-    kind: Literal["adopted", "garbage", "other_incarnation", "not_found", "gone"]
+    kind: Literal["adopted", "garbage", "other_generation", "not_found", "gone"]
     detail: str = ""
 
 
@@ -89,8 +91,8 @@ class Retiring:
     # The checkpoint id the agent called unknown: the next retire names none.
     unknown_checkpoint: str | None = None
     completed_recorded: bool = False
-    # The agent process (incarnation) that answered retire with completed_unacknowledged.
-    adopt_incarnation: str | None = None
+    # The execution generation that answered retire with completed_unacknowledged.
+    adopt_generation: int | None = None
     garbage: tuple[str, ...] = ()
     failures: RetryState = field(default_factory=RetryState)
     waits: RetryState = field(default_factory=RetryState)
@@ -104,7 +106,7 @@ class CallRetire:
 
 @dataclass(frozen=True)
 class CallAdopt:
-    expect_incarnation: str | None
+    expect_generation: int | None
     delay_s: float = 0.0
 
 
@@ -113,10 +115,11 @@ class Settled:
     kind: SettledKind
     reason: str
     retire_outcome: RetireOutcome | None = None
-    # The agent process that answered the retire (recorded with its `AttemptRetired`).
+    # The generation that answered the retire (recorded with its `AttemptRetired`).
     execution_generation: int | None = None
-    execution_incarnation: str | None = None
     work: TryWork | None = None
+    continuation: ContinuationRef | None = None
+    resume: ResumeReport | None = None
 
 
 @dataclass(frozen=True)
@@ -160,19 +163,22 @@ def _retire_answered(state: Retiring, got: RetireAnswer, checkpoint_id: str | No
                     outcome="completed_unacknowledged",
                     checkpoint_id=checkpoint_id,
                     execution_generation=got.execution_generation,
-                    execution_incarnation=got.execution_incarnation,
                 ),
             )
         state = replace(
-            state, calling="adopt", completed_recorded=True, adopt_incarnation=got.execution_incarnation
+            state, calling="adopt", completed_recorded=True, adopt_generation=got.execution_generation
         )
-        return Next(state, CallAdopt(got.execution_incarnation), events)
-    who = (got.execution_generation, got.execution_incarnation)
+        return Next(state, CallAdopt(got.execution_generation), events)
+    gen = got.execution_generation
+    offer, resume = got.continuation, got.resume
     if got.retired:
-        return Next(state, Settled("retired", "retired while running", "cancelled", *who, work=got.work))
+        why = "retired while running"
+        return Next(state, Settled("retired", why, "cancelled", gen, got.work, offer, resume))
     if got.tombstoned:
-        return Next(state, Settled("retired", "never started at the agent (tombstoned)", "tombstoned", *who))
-    return Next(state, Settled("retired", "already done for good at the agent", "done", *who))
+        why = "never started at the agent (tombstoned)"
+        return Next(state, Settled("retired", why, "tombstoned", gen, None, offer, resume))
+    why = "already done for good at the agent"
+    return Next(state, Settled("retired", why, "done", gen, None, offer, resume))
 
 
 def _adopted(state: Retiring, got: AdoptResult, now: float, jitter: float) -> Next:
@@ -191,7 +197,7 @@ def _adopted(state: Retiring, got: AdoptResult, now: float, jitter: float) -> Ne
             )
             return Next(state, Settled("stranded", reason), (failed,))
         return _failed(state, f"adoption answered garbage: {got.detail}", now, jitter)
-    # not_found / other_incarnation / gone: whatever the agent holds now, retire tells us.
+    # not_found / other_generation / gone: whatever the agent holds now, retire tells us.
     return _failed(replace(state, calling="retire"), f"adoption: {got.kind} {got.detail}", now, jitter)
 
 
@@ -202,7 +208,7 @@ def _failed(state: Retiring, error: str, now: float, jitter: float) -> Next:
     if verdict.kind == "give_up":
         return _lost(state, verdict.reason)
     if state.calling == "adopt":
-        return Next(state, CallAdopt(state.adopt_incarnation, verdict.delay_s))
+        return Next(state, CallAdopt(state.adopt_generation, verdict.delay_s))
     return Next(state, CallRetire(verdict.delay_s))
 
 
