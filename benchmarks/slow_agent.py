@@ -42,6 +42,7 @@ def _templates() -> tuple[str, str, str]:
         rollout_id=_RID,
         attempt_index=0,
         execution_generation=1,
+        execution_incarnation="b" * 32,
         result_identity=f"resp_{_RID}",
         result_digest=reply_digest(reply),
         manifest_capture_key=_RID,
@@ -66,7 +67,9 @@ def _templates() -> tuple[str, str, str]:
 RUN, RECEIPT, TOKENS = _templates()
 # A participant's answer: `GymClient` (agent name "bench") then fetches receipts and token records
 # over HTTP, as against a real ledger-aware agent, instead of making them itself (reduced mode).
-CAPABILITIES = Capabilities(agent_name="bench", features=list(ALL_FEATURES)).model_dump_json()
+CAPABILITIES = Capabilities(
+    agent_name="bench", execution_incarnation="b" * 32, features=list(ALL_FEATURES)
+).model_dump_json()
 
 
 def _answer(body: str) -> bytes:

@@ -222,7 +222,12 @@ def sustained_rate(times: list[float], low: float = 0.1, high: float = 0.9) -> f
 
 async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None = None) -> dict[str, Any]:
     run_id = f"soak{os.getpid()}x{int(time.time()) % 100000}"
-    durations = SimConfig(call_seconds=args.call_seconds, tool_seconds=args.tool_seconds, turns=(1, 1))
+    durations = SimConfig(
+        call_seconds=args.call_seconds,
+        tool_seconds=args.tool_seconds,
+        generation_cuts=args.generation_cuts,
+        turns=(1, 1),
+    )
     rollout_timeout = (
         args.rollout_timeout
         if args.rollout_timeout is not None
@@ -273,6 +278,7 @@ async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None
         rollout_timeout_s=rollout_timeout,
         call_seconds=args.call_seconds,
         tool_seconds=args.tool_seconds,
+        generation_cuts=args.generation_cuts,
         park_grace_s=args.park_grace,
         seed=args.seed,
         window_per_agent=args.window,
@@ -453,6 +459,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         type=_durations("--tool-seconds"),
         help="Their tools' duration, MEAN[:SPREAD].",
+    )
+    parser.add_argument(
+        "--generation-cuts",
+        action="store_true",
+        help="The agents cut a model call at a token boundary when a checkpoint parks it, and go on "
+        "from there after the resume (instead of the checkpoint waiting for the whole call).",
     )
     parser.add_argument(
         "--park-grace",

@@ -1,7 +1,8 @@
 """`ledger debt list | drop`: the ACK debts the log holds unpaid, and an operator's drop of one.
 
-A debt leaves the ledger only on evidence: the agent accepted the ACK, the agent's execution
-generation is newer than the receipt's (it restarted and lost the result), or an operator says so.
+A debt leaves the ledger only on evidence: the agent accepted the ACK, an agent process other than
+the one that made the receipt (another incarnation) denies it (it restarted and lost the result), or
+an operator says so.
 `drop` is the last: it appends `AckRejected` of kind `dropped_by_operator` carrying the operator's
 mark (who, and the reason given), which the ledger folds as the debt dropped and the auditor accepts.
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
 from protocol.retry import RetryPolicy, RetryState, next_step
@@ -55,9 +56,20 @@ def _ledger(store: EventStore) -> LedgerState:
 def debts_table(ledger: LedgerState, limit: int | None = None, agent: str | None = None) -> Table:
     """Every unpaid debt (to `agent`, if given), oldest first per agent, with what `ledger debt drop`
     needs to name it."""
-    table = Table("agent", "rollout", "attempt", "generation", "group", "trainer", title="unpaid ACK debts")
     rows = ledger.unpaid_debts(agent)
-    for owed_to, receipt in rows if limit is None else rows[:limit]:
+    shown = rows if limit is None else rows[:limit]
+    # The rollout id is what `ledger debt drop` takes: never cut, whatever the width (the others fold).
+    longest = max((len(receipt.rollout_id) for _, receipt in shown), default=len("rollout"))
+    table = Table(
+        Column("agent", overflow="fold"),
+        Column("rollout", no_wrap=True, min_width=longest),
+        "attempt",
+        "generation",
+        Column("group", overflow="fold"),
+        Column("trainer", overflow="fold"),
+        title="unpaid ACK debts",
+    )
+    for owed_to, receipt in shown:
         group = ledger.group_of(receipt.rollout_id)
         table.add_row(
             escape(owed_to),

@@ -450,11 +450,23 @@ def tail(
     with _store(db) as store:
         start = store.head() if from_position is None else from_position
         subscription = store.subscribe("ledger-tail", from_position=start)
+        shown = 0
         try:
             for ev in subscription.follow(idle_timeout_s=idle_exit):
                 console.print(_line(ev), highlight=False, soft_wrap=True)
+                shown += 1
         except KeyboardInterrupt:
             subscription.stop()
+            return
+        if not shown and from_position is None:
+            # It followed from the head and nothing came: say so, or an empty screen looks like an
+            # empty log.
+            err_console.print(
+                f"nothing appended within {idle_exit:g} s after position {start} (the head: tail follows "
+                "new events; --from 0 prints the log from its start)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _line(ev: Any) -> str:

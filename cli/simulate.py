@@ -24,6 +24,7 @@ from rich.table import Table
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console, error, require_extra
 from cli.signals import Interrupted, StopRequest, run_until_stopped
+from gym_agent.defaults import TOKEN_ENV
 from simulation.config import (
     DEFAULT_FAULTS,
     RUN_ID,
@@ -62,6 +63,15 @@ def simulate(
             "its durable execution evidence counts duplicates and stranded results (repeatable).",
         ),
     ] = None,
+    agent_token: Annotated[
+        str | None,
+        typer.Option(
+            "--agent-token",
+            envvar=TOKEN_ENV,
+            show_envvar=True,
+            help="The agents' control token: sent to every agent, and required by the agents this run starts.",
+        ),
+    ] = None,
     groups: Annotated[int, typer.Option("--groups", min=1)] = 48,
     siblings: Annotated[int, typer.Option("--siblings", min=1)] = 4,
     mode: Annotated[str, typer.Option("--mode", help="sibling | prompt_group")] = "prompt_group",
@@ -92,6 +102,14 @@ def simulate(
         str | None,
         typer.Option("--tool-seconds", help="Their tools' duration between two model calls, MEAN[:SPREAD]."),
     ] = None,
+    generation_cuts: Annotated[
+        bool,
+        typer.Option(
+            "--generation-cuts",
+            help="The reference agents cut a model call at a token boundary when a checkpoint parks "
+            "it, and go on from there after the resume.",
+        ),
+    ] = False,
     park_grace: Annotated[
         float,
         typer.Option(
@@ -223,6 +241,7 @@ def simulate(
         agents=agents,
         agent_urls=urls,
         agent_state_dirs=state_dirs,
+        agent_token=agent_token or None,
         groups=groups,
         siblings=siblings,
         mode=mode,
@@ -232,6 +251,7 @@ def simulate(
         rollout_timeout_s=rollout_timeout,
         call_seconds=call_seconds,
         tool_seconds=tool_seconds,
+        generation_cuts=generation_cuts,
         park_grace_s=park_grace,
         seed=seed,
         run_id=resume,
@@ -475,9 +495,15 @@ def print_summary(summary: Mapping[str, Any], store_url: str) -> None:
 
 def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
     from simulation.explore import explore
+    from simulation.explore_progress import explore_progress
 
     started = time.monotonic()
     result = explore(seeds, first_seed)
+    # Progress under frequent checkpoints: a schedule there is some 20 times one of the core's.
+    progress = explore_progress(max(1, seeds // 20), first_seed)
+    violations = dict(result.violations)
+    for seed, found in progress.violations.items():
+        violations[seed] = [*violations.get(seed, []), *(f"progress: {m}" for m in found)]
     summary = {
         "seeds_explored": result.seeds,
         "first_seed": result.first_seed,
@@ -486,11 +512,20 @@ def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
         "participants_lost": result.lost,
         "participants_stuck": result.stuck,
         "tries_declared_lost": result.tries_lost,
-        "violations": sum(len(v) for v in result.violations.values()),
-        "failing_seeds": sorted(result.violations)[:50],
+        "progress_schedules": progress.seeds,
+        "progress_groups_sealed": progress.groups_sealed,
+        "progress_groups_dead_lettered": progress.groups_dead_lettered,
+        "progress_checkpoints": progress.checkpoints,
+        "progress_checkpoints_aborted": progress.checkpoints_aborted,
+        "progress_thrown_by_checkpoints_share": round(progress.thrown_s / progress.model_s, 4)
+        if progress.model_s
+        else 0.0,
+        "progress_prepare_wait_p50_s": progress.prepare_wait_p50_s,
+        "violations": sum(len(v) for v in violations.values()),
+        "failing_seeds": sorted(violations)[:50],
         "wall_s": round(time.monotonic() - started, 2),
     }
-    _report_exploration(summary, result.violations, "--explore 1", as_json)
+    _report_exploration(summary, violations, "--explore 1", as_json)
 
 
 def _explore_real(seeds: int, first_seed: int, db: str | None, as_json: bool) -> None:

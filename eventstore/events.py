@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from protocol.ids import AttemptIndex, Identifier
+from protocol.ids import AttemptIndex, Identifier, Incarnation
 from protocol.levels import TargetLevel
 from protocol.wire import AttemptRef, CompletionReceipt, ContinuationRef, ResumeReport, TryWork
 
@@ -215,7 +215,7 @@ class OperatorMark(Payload):
 AckRejectedError = Literal["receipt_mismatch", "unknown_execution", "dropped_by_operator"]
 
 
-class AckRejected(Event, version=3):
+class AckRejected(Event, version=4):
     """Version 2 added `agent_generation`: the agent's execution generation when it refused.  An
     `unknown_execution` drops the debt only if that generation is newer than the receipt's (the agent
     restarted and lost the result); otherwise the debt stays owed.  Version 1 rows (no generation
@@ -223,12 +223,18 @@ class AckRejected(Event, version=3):
 
     Version 3 added `operator`: error `dropped_by_operator` is a debt an operator dropped
     (`ledger debt drop`), the other evidence a debt may leave on; it carries the operator's mark, and
-    only it does.  Version 2 rows are upcast with None."""
+    only it does.  Version 2 rows are upcast with None.
+
+    Version 4 added `agent_incarnation`: the agent process that refused.  An `unknown_execution` drops
+    the debt exactly when it differs from the owed receipt's incarnation (another process denies it:
+    the one that held the result is gone); from the same incarnation the debt stays owed.  Version 3
+    rows are upcast with None and keep the rule they were decided under (`agent_generation` newer)."""
 
     rollout_id: Identifier
     attempt_index: AttemptIndex
     error: AckRejectedError
     agent_generation: int | None = Field(default=None, ge=0)
+    agent_incarnation: Incarnation | None = None
     operator: OperatorMark | None = None
 
     @model_validator(mode="after")
@@ -240,7 +246,7 @@ class AckRejected(Event, version=3):
 
 class AckDeliveryStuck(Event):
     """One agent's `/acknowledge` kept failing past the ACK retry budget (`ACK_POLICY`).  Its debts stay
-    owed: a debt ends only on the agent's answer, a newer generation of it, or an operator's drop; the
+    owed: a debt ends only on the agent's answer, its restart (another incarnation), or an operator's drop; the
     trainer keeps sending them at the longest wait.  Recorded once per spell, on the trainer's stream."""
 
     agent_name: Identifier
@@ -262,10 +268,11 @@ class AttemptRetired(Event, version=3):
     attempt_index: AttemptIndex
     outcome: Literal["cancelled", "tombstoned", "completed_unacknowledged", "done"]
     checkpoint_id: Identifier | None = None
-    # The agent's execution generation that answered (None in rows written before it was recorded):
-    # a `done` from a newer generation than the one that answered `completed_unacknowledged` is the
-    # log's evidence that the finished result went with the older process.
+    # The agent process that answered (None in rows written before each was recorded): a `done` from
+    # another incarnation than the one that held the finished result is the log's evidence that the
+    # result went with that process.
     execution_generation: int | None = Field(default=None, ge=0)
+    execution_incarnation: Incarnation | None = None
     cause: RetireCause | None = None
     work: TryWork | None = None
     continuation: ContinuationRef | None = None

@@ -73,6 +73,12 @@ def _attempt_retired_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "cause": None, "work": None}
 
 
+@upcaster("AckRejected", 3)
+def _ack_rejected_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 did not record the agent's incarnation: the row keeps its generation rule."""
+    return {**data, "agent_incarnation": None}
+
+
 @upcaster("AttemptRetired", 2)
 def _attempt_retired_v2(data: dict[str, Any]) -> dict[str, Any]:
     """v2 recorded no continuation offered with the retire."""

@@ -27,11 +27,15 @@ log = logging.getLogger("gym_agent")
 class EpisodeRunner:
     """Plays a try as one of the environment's episodes, with the fault the try started with."""
 
-    def __init__(self, environment: Environment, faults: FaultInjector, *, resumes: bool = False) -> None:
+    def __init__(
+        self, environment: Environment, faults: FaultInjector, *, resumes: bool = False, cuts: bool = False
+    ) -> None:
         self.environment = environment
         self.faults = faults
         # Whether it saves a continuation at each boundary and carries on from one (docs/turns.md).
         self.resumes = resumes
+        # Whether it cuts model calls at token boundaries when a checkpoint parks them (gym_agent.decode).
+        self.cuts = cuts
 
     async def __call__(self, request: RunRequest, session: RunSession) -> RunReply:
         resumed = session.resumed if self.resumes else None
@@ -44,12 +48,13 @@ class EpisodeRunner:
             lineage=session.lineage,
             resumed=resumed.state if resumed is not None else None,
             commit_turn=session.commit_turn if self.resumes else None,
+            at_cut=session.at_cut if self.cuts else None,
         )
 
 
 def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
     """Builds the app (the agent's routes with the participant mounted) and the registry it serves;
-    takes this start's execution generation."""
+    takes this start's identity (execution generation and incarnation)."""
     # One model thread per agent: model calls queue like they would on one inference server, and many
     # agents in one test process do not multiply torch's thread pools.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"policy-{config.name}")
@@ -80,18 +85,27 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         state_dir=config.resolved_state_dir,
         token=config.token_value(),
         max_body_bytes=config.max_body_bytes,
-        runner=EpisodeRunner(environment, faults, resumes=config.turn_continuation),
+        runner=EpisodeRunner(
+            environment, faults, resumes=config.turn_continuation, cuts=config.generation_cuts
+        ),
         hooks=faults,
         deliver=faults.deliver,
         guard="all",
         heartbeat_s=HEARTBEAT_S,
         continuations=config.turn_continuation,
+        generation_cuts=config.generation_cuts,
     )
     reg = participant.registry
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return JSONResponse(Health(agent_name=config.name, execution_generation=reg.generation).model_dump())
+        return JSONResponse(
+            Health(
+                agent_name=config.name,
+                execution_generation=reg.generation,
+                execution_incarnation=reg.incarnation,
+            ).model_dump()
+        )
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -48,6 +48,14 @@ def serve(
         str | None,
         typer.Option("--tool-seconds", help="Each tool's duration between two model calls, MEAN[:SPREAD]."),
     ] = None,
+    generation_cuts: Annotated[
+        bool,
+        typer.Option(
+            "--generation-cuts",
+            help="Cut a model call at a token boundary when a checkpoint parks its try, and go on from "
+            "that prefix after the resume (instead of the checkpoint waiting for the whole call).",
+        ),
+    ] = False,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -110,6 +118,7 @@ def serve(
             tool_seconds=parse_durations(tool_seconds, "--tool-seconds")
             if tool_seconds is not None
             else None,
+            generation_cuts=generation_cuts,
             state_dir=state_dir,
             policy=policy,
             zero_work=zero_work,

@@ -41,6 +41,9 @@ class AgentConfig(BaseModel):
     # Each model call's duration (beside delay_s) and each tool's, between two calls (gym_agent.durations).
     call_seconds: Durations | None = None
     tool_seconds: Durations | None = None
+    # Cut a model call at a token boundary when a checkpoint parks its try, and go on from there after
+    # the resume (gym_agent.decode), instead of making the checkpoint wait for the whole call.
+    generation_cuts: bool = False
     # Benchmarks: skip the model, each model call is a fixed tiny token record (gym_agent.episode).
     zero_work: bool = False
     # Save a continuation at each turn boundary and resume replacement tries from one (docs/turns.md):

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from gym_agent.decode import Cut, Heartbeat, SampleMore, decode
 from gym_agent.durations import Durations
 from gym_agent.faults import ResolvedFault
 from protocol.digests import canonical_json
@@ -40,7 +41,7 @@ ZERO_WORK_LOGPROB = -1.0
 HEARTBEAT_S = 0.5
 
 
-async def working(seconds: float, heartbeat: Callable[[], None]) -> None:
+async def working(seconds: float, heartbeat: Heartbeat) -> None:
     """`seconds` of work (a model call's or a tool's), with a heartbeat every HEARTBEAT_S."""
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
@@ -49,7 +50,7 @@ async def working(seconds: float, heartbeat: Callable[[], None]) -> None:
         heartbeat()
 
 
-async def beating(future: Awaitable[Any], heartbeat: Callable[[], None]) -> Any:
+async def beating(future: Awaitable[Any], heartbeat: Heartbeat) -> Any:
     """Awaits `future` (a model call queued behind others on the model thread), with heartbeats."""
     task = asyncio.ensure_future(future)
     try:
@@ -135,6 +136,26 @@ class Environment:
         self.call_seconds = call_seconds
         self.tool_seconds = tool_seconds
 
+    def _sampler(
+        self, prompt: list[int], generator: torch.Generator | None, planned: list[int], heartbeat: Heartbeat
+    ) -> SampleMore:
+        """How one call's decode gets its next tokens: after the prefix, from the same generator (the
+        tokens an uncut call samples), or in zero work the planned ones."""
+        loop = asyncio.get_running_loop()
+
+        async def sample_more(prefix: list[int], n: int) -> tuple[list[int], list[float]]:
+            if generator is None:
+                return planned[len(prefix) : len(prefix) + n], [ZERO_WORK_LOGPROB] * n
+            sample = await beating(
+                loop.run_in_executor(
+                    self.executor, self.policy.sample, prompt + prefix, n, generator, self.temperature
+                ),
+                heartbeat,
+            )
+            return sample.token_ids, sample.logprobs
+
+        return sample_more
+
     async def play(
         self,
         request: RunRequest,
@@ -142,10 +163,11 @@ class Environment:
         fault: ResolvedFault,
         at_boundary: Callable[[], Awaitable[None]],
         record: Callable[[TokenEntry], None],
-        heartbeat: Callable[[], None] = lambda: None,
+        heartbeat: Heartbeat = lambda *_: None,
         lineage: str | None = None,
         resumed: dict[str, Any] | None = None,
         commit_turn: CommitTurn | None = None,
+        at_cut: Cut | None = None,
     ) -> RunReply:
         """Plays the episode from its prompt, or (`resumed`: the state a boundary saved, with
         `lineage` the continuation's) from the turn after that boundary; `commit_turn` saves each
@@ -153,7 +175,6 @@ class Environment:
         key = capture_key(request.rollout_id, request.attempt_index)
         lineage = lineage or key
         vocab = self.policy.vocab_size
-        loop = asyncio.get_running_loop()
 
         if resumed is not None:
             state = EpisodeState.model_validate(resumed)
@@ -170,24 +191,24 @@ class Environment:
             call_id = f"call-{turn + 1}"
             if fault.hang or fault.hang_at_turn == turn + 1:
                 await asyncio.Event().wait()  # stuck inside a model call: only a retire (cancel) ends it
+            # Held before the call generates anything (a queue, the time to a first token): no cut.
             held = self.delay_s + fault.delay_s
-            if self.call_seconds is not None:
-                held += self.call_seconds.draw(f"call|{self.seed}|{key}|{turn}")
             if held > 0:
                 await working(held, heartbeat)
             max_new = rng.randint(*NEW_TOKENS)
             prompt = context[-(self.policy.max_seq_len - max_new) :]
-            if generator is None:
-                token_ids = [rng.randrange(vocab) for _ in range(ZERO_WORK_TOKENS)]
-                logprobs = [ZERO_WORK_LOGPROB] * ZERO_WORK_TOKENS
-            else:
-                sample = await beating(
-                    loop.run_in_executor(
-                        self.executor, self.policy.sample, prompt, max_new, generator, self.temperature
-                    ),
-                    heartbeat,
-                )
-                token_ids, logprobs = sample.token_ids, sample.logprobs
+            # Zero work: the call's tokens drawn now from the turn's rng, handed out as they are due.
+            planned = [rng.randrange(vocab) for _ in range(ZERO_WORK_TOKENS)] if generator is None else []
+            token_ids, logprobs = await decode(
+                ZERO_WORK_TOKENS if generator is None else max_new,
+                self.call_seconds.draw(f"call|{self.seed}|{key}|{turn}")
+                if self.call_seconds is not None
+                else 0.0,
+                self._sampler(prompt, generator, planned, heartbeat),
+                call_id=call_id,
+                heartbeat=heartbeat,
+                at_cut=at_cut,
+            )
             item: dict[str, Any] = {
                 "type": "message",
                 "id": f"msg-{key}-{turn + 1}",

@@ -28,7 +28,7 @@ class AgentProcess:
     """`python -m gym_agent serve ...` in a subprocess; `start()` returns once /health answers.
 
     The state dir (generation counter, artefacts) defaults to a temporary folder owned by this object
-    and kept across `restart()`, so a restarted agent has a higher execution_generation.  The token
+    and kept across `restart()`, so a restarted agent has a higher execution_generation (and a new incarnation).  The token
     travels in the environment, not argv, so it never shows in a process listing.
     """
 

@@ -36,7 +36,7 @@ class AgentServer(uvicorn.Server):
 
 
 def build_server(config: AgentConfig) -> AgentServer:
-    """Builds the server (not started); mounting the participant takes this start's generation."""
+    """Builds the server (not started); mounting the participant takes this start's identity."""
     app, registry = create_app(config)
     uv_config = uvicorn.Config(
         app,
@@ -49,7 +49,12 @@ def build_server(config: AgentConfig) -> AgentServer:
         # Many long /run calls stay open at once; keep-alive idles are cheap.
         backlog=4096,
     )
-    log.info("agent %s starting, execution_generation %d", config.name, registry.generation)
+    log.info(
+        "agent %s starting, execution_generation %d, incarnation %s",
+        config.name,
+        registry.generation,
+        registry.incarnation,
+    )
     return AgentServer(uv_config, registry)
 
 

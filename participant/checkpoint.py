@@ -3,13 +3,33 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from participant.durable import replace_file
 from protocol.ids import AttemptIndex, Identifier
 from protocol.wire import GYM_SCHEMA_VERSION, GymSchemaVersion
+
+
+class ActivePrefix(BaseModel):
+    """A model call cut at a token boundary (a generation-safe cut): the tokens it had generated
+    when its try parked, kept in the checkpoint's artefact; the call goes on from them after the
+    resume, so nothing it generated is thrown away or generated twice."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_call_id: str = Field(min_length=1, max_length=256)
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
+    # Model-call seconds the call had spent when it was cut.
+    model_s: float = Field(ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> ActivePrefix:
+        if len(self.generation_token_ids) != len(self.generation_log_probs):
+            raise ValueError("a prefix has one log probability per token")
+        return self
 
 
 class ParkedContinuation(BaseModel):
@@ -19,6 +39,8 @@ class ParkedContinuation(BaseModel):
     attempt_index: AttemptIndex
     capture_key: Identifier
     model_calls_done: int = Field(ge=0)
+    # Parked inside a model call, at a cut: the call's durable prefix (None: at a boundary).
+    active_prefix: ActivePrefix | None = None
 
 
 class AgentCheckpoint(BaseModel):
@@ -32,14 +54,9 @@ class AgentCheckpoint(BaseModel):
 
 
 def write_checkpoint(state_dir: Path, checkpoint: AgentCheckpoint) -> Path:
-    """Writes `<state dir>/checkpoints/<id>.json` atomically (temporary file, fsync, rename)."""
+    """Writes `<state dir>/checkpoints/<id>.json` atomically (`participant.durable.replace_file`)."""
     directory = state_dir / "checkpoints"
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{checkpoint.checkpoint_id}.json"
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(checkpoint.model_dump(mode="json"), f, sort_keys=True, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(checkpoint.model_dump(mode="json"), sort_keys=True, indent=1).encode())
     return path

@@ -7,31 +7,48 @@ fsync, and the event loop never blocks on the disk.
 The participant appends to `<state dir>/executions.jsonl` when a try starts executing (before it
 runs), completes, fails, is acknowledged, or is retired (cancelled while running, or tombstoned).  The
 file outlives restarts, so "executed twice" and "stranded" are counted from it across every process
-generation, not from a process's memory.  `read_evidence` is the one reader (tests, `ledger simulate`).
+generation, not from a process's memory, and a new process refuses every try an earlier one recorded
+(`EvidenceLog.earlier`).  `read_evidence` is the one reader (tests, `ledger simulate`, the exploration
+checker); it judges each try by its records in order: what the last one says is what holds.
 
-Only whole lines count: a crash mid-write leaves a torn last line, which the reader skips and reports.
+Compaction: as the file grows (past `COMPACT_MIN_BYTES`, then past twice its size after the last
+compaction) and at a start that finds it at least twice as long as one line per try, it is rewritten
+with one `summary` line per try, the fold of every record of that try so far (`TryEvidence`), in the
+order the tries first appeared; records written afterwards follow.  The new file is written beside the
+old one, fsync'd and renamed over it (`participant.durable.replace_file`): a crash at any point leaves
+the old file or the new one, each whole, and both read the same.
+
+Only whole lines count: a crash mid-write leaves a torn last line, which the reader skips and reports
+(the next start ends it with a newline, so the records after it are whole).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import bisect
+import hashlib
 import os
 import threading
 import time
+from array import array
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from participant.durable import replace_file
 from participant.generation import read_generation
 from protocol.ids import AttemptIndex, Identifier
 
 EVIDENCE_FILE: Final = "executions.jsonl"
+# The file is compacted once it reaches this size, then each time it doubles after a compaction.
+COMPACT_MIN_BYTES: Final = 4 * 1024 * 1024
 
 EvidenceKind = Literal["started", "completed", "failed", "acknowledged", "cancelled", "tombstoned"]
+RETIRED_KINDS: Final = frozenset({"cancelled", "tombstoned"})
 
 
 class EvidenceRecord(BaseModel):
@@ -45,17 +62,207 @@ class EvidenceRecord(BaseModel):
     at: float
 
 
-class EvidenceLog:
-    """The append side.  `commit` returns once its records are on disk."""
+class EvidenceSummary(BaseModel):
+    """A compacted try: every record of it up to the compaction, folded (`TryEvidence`)."""
 
-    def __init__(self, state_dir: Path, generation: int) -> None:
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["summary"] = "summary"
+    rollout_id: Identifier
+    attempt_index: AttemptIndex
+    capture_key: Identifier
+    started: list[int]
+    completed: list[int]
+    generations: list[int]
+    last: EvidenceKind
+    last_generation: int
+    at: float
+
+
+_LINE: Final = TypeAdapter[EvidenceRecord | EvidenceSummary](
+    Annotated[EvidenceRecord | EvidenceSummary, Field(discriminator="kind")]
+)
+
+
+@dataclass
+class TryEvidence:
+    """One try as its records say, in order.  What holds is what the last record says."""
+
+    rollout_id: str
+    attempt_index: int
+    capture_key: str
+    # Generations that started executing this try, in order (more than one: it was executed twice).
+    started: list[int] = field(default_factory=list)
+    completed: list[int] = field(default_factory=list)
+    # Every generation that wrote a record of it.
+    generations: list[int] = field(default_factory=list)
+    last: EvidenceKind = "started"
+    last_generation: int = 0
+    at: float = 0.0
+
+    def see(self, line: EvidenceRecord | EvidenceSummary) -> None:
+        if isinstance(line, EvidenceSummary):
+            self.started += line.started
+            self.completed += line.completed
+            self.generations += [g for g in line.generations if g not in self.generations]
+            self.last, self.last_generation, self.at = line.last, line.last_generation, line.at
+            return
+        generation = line.execution_generation
+        if line.kind == "started":
+            self.started.append(generation)
+        elif line.kind == "completed":
+            self.completed.append(generation)
+        if generation not in self.generations:
+            self.generations.append(generation)
+        self.last, self.last_generation, self.at = line.kind, generation, line.at
+
+    @property
+    def executions(self) -> int:
+        return len(self.started)
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.last == "acknowledged"
+
+    @property
+    def retired(self) -> bool:
+        return self.last in RETIRED_KINDS
+
+    @property
+    def failed(self) -> bool:
+        return self.last == "failed"
+
+    @property
+    def outstanding(self) -> bool:
+        """Its last record is a completion: a finished result nobody has released since."""
+        return self.last == "completed"
+
+    def summary(self) -> EvidenceSummary:
+        return EvidenceSummary(
+            rollout_id=self.rollout_id,
+            attempt_index=self.attempt_index,
+            capture_key=self.capture_key,
+            started=self.started,
+            completed=self.completed,
+            generations=self.generations,
+            last=self.last,
+            last_generation=self.last_generation,
+            at=self.at,
+        )
+
+
+@dataclass
+class _Fold:
+    tries: dict[tuple[str, int], TryEvidence] = field(default_factory=dict)
+    lines: int = 0
+    torn: int = 0
+
+
+def _lines(path: Path) -> Iterator[EvidenceRecord | EvidenceSummary | None]:
+    """Every line of the file in order, parsed; None for a torn or unreadable one."""
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                yield None  # the last write of a process that died mid-line
+                continue
+            try:
+                yield _LINE.validate_json(raw)
+            except (ValueError, ValidationError):
+                yield None
+
+
+def _fold(lines: Iterable[EvidenceRecord | EvidenceSummary | None]) -> _Fold:
+    fold = _Fold()
+    for line in lines:
+        fold.lines += 1
+        if line is None:
+            fold.torn += 1
+            continue
+        key = (line.rollout_id, line.attempt_index)
+        t = fold.tries.get(key)
+        if t is None:
+            t = fold.tries[key] = TryEvidence(line.rollout_id, line.attempt_index, line.capture_key)
+        t.see(line)
+    return fold
+
+
+def try_digest(rollout_id: str, attempt_index: int) -> int:
+    """A try as 64 bits (`EarlierTries`): a collision only ever refuses a new try (the safe way)."""
+    raw = hashlib.blake2b(f"{rollout_id}\x1f{attempt_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "big")
+
+
+class EarlierTries:
+    """Every try an earlier process of this state directory recorded, 8 bytes each (a sorted array of
+    `try_digest`s): a new process refuses them all, however long the agent has lived."""
+
+    def __init__(self, digests: Iterable[int] = ()) -> None:
+        self._sorted = array("Q", sorted(set(digests)))
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        digest = try_digest(*key)
+        i = bisect.bisect_left(self._sorted, digest)
+        return i < len(self._sorted) and self._sorted[i] == digest
+
+    def __len__(self) -> int:
+        return len(self._sorted)
+
+
+def compact(path: Path) -> int:
+    """Rewrites `path` as one summary line per try (crash-safe: `replace_file`); returns its new size."""
+    fold = _fold(_lines(path))
+    data = b"".join(t.summary().model_dump_json().encode() + b"\n" for t in fold.tries.values())
+    replace_file(path, data)
+    return len(data)
+
+
+class EvidenceLog:
+    """The append side.  `commit` returns once its records are on disk.  Opening it reads what earlier
+    processes recorded (`earlier`), and compacts the file when that pays."""
+
+    def __init__(
+        self, state_dir: Path, generation: int, *, compact_min_bytes: int = COMPACT_MIN_BYTES
+    ) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.path = state_dir / EVIDENCE_FILE
         self.generation = generation
+        self.compactions = 0
+        self._compact_min = compact_min_bytes
         self._lock = threading.Lock()
+        self._end_torn_line()
+        lines = 0
+        digests: list[int] = []
+        for line in _lines(self.path):
+            lines += 1
+            if line is not None:
+                digests.append(try_digest(line.rollout_id, line.attempt_index))
+        self.earlier = EarlierTries(digests)
+        del digests
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size >= self._compact_min and lines >= 2 * len(self.earlier):
+            size = compact(self.path)
+            self.compactions += 1
+        self._compact_at = max(self._compact_min, 2 * size)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
+
+    def _end_torn_line(self) -> None:
+        """A torn last line (a crash mid-write) is ended, so the next record starts a line of its own."""
+        if not self.path.exists():
+            return
+        with open(self.path, "rb+") as f:
+            if f.seek(0, os.SEEK_END) == 0:
+                return
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
 
     def lines(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> bytes:
         now = time.time()
@@ -108,34 +315,29 @@ class EvidenceLog:
         with self._lock:
             os.write(self._fd, data)
             os.fsync(self._fd)
+            if os.fstat(self._fd).st_size >= self._compact_at:
+                self._compact_locked()
+
+    def _compact_locked(self) -> None:
+        """Compacts while no write is in flight (the lock is held); the records just written are
+        durable already, so a failure here costs nothing but the compaction."""
+        try:
+            size = compact(self.path)
+            self.compactions += 1
+            self._compact_at = max(self._compact_min, 2 * size)
+        except OSError:
+            self._compact_at *= 2  # tried again once the file has doubled
+        finally:
+            # After the rename the open descriptor names the old file: write to the new one.
+            if os.fstat(self._fd).st_ino != os.stat(self.path).st_ino:
+                os.close(self._fd)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
-
-
-@dataclass
-class TryEvidence:
-    rollout_id: str
-    attempt_index: int
-    capture_key: str
-    # Generations that started executing this try, in order (more than one: it was executed twice).
-    started: list[int] = field(default_factory=list)
-    completed: list[int] = field(default_factory=list)
-    acknowledged: bool = False
-    retired: bool = False
-    failed: bool = False
-
-    @property
-    def executions(self) -> int:
-        return len(self.started)
-
-    @property
-    def outstanding(self) -> bool:
-        """Finished, and neither acknowledged nor retired: a result nobody has released."""
-        return bool(self.completed) and not self.acknowledged and not self.retired
 
 
 @dataclass
@@ -156,14 +358,19 @@ class Evidence:
 
     @property
     def stranded(self) -> list[TryEvidence]:
-        """Finished results the newest generation still holds, never acknowledged nor retired."""
-        return [t for t in self.tries.values() if t.outstanding and t.completed[-1] == self.newest_generation]
+        """Finished results the newest generation still holds: the try's last record is the newest
+        generation's completion (nothing acknowledged or retired it since)."""
+        return [
+            t for t in self.tries.values() if t.outstanding and t.last_generation == self.newest_generation
+        ]
 
     @property
     def lost_in_restart(self) -> list[TryEvidence]:
         """Finished results an older generation held unreleased when it ended (its memory went with
         it); the trainer has them only if it sealed them before the restart."""
-        return [t for t in self.tries.values() if t.outstanding and t.completed[-1] != self.newest_generation]
+        return [
+            t for t in self.tries.values() if t.outstanding and t.last_generation != self.newest_generation
+        ]
 
     def counts(self) -> Counter[str]:
         return Counter(
@@ -181,39 +388,10 @@ class Evidence:
 
 
 def read_evidence(state_dir: Path) -> Evidence:
-    """Folds `<state dir>/executions.jsonl` (an absent file is no evidence: nothing ran)."""
-    path = Path(state_dir) / EVIDENCE_FILE
-    tries: dict[tuple[str, int], TryEvidence] = {}
-    generations: set[int] = set()
-    torn = 0
+    """Folds `<state dir>/executions.jsonl` in order (an absent file is no evidence: nothing ran)."""
+    fold = _fold(_lines(Path(state_dir) / EVIDENCE_FILE))
+    generations = sorted({g for t in fold.tries.values() for g in t.generations})
     newest = read_generation(Path(state_dir))
-    if not path.exists():
-        return Evidence(tries, [], newest)
-    with open(path, "rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                torn += 1  # the last write of a process that died mid-line
-                continue
-            try:
-                rec = EvidenceRecord.model_validate(json.loads(raw))
-            except (ValueError, ValidationError):
-                torn += 1
-                continue
-            generations.add(rec.execution_generation)
-            t = tries.setdefault(
-                (rec.rollout_id, rec.attempt_index),
-                TryEvidence(rec.rollout_id, rec.attempt_index, rec.capture_key),
-            )
-            if rec.kind == "started":
-                t.started.append(rec.execution_generation)
-            elif rec.kind == "completed":
-                t.completed.append(rec.execution_generation)
-            elif rec.kind == "acknowledged":
-                t.acknowledged = True
-            elif rec.kind == "failed":
-                t.failed = True
-            else:
-                t.retired = True
     if newest is None and generations:
         newest = max(generations)
-    return Evidence(tries, sorted(generations), newest, torn)
+    return Evidence(fold.tries, generations, newest, fold.torn)

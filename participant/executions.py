@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from participant.checkpoint import AgentCheckpoint, ParkedContinuation, write_checkpoint
+from participant.checkpoint import ActivePrefix, AgentCheckpoint, ParkedContinuation, write_checkpoint
 from participant.continuations import (
     Continuation,
     ContinuationReadError,
@@ -57,10 +57,11 @@ from participant.states import (
     resume_decision,
 )
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
-from protocol.ids import capture_key
+from protocol.ids import capture_key, mint_incarnation
 from protocol.tokens import token_records_from_reply
 from protocol.wire import (
     ALL_FEATURES,
+    FEATURE_GENERATION_CUT,
     FEATURE_TURN_CONTINUATION,
     AcknowledgeRequest,
     AcknowledgeResult,
@@ -101,6 +102,13 @@ class RunSession(Protocol):
     def heartbeat(self, generated_tokens: int | None = None) -> None:
         """The try is alive (inside a model call or a tool); `generated_tokens`: what the model call in
         progress has generated so far, when the runner knows."""
+
+    async def at_cut(self, prefix: ActivePrefix) -> None:
+        """A durable token boundary inside a model call (a generation-safe cut): when a checkpoint has
+        asked the try to park, it parks here with `prefix` (the call's tokens so far) kept in the
+        checkpoint's artefact, until it is resumed or aborted; otherwise it returns at once (a
+        heartbeat).  The runner then goes on with the same call from `prefix`.  An agent whose runner
+        cuts declares it (`mount_participant(generation_cuts=True)`)."""
 
     @property
     def lineage(self) -> str:
@@ -196,6 +204,8 @@ class Execution:
     # Whether the runner ever reached a boundary: one that never does goes from one record straight
     # into its next model call.
     uses_boundaries: bool = False
+    # Parked at a cut inside a model call: the call's prefix (RunSession.at_cut).
+    cut: ActivePrefix | None = None
     # The continuation the trainer asked this try to resume (`x-ledger-continue-from`), and what came of it.
     continue_from: str | None = None
     resume_report: ResumeReport | None = None
@@ -278,6 +288,21 @@ class Execution:
         if not self.uses_boundaries:
             self.in_call_since = now
 
+    async def at_cut(self, prefix: ActivePrefix) -> None:
+        self.heartbeat(len(prefix.generation_token_ids))
+        if self.state is not ExecState.PARK_REQUESTED:
+            return
+        # Parked time is not model time: the call is left and entered again after the park.
+        self._leave_call(time.monotonic())
+        self.cut = prefix
+        self.move(ExecEvent.BOUNDARY)
+        self.notify()
+        try:
+            await self.may_run.wait()
+        finally:
+            self.cut = None
+        self.in_call_since = self.last_progress = time.monotonic()
+
     def heartbeat(self, generated_tokens: int | None = None) -> None:
         self.last_progress = time.monotonic()
         if generated_tokens is not None:
@@ -327,7 +352,9 @@ class ExecutionRegistry:
         hooks: Hooks | None = None,
         heartbeat_s: float | None = None,
         continuations: ContinuationStore | None = None,
+        generation_cuts: bool = False,
         restorer: Restorer | None = None,
+        incarnation: str | None = None,
     ) -> None:
         if heartbeat_s is not None and not heartbeat_s > 0:
             raise ValueError(f"heartbeat_s must be > 0 (or None), got {heartbeat_s}")
@@ -335,12 +362,17 @@ class ExecutionRegistry:
         # The runner's promise: the longest it goes without progress of a live try (RunSession).
         self.heartbeat_s = heartbeat_s
         self.generation = generation
+        # This process's identity for the trainer (`participant.generation`): minted here when the
+        # caller took none from the state directory.
+        self.incarnation = incarnation if incarnation is not None else mint_incarnation()
         self.runner = runner
         self.state_dir = state_dir
         self.hooks = hooks if hooks is not None else Hooks()
         self.evidence = EvidenceLog(state_dir, generation)
         # Turn-level resume (None: this agent keeps no continuations, a continue-from is declined).
         self.continuations = continuations
+        # The runner cuts model calls at durable token boundaries (RunSession.at_cut): declared.
+        self.generation_cuts = generation_cuts
         self.restorer = restorer
         # Continuations a try is taking up right now (read, restore): one try at a time.
         self._taking: set[str] = set()
@@ -378,7 +410,10 @@ class ExecutionRegistry:
         return sorted((e for e in self._active.values() if e.state in states), key=lambda e: e.key)
 
     def _is_done_for_good(self, key: AttemptKey) -> bool:
-        return key in self._tombstones or key in self._done
+        # An earlier process's try is done for good here, whatever it was: retired, acknowledged, or
+        # finished or started (its result and its run went with that process; running it again would
+        # execute it twice, and a stale trainer's late /run must not start a try the log replaced).
+        return key in self._tombstones or key in self._done or key in self.evidence.earlier
 
     def _forget(self, ex: Execution, event: ExecEvent) -> None:
         """`ex` is done for good: keep only its compact record (a task still running it holds its own)."""
@@ -400,6 +435,8 @@ class ExecutionRegistry:
     def features(self) -> list[str]:
         """What `/capabilities` declares."""
         extra = [FEATURE_TURN_CONTINUATION] if self.continuations is not None else []
+        if self.generation_cuts:
+            extra.append(FEATURE_GENERATION_CUT)
         return [*ALL_FEATURES, *extra]
 
     async def run(
@@ -413,7 +450,10 @@ class ExecutionRegistry:
         while True:
             self._check_open()
             if self._is_done_for_good(key):
-                raise GoneError(f"try {key} is done for good (acknowledged, retired or tombstoned)")
+                raise GoneError(
+                    f"try {key} is done for good (acknowledged, retired or tombstoned, or recorded by an "
+                    "earlier process of this agent)"
+                )
             existing = self._executions.get(key)
             if existing is not None:
                 # A finished try is replayed here, before (and regardless of) the admission check.
@@ -484,6 +524,7 @@ class ExecutionRegistry:
                 rollout_id=ex.request.rollout_id,
                 attempt_index=ex.request.attempt_index,
                 execution_generation=self.generation,
+                execution_incarnation=self.incarnation,
                 result_identity=reply.id,
                 result_digest=reply.digest(),
                 manifest_capture_key=ex.capture_key,
@@ -645,6 +686,7 @@ class ExecutionRegistry:
             phase=self.phase,
             active_checkpoint_id=self.active_checkpoint,
             execution_generation=self.generation,
+            execution_incarnation=self.incarnation,
             running=len(self._in_state(ExecState.RUNNING)),
             park_requested=len(self._in_state(ExecState.PARK_REQUESTED)),
             parked=len(self._in_state(ExecState.PARKED)),
@@ -724,11 +766,16 @@ class ExecutionRegistry:
                 done=True,
                 execution_generation=gen,
                 continuation=self.offer(*key),
+                execution_incarnation=self.incarnation,
             )
         ex = self._executions.get(key)
         if ex is not None and ex.state is ExecState.COMPLETED:
             return RetireResponse(
-                retired=False, tombstoned=False, completed_unacknowledged=True, execution_generation=gen
+                retired=False,
+                tombstoned=False,
+                completed_unacknowledged=True,
+                execution_generation=gen,
+                execution_incarnation=self.incarnation,
             )
         retired = ex is not None and ex.state in LIVE_STATES
         work = ex.work() if ex is not None and retired else None
@@ -754,6 +801,7 @@ class ExecutionRegistry:
             work=work,
             continuation=self.offer(*key),
             resume=ex.resume_report if ex is not None else None,
+            execution_incarnation=self.incarnation,
         )
 
     # -- checkpoint phases ------------------------------------------------------------------------
@@ -824,6 +872,7 @@ class ExecutionRegistry:
                     attempt_index=e.request.attempt_index,
                     capture_key=e.capture_key,
                     model_calls_done=len(e.tokens),
+                    active_prefix=e.cut,
                 )
                 for e in self._in_state(ExecState.PARKED)
             ],

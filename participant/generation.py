@@ -1,61 +1,81 @@
-"""`execution_generation`: a per-agent counter that rises on every start of the agent process.
+"""An agent process's identity: its incarnation (who it is) and its execution generation (where it
+falls among the starts of its state directory).
 
-A counter, not the wall clock, because a counter cannot go backwards when the clock is stepped.  But a
-counter kept in the state directory would start again at 1 if the directory were lost, repeating a
-generation an earlier process already served under: the trainer would then read the new process's
-denial of the old results (`unknown_execution` from the same generation) as a lie, not as the restart
-it is, and keep their debts owed for ever.  So a fresh state directory starts the counter at the wall
-clock's microseconds, above any generation an earlier process with this name can have reached (it
-started earlier and counts one per start), and every later start adds one.  The counter lives in
-`<state dir>/generation`; an
-exclusive `flock` serialises two processes started at once with the same state dir, and the new value
-is written to a temporary file and renamed, so a crash mid-write leaves the old value intact.  Only this
-number survives a restart: stored replies never touch the disk.
+The **incarnation** is a random id minted at every start of the agent process.  It is what the trainer
+trusts: two answers come from the same process exactly when their incarnations are equal, so a result
+named by a receipt of incarnation X is still held only by incarnation X; any other incarnation that
+denies it has lost it with a restart.  Incarnations are compared for equality and never ordered, so
+neither a clock stepped back nor a lost state directory can make a new process pass for an old one.
+
+The **execution generation** is a counter that rises by one on every start with the same state
+directory (1 on a fresh directory; no clock).  It orders that directory's own records (the execution
+evidence names the generation that wrote each line) and shows restarts in status and metrics; nothing
+outside the agent orders generations.
+
+Both live in `<state dir>/generation` as one line, `<generation> <incarnation>`.  An exclusive `flock`
+serialises two processes started at once with the same state dir, and the new line is written to a
+temporary file, fsync'd and renamed, so a crash mid-write leaves the old one intact.  Only this
+identity survives a restart: stored replies never touch the disk.
 """
 
 from __future__ import annotations
 
 import fcntl
-import os
-import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from participant.durable import replace_file
+from protocol.ids import INCARNATION_RE, mint_incarnation
 
 GENERATION_FILE = "generation"
 
 
-def fresh_generation() -> int:
-    """The first generation of a state directory: the wall clock in microseconds (at least 1)."""
-    return max(1, time.time_ns() // 1000)
+@dataclass(frozen=True, slots=True)
+class AgentIdentity:
+    generation: int
+    incarnation: str
 
 
-def next_generation(state_dir: Path) -> int:
-    """Reads, increments and durably stores the counter; returns the new generation (`fresh_generation()`
-    on a state directory's first start)."""
+def _parse(path: Path, text: str) -> AgentIdentity | None:
+    """The identity a generation file holds (a file written before incarnations existed holds the
+    counter alone: its incarnation is unknown, "")."""
+    if not text:
+        return None
+    counter, _, incarnation = text.partition(" ")
+    try:
+        generation = int(counter)
+    except ValueError:
+        raise RuntimeError(f"corrupt generation file {path}: {text[:80]!r}") from None
+    if incarnation and not INCARNATION_RE.match(incarnation):
+        raise RuntimeError(f"corrupt generation file {path}: {text[:80]!r}")
+    return AgentIdentity(generation, incarnation)
+
+
+def next_identity(state_dir: Path) -> AgentIdentity:
+    """Takes this start's identity: the counter read, incremented and stored with a fresh incarnation."""
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / GENERATION_FILE
     with open(state_dir / (GENERATION_FILE + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            text = path.read_text().strip() if path.exists() else ""
-            try:
-                previous = int(text) if text else None
-            except ValueError:
-                raise RuntimeError(f"corrupt generation file {path}: {text[:40]!r}") from None
-            current = previous + 1 if previous is not None else fresh_generation()
-            tmp = path.with_suffix(".tmp")
-            with open(tmp, "w") as f:
-                f.write(f"{current}\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            previous = _parse(path, path.read_text().strip() if path.exists() else "")
+            current = AgentIdentity(previous.generation + 1 if previous else 1, mint_incarnation())
+            replace_file(path, f"{current.generation} {current.incarnation}\n".encode())
             return current
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def read_generation(state_dir: Path) -> int | None:
-    """The newest generation started with `state_dir` (None before the first start), without taking one."""
+def read_identity(state_dir: Path) -> AgentIdentity | None:
+    """The newest identity started with `state_dir` (None before the first start), without taking one."""
+    path = state_dir / GENERATION_FILE
     try:
-        return int((state_dir / GENERATION_FILE).read_text().strip())
-    except (FileNotFoundError, ValueError):
+        return _parse(path, path.read_text().strip())
+    except (FileNotFoundError, RuntimeError):
         return None
+
+
+def read_generation(state_dir: Path) -> int | None:
+    """The newest generation started with `state_dir` (None before the first start)."""
+    identity = read_identity(state_dir)
+    return identity.generation if identity is not None else None

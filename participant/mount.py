@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from participant.continuations import ContinuationStore
 from participant.executions import ExecutionRegistry, Hooks, Restorer, Runner, RunSession
-from participant.generation import next_generation
+from participant.generation import next_identity
 from participant.guard import GuardMiddleware
 from participant.routes import Deliver, is_participant_path, participant_app
 from payloads._store import PayloadStore
@@ -171,7 +171,7 @@ class ParticipantMiddleware:
 
 @dataclass(frozen=True)
 class Participant:
-    """What `mount_participant` set up: the registry (this process's tries) and its generation."""
+    """What `mount_participant` set up: the registry (this process's tries) and its identity."""
 
     registry: ExecutionRegistry
     routes: FastAPI
@@ -179,6 +179,10 @@ class Participant:
     @property
     def generation(self) -> int:
         return self.registry.generation
+
+    @property
+    def incarnation(self) -> str:
+        return self.registry.incarnation
 
 
 def mount_participant(
@@ -195,12 +199,13 @@ def mount_participant(
     guard: Literal["participant", "all"] = "participant",
     heartbeat_s: float | None = None,
     continuations: bool = False,
+    generation_cuts: bool = False,
     payload_store: PayloadStore | None = None,
     restorer: Restorer | None = None,
 ) -> Participant:
     """Mounts the participant onto `app` (before it starts serving) and returns it.
 
-    `state_dir` keeps the execution-generation counter (taken here: one per process start), the
+    `state_dir` keeps the agent's identity (taken here: one generation and incarnation per process start), the
     durable execution evidence and the checkpoint artefacts.  By default a try runs through the
     agent's own `POST /run`; `runner` replaces that (the reference agent plays its episodes with
     boundaries to park at).  `hooks` and `deliver` are the reference agent's fault-injection points.
@@ -213,20 +218,26 @@ def mount_participant(
     (`RunSession.commit_turn`, `RunSession.resumed`; docs/turns.md): the agent then keeps their
     continuations (in `payload_store`, by default a directory under `state_dir`) and declares
     `turn_continuation` in `/capabilities`.  `restorer` restores export/restore resources on a resume.
+    `generation_cuts=True` is a runner's declaration that it cuts a model call in progress at a
+    durable token boundary when its try is asked to park (`RunSession.at_cut`): `generation_cut`.
     """
-    generation = next_generation(state_dir)
+    identity = next_identity(state_dir)
     asgi_runner: AsgiRunner | None = None
     if runner is None:
         asgi_runner = runner = AsgiRunner()
     registry = ExecutionRegistry(
         agent_name=agent_name,
-        generation=generation,
+        generation=identity.generation,
+        incarnation=identity.incarnation,
         runner=runner,
         state_dir=state_dir,
         hooks=hooks,
         heartbeat_s=heartbeat_s,
-        continuations=ContinuationStore(state_dir, generation, payload_store) if continuations else None,
+        continuations=ContinuationStore(state_dir, identity.generation, payload_store)
+        if continuations
+        else None,
         restorer=restorer,
+        generation_cuts=generation_cuts,
     )
     routes = participant_app(registry, deliver=deliver)
     app.add_middleware(

@@ -146,6 +146,10 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
 
     @app.get("/capabilities")
     async def capabilities() -> JSONResponse:
-        return _json(Capabilities(agent_name=reg.agent_name, features=reg.features()))
+        return _json(
+            Capabilities(
+                agent_name=reg.agent_name, execution_incarnation=reg.incarnation, features=reg.features()
+            )
+        )
 
     return app

@@ -53,6 +53,7 @@ from eventstore.events import (
 from eventstore.records import GENESIS_HASH
 from projections.base import FAST_DECODERS, ReplayRefused, TypedProjection, decode
 from projections.digest import BLOCK, StoredDigest
+from projections.ledger import debt_dropped_by
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
 from protocol.ids import group_id_of, rollout_id_of
 from protocol.streams import group_of_stream
@@ -76,7 +77,7 @@ BOUNDED_RETRIES: Final = "bounded-retries"
 OWNER_EPOCH: Final = "owner-epoch"
 # CheckpointResumed only after every participant confirmed it resumed.
 RESUMED_BY_EVERY_PARTICIPANT: Final = "resumed-by-every-participant"
-# A debt is dropped only with the agent's newer generation as evidence, or by an operator's mark.
+# A debt is dropped only with another agent incarnation as evidence, or by an operator's mark.
 DEBT_DROPPED_ON_EVIDENCE: Final = "debt-dropped-on-evidence"
 # A checkpoint's cut archives, and a restore keeps, only its own trainer's groups and claims.
 ARCHIVED_BY_OWN_CUT: Final = "archived-by-own-cut"
@@ -126,8 +127,8 @@ class AttemptFacts:
     minted: int
     agent: str | None = None
     dispatched: int | None = None
-    # The agent's execution generation known when the try was dispatched (or its receipt's).
-    generation: int | None = None
+    # The agent process (incarnation) known when the try was dispatched (or its receipt's).
+    incarnation: str | None = None
     finished: int | None = None  # first evidence that the agent finished it
     reply_digest: str | None = None
     replied: int | None = None
@@ -139,8 +140,8 @@ class AttemptFacts:
     rejected_unknown: int | None = None
     retire: str | None = None
     retired_at: int | None = None
-    # The generation that answered the last retire, where the log records it.
-    retire_generation: int | None = None
+    # The incarnation that answered the last retire, where the log records it.
+    retire_incarnation: str | None = None
     sealed: int | None = None
 
 
@@ -192,7 +193,10 @@ class AuditState:
     tries: dict[str, AttemptFacts] = field(default_factory=dict)
     latest: dict[str, int] = field(default_factory=dict)  # rollout_id -> its newest attempt index
     seals: dict[str, int] = field(default_factory=dict)  # rollout_id -> position of its SiblingSealed
-    generations: dict[str, int] = field(default_factory=dict)  # agent -> newest execution generation seen
+    # agent -> the incarnation first seen last in the log (a process's receipts appear while it lives,
+    # so it is the newest process the log knows of; incarnations are never ordered otherwise)
+    incarnations: dict[str, str] = field(default_factory=dict)
+    seen_incarnations: dict[str, list[str]] = field(default_factory=dict)
     unpaid: dict[str, tuple[int, str]] = field(default_factory=dict)  # try key -> (AckOwed position, agent)
     # (paid position, owed position, agent, try key), in log order: debts as of any past cut.
     payments: list[tuple[int, int, str, str]] = field(default_factory=list)
@@ -229,14 +233,14 @@ def _owned_by(st: AuditState, key: str, trainer_id: str | None) -> bool:
 
 
 def _lost_with_its_process(t: AttemptFacts) -> bool:
-    """A retire answered `done` by a newer generation than the one that held the finished result:
+    """A retire answered `done` by another incarnation than the one that held the finished result:
     that process is gone and its result with it (the new one answers `done` for its own tombstone, e.g.
     after the `tombstoned` answer was lost on the way back).  Evidence in the log, as for a debt."""
     return (
         t.retire == "done"
-        and t.retire_generation is not None
-        and t.generation is not None
-        and t.retire_generation > t.generation
+        and t.retire_incarnation is not None
+        and t.incarnation is not None
+        and t.retire_incarnation != t.incarnation
     )
 
 
@@ -387,8 +391,8 @@ def _check_retired_first(st: AuditState, ev: RecordedEvent, rid: str, index: int
         return  # never sent to an agent (RunDispatched precedes every /run), so nothing runs there
     restarted = (
         old.agent is not None
-        and old.generation is not None
-        and st.generations.get(old.agent, old.generation) > old.generation
+        and old.incarnation is not None
+        and st.incarnations.get(old.agent, old.incarnation) != old.incarnation
     )
     if not restarted:
         st.violate(
@@ -409,8 +413,8 @@ def _dispatched(st: AuditState, ev: RecordedEvent, e: RunDispatched) -> None:
     t.agent = e.agent_name
     if t.dispatched is None:
         t.dispatched = ev.position
-    if t.generation is None:
-        t.generation = st.generations.get(e.agent_name)
+    if t.incarnation is None:
+        t.incarnation = st.incarnations.get(e.agent_name)
 
 
 def _run_failed(st: AuditState, ev: RecordedEvent, e: RunFailed) -> None:
@@ -430,18 +434,30 @@ def _replied(st: AuditState, ev: RecordedEvent, e: RunReplied) -> None:
             t.finished = ev.position
 
 
-def _see_generation(st: AuditState, agent: str, receipt: CompletionReceipt) -> None:
-    if receipt.execution_generation > st.generations.get(agent, -1):
-        st.generations[agent] = receipt.execution_generation
+def _process(incarnation: str | None, generation: int | None) -> str | None:
+    """The agent process a row names: its incarnation, or in rows recorded before incarnations existed
+    its generation (then unique per process: a fresh state directory started at the clock)."""
+    if incarnation is not None:
+        return incarnation
+    return None if generation is None else f"generation-{generation}"
+
+
+def _see_incarnation(st: AuditState, agent: str, receipt: CompletionReceipt) -> None:
+    incarnation = _process(receipt.execution_incarnation, receipt.execution_generation)
+    assert incarnation is not None
+    seen = st.seen_incarnations.setdefault(agent, [])
+    if incarnation not in seen:
+        seen.append(incarnation)
+        st.incarnations[agent] = incarnation
 
 
 def _fetched(st: AuditState, ev: RecordedEvent, e: ReceiptFetched) -> None:
     receipt = e.receipt
-    _see_generation(st, e.agent_name, receipt)
+    _see_incarnation(st, e.agent_name, receipt)
     t = st.tries.get(_key(receipt.rollout_id, receipt.attempt_index))
     if t is not None:
         t.fetched, t.fetched_agent, t.fetched_at = receipt, e.agent_name, ev.position
-        t.generation = receipt.execution_generation
+        t.incarnation = _process(receipt.execution_incarnation, receipt.execution_generation)
         if t.agent is None:
             t.agent = e.agent_name
         if t.finished is None:
@@ -450,7 +466,7 @@ def _fetched(st: AuditState, ev: RecordedEvent, e: ReceiptFetched) -> None:
 
 def _owed(st: AuditState, ev: RecordedEvent, e: AckOwed) -> None:
     receipt = e.receipt
-    _see_generation(st, e.agent_name, receipt)
+    _see_incarnation(st, e.agent_name, receipt)
     rid, index = receipt.rollout_id, receipt.attempt_index
     key = _key(rid, index)
     t = st.tries.get(key)
@@ -519,15 +535,14 @@ def _rejected(st: AuditState, ev: RecordedEvent, e: AckRejected) -> None:
             t.rejected_unknown = ev.position
         _pay(st, ev, key)
     elif e.error == "unknown_execution":
-        generation = t.fetched.execution_generation if t is not None and t.fetched is not None else None
-        if e.agent_generation is not None and generation is not None and e.agent_generation <= generation:
+        if not debt_dropped_by(e, t.fetched if t is not None else None):
             return  # recorded as what it is; the debt stays owed (no evidence the agent lost it)
-        if e.agent_generation is None:
+        if e.agent_generation is None and e.agent_incarnation is None:
             st.violate(
                 DEBT_DROPPED_ON_EVIDENCE,
                 [t.owed if t is not None else None, ev.position],
                 f"the debt of {e.rollout_id}#{e.attempt_index} was dropped on an unknown_execution with no "
-                "agent generation recorded: nothing shows the agent restarted and lost the result",
+                "agent incarnation recorded: nothing shows the agent restarted and lost the result",
             )
         if t is not None:
             t.rejected_unknown = ev.position
@@ -538,7 +553,8 @@ def _retired(st: AuditState, ev: RecordedEvent, e: AttemptRetired) -> None:
     t = st.tries.get(_key(e.rollout_id, e.attempt_index))
     if t is None:
         return
-    t.retire, t.retired_at, t.retire_generation = e.outcome, ev.position, e.execution_generation
+    answered = _process(e.execution_incarnation, e.execution_generation)
+    t.retire, t.retired_at, t.retire_incarnation = e.outcome, ev.position, answered
     group = st.groups.get(t.group_id)
     if e.cause == "checkpoint" and group is not None:
         if group.mode == "prompt_group":
@@ -549,8 +565,8 @@ def _retired(st: AuditState, ev: RecordedEvent, e: AttemptRetired) -> None:
     if e.outcome == "completed_unacknowledged":
         if t.finished is None:
             t.finished = ev.position
-        if e.execution_generation is not None:
-            t.generation = e.execution_generation  # the process that holds the finished result
+        if answered is not None:
+            t.incarnation = answered  # the process that holds the finished result
 
 
 def _held(st: AuditState, ev: RecordedEvent, e: SiblingHeld) -> None:

@@ -7,10 +7,10 @@ Dataclasses rather than BaseModels because `apply` mutates them in place and
 a model's validated `__setattr__`/`__init__` cost more than the fold itself.
 
 Debts (docs/events.md, Invariants: debts): `AckOwed` adds one, `AckAccepted` pays it, and an
-`AckRejected` of kind `unknown_execution` drops it only when the agent's
-generation it records is newer than the receipt's (the agent restarted and
-lost the result, so there is nothing left to ACK); from the agent's own
-generation it is recorded and the debt stays owed.  An `AckRejected` of kind
+`AckRejected` of kind `unknown_execution` drops it only when the agent
+incarnation it records differs from the receipt's (the agent restarted and
+lost the result, so there is nothing left to ACK); from the incarnation that
+made the receipt it is recorded and the debt stays owed (`debt_dropped_by`).  An `AckRejected` of kind
 `receipt_mismatch` leaves the debt in place on purpose: the agent still
 holds a result the trainer's receipt does not match, so it stays visible as
 unpaid (and blocks checkpoint-clean) until an operator looks at it.  An `AckRejected` of
@@ -560,14 +560,21 @@ def _ack_rejected(state: LedgerState, ev: RecordedEvent, e: AckRejected) -> None
 
 
 def debt_dropped_by(e: AckRejected, owed: CompletionReceipt | None) -> bool:
-    """Whether a refusal drops the debt: an operator's drop does; an `unknown_execution` only on
-    evidence that the agent lost the result, i.e. its generation is newer than the receipt's (None:
-    a v1 row, dropped as then)."""
+    """Whether a refusal drops the debt (the one rule: the trainer's core decides by it, the folds
+    replay by it): an operator's drop does; an `unknown_execution` only on evidence that the agent lost
+    the result, i.e. the process that denies it is another incarnation than the one whose receipt is
+    owed (a receipt recorded before incarnations existed was made by another process, too).  Rows
+    written before incarnations were recorded keep the rule they were decided under: a newer
+    generation (v2, v3), or none at all (v1: dropped as then)."""
     if e.error == "dropped_by_operator":
         return True
     if e.error != "unknown_execution":
         return False
-    if e.agent_generation is None or owed is None:
+    if owed is None:
+        return True
+    if e.agent_incarnation is not None:
+        return e.agent_incarnation != owed.execution_incarnation
+    if e.agent_generation is None:
         return True
     return e.agent_generation > owed.execution_generation
 

@@ -1,17 +1,31 @@
-"""A self-contained HTML page drawing one sibling's timeline as a swimlane (inline SVG and CSS, nothing fetched)."""
+"""A self-contained HTML page drawing one sibling's timeline as a swimlane (inline SVG and CSS, nothing fetched).
+
+Events run down the page in log order on a time axis: each row is labelled with its time since the
+first event, and the space above a row grows with the wait before it (by the logarithm of the gap, up
+to a bound), so a 30 s retire stands out from a 2 ms hand-off without a long run drawing metres of
+empty page.  The picture is as tall as its events need: nothing is cut.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from html import escape
 
 from projections.timeline import LANES, Entry, Timeline
 
-_LANE_X = {lane: 140 + i * 300 for i, lane in enumerate(LANES)}
+_AXIS_X = 90  # the time axis; the event's log position sits right of it
+_LANE_X = {lane: 220 + i * 300 for i, lane in enumerate(LANES)}
 _LANE_TITLE = {"trainer": "Trainer", "log": "Log", "agent": "Gym agent"}
 _ROW = 34
 _TOP = 70
-_WIDTH = 2 * 140 + 2 * 300
+_WIDTH = 2 * 220 + 2 * 300 - 80
+# A wait shorter than this adds no space; each tenfold longer one adds _GAP_PX more, up to _MAX_GAP_PX.
+_GAP_FLOOR_S = 0.05
+_GAP_PX = 22
+_MAX_GAP_PX = 110
+# A wait at least this long is written on the axis ("2.5 s later").
+_GAP_LABEL_S = 0.5
 
 _CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2433; background: #fbfbfd; }
@@ -28,6 +42,10 @@ svg { background: #fff; border: 1px solid #dde1ea; border-radius: 6px; }
 .ev:hover .arrow { stroke-width: 3; }
 .label { font-size: 12px; fill: #39414f; }
 .pos { font-size: 11px; fill: #8a91a1; text-anchor: end; }
+.axis { stroke: #8a91a1; stroke-width: 1; }
+.tick { font-size: 11px; fill: #39414f; text-anchor: end; font-variant-numeric: tabular-nums; }
+.gap { font-size: 11px; fill: #b0563a; text-anchor: end; font-style: italic; }
+.gapline { stroke: #e4b3a3; stroke-width: 6; }
 .dot { stroke: none; }
 """
 
@@ -46,8 +64,50 @@ def _klass(entry: Entry) -> str:
     return f"arrow {base}{fail}"
 
 
-def _event_svg(entry: Entry, row: int) -> str:
-    y = _TOP + row * _ROW
+def _gap_px(gap_s: float) -> float:
+    """The space a wait of `gap_s` seconds adds above a row."""
+    if gap_s <= _GAP_FLOOR_S:
+        return 0.0
+    return min(_MAX_GAP_PX, _GAP_PX * math.log10(gap_s / _GAP_FLOOR_S))
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.3f} s" if s < 60 else f"{int(s // 60)} min {s % 60:04.1f} s"
+
+
+def row_offsets(entries: list[Entry]) -> list[float]:
+    """Each row's y: one row apart, plus the space its wait since the previous event earns."""
+    ys: list[float] = []
+    y = float(_TOP)
+    for i, entry in enumerate(entries):
+        if i:
+            y += _ROW + _gap_px(max(0.0, entry.recorded_at - entries[i - 1].recorded_at))
+        ys.append(y)
+    return ys
+
+
+def _axis_svg(entries: list[Entry], ys: list[float]) -> str:
+    if not entries:
+        return ""
+    start = entries[0].recorded_at
+    parts = [f'<line class="axis" x1="{_AXIS_X}" y1="40" x2="{_AXIS_X}" y2="{ys[-1] + 10:.0f}"/>']
+    for i, (entry, y) in enumerate(zip(entries, ys, strict=True)):
+        parts.append(
+            f'<text class="tick" x="{_AXIS_X - 8}" y="{y + 4:.0f}">+{_seconds(entry.recorded_at - start)}</text>'
+        )
+        gap = entry.recorded_at - entries[i - 1].recorded_at if i else 0.0
+        if gap >= _GAP_LABEL_S:
+            top = ys[i - 1] + 10
+            parts.append(
+                f'<line class="gapline" x1="{_AXIS_X}" y1="{top:.0f}" x2="{_AXIS_X}" y2="{y - 12:.0f}"/>'
+            )
+            parts.append(
+                f'<text class="gap" x="{_AXIS_X - 8}" y="{(top + y) / 2:.0f}">{_seconds(gap)} later</text>'
+            )
+    return "".join(parts)
+
+
+def _event_svg(entry: Entry, y: float) -> str:
     x1, x2 = _LANE_X[entry.source], _LANE_X[entry.target]
     tries = "group" if entry.attempt is None else f"try #{entry.attempt}"
     hover = (
@@ -55,43 +115,47 @@ def _event_svg(entry: Entry, row: int) -> str:
         f"{entry.stream_id} v{entry.stream_version} · {tries}\n{entry.type}: {entry.summary}"
     )
     if x1 == x2:  # an event about the log itself (a worker's result): a dot on the lane
-        shape = f'<circle class="dot" cx="{x1}" cy="{y}" r="5" fill="#7a8194"/>'
+        shape = f'<circle class="dot" cx="{x1}" cy="{y:.0f}" r="5" fill="#7a8194"/>'
         label_x = x1 + 12
     else:
         end = x2 - 8 if x2 > x1 else x2 + 8
         shape = (
-            f'<line class="{_klass(entry)}" x1="{x1}" y1="{y}" x2="{end}" y2="{y}" marker-end="url(#head)"/>'
+            f'<line class="{_klass(entry)}" x1="{x1}" y1="{y:.0f}" x2="{end}" y2="{y:.0f}" '
+            'marker-end="url(#head)"/>'
         )
         label_x = min(x1, x2) + 10
     return (
         f'<g class="ev"><title>{escape(hover)}</title>'
-        f'<text class="pos" x="{_LANE_X["trainer"] - 16}" y="{y + 4}">{entry.position}</text>'
+        f'<text class="pos" x="{_LANE_X["trainer"] - 16}" y="{y + 4:.0f}">{entry.position}</text>'
         f"{shape}"
-        f'<text class="label" x="{label_x}" y="{y - 6}">{escape(entry.type)} · {escape(tries)}</text></g>'
+        f'<text class="label" x="{label_x}" y="{y - 6:.0f}">{escape(entry.type)} · {escape(tries)}</text></g>'
     )
 
 
 def render_html(tl: Timeline) -> str:
-    height = _TOP + max(len(tl.entries), 1) * _ROW + 20
+    ys = row_offsets(tl.entries)
+    height = int((ys[-1] if ys else _TOP) + 30)
     lanes = "".join(
         f'<line class="lane" x1="{x}" y1="40" x2="{x}" y2="{height - 10}"/>'
         f'<text class="lane-title" x="{x}" y="28">{_LANE_TITLE[lane]}</text>'
         for lane, x in _LANE_X.items()
     )
-    events = "".join(_event_svg(e, i) for i, e in enumerate(tl.entries))
+    axis = _axis_svg(tl.entries, ys) + f'<text class="lane-title" x="{_AXIS_X - 30}" y="28">time</text>'
+    events = "".join(_event_svg(e, y) for e, y in zip(tl.entries, ys, strict=True))
     tries = ", ".join(f"#{a}" for a in tl.attempts()) or "none"
+    first = _time(tl.entries[0].recorded_at) if tl.entries else "-"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>{escape(tl.rollout_id)} — rollout history</title>
 <style>{_CSS}</style></head>
 <body>
 <h1>Rollout {escape(tl.rollout_id)}</h1>
-<p class="sub">group {escape(tl.group_id)} · tries {escape(tries)} · {len(tl.entries)} events ·
-hover an arrow for its position and time</p>
+<p class="sub">group {escape(tl.group_id)} · tries {escape(tries)} · {len(tl.entries)} events from {first} ·
+time since the first event on the left, longer waits drawn taller · hover an arrow for its position and time</p>
 <svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}">
 <defs><marker id="head" viewBox="0 0 10 10" refX="8" refY="5" markerWidth="7" markerHeight="7"
 orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#59607a"/></marker></defs>
-{lanes}{events}
+{axis}{lanes}{events}
 </svg>
 </body></html>
 """

@@ -114,6 +114,8 @@ def describe(event: Event) -> str:
     if isinstance(event, ReceiptFetched | AckOwed):
         data["digest"] = event.receipt.result_digest[:19] + "…"
         data["generation"] = event.receipt.execution_generation
+        if event.receipt.execution_incarnation is not None:
+            data["incarnation"] = event.receipt.execution_incarnation[:8]
     if isinstance(event, RunReplied):
         data["reply_digest"] = event.reply_digest[:19] + "…"
     if isinstance(event, LogprobsComputed):

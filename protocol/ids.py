@@ -8,17 +8,37 @@ NeMo Gym uses for its own retries.
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Annotated, Final
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, Strict, StringConstraints
 
 ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ID_RE: Final = re.compile(ID_PATTERN)
 MAX_ID_LENGTH: Final = 200
 MAX_ATTEMPT_INDEX: Final = 1_000_000
 
-Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID_LENGTH)]
-AttemptIndex = Annotated[int, Field(ge=0, le=MAX_ATTEMPT_INDEX)]
+# Strict: an id is a JSON string and an index a JSON integer, nothing coerced (`true`, `"0"` and `0.0`
+# are refused, not read as 1 and 0).
+Identifier = Annotated[
+    str, StringConstraints(strict=True, pattern=ID_PATTERN, min_length=1, max_length=MAX_ID_LENGTH)
+]
+AttemptIndex = Annotated[int, Strict(), Field(ge=0, le=MAX_ATTEMPT_INDEX)]
+# An agent process's execution generation (`participant.generation`): a JSON integer, 0 or more.
+Generation = Annotated[int, Strict(), Field(ge=0)]
+
+# An agent process's incarnation: a random id minted at every start (`participant.generation`).  Two
+# answers come from the same process exactly when their incarnations are equal; incarnations are never
+# ordered, so no clock (and no lost state directory) can make a later process look like an earlier one.
+INCARNATION_PATTERN: Final = r"^[0-9a-f]{32}$"
+INCARNATION_RE: Final = re.compile(INCARNATION_PATTERN)
+Incarnation = Annotated[str, StringConstraints(strict=True, pattern=INCARNATION_PATTERN)]
+
+
+def mint_incarnation() -> str:
+    """A fresh incarnation: 128 random bits as 32 lower-case hex digits."""
+    return secrets.token_hex(16)
+
 
 _SIBLING_SEPARATOR: Final = "_g"
 

@@ -6,13 +6,14 @@ import these models; nothing else defines a wire shape.  `docs/protocol.md` desc
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+import math
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from protocol.digests import Digest, canonical_json, reply_digest, sha256_digest
 from protocol.errors import NOT_READY
-from protocol.ids import AttemptIndex, Identifier, capture_key
+from protocol.ids import AttemptIndex, Generation, Identifier, Incarnation, capture_key
 
 GYM_SCHEMA_VERSION: Final = 1
 GymSchemaVersion = Literal[1]
@@ -25,6 +26,9 @@ FEATURE_TOKEN_CAPTURE: Final = "token_capture"
 # The agent saves a continuation at each turn boundary and resumes a replacement try from one
 # (`x-ledger-continue-from`): what lets a group run at target level `turn` (protocol.levels).
 FEATURE_TURN_CONTINUATION: Final = "turn_continuation"
+# The agent's runner cuts a model call in progress at a durable token boundary when a checkpoint asks
+# its try to park (`RunSession.at_cut`), and continues the call from that prefix after the resume.
+FEATURE_GENERATION_CUT: Final = "generation_cut"
 ALL_FEATURES: Final = (
     FEATURE_CHECKPOINT_PARTICIPATION,
     FEATURE_COMPLETED_RESULT_ACKNOWLEDGEMENT,
@@ -50,8 +54,12 @@ CONTINUE_FROM_HEADER: Final = "x-ledger-continue-from"
 Phase = Literal["idle", "preparing", "prepared", "committing", "committed_paused"]
 
 
-def check_depth(value: dict[str, Any], limit: int = MAX_JSON_DEPTH) -> dict[str, Any]:
-    """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion).
+def check_depth(
+    value: dict[str, Any], limit: int = MAX_JSON_DEPTH, *, finite: bool = False
+) -> dict[str, Any]:
+    """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion)
+    or, with `finite`, if it holds a number JSON cannot carry: `NaN`, `Infinity`, or one past a double's
+    range such as `1e999` (which a JSON parser reads as infinity).
 
     Level by level, keeping only the containers of the next level: a reply's long lists of numbers
     (token ids, log-probs) cost one type check per item, nothing pushed or popped."""
@@ -65,6 +73,10 @@ def check_depth(value: dict[str, Any], limit: int = MAX_JSON_DEPTH) -> dict[str,
             for child in item.values() if isinstance(item, dict) else item:
                 if isinstance(child, (dict, list)):
                     below.append(child)
+                elif finite and isinstance(child, float) and not math.isfinite(child):
+                    raise ValueError(
+                        f"holds the number {child}, which JSON cannot carry (NaN, infinite or out of range)"
+                    )
         level = below
         depth += 1
     return value
@@ -81,11 +93,13 @@ class GymModel(BaseModel):
     nested no deeper than MAX_JSON_DEPTH like the fields we name."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
+    # Whether every number in it must be finite (a /run body: refused before anything runs).
+    _finite: ClassVar[bool] = False
 
     @model_validator(mode="after")
     def _extras_not_too_deep(self) -> GymModel:
         if self.model_extra:
-            check_depth(self.model_extra, MAX_JSON_DEPTH - 1)
+            check_depth(self.model_extra, MAX_JSON_DEPTH - 1, finite=self._finite)
         return self
 
 
@@ -97,7 +111,10 @@ class AttemptRef(WireModel):
 class RunRequest(GymModel):
     """Body of `POST /run`: the try's identity plus the task payload.  A NeMo RL row's own fields
     (`agent_ref`, `_ng_task_index`, `_ng_rollout_index`, the environment's task fields) ride along as
-    extras and reach the agent unchanged."""
+    extras and reach the agent unchanged.  Every number in it is finite: `NaN`, `Infinity` or `1e999`
+    anywhere is a 422 before anything runs."""
+
+    _finite: ClassVar[bool] = True
 
     rollout_id: Identifier = Field(alias="_ng_rollout_id")
     attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
@@ -108,7 +125,7 @@ class RunRequest(GymModel):
     @field_validator("responses_create_params", "task")
     @classmethod
     def _not_too_deep(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_depth(value)
+        return check_depth(value, finite=True)
 
     def prompt_digest(self) -> str:
         """The digest of the row without the try's identity: equal for every try of one sibling, and
@@ -259,7 +276,10 @@ class CompletionReceipt(WireModel):
     schema_version: GymSchemaVersion = Field(default=GYM_SCHEMA_VERSION, validate_default=True)
     rollout_id: Identifier
     attempt_index: AttemptIndex
-    execution_generation: int = Field(ge=0)
+    execution_generation: Generation
+    # The agent process that made the receipt (None in receipts recorded before incarnations existed):
+    # a later denial of it from another incarnation is the evidence that the result was lost.
+    execution_incarnation: Incarnation | None = None
     result_identity: str
     result_digest: Digest
     manifest_capture_key: Identifier
@@ -315,8 +335,8 @@ class AcknowledgeRequest(WireModel):
 
 
 class AcknowledgeResult(WireModel):
-    rollout_id: str
-    attempt_index: int
+    rollout_id: Identifier
+    attempt_index: AttemptIndex
     acknowledged: bool
     idempotent: bool = False
     error: Literal["receipt_mismatch", "unknown_execution"] | None = (
@@ -339,14 +359,15 @@ class RetireResponse(WireModel):
     tombstoned: bool
     completed_unacknowledged: bool
     done: bool = False
-    # The generation of the agent process that answered: an adoption accepts a receipt only from it.
-    execution_generation: int | None = Field(default=None, ge=0)
+    # The agent process that answered: an adoption accepts a receipt only from the same incarnation.
+    execution_generation: Generation | None = None
     # What the cancelled execution had done when it was cancelled (`retired`), as the agent measured it.
     work: TryWork | None = None
     # The try's latest committed turn boundary, offered to a replacement (None: none to offer).
     continuation: ContinuationRef | None = None
     # The try had been asked to resume a continuation: what the agent did.
     resume: ResumeReport | None = None
+    execution_incarnation: Incarnation
 
 
 class PrepareRequest(WireModel):
@@ -373,7 +394,8 @@ class TryProgress(WireModel):
 class AgentStatus(WireModel):
     phase: Phase
     active_checkpoint_id: str | None
-    execution_generation: int
+    execution_generation: Generation
+    execution_incarnation: Incarnation
     running: int
     park_requested: int
     parked: int
@@ -411,6 +433,7 @@ class ErrorResponse(WireModel):
 class Capabilities(WireModel):
     schema_version: GymSchemaVersion = Field(default=GYM_SCHEMA_VERSION, validate_default=True)
     agent_name: Identifier
+    execution_incarnation: Incarnation
     features: list[str]
 
 
@@ -452,4 +475,5 @@ class DebugRuns(WireModel):
 class Health(WireModel):
     ok: bool = True
     agent_name: str
-    execution_generation: int
+    execution_generation: Generation
+    execution_incarnation: Incarnation

@@ -44,6 +44,9 @@ class SimConfig:
     # None: none beyond agent_delay_s.
     call_seconds: str | None = None
     tool_seconds: str | None = None
+    # The reference agents cut a model call at a token boundary when a checkpoint parks its try
+    # (`gym --generation-cuts`), instead of the checkpoint waiting for the whole call.
+    generation_cuts: bool = False
     # Rounds (and failures of each kind) a group may spend.  The default fault mix fails about one
     # prompt-group round in five (5 % environment failures and 1 % hangs over 4 siblings), so 4 rounds
     # dead-lettered a group in about one run of 48 groups in ten; 8 makes that about one in 40,000.
@@ -54,6 +57,9 @@ class SimConfig:
     # Carry on the run `run_id` names: recover its trainer from the log (every group it left open is
     # driven to a seal or dead-lettered), then submit what it never submitted.
     resume: bool = False
+    # The agents' control token: sent on every call to them, and required by the agents a run starts
+    # (given in their environment, never on a command line).  None: agents without one.
+    agent_token: str | None = field(default=None, repr=False)
     # State directories of agents given by URL, for their durable execution evidence.
     agent_state_dirs: dict[str, Path] = field(default_factory=dict)
     # Where the agents this run starts keep their state (one folder per agent), so that a resumed run
@@ -72,6 +78,8 @@ class SimConfig:
             args += ["--call-seconds", self.call_seconds]
         if self.tool_seconds is not None:
             args += ["--tool-seconds", self.tool_seconds]
+        if self.generation_cuts:
+            args.append("--generation-cuts")
         return args
 
     def episode_s(self) -> float:

@@ -127,7 +127,10 @@ class ModelAgent:
             raise RefusedError("invalid_phase")
         state = self.runs.get(key)
         if state == "completed":
-            return tries.RetireAnswer(False, False, True, execution_generation=self.completed_in[key])
+            held_by = self.completed_in[key]
+            return tries.RetireAnswer(
+                False, False, True, execution_generation=held_by, execution_incarnation=incarnation(held_by)
+            )
         if state == "running":
             self.runs[key] = "cancelled"
             return tries.RetireAnswer(True, False, False)
@@ -136,11 +139,16 @@ class ModelAgent:
         self.runs[key] = "cancelled"  # never seen: tombstoned, it will never run
         return tries.RetireAnswer(False, True, False)
 
-    def adopt(self, key: str) -> int:
-        """An adopt-only re-POST: the stored result's generation, or not found; never a new run."""
+    def adopt(self, key: str) -> str:
+        """An adopt-only re-POST: the stored result's incarnation, or not found; never a new run."""
         if self.runs.get(key) != "completed":
             raise RefusedError("stale")  # stands for 404 not_found
-        return self.completed_in[key]
+        return incarnation(self.completed_in[key])
+
+
+def incarnation(generation: int) -> str:
+    """A model agent's incarnation: one per generation (a process start), as a real agent mints one."""
+    return f"{generation:032x}"
 
 
 @dataclass
@@ -211,14 +219,14 @@ def _attempt_answer(
         if fault == "garbage":
             return tries.AdoptResult("garbage", "not a receipt")
         try:
-            generation = agent.adopt(key)
+            held_by = agent.adopt(key)
         except RefusedError:
             return tries.AdoptResult("not_found")
         if fault == "reply_lost":
             return tries.CallFailed("reply lost")
-        if action.expect_generation is not None and generation != action.expect_generation:
-            return tries.AdoptResult("other_generation", f"generation {generation}")
-        return tries.AdoptResult("adopted", str(generation))
+        if action.expect_incarnation is not None and held_by != action.expect_incarnation:
+            return tries.AdoptResult("other_incarnation", f"incarnation {held_by}")
+        return tries.AdoptResult("adopted", held_by)
     if fault == "garbage":
         return tries.CallFailed("garbage")
     try:

@@ -90,6 +90,7 @@ async def _run(
             LedgerGymConfig(
                 db_url=db_url,
                 agents={n: c.base_url for n, c in agents.clients.items()},
+                agent_token=config.agent_token,
                 mode=config.mode,
                 num_generations=config.siblings,
                 group_prefix=f"{run_id}-",

@@ -34,7 +34,7 @@ from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
 from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
-from trainer.gym.errors import AgentUnavailableError, GymError, NotFoundError
+from trainer.gym.errors import AgentUnavailableError, GymError, NotFoundError, UnauthorizedError
 
 
 class SimulationError(Exception):
@@ -146,9 +146,7 @@ class Agents:
     deployment would).  `final_counts` reads what only the agents know: stranded results and
     duplicate executions."""
 
-    def __init__(
-        self, config: SimConfig, client_factory: Callable[[str, str], GymClient] = GymClient
-    ) -> None:
+    def __init__(self, config: SimConfig, client_factory: Callable[..., GymClient] = GymClient) -> None:
         self.config = config
         self.client_factory = client_factory
         self.processes: list[AgentProcess] = []
@@ -173,6 +171,7 @@ class Agents:
                     turns=config.turns,
                     delay_s=config.agent_delay_s,
                     state_dir=None if root is None else root / f"agent-{i}",
+                    token=config.agent_token,
                     extra_args=config.agent_args(),
                 )
                 for i in range(config.agents)
@@ -184,7 +183,7 @@ class Agents:
                 raise
             urls = {p.name: p.url for p in self.processes}
         self.state_dirs = {p.name: p.state_dir for p in self.processes} | dict(config.agent_state_dirs)
-        self.clients = {name: self.client_factory(url, name) for name, url in urls.items()}
+        self.clients = {name: self._client(url, name) for name, url in urls.items()}
         try:
             await self._check_reachable(urls)
             for i, (name, client) in enumerate(self.clients.items()):
@@ -195,6 +194,12 @@ class Agents:
                     log.warning(
                         "agent %s has no fault injection (a real Gym agent): no faults injected", name
                     )
+                except UnauthorizedError:
+                    raise SimulationError(
+                        f"agent {name} at {urls[name]} refuses "
+                        + ("this run's token" if config.agent_token else "a call without a token")
+                        + " (401): give its token with --agent-token or $LEDGER_GYM_TOKEN"
+                    ) from None
             if fault.crash_after is not None and self.injectable:
                 await self.clients[self.injectable[0]].set_faults(CrashAfter(crash_after=fault.crash_after))
         except BaseException:
@@ -202,6 +207,11 @@ class Agents:
             raise
         self._supervisor = asyncio.create_task(self._supervise())
         return self
+
+    def _client(self, url: str, name: str) -> GymClient:
+        if self.config.agent_token is None:
+            return self.client_factory(url, name)
+        return self.client_factory(url, name, token=self.config.agent_token)
 
     async def _check_reachable(self, urls: dict[str, str]) -> None:
         """Every agent answers HTTP before the run starts: one named by URL with nothing listening (or
@@ -266,7 +276,7 @@ async def run_simulation(
     config: SimConfig,
     *,
     coordinator_factory: type[RolloutCoordinator] = RolloutCoordinator,
-    client_factory: Callable[[str, str], GymClient] = GymClient,
+    client_factory: Callable[..., GymClient] = GymClient,
     progress: Callable[[int, int], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> dict[str, Any]:

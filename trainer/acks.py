@@ -83,7 +83,9 @@ class AckRelay:
         to pay, to its own agent."""
         ledger = self.ctx.journal.ledger
         driver = self.ctx.driver
-        return [a for a in ledger.debts if any(k not in self._mismatched for k, _ in driver.debts(ledger, a))]
+        # The agents copied in one step: the journal folds appends in its writer thread.
+        agents = [*ledger.debts]
+        return [a for a in agents if any(k not in self._mismatched for k, _ in driver.debts(ledger, a))]
 
     async def _run(self) -> None:
         ctx = self.ctx
@@ -160,19 +162,20 @@ class AckRelay:
             self.stuck.pop(agent_name, None)
             self._not_before.pop(agent_name, None)
             by_group: dict[str, list[tuple[CompletionReceipt, list[Event]]]] = defaultdict(list)
-            generation: int | None = None
+            agent: debt_core.AgentSeen | None = None
             if any(not r.acknowledged and r.error == "unknown_execution" for r in results):
-                # A debt drops only on evidence: the agent's generation now, against the receipt's.
+                # A debt drops only on evidence: the agent's incarnation now, against the receipt's.
                 try:
-                    generation = (await client.status()).execution_generation
+                    status = await client.status()
+                    agent = debt_core.AgentSeen(status.execution_incarnation, status.execution_generation)
                 except GymError as exc:
                     log.info(
-                        "ACK to %s: unknown_execution, generation unavailable (kept owed): %s",
+                        "ACK to %s: unknown_execution, agent's incarnation unavailable (kept owed): %s",
                         agent_name,
                         exc,
                     )
             for receipt, result in zip(owed, results, strict=True):
-                decided = debt_core.on_ack(receipt, result, generation)
+                decided = debt_core.on_ack(receipt, result, agent)
                 events: list[Event] = list(decided.events)
                 if decided.verdict == "refetch":
                     events += await self._refetch(agent_name, client, receipt)

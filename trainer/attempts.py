@@ -67,7 +67,7 @@ class _Garbage(_FetchFailed):
     """The agent answered, but not with a receipt of this try: nothing can be sealed or owed."""
 
 
-class _OtherGeneration(_Garbage):
+class _OtherIncarnation(_Garbage):
     """An adoption's receipt comes from another execution than the one that answered retire: the
     agent restarted in between and this is not the result retire described."""
 
@@ -149,27 +149,41 @@ class Attempts:
         rid, n = attempt.rollout_id, attempt.attempt_index
         client = ctx.client(group.agent_name)
         key = capture_key(rid, n)
-        await ctx.journal.append(
-            group_stream(group.group_id),
-            [
-                RunDispatched(
-                    rollout_id=rid,
-                    attempt_index=n,
-                    capture_key=key,
-                    agent_name=group.agent_name,
-                    deadline_s=ctx.settings.rollout_timeout_s,
-                )
-            ],
-        )
+        dispatched = asyncio.Event()
+
+        async def dispatch() -> None:
+            # Recorded once the /run holds a connection, right before it is sent: the try's lease
+            # starts here, never while it waits behind other tries in this trainer's own pool.
+            await ctx.journal.append(
+                group_stream(group.group_id),
+                [
+                    RunDispatched(
+                        rollout_id=rid,
+                        attempt_index=n,
+                        capture_key=key,
+                        agent_name=group.agent_name,
+                        deadline_s=ctx.settings.rollout_timeout_s,
+                    )
+                ],
+            )
+            dispatched.set()
+
         request = run_request(group, rid, n)
         # A replacement at target level turn resumes its predecessor's offered continuation.
         resumes = attempt.continues.digest if attempt.continues is not None else None
-        task = asyncio.create_task(client.run(request, continue_from=resumes), name=f"run:{key}")
-        lease = Lease(ctx, ctx.settings.rollout_timeout_s)
+        task = asyncio.create_task(
+            client.run(request, on_slot=dispatch, continue_from=resumes), name=f"run:{key}"
+        )
         failure: BaseException | None = None
         reply: RunReply | None = None
         try:
-            while True:
+            admitted = asyncio.create_task(dispatched.wait())
+            try:
+                await asyncio.wait({task, admitted}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                admitted.cancel()
+            lease = Lease(ctx, ctx.settings.rollout_timeout_s)
+            while not task.done():
                 done, _ = await asyncio.wait({task}, timeout=max(0.0, min(lease.remaining, 0.25)))
                 if done:
                     break
@@ -185,6 +199,10 @@ class Attempts:
                 reply = task.result()
             except GymError as exc:
                 failure = exc
+        if failure is not None and not dispatched.is_set():
+            # Failed before it was sent (the agent's identity, the wait for a connection): recorded
+            # as a dispatch that failed, and retired at the agent like any other.
+            await dispatch()
         live = ctx.live_attempt(rid, n)
         async with live.lock:
             if live.outcome is not None:
@@ -207,7 +225,7 @@ class Attempts:
     # --- a reply in hand ------------------------------------------------------------------------
 
     async def finish(
-        self, group_id: str, reply: RunReply, *, adopted: bool, expect_generation: int | None = None
+        self, group_id: str, reply: RunReply, *, adopted: bool, expect_incarnation: str | None = None
     ) -> AttemptOutcome:
         """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt."""
         ctx = self.ctx
@@ -224,10 +242,10 @@ class Attempts:
             raise _Garbage(f"completion receipt of ({rid}, {n}): {exc}") from exc
         except GymError as exc:
             raise _FetchFailed(f"completion receipt of ({rid}, {n}): {exc}") from exc
-        if expect_generation is not None and receipt.execution_generation != expect_generation:
-            raise _OtherGeneration(
-                f"the receipt of ({rid}, {n}) is from execution generation {receipt.execution_generation}, "
-                f"retire described generation {expect_generation}"
+        if expect_incarnation is not None and receipt.execution_incarnation != expect_incarnation:
+            raise _OtherIncarnation(
+                f"the receipt of ({rid}, {n}) is from agent incarnation {receipt.execution_incarnation}, "
+                f"retire was answered by incarnation {expect_incarnation}"
             )
         adopted_events: list[Event] = [AttemptAdopted(rollout_id=rid, attempt_index=n)] if adopted else []
         adopted_events += resume_events(rid, n, receipt.resume)
@@ -371,7 +389,7 @@ class Attempts:
             named = core.checkpoint_to_name(state, ctx.active_checkpoint)
             got: core.Input
             if isinstance(action, core.CallAdopt):
-                got, adopted = await self._adopt(group_id, client, rid, n, action.expect_generation)
+                got, adopted = await self._adopt(group_id, client, rid, n, action.expect_incarnation)
             else:
                 got = await _retire_answer(client, rid, n, named)
             step = core.on(state, got, now=time.monotonic(), jitter=random.random(), checkpoint_id=named)
@@ -391,6 +409,7 @@ class Attempts:
                 why.reason,
                 action.retire_outcome,
                 execution_generation=action.execution_generation,
+                execution_incarnation=action.execution_incarnation,
                 cause=why.cause,
                 checkpoint_id=why.checkpoint_id,
                 work=action.work,
@@ -402,27 +421,28 @@ class Attempts:
             action.reason,
             action.retire_outcome,
             execution_generation=action.execution_generation,
+            execution_incarnation=action.execution_incarnation,
             work=action.work,
             continuation=action.continuation,
             resume=action.resume,
         )
 
     async def _adopt(
-        self, group_id: str, client: GymClient, rid: str, n: int, generation: int | None
+        self, group_id: str, client: GymClient, rid: str, n: int, incarnation: str | None
     ) -> tuple[core.Input, AttemptOutcome | None]:
         """Re-POST /run marked adopt-only: the agent replays the stored reply or answers not found,
-        and never runs the try again.  The receipt must come from `generation` (the execution that
+        and never runs the try again.  The receipt must come from `incarnation` (the agent process that
         answered retire)."""
         group = self.ctx.journal.ledger.groups[group_id]
         try:
             reply = await client.run(
                 run_request(group, rid, n), timeout_s=self.ctx.settings.adopt_timeout_s, adopt_only=True
             )
-            outcome = await self.finish(group_id, reply, adopted=True, expect_generation=generation)
+            outcome = await self.finish(group_id, reply, adopted=True, expect_incarnation=incarnation)
             return core.AdoptResult("adopted"), outcome
-        except _OtherGeneration as exc:
+        except _OtherIncarnation as exc:
             log.warning("adopting (%s, %d): %s", rid, n, exc)
-            return core.AdoptResult("other_generation", str(exc)), None
+            return core.AdoptResult("other_incarnation", str(exc)), None
         except (BadResponseError, _Garbage) as exc:
             log.warning("adopting (%s, %d): the agent answered garbage: %s", rid, n, exc)
             return core.AdoptResult("garbage", str(exc)[:300]), None
@@ -464,6 +484,7 @@ async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str
         a.completed_unacknowledged,
         a.done,
         a.execution_generation,
+        a.execution_incarnation,
         a.work,
         a.continuation,
         a.resume,

@@ -64,8 +64,9 @@ class AttemptOutcome:
     reason: str = ""
     retire_outcome: Literal["cancelled", "tombstoned", "done"] | None = None
     recorded: bool = False
-    # The agent's generation that answered the retire (recorded with the `AttemptRetired`).
+    # The agent process that answered the retire (recorded with the `AttemptRetired`).
     execution_generation: int | None = None
+    execution_incarnation: str | None = None
     # Set when a checkpoint's prepare retired it while running (recorded with the `AttemptRetired`).
     cause: RetireCause | None = None
     checkpoint_id: str | None = None
@@ -106,8 +107,8 @@ class Context:
         self.checkpoint_idle.set()
         self.stopping = False
         self.ack_wakeup = asyncio.Event()
-        # Each agent's execution generation as last seen (at start, and when an ACK needed it).
-        self.generations: dict[str, int] = {}
+        # Each agent's incarnation as last seen (at start and at each reconcile): a change is a restart.
+        self.incarnations: dict[str, str] = {}
 
     def live_attempt(self, rollout_id: str, attempt_index: int) -> LiveAttempt:
         key = (rollout_id, attempt_index)

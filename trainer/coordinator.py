@@ -197,7 +197,7 @@ class RolloutCoordinator:
 
     async def _check_identity(self, name: str, client: GymClient) -> bool:
         """The agent behind `client` is still `name` (a reconnect may reach another process); a new
-        generation (it restarted) is recorded.  False when it cannot be driven now."""
+        incarnation (it restarted) is recorded.  False when it cannot be driven now."""
         try:
             health = await client.health()
         except GymError as exc:
@@ -212,15 +212,21 @@ class RolloutCoordinator:
             if not any(isinstance(e, AgentIdentityError) and str(e) == str(error) for e in self.errors):
                 self.errors.append(error)
             return False
-        known = self.ctx.generations.get(name)
-        if known is not None and health.execution_generation != known:
-            log.warning("agent %s restarted: generation %d -> %d", name, known, health.execution_generation)
-        self.ctx.generations[name] = health.execution_generation
+        known = self.ctx.incarnations.get(name)
+        if known is not None and health.execution_incarnation != known:
+            log.warning(
+                "agent %s restarted: incarnation %s -> %s (generation %d)",
+                name,
+                known,
+                health.execution_incarnation,
+                health.execution_generation,
+            )
+        self.ctx.incarnations[name] = health.execution_incarnation
         return True
 
     async def _check_agents(self) -> None:
-        """Each agent must be who the coordinator calls it; its generation is recorded for the log's
-        evidence.  An agent away now is checked when the relay first needs its generation."""
+        """Each agent must be who the coordinator calls it; its incarnation is recorded (a later change
+        is a restart).  An agent away now is checked at the next reconcile."""
         for name, client in sorted(self.ctx.agents.items()):
             try:
                 health = await client.health()
@@ -232,7 +238,7 @@ class RolloutCoordinator:
                     f"the agent at {client.base_url} is {health.agent_name!r}, not {name!r}: fix the "
                     "coordinator's agents mapping (its receipts would be owed to the wrong agent)"
                 )
-            self.ctx.generations[name] = health.execution_generation
+            self.ctx.incarnations[name] = health.execution_incarnation
 
     async def __aenter__(self) -> RolloutCoordinator:
         return await self.start()
@@ -610,15 +616,17 @@ class RolloutCoordinator:
         """Other trainers' groups share the log (and the fold) but are never driven or trained here."""
         return group.trainer_id == self.settings.trainer_id
 
+    def _groups(self) -> list[GroupState]:
+        """The ledger's groups, copied in one step: the journal folds appends in its writer thread,
+        which may add a group while a loop over the live dict runs (it raised "dictionary changed size
+        during iteration" with 1,024 tries in flight)."""
+        return [*self.ledger.groups.values()]
+
     def sealed_unclaimed(self) -> list[SealedGroup]:
-        return [
-            _sealed(g)
-            for g in self.ledger.groups.values()
-            if g.status == "sealed" and not g.claims and self.owns(g)
-        ]
+        return [_sealed(g) for g in self._groups() if g.status == "sealed" and not g.claims and self.owns(g)]
 
     def open_groups(self) -> list[str]:
-        return [g.group_id for g in self.ledger.groups.values() if g.status == "open" and self.owns(g)]
+        return [g.group_id for g in self._groups() if g.status == "open" and self.owns(g)]
 
     async def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
         """Sealed, unclaimed groups as they seal.  With `until_idle`, ends once no group is open."""
@@ -720,7 +728,13 @@ class RolloutCoordinator:
         flat["journal/batches"] = float(self.journal.batches)
         flat["journal/appends_per_batch"] = self.journal.appends / batches
         flat["coordinator/open_groups"] = float(len(self.open_groups()))
+        flat["coordinator/queued_tries"] = float(self.queued_tries())
         return flat
+
+    def queued_tries(self) -> int:
+        """Tries waiting for a connection of their agent's run pool (`max_run_connections`): minted,
+        not yet dispatched, and spending none of their lease while they wait."""
+        return sum(client.runs_waiting for client in self.ctx.agents.values())
 
     async def record_logprobs(
         self, rollout_id: str, attempt_index: int, logprobs: Sequence[float], policy_version: str
@@ -780,6 +794,7 @@ def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome)
             attempt_index=attempt_index,
             outcome=outcome.retire_outcome,
             execution_generation=outcome.execution_generation,
+            execution_incarnation=outcome.execution_incarnation,
             checkpoint_id=outcome.checkpoint_id,
             cause=outcome.cause,
             work=outcome.work,

@@ -108,6 +108,9 @@ class Journal:
         # the versions and the fold are guarded by a thread lock, not only by the asyncio one.
         self._thread_lock = threading.RLock()
         self.changed = asyncio.Condition()
+        # Until `load`: the version of every group stream the folds have seen (its last event's), so
+        # that archived groups, whose version the ledger does not keep, cost no read of their own.
+        self._folded_versions: dict[str, int] | None = {}
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -115,11 +118,14 @@ class Journal:
         # The position moves with every event folded, so a read that breaks off half way (the database
         # went away) resumes after the last event applied instead of folding it twice.
         with self._thread_lock:
+            folded = self._folded_versions
             for event in self.store.read_all(self.position):
                 decoded = decode(event)
                 self.ledger_projection.apply(self.ledger, event, decoded)
                 self.checkpoints_projection.apply(self.checkpoints, event, decoded)
                 self.position = event.position
+                if folded is not None and is_group_stream(event.stream_id):
+                    folded[event.stream_id] = event.stream_version
 
     async def catch_up(self) -> None:
         async with self._lock:
@@ -165,13 +171,19 @@ class Journal:
                 await asyncio.sleep(verdict.delay_s)
 
     async def load(self) -> None:
-        """Folds the whole log and adopts every stream's current version as this process's own."""
+        """Folds the whole log and adopts every group stream's current version as this process's own.
+
+        The versions come from the fold itself (an archived group's from the last event of its stream,
+        which the ledger does not keep): no read per stream, so the whole load is reads of the log
+        in pages, each ridden out through an outage like any other."""
         await self.catch_up()
+        folded, self._folded_versions = self._folded_versions, None
+        if folded is not None:  # the first load: later ones keep what it adopted
+            for gid in self.ledger.archived:
+                stream = group_stream(gid)
+                self.versions[stream] = folded.get(stream, ExpectedVersion.NO_STREAM)
         for group in [*self.ledger.groups.values()]:
             self.versions[group_stream(group.group_id)] = group.stream_version
-        for gid in self.ledger.archived:
-            stream = group_stream(gid)
-            self.versions[stream] = await asyncio.to_thread(self.store.stream_version, stream)
 
     async def _notify(self) -> None:
         async with self.changed:

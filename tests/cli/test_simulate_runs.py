@@ -210,3 +210,26 @@ async def test_an_agent_that_answers_http_without_a_health_route_is_reachable() 
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_a_run_drives_agents_that_want_a_token_with_its_token_and_says_so_without(
+    store: EventStore, tmp_path: Path
+) -> None:
+    """Agents listening beyond loopback want a token (compose's do): a run given it drives them; a run
+    without it stops before anything is submitted, in one line."""
+    from pydantic import SecretStr
+
+    from simulation.run import SimulationError
+
+    token = "s3cret-token"
+    with serve_in_thread(
+        AgentConfig(name="agent-0", state_dir=tmp_path / "a0", log_level="warning", turns=(1, 1),
+                    token=SecretStr(token))
+    ) as agent:  # fmt: skip
+        agents = {"agent-0": agent}
+        with pytest.raises(SimulationError, match=r"agent-0 at .* refuses a call without a token"):
+            await run_simulation(store, config(agents, "notoken", 2, checkpoint_every_s=0))
+        assert run_groups(store, "notoken") == {}
+        async with asyncio.timeout(RUN_BOUND_S):
+            summary = await run_simulation(store, config(agents, "withtoken", 2, agent_token=token))
+    assert summary["groups_sealed"] == 2 and summary["stranded"] == 0, summary

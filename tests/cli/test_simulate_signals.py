@@ -10,6 +10,7 @@ run is far too long to end first.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,6 +127,8 @@ def test_sigterm_winds_the_run_down_in_one_line_and_takes_its_agent(run: Run) ->
     assert lines[0].startswith("interrupted: run s") and "ledger simulate --resume s" in lines[0], err
     assert "Traceback" not in err and "Task exception" not in err
     assert out == b""  # no summary: the run did not end
+    # stderr is a file, not a terminal: progress comes as lines.
+    assert re.search(r"^groups \d+/\d+ decided \(\d+ s\)$", err, re.M), err
     assert run.agents and not any(_alive(pid) for pid in run.agents), run.agents
     # Nothing of the run's is left undecided: no checkpoint in doubt, none committed and not resumed.
     store = open_store(run.url, read_only=True)

@@ -37,26 +37,29 @@ def test_retire_answers_settle_the_try() -> None:
         assert not step.events
 
 
-def test_completed_unacknowledged_is_recorded_once_and_adopted_expecting_that_generation() -> None:
-    answer = RetireAnswer(False, False, True, execution_generation=3)
+INC_A, INC_B = "a" * 32, "b" * 32
+
+
+def test_completed_unacknowledged_is_recorded_once_and_adopted_expecting_that_incarnation() -> None:
+    answer = RetireAnswer(False, False, True, execution_generation=3, execution_incarnation=INC_A)
     step = on(fresh(), answer, now=0.0, jitter=0.0, checkpoint_id="c1")
-    assert step.action == CallAdopt(3)
+    assert step.action == CallAdopt(INC_A)
     (retired,) = step.events
     assert isinstance(retired, AttemptRetired) and retired.outcome == "completed_unacknowledged"
     assert retired.checkpoint_id == "c1"
+    assert (retired.execution_generation, retired.execution_incarnation) == (3, INC_A)
     step = on(step.state, AdoptResult("not_found"), now=0.1, jitter=0.0, checkpoint_id=None)
     assert isinstance(step.action, CallRetire)
     again = on(step.state, answer, now=0.2, jitter=0.0, checkpoint_id=None)
-    assert again.action == CallAdopt(3) and not again.events  # recorded once
+    assert again.action == CallAdopt(INC_A) and not again.events  # recorded once
 
 
-def test_an_adoption_from_another_generation_is_refused_and_retired_again() -> None:
+def test_an_adoption_from_another_incarnation_is_refused_and_retired_again() -> None:
     """Case 8: the agent restarted between retire and the re-POST; its receipt is not the result
     retire described, so nothing is recorded and the try is retired again."""
-    step = on(
-        fresh(), RetireAnswer(False, False, True, execution_generation=1), now=0, jitter=0, checkpoint_id=None
-    )
-    step = on(step.state, AdoptResult("other_generation", "gen 2"), now=0.1, jitter=0.0, checkpoint_id=None)
+    answer = RetireAnswer(False, False, True, execution_generation=1, execution_incarnation=INC_A)
+    step = on(fresh(), answer, now=0, jitter=0, checkpoint_id=None)
+    step = on(step.state, AdoptResult("other_incarnation", INC_B), now=0.1, jitter=0.0, checkpoint_id=None)
     assert isinstance(step.action, CallRetire) and not step.events
     step = on(step.state, RetireAnswer(False, True, False), now=0.2, jitter=0.0, checkpoint_id=None)
     assert isinstance(step.action, Settled) and step.action.retire_outcome == "tombstoned"

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from participant import mount_participant, read_evidence
 from protocol.tokens import token_records_from_reply
 from protocol.wire import ADOPT_ONLY_HEADER, RunRequest, TokenEntry, gym_reply
-from trainer.gym import GymClient, NotFoundError, verify_receipt
+from trainer.gym import GoneError, GymClient, NotFoundError, verify_receipt
 from trainer.gym.reduced import REDUCED_GENERATION, NotParticipantError
 
 
@@ -162,34 +162,44 @@ async def test_adopt_only_never_starts_a_try_and_evidence_survives_restarts(tmp_
     assert g2 == g1 + 1
     with serve(second) as url:
         async with GymClient(url, "a") as client:
-            with pytest.raises(NotFoundError):
+            with pytest.raises(GoneError):  # its predecessor's try: done for good here
                 await client.run(row("x_g0"), adopt_only=True)
             assert len(calls) == 1
             retired = await client.retire("x_g0", 0)
-            assert retired.tombstoned and retired.execution_generation == g2
+            assert retired.done and retired.execution_generation == g2
+            assert retired.execution_incarnation == restarted.incarnation
+            with pytest.raises(NotFoundError):  # a try nobody ever ran: adopt-only never starts it
+                await client.run(row("other_g0"), adopt_only=True)
             # The first process completed x_g0 and nobody released it before the restart took it.
     evidence = read_evidence(tmp_path)
-    assert evidence.generations == [g1, g2] and evidence.newest_generation == g2
+    assert evidence.generations == [g1] and evidence.newest_generation == g2
     assert all(t.started == [g1] for t in evidence.tries.values())  # the restarted one started nothing
     x = evidence.tries[("x_g0", 0)]
-    assert x.started == [g1] and x.completed == [g1] and x.retired
+    assert x.started == [g1] and x.completed == [g1] and x.outstanding
     assert evidence.duplicate_executions == 0 and not evidence.stranded
+    assert [t.rollout_id for t in evidence.lost_in_restart] == ["x_g0"]
 
 
-async def test_a_try_run_again_after_a_restart_is_counted_twice(tmp_path: Path) -> None:
+async def test_a_restarted_agent_never_runs_a_try_again(tmp_path: Path) -> None:
+    """A try its predecessor ran is refused (410) by the restarted process, even without the adopt-only
+    mark: the agent executes each try at most once over all its lives."""
     calls: list[dict[str, Any]] = []
     generations = []
-    for _ in range(2):
+    for life in range(2):
         app = gym_like_agent(calls)
         generations.append(mount_participant(app, agent_name="a", state_dir=tmp_path).generation)
         with serve(app) as url:
             async with GymClient(url, "a") as client:
-                await client.run(row("twice_g0"))  # no adopt-only mark: the new process runs it again
+                if life == 0:
+                    await client.run(row("twice_g0"))
+                else:
+                    with pytest.raises(GoneError):
+                        await client.run(row("twice_g0"))
+    assert len(calls) == 1
     evidence = read_evidence(tmp_path)
-    assert [t.started for t in evidence.executed_twice] == [generations]
-    assert evidence.duplicate_executions == 1
-    assert [t.rollout_id for t in evidence.stranded] == ["twice_g0"]  # held by generation 2, unACKed
-    assert not evidence.lost_in_restart  # generation 1's copy was superseded by the rerun
+    assert not evidence.executed_twice and evidence.duplicate_executions == 0
+    assert not evidence.stranded  # generation 1's copy went with it
+    assert [t.rollout_id for t in evidence.lost_in_restart] == ["twice_g0"]
 
 
 async def test_a_checkpoint_that_cannot_be_written_is_a_json_500(tmp_path: Path) -> None:
@@ -257,11 +267,19 @@ def test_token_records_follow_the_real_gyms_rules() -> None:
         token_records_from_reply(reply, "k", 0.0)
 
 
-def test_a_lost_state_directory_never_repeats_a_generation(tmp_path: Path) -> None:
-    """A restart on a fresh state directory (the old one lost) still answers a newer generation, so a
-    trainer reads the new process's `unknown_execution` as the restart it is (the debt drops)."""
+def test_every_start_is_a_new_incarnation_and_a_lost_state_directory_counts_from_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer tells processes apart by incarnation (equality), never by ordering generations: a
+    restart on the same state directory is the next generation, one on a fresh directory starts at 1
+    again, whatever the clock says (a day ahead at the first start here), and each is a new incarnation."""
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 86_400 * 10**9)
+    monkeypatch.setattr(time, "time", lambda: real() / 1e9 + 86_400)
     first = mount_participant(gym_like_agent([]), agent_name="a", state_dir=tmp_path / "old")
+    monkeypatch.undo()
     again = mount_participant(gym_like_agent([]), agent_name="a", state_dir=tmp_path / "old")
     lost = mount_participant(gym_like_agent([]), agent_name="a", state_dir=tmp_path / "new")
-    assert again.generation == first.generation + 1
-    assert lost.generation > again.generation
+    assert (first.generation, again.generation, lost.generation) == (1, 2, 1)
+    assert len({first.incarnation, again.incarnation, lost.incarnation}) == 3
+    assert (tmp_path / "old" / "generation").read_text() == f"2 {again.incarnation}\n"

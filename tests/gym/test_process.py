@@ -14,15 +14,14 @@ from typer.testing import CliRunner
 from gym_agent import cli as gym_cli
 from gym_agent.faults import CRASH_EXIT_CODE
 from gym_agent.launcher import AgentProcess
-from protocol.digests import reply_digest
-from protocol.wire import AttemptFault, CompletionReceipt, CrashAfter, RunReply
+from protocol.wire import AttemptFault, CrashAfter
 from tests.gym.conftest import TOKEN, run_request, wait_for
 from trainer.gym import (
     AgentServerError,
     AgentUnavailableError,
     ConnectionLostError,
+    GoneError,
     GymClient,
-    NotFoundError,
 )
 
 pytestmark = pytest.mark.slow
@@ -37,12 +36,15 @@ def proc(tmp_path: Path) -> Iterator[AgentProcess]:
         agent.close()
 
 
-async def test_crash_after_loses_stored_replies_and_bumps_the_generation(proc: AgentProcess) -> None:
+async def test_crash_after_loses_stored_replies_and_the_restart_refuses_the_tries_it_started(
+    proc: AgentProcess,
+) -> None:
     async with GymClient(proc.url, proc.name, token=TOKEN) as c:
         generation = (await c.status()).execution_generation
         await c.set_faults(CrashAfter(crash_after=2))
         kept = await c.run(run_request("before-crash"))
-        assert (await c.completion_receipt("before-crash", 0)).result_identity == kept.id
+        receipt_before = await c.completion_receipt("before-crash", 0)
+        assert receipt_before.result_identity == kept.id
         with pytest.raises(ConnectionLostError):
             await c.run(run_request("crasher"))
     assert proc.wait_exit(10) == CRASH_EXIT_CODE
@@ -55,30 +57,25 @@ async def test_crash_after_loses_stored_replies_and_bumps_the_generation(proc: A
         assert status.execution_generation > generation
         assert (status.completed_unacknowledged, status.running) == (0, 0)
         assert await c.debug_runs() == {}
+        assert status.execution_incarnation != receipt_before.execution_incarnation
+        # The new process refuses both tries its predecessor started: the finished one's result went
+        # with it, and the other must not run twice; the trainer retires them (`done`) and replaces them.
         for rid in ("before-crash", "crasher"):
-            with pytest.raises(NotFoundError):
+            with pytest.raises(GoneError):
                 await c.completion_receipt(rid, 0)
-        [ack] = await c.acknowledge([_receipt_before_the_crash(kept)])
+            with pytest.raises(GoneError):
+                await c.run(run_request(rid))
+            assert (await c.retire(rid, 0)).done
+        [ack] = await c.acknowledge([receipt_before])
         assert ack.error == "unknown_execution"
-        # A rerun of the same try is a fresh execution with a receipt of the new generation.
-        again = await c.run(run_request("before-crash"))
-        receipt = await c.completion_receipt("before-crash", 0)
-        assert again == kept  # the episode is deterministic...
-        assert (
-            receipt.execution_generation == status.execution_generation
-        )  # ...its receipt is not the old one
-
-
-def _receipt_before_the_crash(reply: RunReply) -> CompletionReceipt:
-    return CompletionReceipt(
-        rollout_id=reply.rollout_id,
-        attempt_index=reply.attempt_index,
-        execution_generation=1,
-        result_identity=reply.id,
-        result_digest=reply_digest(reply.model_dump(mode="json")),
-        manifest_capture_key=reply.rollout_id,
-        terminal_model_call_id="call-1",
-    )
+        assert await c.debug_runs() == {}
+        # A try never seen runs, with a receipt of the new process.
+        await c.run(run_request("after-crash"))
+        receipt = await c.completion_receipt("after-crash", 0)
+        assert (receipt.execution_generation, receipt.execution_incarnation) == (
+            status.execution_generation,
+            status.execution_incarnation,
+        )
 
 
 async def test_sigterm_stops_cleanly_with_a_run_in_flight(proc: AgentProcess) -> None:

@@ -23,18 +23,30 @@ from trainer.gym import (
     StaleCheckpointError,
 )
 
-RETIRED = RetireResponse(retired=True, tombstoned=True, completed_unacknowledged=False)
-REFUSED = RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=True)
-TOMBSTONED = RetireResponse(retired=False, tombstoned=True, completed_unacknowledged=False)
-DONE = RetireResponse(retired=False, tombstoned=False, completed_unacknowledged=False, done=True)
+ANY = "0" * 32  # the answering process's incarnation, checked and blanked by `_answer`
+RETIRED = RetireResponse(
+    retired=True, tombstoned=True, completed_unacknowledged=False, execution_incarnation=ANY
+)
+REFUSED = RetireResponse(
+    retired=False, tombstoned=False, completed_unacknowledged=True, execution_incarnation=ANY
+)
+TOMBSTONED = RetireResponse(
+    retired=False, tombstoned=True, completed_unacknowledged=False, execution_incarnation=ANY
+)
+DONE = RetireResponse(
+    retired=False, tombstoned=False, completed_unacknowledged=False, done=True, execution_incarnation=ANY
+)
 
 
 def _answer(answer: RetireResponse) -> RetireResponse:
-    """The answer without its generation, after checking it names the answering process's."""
+    """The answer without its identity, after checking it names the answering process's."""
     assert answer.execution_generation is not None and answer.execution_generation >= 1
     # Only a cancelled execution reports the work it had done.
     assert (answer.work is not None) == answer.retired
-    return answer.model_copy(update={"execution_generation": None, "work": None})
+    assert answer.execution_incarnation != ANY
+    return answer.model_copy(
+        update={"execution_generation": None, "execution_incarnation": ANY, "work": None}
+    )
 
 
 VALID_FROM = "(valid from: ['idle', 'prepared', 'preparing'])"

@@ -64,6 +64,23 @@ CASES: list[tuple[str, str, bytes, int]] = [
     ("Infinity timeout", "/checkpoint/prepare", b'{"checkpoint_id": "c", "timeout_s": Infinity}', 422),
     ("attempt index 10**100", "/run", b'{"_ng_rollout_id": "big", "_ng_attempt_index": 1' + b"0" * 100 + b"}", 422),
     ("attempt index as float", "/retire", b'{"rollout_id": "x", "attempt_index": 1e400}', 422),
+    # Every id and index strict: nothing coerced (`true` ran try 1, "0" and 0.0 ran try 0).
+    ("attempt index true", "/run", b'{"_ng_rollout_id": "strict1", "_ng_attempt_index": true}', 422),
+    ("attempt index \"0\"", "/run", b'{"_ng_rollout_id": "strict2", "_ng_attempt_index": "0"}', 422),
+    ("attempt index 0.0", "/run", b'{"_ng_rollout_id": "strict3", "_ng_attempt_index": 0.0}', 422),
+    ("rollout id a number", "/run", b'{"_ng_rollout_id": 5, "_ng_attempt_index": 0}', 422),
+    ("retire attempt index true", "/retire", b'{"rollout_id": "strict4", "attempt_index": true}', 422),
+    ("receipt generation true", "/acknowledge", json.dumps(ack({**RECEIPT, "execution_generation": True})).encode(), 422),
+    # Numbers JSON cannot carry, anywhere in a /run body: refused before anything runs.
+    ("Infinity in the task", "/run", b'{"_ng_rollout_id": "nan1", "_ng_attempt_index": 0, "task": {"x": Infinity}}', 422),
+    ("NaN in the params", "/run", b'{"_ng_rollout_id": "nan2", "_ng_attempt_index": 0, '
+     b'"responses_create_params": {"temperature": NaN}}', 422),
+    ("1e999 deep in the params", "/run", b'{"_ng_rollout_id": "nan3", "_ng_attempt_index": 0, '
+     b'"responses_create_params": {"input": [{"content": [1, 2, 1e999]}]}}', 422),
+    ("-Infinity in a row's own field", "/run", b'{"_ng_rollout_id": "nan4", "_ng_attempt_index": 0, '
+     b'"_ng_task_index": -Infinity}', 422),
+    ("NaN deep in a row's own field", "/run", b'{"_ng_rollout_id": "nan5", "_ng_attempt_index": 0, '
+     b'"agent_ref": {"meta": [[NaN]]}}', 422),
     ("100,000-deep nesting", "/run", DEEP, 400),
     ("500-deep nesting in the task", "/run", b'{"_ng_rollout_id": "d500", "_ng_attempt_index": 0, "task": {"x": '
      + b"[" * 500 + b"]" * 500 + b"}}", 422),

@@ -82,3 +82,35 @@ async def test_a_jumping_wall_clock_changes_nothing(
     assert summary["stranded"] == 0 and summary["duplicate_executions"] == 0
     assert summary["debts_outstanding"] == 0
     assert summary["audit_violations"] == 0
+
+
+async def test_an_agent_whose_clock_ran_a_day_ahead_restarted_with_its_state_lost_lets_its_debts_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first process starts with the wall clock a day ahead and finishes a try; it dies before the
+    ACK, and its replacement starts on an empty state directory with the clock right.  The new
+    process denies the result (`unknown_execution`) and, being another incarnation, that is the
+    evidence the debt drops on: nothing is owed for ever and no checkpoint waits on it (with
+    generations ordered by a clock-started counter, the new process looked older and the debt stayed)."""
+    from projections.ledger import debt_dropped_by
+    from protocol.wire import RunRequest
+    from trainer.core.debt import AgentSeen, on_ack
+    from trainer.gym import GymClient
+
+    real_ns, real_s = time.time_ns, time.time
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 86_400 * 10**9)
+    monkeypatch.setattr(time, "time", lambda: real_s() + 86_400)
+    with serve_in_thread(agent_config(tmp_path / "lost", "clock-c", token=None)) as ahead:
+        monkeypatch.undo()
+        async with GymClient(ahead.url, "clock-c") as client:
+            await client.run(RunRequest(rollout_id="ahead_g0", attempt_index=0))
+            receipt = await client.completion_receipt("ahead_g0", 0)
+    with serve_in_thread(agent_config(tmp_path / "fresh", "clock-c", token=None)) as behind:
+        async with GymClient(behind.url, "clock-c") as client:
+            [answer] = await client.acknowledge([receipt])
+            status = await client.status()
+    assert (answer.acknowledged, answer.error) == (False, "unknown_execution")
+    assert status.execution_incarnation != receipt.execution_incarnation
+    step = on_ack(receipt, answer, AgentSeen(status.execution_incarnation, status.execution_generation))
+    (rejected,) = step.events
+    assert step.verdict == "dropped" and debt_dropped_by(rejected, receipt)  # type: ignore[arg-type]

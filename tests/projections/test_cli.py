@@ -125,6 +125,13 @@ def test_tail_follows_and_stops_when_idle(history: EventStore, db_url: str) -> N
     assert code == 0 and len(lines) == 3 and "RunFailed" in lines[-1]
 
 
+def test_tail_from_the_head_that_sees_nothing_says_where_it_started(history: EventStore, db_url: str) -> None:
+    result = cli.invoke(app, ["tail", "--db", db_url, "--idle-exit", "0.2"])
+    assert result.exit_code == 0 and result.stdout.strip() == "", result.output
+    hint = result.stderr
+    assert f"after position {history.head()}" in hint and "--from 0" in hint, hint
+
+
 def test_projections_run_stores_a_checkpoint_that_replay_and_status_use(
     history: EventStore, log: LogBuilder, db_url: str
 ) -> None:

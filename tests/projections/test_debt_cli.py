@@ -73,7 +73,7 @@ def test_status_shows_the_debt_and_the_operator_drops_it(owed: EventStore, store
     assert code == 0 and "dropped the ACK debt of p2_g0#0 owed to agent-a" in out, out
     assert ledger_of(owed).unpaid_debts() == []
     rows = list(owed.read_stream(operator_stream(AGENT)))
-    assert len(rows) == 1 and rows[0].schema_version == AckRejected.schema_version == 3
+    assert len(rows) == 1 and rows[0].schema_version == AckRejected.schema_version == 4
     assert rows[0].metadata.get("writer") == "operator:ops@host"
     assert decode(rows[0]) == AckRejected(
         rollout_id="p2_g0",
@@ -137,14 +137,21 @@ def test_the_operators_mark_goes_with_an_operator_drop_only() -> None:
         )
 
 
-def test_a_v2_rejection_reads_as_v3_without_a_mark(owed: EventStore, store_url: str) -> None:
+def test_a_v2_rejection_reads_as_v4_without_a_mark_or_an_incarnation(
+    owed: EventStore, store_url: str
+) -> None:
     """Stored rows are never rewritten: a v2 row is upcast on read, its meaning unchanged (kept owed,
     from the agent's own generation)."""
     data = '{"rollout_id": "p2_g0", "attempt_index": 0, "error": "unknown_execution", "agent_generation": 1}'
     position = append_raw(owed, store_url, "group-p2", "AckRejected", 2, data)
     row = next(r for r in owed.read_all(position - 1) if r.position == position)
     assert decode(row) == AckRejected(
-        rollout_id="p2_g0", attempt_index=0, error="unknown_execution", agent_generation=1, operator=None
+        rollout_id="p2_g0",
+        attempt_index=0,
+        error="unknown_execution",
+        agent_generation=1,
+        operator=None,
+        agent_incarnation=None,
     )
     assert [d.rollout_id for _, d in ledger_of(owed).unpaid_debts()] == ["p2_g0"]
 
@@ -207,3 +214,20 @@ def test_status_shows_an_agent_whose_ack_delivery_is_stuck_while_it_is_owed(
     LogBuilder(owed).ack("p2_g0")  # the agent answered again: paid, no longer shown
     code, out = run("status", "--db", store_url)
     assert code == 0 and "ACK delivery stuck" not in out, out
+
+
+def test_debt_list_shows_rollout_ids_whole_on_a_narrow_terminal(store_url: str) -> None:
+    """`ledger debt drop` takes the rollout id: the list never cuts it, even 60 columns wide."""
+    store = open_store(store_url)
+    try:
+        log = LogBuilder(store)
+        group = "prompt-0000123456789-with-a-long-name"
+        log.reserve(group, 1)
+        log.mint(group, 1)
+        log.dispatch(f"{group}_g0")
+        log.reply(f"{group}_g0")
+        log.seal(f"{group}_g0")
+    finally:
+        store.close()
+    result = cli.invoke(app, ["debt", "list", "--db", store_url], env={"COLUMNS": "60"})
+    assert result.exit_code == 0 and f"{group}_g0" in result.output, result.output

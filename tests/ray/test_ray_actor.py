@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import signal
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -83,6 +86,45 @@ async def test_an_actor_killed_mid_run_recovers_with_nothing_lost(
         async with GymClient(agent.url, name) as client:
             assert all(n == 1 for n in (await client.debug_runs()).values())  # nothing ran twice
             assert (await client.status()).completed_unacknowledged == 0  # nothing stranded
+
+
+def _pid_of(self: Any) -> int:
+    return os.getpid()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+async def test_an_actor_stopped_by_sigterm_aborts_the_checkpoint_it_prepared(
+    local_ray: None, sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    """SIGTERM is how Ray and a job's supervisor stop an actor: it closes its coordinator on the way
+    out, so a checkpoint it prepared and nobody decided is aborted at the agent (which admits work
+    again) and in the log, instead of holding the agent until the next recovery."""
+    agent = make_agent("a")
+    gym = ledger_gym_actor(max_restarts=0).remote(LedgerGymConfig(db_url=sqlite_url, agents={"a": agent.url}))
+    assert len(await _stream(gym, nemo_rows(1, 2, ["a"]))) == 2
+    assert (await gym.prepare_checkpoint.remote("ck-sigterm"))["prepared"] is True
+    async with GymClient(agent.url, "a") as client:
+        assert (await client.status()).phase == "prepared"
+        pid = await gym.__ray_call__.remote(_pid_of)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while _running(pid) and time.monotonic() < deadline:  # the gate: it exited
+            await asyncio.sleep(0.1)
+        assert not _running(pid), "the actor did not exit within 60 s of SIGTERM"
+        assert (await client.status()).phase == "idle"
+    store = open_store(sqlite_url)
+    try:
+        types = [e.type for e in store.read_all(0) if e.stream_id.endswith("ck-sigterm")]
+    finally:
+        store.close()
+    assert "CheckpointAborted" in types and "CheckpointCommitted" not in types, types
 
 
 async def test_logprob_workers_run_as_ray_actors(

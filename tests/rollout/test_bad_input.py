@@ -274,7 +274,8 @@ async def test_an_agent_going_away_mid_call_is_retired_at_its_successor(
     sqlite_store: EventStore, tmp_path: Path
 ) -> None:
     """The agent stops while try 0 runs and a new one (next execution generation) takes its port:
-    try 0 is recorded failed, retire at the new agent tombstones it, and try 1 is sealed there."""
+    try 0 is recorded failed, the new agent answers its retire `done` (an earlier process of its state
+    directory started it: the new one never runs it), and try 1 is sealed there."""
     g = gid("gone")
     config = _config(tmp_path)
     with serve_hostile(config, []) as first:
@@ -293,7 +294,7 @@ async def test_an_agent_going_away_mid_call_is_retired_at_its_successor(
     events = _events(sqlite_store, g)
     failed = _of(events, "RunFailed", 0)
     assert failed and failed[0]["kind"] in ("env", "stream_closed", "agent_lost"), failed
-    assert [r["outcome"] for r in _of(events, "AttemptRetired", 0)] == ["tombstoned"]
+    assert [r["outcome"] for r in _of(events, "AttemptRetired", 0)] == ["done"]
     assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
     assert not coord.ledger.debts
     _clean(sqlite_store)

@@ -128,7 +128,8 @@ async def test_a_try_running_past_its_deadline_is_retired_and_replaced(
             "attempt_index": 0,
             "outcome": "cancelled",
             "checkpoint_id": None,
-            "execution_generation": agent.generation,  # the agent that answered the retire
+            "execution_generation": agent.generation,  # the agent process that answered the retire
+            "execution_incarnation": agent.registry.incarnation,
             "cause": None,  # its own deadline, not a checkpoint's
             "continuation": None,  # hung inside its first turn: no boundary committed
         }

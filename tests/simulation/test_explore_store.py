@@ -51,15 +51,15 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
 #              fenced off (fixed: the epoch is taken before the fold, `RolloutCoordinator.start`);
 #   11, 41, 54 an agent restarted with its state directory lost and counted generations from 1 again:
 #              its unknown_execution for the old results came from "the same generation", the debts
-#              stayed owed and a checkpoint committed with them (fixed: a fresh state directory starts
-#              at the wall clock, `participant.generation`);
+#              stayed owed and a checkpoint committed with them (fixed: every start mints an
+#              incarnation the trainer compares for equality, `participant.generation`);
 #   250        recovery's plan and the phase reconciliation both found the crashed process's checkpoint
 #              in doubt and both appended CheckpointAborted (fixed: `trainer.core.checkpoint.presume_abort`
 #              writes the presumed abort only while the log has not decided);
 #   562, 615   a finished try's holder restarted; the new process answered retire `done` (its
 #              tombstone, the `tombstoned` answer lost on the way back) and the audit called the result
-#              stranded (fixed: `AttemptRetired` records the answering generation, and a `done` from a
-#              newer generation than the holder's is the log's evidence the result went with it);
+#              stranded (fixed: `AttemptRetired` records the answering process, and a `done` from
+#              another incarnation than the holder's is the log's evidence the result went with it);
 #   674        an agent restarted (forgetting it had aborted a checkpoint), then the stale process
 #              prepared that checkpoint again: the reconciliation saw the log's record of the agent's
 #              abort and did nothing, leaving it prepared for good (fixed: `Checkpointer.reconcile`

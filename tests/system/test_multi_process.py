@@ -9,7 +9,8 @@ and a trainer crash injected while it runs (docs/operations.md, The system test)
 The trainers feed groups until the test creates their stop file, and each phase waits for a gate it
 can see (seals in the log, a retry in a process's log), so no phase depends on which process is faster.
 While it runs: the cluster is restarted; agent-3 is SIGKILLed and started again on the same port and
-state dir (its execution generation goes up); trainer A is SIGKILLed and started again with --resume.
+state dir (its execution generation goes up); trainer A is SIGKILLed while the log holds one of its
+groups open (frozen first, killed once it is certain) and started again with --resume.
 At the end: the audit is clean; every group is sealed or dead-lettered; no agent holds an unACKed
 result; no try ran twice at an agent; every sealed try has exactly one LogprobsComputed; and every
 component that lost the database or an agent logged that it retried.
@@ -18,6 +19,7 @@ component that lost the database or an agent logged that it retried.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import IO
 
+import psycopg
 import pytest
 
 from eventstore import EventStore, open_store, upgrade_database
@@ -90,6 +93,40 @@ class Proc:
 
 def ledger(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", *args]
+
+
+def tcp_ports_to(pid: int, port: int) -> set[int]:
+    """The local ports of `pid`'s TCP connections to `port` (read from /proc: its sockets' inodes,
+    then the kernel's table of TCP sockets)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if inode in inodes and int(remote.rsplit(":", 1)[1], 16) == port:
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def busy_backends(dsn: str, client_ports: set[int]) -> int:
+    """How many of the server's sessions for these client ports are running a statement (a commit
+    among them): 0 once nothing those clients sent can still change the log.  A session blocked
+    sending rows to a frozen client (`ClientWrite`) is a read, and does not count."""
+    if not client_ports:
+        return 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE client_port = ANY(%s) AND state = 'active' "
+            "AND wait_event IS DISTINCT FROM 'ClientWrite'",
+            (sorted(client_ports),),
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def trainer_cmd(
@@ -215,17 +252,39 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
         await asyncio.to_thread(cluster.pg_ctl, "start")
         restarted_at = await asyncio.to_thread(store.head)
 
-        # 2. SIGKILL trainer A mid-work (groups open) and start it again from the log.
+        # 2. SIGKILL trainer A while it holds a group open, and start it again from the log. A group open
+        # at the kill is what the take-over needs, so it is made certain, not hoped for: A is frozen
+        # (SIGSTOP) and, once none of its database sessions is running a statement, the log is as A
+        # leaves it; with one of its groups open there it is killed, otherwise it runs on until the next
+        # look (bounded). Its uncommitted transactions die with it.
+        dsn = url.replace("postgresql+psycopg://", "postgresql://")
         sealed_a = count("GroupSealed", "group-A")
         await wait_for(
-            lambda: count("GroupSealed", "group-A") > sealed_a and open_groups("group-A") > 0,
+            lambda: count("GroupSealed", "group-A") > sealed_a,
             120,
-            "trainer A's seals after the restart, with groups open",
+            "trainer A's seals after the restart",
             diag,
         )
-        assert a1.alive(), await diag()
+        deadline = time.monotonic() + 120
+        while True:
+            assert a1.alive(), await diag()
+            a1.signal(signal.SIGSTOP)
+            ports = await asyncio.to_thread(tcp_ports_to, a1.popen.pid, cluster.port)
+            await wait_for(
+                lambda ports=ports: busy_backends(dsn, ports) == 0,  # type: ignore[misc]
+                30,
+                "trainer A's statements in flight to end",
+                diag,
+            )
+            if open_groups("group-A") > 0:
+                break
+            a1.signal(signal.SIGCONT)
+            assert time.monotonic() < deadline, f"trainer A never held a group open\n{await diag()}"
+            await asyncio.sleep(0.2)
+        held_open = open_groups("group-A")
         a1.signal(signal.SIGKILL)
         await asyncio.to_thread(a1.wait, 10)
+        assert open_groups("group-A") == held_open  # nothing of A's landed after the look
         taken_over_at = count("GroupSealed", "group-A")
         a2 = start(
             "trainer-A-resumed", trainer_cmd(url, "A", agents[:2], "prompt_group", stop_file, resume=True)
@@ -316,7 +375,8 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
             expected |= {f"{tid}-p{i}" for i in range(n)}
         assert set(verdict) == expected
         assert {g: v for g, v in verdict.items() if v == "open"} == {}
-        assert types["TrainerRestored"] >= 1 and types["GroupTakenOver"] >= 1
+        # Trainer A was killed holding `held_open` groups open: its resumed process took each over.
+        assert types["TrainerRestored"] >= 1 and types["GroupTakenOver"] >= held_open >= 1
         sealed_groups = sum(1 for v in verdict.values() if v == "sealed")
         assert sealed_groups >= len(expected) // 2, verdict
 

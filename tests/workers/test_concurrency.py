@@ -27,30 +27,47 @@ from workers.policy import Policy, load_policy
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_worker(args: dict[str, Any]) -> subprocess.Popen[str]:
+def start_worker(args: dict[str, Any]) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.workers.worker_proc", json.dumps(args)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
-        text=True,
+        bufsize=0,  # the pipe itself: `ProcessLines` keeps what it read past a line
     )
 
 
-def read_until(stream: IO[str] | None, prefix: str, timeout_s: float = 60.0) -> str:
-    assert stream is not None
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0:
-        # A worker that hangs silently must fail the test, not block it on readline.
-        if not select.select([stream], [], [], left)[0]:
-            break
-        line = stream.readline()
-        if not line:
-            raise AssertionError(f"worker exited before printing {prefix!r}")
-        if line.startswith(prefix):
-            return line.strip()
-    raise AssertionError(f"no {prefix!r} within {timeout_s} s")
+class ProcessLines:
+    """The lines a process writes to a pipe (opened with `bufsize=0`), in order.
+
+    The pipe's bytes are read and split into lines here, not by a buffered `readline`: one that took
+    two lines off the pipe at once would keep the second in its buffer, where `select` never sees it,
+    and the wait for it would end without it (what happened when the worker's `READY` and `HANG`
+    lines arrived together on a loaded machine)."""
+
+    def __init__(self, stream: IO[bytes] | None) -> None:
+        assert stream is not None
+        self._fd = stream.fileno()
+        self._pending = b""
+
+    def until(self, prefix: str, timeout_s: float = 300.0) -> str:
+        """The next line that starts with `prefix`.  `timeout_s` bounds a process that hangs
+        silently; it is no measure of speed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while b"\n" in self._pending:
+                raw, self._pending = self._pending.split(b"\n", 1)
+                line = raw.decode(errors="replace").strip()
+                if line.startswith(prefix):
+                    return line
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                raise AssertionError(f"no {prefix!r} within {timeout_s} s")
+            chunk = os.read(self._fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the process exited before printing {prefix!r}")
+            self._pending += chunk
 
 
 @pytest.fixture
@@ -107,6 +124,29 @@ def test_two_workers_on_postgresql_share_the_work(pg_url: str, pg_store: EventSt
     assert pg_store.verify_chain() is None
 
 
+def test_two_lines_that_arrive_together_are_both_read(tmp_path: Path) -> None:
+    """The wait for a worker's `HANG` line sees it also when it came in one read with `READY`."""
+    written = tmp_path / "written"
+    child = (
+        "import sys, pathlib; sys.stdout.write('READY\\nHANG k/0/v\\n'); sys.stdout.flush(); "
+        f"pathlib.Path({str(written)!r}).touch(); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not written.exists():  # gate: both lines are in the pipe before anything reads it
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        lines = ProcessLines(proc.stdout)
+        assert lines.until("READY", timeout_s=5) == "READY"
+        assert lines.until("HANG", timeout_s=5) == "HANG k/0/v"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_a_worker_killed_mid_batch_leaves_no_partial_result(store_url: str, policy: Policy) -> None:
     store = open_store(store_url)
     try:
@@ -115,7 +155,7 @@ def test_a_worker_killed_mid_batch_leaves_no_partial_result(store_url: str, poli
         # written, not committed) and is killed there.
         proc = start_worker({"url": store_url, "claim_size": 6, "lease_s": 0.5, "hang_at": 3})
         try:
-            hung = read_until(proc.stdout, "HANG").split(" ", 1)[1]
+            hung = ProcessLines(proc.stdout).until("HANG").split(" ", 1)[1]
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         finally:

@@ -3,9 +3,9 @@
     retire --retired--------------> settled "retired" (cancelled while running)
            --tombstoned-----------> settled "retired" (never started there)
            --done-----------------> settled "retired" (already done for good)
-           --completed_unack.-----> adopt (re-POST /run, adopt-only, expecting that generation)
+           --completed_unack.-----> adopt (re-POST /run, adopt-only, expecting that incarnation)
     adopt  --adopted--------------> settled "finished" (the shell recorded seal/hold and the debt)
-           --not_found / other gen-> retire again (the agent restarted: it no longer has the result)
+           --not_found / other inc-> retire again (the agent restarted: it no longer has the result)
            --garbage x LIMIT------> settled "stranded" (a result nobody can describe; group dead-lettered)
     any call failing in transport ---> the same call again after a jittered wait, within RETIRE_POLICY;
                                        spent: settled "lost" (`RunFailed` agent_lost: the try is
@@ -13,7 +13,8 @@
     a checkpoint in the way (409) ---> retire again after a wait, within PHASE_WAIT_POLICY; spent: lost
 
 Adoption never starts a new execution: the re-POST carries the adopt-only mark, and a receipt from
-another execution generation than the one that answered retire is refused (the try is retired again).
+another agent process (incarnation) than the one that answered retire is refused (the try is retired
+again).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class RetireAnswer:
     completed_unacknowledged: bool
     done: bool = False
     execution_generation: int | None = None
+    execution_incarnation: str | None = None
     # What the cancelled execution had done (`retired`), as the agent measured it.
     work: TryWork | None = None
     # The try's latest committed turn boundary the agent offers (docs/turns.md), and what the try did
@@ -70,10 +72,10 @@ class CallFailed:
 @dataclass(frozen=True)
 class AdoptResult:
     """How an adoption ended: `adopted` (recorded by the shell), `garbage` (not a receipt of this
-    try), `other_generation` (a receipt from another execution than the one retire described),
+    try), `other_incarnation` (a receipt from another process than the one retire described),
     `not_found` (the agent has no record of it), `gone` (acknowledged or cancelled meanwhile)."""
 
-    kind: Literal["adopted", "garbage", "other_generation", "not_found", "gone"]
+    kind: Literal["adopted", "garbage", "other_incarnation", "not_found", "gone"]
     detail: str = ""
 
 
@@ -91,8 +93,8 @@ class Retiring:
     # The checkpoint id the agent called unknown: the next retire names none.
     unknown_checkpoint: str | None = None
     completed_recorded: bool = False
-    # The execution generation that answered retire with completed_unacknowledged.
-    adopt_generation: int | None = None
+    # The agent process (incarnation) that answered retire with completed_unacknowledged.
+    adopt_incarnation: str | None = None
     garbage: tuple[str, ...] = ()
     failures: RetryState = field(default_factory=RetryState)
     waits: RetryState = field(default_factory=RetryState)
@@ -106,7 +108,7 @@ class CallRetire:
 
 @dataclass(frozen=True)
 class CallAdopt:
-    expect_generation: int | None
+    expect_incarnation: str | None
     delay_s: float = 0.0
 
 
@@ -115,8 +117,9 @@ class Settled:
     kind: SettledKind
     reason: str
     retire_outcome: RetireOutcome | None = None
-    # The generation that answered the retire (recorded with its `AttemptRetired`).
+    # The agent process that answered the retire (recorded with its `AttemptRetired`).
     execution_generation: int | None = None
+    execution_incarnation: str | None = None
     work: TryWork | None = None
     continuation: ContinuationRef | None = None
     resume: ResumeReport | None = None
@@ -163,22 +166,23 @@ def _retire_answered(state: Retiring, got: RetireAnswer, checkpoint_id: str | No
                     outcome="completed_unacknowledged",
                     checkpoint_id=checkpoint_id,
                     execution_generation=got.execution_generation,
+                    execution_incarnation=got.execution_incarnation,
                 ),
             )
         state = replace(
-            state, calling="adopt", completed_recorded=True, adopt_generation=got.execution_generation
+            state, calling="adopt", completed_recorded=True, adopt_incarnation=got.execution_incarnation
         )
-        return Next(state, CallAdopt(got.execution_generation), events)
-    gen = got.execution_generation
+        return Next(state, CallAdopt(got.execution_incarnation), events)
+    who = (got.execution_generation, got.execution_incarnation)
     offer, resume = got.continuation, got.resume
     if got.retired:
         why = "retired while running"
-        return Next(state, Settled("retired", why, "cancelled", gen, got.work, offer, resume))
+        return Next(state, Settled("retired", why, "cancelled", *who, got.work, offer, resume))
     if got.tombstoned:
         why = "never started at the agent (tombstoned)"
-        return Next(state, Settled("retired", why, "tombstoned", gen, None, offer, resume))
+        return Next(state, Settled("retired", why, "tombstoned", *who, None, offer, resume))
     why = "already done for good at the agent"
-    return Next(state, Settled("retired", why, "done", gen, None, offer, resume))
+    return Next(state, Settled("retired", why, "done", *who, None, offer, resume))
 
 
 def _adopted(state: Retiring, got: AdoptResult, now: float, jitter: float) -> Next:
@@ -197,7 +201,7 @@ def _adopted(state: Retiring, got: AdoptResult, now: float, jitter: float) -> Ne
             )
             return Next(state, Settled("stranded", reason), (failed,))
         return _failed(state, f"adoption answered garbage: {got.detail}", now, jitter)
-    # not_found / other_generation / gone: whatever the agent holds now, retire tells us.
+    # not_found / other_incarnation / gone: whatever the agent holds now, retire tells us.
     return _failed(replace(state, calling="retire"), f"adoption: {got.kind} {got.detail}", now, jitter)
 
 
@@ -208,7 +212,7 @@ def _failed(state: Retiring, error: str, now: float, jitter: float) -> Next:
     if verdict.kind == "give_up":
         return _lost(state, verdict.reason)
     if state.calling == "adopt":
-        return Next(state, CallAdopt(state.adopt_generation, verdict.delay_s))
+        return Next(state, CallAdopt(state.adopt_incarnation, verdict.delay_s))
     return Next(state, CallRetire(verdict.delay_s))
 
 

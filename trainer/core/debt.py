@@ -2,10 +2,11 @@
 
     accepted                                   -> AckAccepted (paid)
     receipt_mismatch                           -> AckRejected, then the receipt is fetched again
-    unknown_execution, generation not known    -> ask the agent's status first, record nothing yet
-    unknown_execution, agent generation newer  -> AckRejected with that generation: the debt drops
-                                                  (the agent restarted and lost the result)
-    unknown_execution, same or older generation-> AckRejected with that generation: the debt stays
+    unknown_execution, agent not known         -> ask the agent's status first, record nothing yet
+    unknown_execution, another incarnation     -> AckRejected with that incarnation: the debt drops
+                                                  (the process that made the receipt is gone, and the
+                                                  result with it)
+    unknown_execution, the same incarnation    -> AckRejected with that incarnation: the debt stays
                                                   owed, is not resent in a loop, and the operator is
                                                   told (a wrong agent behind the client, or a lie)
 
@@ -13,8 +14,10 @@
                                                   mark (`ledger debt drop`): the debt drops
     operator drop, no such debt owed           -> refused, nothing recorded
 
-A debt is dropped only on evidence (a newer generation) or by an operator; the fold applies the same
-rule (`projections.ledger.debt_dropped_by`), so the log alone shows why each debt left.
+A debt is dropped only on evidence (another incarnation) or by an operator, by the rule the folds apply
+(`projections.ledger.debt_dropped_by`, the one copy), so the log alone shows why each debt left.
+Incarnations are compared for equality only: no clock and no lost state directory can make a new
+process look older than the receipt's.
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eventstore.events import AckAccepted, AckRejected, Event, OperatorMark
-from projections.ledger import debt_key
+from projections.ledger import debt_dropped_by, debt_key
 from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.wire import AcknowledgeResult, CompletionReceipt
 
 # One agent's /acknowledge failing in transport (away, 5xx, garbage): jittered backoff within this
 # budget; spent, the agent is reported stuck once and called at the longest wait from then on (its
-# debts stay owed in the log: only the agent's answer, its newer generation or an operator ends them).
+# debts stay owed in the log: only the agent's answer, its restart or an operator ends them).
 ACK_POLICY = RetryPolicy(max_calls=16, deadline_s=60.0, base_s=0.05, cap_s=2.0)
 
 
@@ -57,31 +60,43 @@ def on_ack_failure(
 
 @dataclass(frozen=True)
 class DebtStep:
-    verdict: Literal["paid", "refetch", "need_generation", "dropped", "kept", "unknown"]
+    verdict: Literal["paid", "refetch", "need_agent", "dropped", "kept", "unknown"]
     events: tuple[Event, ...] = ()
     reason: str = ""
 
 
-def on_ack(receipt: CompletionReceipt, result: AcknowledgeResult, agent_generation: int | None) -> DebtStep:
+@dataclass(frozen=True)
+class AgentSeen:
+    """The agent process that answered, as its `/status` named it."""
+
+    incarnation: str
+    generation: int | None = None
+
+
+def on_ack(receipt: CompletionReceipt, result: AcknowledgeResult, agent: AgentSeen | None) -> DebtStep:
     rid, n = receipt.rollout_id, receipt.attempt_index
     if result.acknowledged:
         return DebtStep("paid", (AckAccepted(rollout_id=rid, attempt_index=n, idempotent=result.idempotent),))
     error = result.error or "receipt_mismatch"
+    if error == "unknown_execution" and agent is None:
+        return DebtStep("need_agent")
+    rejected = AckRejected(
+        rollout_id=rid,
+        attempt_index=n,
+        error=error,
+        agent_generation=agent.generation if agent is not None else None,
+        agent_incarnation=agent.incarnation if agent is not None else None,
+    )
     if error == "receipt_mismatch":
-        rejected = AckRejected(
-            rollout_id=rid, attempt_index=n, error=error, agent_generation=agent_generation
-        )
         return DebtStep("refetch", (rejected,))
-    if agent_generation is None:
-        return DebtStep("need_generation")
-    rejected = AckRejected(rollout_id=rid, attempt_index=n, error=error, agent_generation=agent_generation)
-    if agent_generation > receipt.execution_generation:
-        return DebtStep("dropped", (rejected,), f"the agent restarted (generation {agent_generation})")
+    assert agent is not None
+    if debt_dropped_by(rejected, receipt):
+        return DebtStep("dropped", (rejected,), f"the agent restarted (incarnation {agent.incarnation})")
     return DebtStep(
         "kept",
         (rejected,),
-        f"the agent (generation {agent_generation}) denies {rid}#{n}, a result of its generation "
-        f"{receipt.execution_generation}: the debt stays owed (a different agent behind this client?); "
+        f"the agent process that made the receipt of {rid}#{n} (incarnation {agent.incarnation}) denies "
+        "it: the debt stays owed (a different agent behind this client?); "
         f"if it can never be paid: ledger debt drop {rid} {n} --reason ...",
     )
 

@@ -17,7 +17,7 @@ import functools
 import json
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote
@@ -170,6 +170,10 @@ class GymClient:
         self._run_timeouts = Timeouts(connect_timeout_s, run_timeout_s, run_timeout_s, run_timeout_s)
         self._control_timeouts = _timeouts(control_timeout_s, connect_timeout_s)
         self._run = LeanTransport(ssl_context=verify, max_connections=max_run_connections)
+        # One slot per connection of the run pool, taken before a /run is sent: a call that holds one
+        # never waits inside the transport, so `run(on_slot=...)` runs when the call has its connection.
+        self._run_slots = asyncio.Semaphore(max_run_connections)
+        self.runs_waiting = 0
         self._control = LeanTransport(ssl_context=verify, max_connections=max_control_connections)
         # What the agent said it supports (`connect`); `reduced` is set for a plain Gym agent.
         self.capabilities_seen: Capabilities | None = None
@@ -288,6 +292,7 @@ class GymClient:
         timeout_s: float | None = None,
         adopt_only: bool = False,
         continue_from: str | None = None,
+        on_slot: Callable[[], Awaitable[None]] | None = None,
     ) -> RunReply:
         """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it.
 
@@ -295,8 +300,33 @@ class GymClient:
         `continue_from`: a continuation's digest the new try resumes (docs/turns.md); what the agent
         did with it is in the try's completion receipt.  A
         plain Gym agent's reply is completed with the try's identity (`gym_reply`); in reduced mode
-        the trainer keeps it (its receipt and token records are made here) and replays it itself."""
+        the trainer keeps it (its receipt and token records are made here) and replays it itself.
+
+        The call first waits for a connection of the run pool (`max_run_connections`; `runs_waiting`
+        counts the calls waiting); `on_slot` is awaited once it holds one, right before the request
+        goes out: the trainer records the dispatch and starts the try's lease there, so a try queued in
+        this client spends none of it.  `timeout_s` bounds the wait for a connection too."""
         await self.connect_quietly()
+        self.runs_waiting += 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._run_slots.acquire()
+        except TimeoutError:
+            raise AgentTimeoutError(
+                f"POST {self.base_url}/run: no run connection free within {timeout_s} s"
+            ) from None
+        finally:
+            self.runs_waiting -= 1
+        try:
+            if on_slot is not None:
+                await on_slot()
+            return await self._run_holding_slot(request, timeout_s, adopt_only, continue_from)
+        finally:
+            self._run_slots.release()
+
+    async def _run_holding_slot(
+        self, request: RunRequest, timeout_s: float | None, adopt_only: bool, continue_from: str | None
+    ) -> RunReply:
         key = (request.rollout_id, request.attempt_index)
         if self.reduced is not None:
             held = self.reduced.replay(*key)

@@ -5,7 +5,8 @@ participant would have given, from what the trainer itself holds, so the coordin
 
 - the completion receipt is made here: the reply's digest computed by the trainer, the token records
   read off the reply (`protocol.tokens`), execution generation `REDUCED_GENERATION` (0; a participant's
-  generations are at least 1), so every receipt of a reduced-mode try says so in the log;
+  generations are at least 1), so every receipt of a reduced-mode try says so in the log, and an
+  incarnation of this client's own (what it holds goes with it, as an agent's goes with its process);
 - acknowledge releases the trainer's own copy; nothing is sent (the agent keeps nothing to release);
 - retire answers from what the trainer holds: a reply in hand is `completed_unacknowledged` (adopting
   it replays the trainer's copy, never a second `/run`), anything else is tombstoned here, and a reply
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
-from protocol.ids import capture_key
+from protocol.ids import capture_key, mint_incarnation
 from protocol.tokens import TokenRecordError, token_records_from_reply
 from protocol.wire import (
     AcknowledgeResult,
@@ -58,12 +59,13 @@ class _Held:
 class ReducedMode:
     def __init__(self, agent_name: str) -> None:
         self.agent_name = agent_name
+        self.incarnation = mint_incarnation()
         self._held: dict[tuple[str, int], _Held] = {}
         self._tombstones: set[tuple[str, int]] = set()
         self._released: set[tuple[str, int]] = set()
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(agent_name=self.agent_name, features=[])
+        return Capabilities(agent_name=self.agent_name, execution_incarnation=self.incarnation, features=[])
 
     def keep(self, reply: RunReply) -> RunReply:
         """Holds a reply the agent answered; refuses one of a try retired meanwhile."""
@@ -79,6 +81,7 @@ class ReducedMode:
             rollout_id=reply.rollout_id,
             attempt_index=reply.attempt_index,
             execution_generation=REDUCED_GENERATION,
+            execution_incarnation=self.incarnation,
             result_identity=reply.id,
             result_digest=reply.digest(),
             manifest_capture_key=ck,
@@ -130,6 +133,7 @@ class ReducedMode:
                 tombstoned=False,
                 completed_unacknowledged=True,
                 execution_generation=REDUCED_GENERATION,
+                execution_incarnation=self.incarnation,
             )
         if key in self._released:
             return RetireResponse(
@@ -138,6 +142,7 @@ class ReducedMode:
                 completed_unacknowledged=False,
                 done=True,
                 execution_generation=REDUCED_GENERATION,
+                execution_incarnation=self.incarnation,
             )
         self._tombstones.add(key)
         return RetireResponse(
@@ -145,6 +150,7 @@ class ReducedMode:
             tombstoned=True,
             completed_unacknowledged=False,
             execution_generation=REDUCED_GENERATION,
+            execution_incarnation=self.incarnation,
         )
 
     def status(self) -> AgentStatus:
@@ -152,6 +158,7 @@ class ReducedMode:
             phase="idle",
             active_checkpoint_id=None,
             execution_generation=REDUCED_GENERATION,
+            execution_incarnation=self.incarnation,
             running=0,
             park_requested=0,
             parked=0,

@@ -30,8 +30,11 @@ after `call_budget_s` with `TimeoutError`.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
 import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,6 +46,7 @@ from eventstore.events import Mode
 from protocol.ids import Identifier
 from protocol.streams import group_stream
 from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
+from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import AlreadyClaimed
 from trainer.gym import GymClient
@@ -62,6 +66,9 @@ from trainer.ray_gym.rows import (
 
 # NeMo RL's own actor options: restart for ever, retry a task in flight for ever.
 ACTOR_OPTIONS: dict[str, Any] = {"max_restarts": -1, "max_task_retries": -1}
+# The longest an actor that is asked to stop spends closing its coordinator at exit (inside the usual
+# 30 s a supervisor waits between SIGTERM and SIGKILL).
+EXIT_BUDGET_S = 20.0
 
 
 class LedgerGymConfig(BaseModel):
@@ -97,6 +104,7 @@ class LedgerGym:
         self._tokenizer: Any = None
         self._lock: asyncio.Lock | None = None
         self._metrics: Any = None
+        self._exit_hook: Any = None
 
     # --- NeMo RL's actor surface ----------------------------------------------------------------
 
@@ -203,6 +211,9 @@ class LedgerGym:
         await (await self._coordinator()).wait_idle(timeout_s)
 
     async def shutdown(self) -> None:
+        if self._exit_hook is not None:
+            atexit.unregister(self._exit_hook)
+            self._exit_hook = None
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -219,6 +230,34 @@ class LedgerGym:
 
     # --- inside -----------------------------------------------------------------------------------
 
+    def _close_at_exit(self, loop: asyncio.AbstractEventLoop) -> None:
+        """SIGTERM (Ray stopping the actor, a supervisor stopping the job) ends an actor's process by
+        `sys.exit`: the exit then closes the coordinator as `shutdown` does (a prepared checkpoint
+        nobody decided is aborted at the agents, the drivers stop, the log is closed), on the actor's
+        own event loop, stopped by then, within EXIT_BUDGET_S.  A process killed outright leaves that
+        to the next recovery."""
+        owner = threading.get_ident()
+
+        def at_exit() -> None:
+            if loop.is_closed() or self.coord is None:
+                return
+            self._exit_hook = None  # being run: nothing to unregister
+            work = asyncio.wait_for(self.shutdown(), EXIT_BUDGET_S)
+            try:
+                if not loop.is_running():
+                    # The interpreter's exit shut the thread pools down: the log's calls run inline.
+                    loop.set_default_executor(_InlineExecutor())
+                    loop.run_until_complete(work)
+                elif threading.get_ident() != owner:
+                    asyncio.run_coroutine_threadsafe(work, loop).result(EXIT_BUDGET_S + 1)
+                else:
+                    work.close()
+            except Exception:  # exiting anyway: the next recovery presumes what is left aborted
+                log.exception("closing the coordinator at exit failed")
+
+        self._exit_hook = at_exit
+        atexit.register(at_exit)
+
     async def _coordinator(self) -> RolloutCoordinator:
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -229,6 +268,7 @@ class LedgerGym:
                 self.clients = {
                     name: GymClient(url, name, token=c.agent_token) for name, url in c.agents.items()
                 }
+                self._close_at_exit(asyncio.get_running_loop())
                 self.coord = await RolloutCoordinator.recover(
                     self.store,
                     self.clients,
@@ -333,6 +373,19 @@ class LedgerGym:
             return out
 
         return await coord.journal.read(build, "reading replies and token records")
+
+
+class _InlineExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Runs each call in the caller's thread: what `asyncio.to_thread` gets once the interpreter is
+    exiting and no pool takes new work (the actor's close at exit, one step after another)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # delivered to the awaiting coroutine, as a pool would
+            done.set_exception(exc)
+        return done
 
 
 def ledger_gym_actor(**options: Any) -> Any:
