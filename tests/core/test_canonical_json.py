@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.digests import canonical_bytes
@@ -47,7 +47,7 @@ def _ours(value: Any) -> bytes | type[BaseException]:
         return type(exc)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # loaded machines
 @given(values)
 def test_the_same_bytes_or_the_same_refusal_as_the_standard_library(value: Any) -> None:
     assert _ours(value) == _std(value)
