@@ -328,7 +328,9 @@ class GroupClaimedForTraining(Event, version=2):
     identity a retry of it keeps (a Ray task id).  Version 1 rows are upcast with None."""
 
     group_id: Identifier
-    train_step: int = Field(ge=0)
+    # The trainer's step when it named one; None when it did not (NeMo RL's Gym call names none), never
+    # an invented one.  Older rows always hold a number.
+    train_step: int | None = Field(default=None, ge=0)
     call_id: str | None = Field(default=None, max_length=200)
 
 

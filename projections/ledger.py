@@ -121,7 +121,7 @@ class SiblingState:
 @with_config(_FORBID)
 @dataclass(slots=True, kw_only=True)
 class ClaimState:
-    train_step: int
+    train_step: int | None
     position: int
 
 
@@ -152,7 +152,7 @@ class GroupState:
     siblings: dict[int, SiblingState] = field(default_factory=dict)
 
     @property
-    def claimed_steps(self) -> list[int]:
+    def claimed_steps(self) -> list[int | None]:
         return [c.train_step for c in self.claims]
 
     def sibling_of(self, rollout_id: str) -> SiblingState | None:
@@ -185,7 +185,7 @@ class ArchivedGroup:
     trainer_id: str | None = None
 
     @property
-    def claimed_steps(self) -> list[int]:
+    def claimed_steps(self) -> list[int | None]:
         return [c.train_step for c in self.claims]
 
 

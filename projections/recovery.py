@@ -95,7 +95,7 @@ class SiblingToReplace(_Model):
 
 class ClaimToRollBack(_Model):
     group_id: str
-    train_step: int
+    train_step: int | None
     position: int
 
 

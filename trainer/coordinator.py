@@ -655,9 +655,12 @@ class RolloutCoordinator:
 
         return dataclasses.replace(group, replies=await self.journal.read(read, "reading replies"))
 
-    async def claim_for_training(self, group_id: str, train_step: int, *, call_id: str | None = None) -> None:
-        """Records that training consumed the sealed group at `train_step` (`call_id`: the caller's
-        own identity that a retry of it keeps, e.g. a Ray task id)."""
+    async def claim_for_training(
+        self, group_id: str, train_step: int | None = None, *, call_id: str | None = None
+    ) -> None:
+        """Records that training consumed the sealed group, at `train_step` when the trainer names
+        one (None: it named none; nothing is made up), `call_id` the caller's own identity that a
+        retry of it keeps (e.g. a Ray task id)."""
         self._check_alive()
 
         def build(ledger: LedgerState) -> list[Event]:

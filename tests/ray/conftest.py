@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 
+def plain(value: Any) -> Any:
+    """A result with its tensors as lists (comparable with ==)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
 def nemo_rows(prompts: int, generations: int, agents: list[str], tag: str = "") -> list[dict[str, Any]]:
     """What NeMo RL's `_prepare_nemo_gym_rows` hands the Gym actor: a prompt's rows contiguous."""
     rows = []
@@ -28,4 +39,4 @@ def nemo_rows(prompts: int, generations: int, agents: list[str], tag: str = "") 
 
 from tests.rollout.conftest import make_agent, sqlite_store  # noqa: E402  (the same real agents and log)
 
-__all__ = ["make_agent", "nemo_rows", "sqlite_store"]
+__all__ = ["make_agent", "nemo_rows", "plain", "sqlite_store"]

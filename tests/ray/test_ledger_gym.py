@@ -9,7 +9,7 @@ import pytest
 from eventstore import EventStore, open_store
 from protocol.streams import group_stream
 from protocol.wire import AttemptFault
-from tests.ray.conftest import nemo_rows
+from tests.ray.conftest import nemo_rows, plain
 from tests.rollout.conftest import MakeAgent
 from trainer.gym import GymClient
 from trainer.ray_gym import LedgerGym, LedgerGymConfig, RowError
@@ -21,15 +21,17 @@ def test_rows_split_into_contiguous_prompt_groups() -> None:
     runs = split_groups(rows, None)
     assert [[r["_rowidx"] for r in run] for run in runs] == [[0, 1], [2, 3], [4, 5]]
     one_agent = nemo_rows(3, 2, ["a"])
-    assert [[r["_rowidx"] for r in run] for run in split_groups(one_agent, 3)] == [[0, 1, 2], [3, 4, 5]]
-    with pytest.raises(RowError, match="different agents"):
-        split_groups(rows, 3)
-    with pytest.raises(RowError, match="do not split"):
-        split_groups(rows, 4)
+    assert [[r["_rowidx"] for r in run] for run in split_groups(one_agent, 3)] == [[0, 1], [2, 3], [4, 5]]
+    # Two equal prompts side by side are told apart by num_generations only.
+    twice = [{**r, "_ng_task_index": 0, "_rowidx": i} for i, r in enumerate(nemo_rows(1, 4, ["a"]))]
+    assert [[r["_rowidx"] for r in run] for run in split_groups(twice, 2)] == [[0, 1], [2, 3]]
+    assert [[r["_rowidx"] for r in run] for run in split_groups(twice, None)] == [[0, 1, 2, 3]]
     with pytest.raises(RowError, match="agent_ref"):
         split_groups([{**rows[0], "agent_ref": {}}], None)
     with pytest.raises(RowError, match="empty"):
         split_groups([], None)
+    with pytest.raises(RowError, match="share"):
+        split_groups([rows[0], rows[0]], None)
     # A retry sends the same rows: the same digest, so the same group ids.
     assert call_digest(rows) == call_digest([dict(r) for r in rows])
     assert call_digest(rows) != call_digest(nemo_rows(3, 2, ["a", "b"], tag="x"))
@@ -97,7 +99,7 @@ async def test_a_retried_call_resumes_and_replays_in_claim_order(
         await second.shutdown()
     assert [i for i, _, _ in retried[:2]] == [i for i, _, _ in got]
     assert sorted(i for i, _, _ in retried) == list(range(6))
-    assert retried[0][1] == got[0][1]
+    assert plain(retried[0][1]) == plain(got[0][1])
     store = open_store(sqlite_url)
     try:
         for k in range(3):
@@ -169,7 +171,7 @@ async def test_a_retried_task_whose_groups_were_all_claimed_replays_them_not_new
     finally:
         await other.shutdown()
     assert [i for i, _, _ in replayed] == [i for i, _, _ in delivered]
-    assert [r for _, r, _ in replayed] == [r for _, r, _ in delivered]
+    assert plain([r for _, r, _ in replayed]) == plain([r for _, r, _ in delivered])
     assert sorted(i for i, _, _ in fresh) == list(range(6))
     # task-1's groups (occurrence 0): claimed, rolled back by the restart (no checkpoint kept them),
     # claimed again by the same call; task-2's are the next occurrence of the same rows.

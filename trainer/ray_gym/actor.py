@@ -1,30 +1,39 @@
-"""`LedgerGym`: a drop-in for NeMo RL's `NemoGym` Ray actor, with the coordinator and its log inside.
+"""`LedgerGym`: NeMo RL's `NemoGym` Ray actor with the coordinator and its log inside.
 
-    from trainer.ray_gym import LedgerGymConfig, ledger_gym_actor
-    gym = ledger_gym_actor().remote(LedgerGymConfig(db_url=url, agents={"math": "http://..."}))
-    ray.get(gym._spinup.remote())
+    from trainer.ray_gym import LedgerGym, ledger_gym_actor
+    gym = ledger_gym_actor().remote(nemo_gym_config)   # NeMo RL's NemoGymConfig + a `ledger` section
+    ray.get(gym._spinup.remote())                      # starts (or finds) the Gym servers
     async for ref in gym.run_rollouts.options(num_returns="streaming").remote(rows, "timing/rollout"):
         rowidx, result, timing = await ref
 
+The configuration is NeMo RL's own `NemoGymConfig` (`model_name`, `base_urls`,
+`initial_global_config_dict`, the detection and router-replay knobs), with one `ledger` section,
+either at its top level or inside `initial_global_config_dict` (where NeMo RL puts whatever
+`env.nemo_gym` holds beyond its own keys): see `LedgerGymConfig`.  A bare `LedgerGymConfig` (agents
+given by URL) is accepted too.
+
+The surface is `NemoGym`'s on both NeMo RL versions: `_spinup`, `set_tokenizer` (main),
+`run_rollouts(examples, timer_prefix, deduplicate_multimodal_data)` (main) and
+`run_rollouts(examples, tokenizer, timer_prefix, deduplicate_multimodal_data)` (the recovery
+branch: the tokenizer positional), `health_check`, `shutdown`; plus the ledger's checkpoints, metrics
+and logprobs.
+
 NeMo RL's actor is `@ray.remote(max_restarts=-1, max_task_retries=-1)`: Ray restarts a dead actor
-(its constructor runs again) and calls a task that was in flight again with the same arguments.  Here
-that is safe by construction:
+(its constructor runs again; NeMo RL does not call `_spinup` again) and calls a task that was in
+flight again with the same arguments.  Here that is safe by construction:
 
-- an actor that (re)starts folds the log and recovers (`RolloutCoordinator.recover`): tries in flight
-  are retired or adopted, debts paid, open groups driven on;
+- every call spins up what is missing (the log, the coordinator recovered from it, the Gym servers);
 - a retried `run_rollouts` plans the same group ids from the same rows and `submit` is idempotent,
-  so it resumes the groups instead of running them again.  The first occurrence of the rows not
-  wholly claimed is resumed; under Ray also one wholly claimed by this very call (each claim records
-  the call's Ray task id, the same on every retry of it), since its first attempt may have died
-  before its caller had every item.  Another call with the same rows gets groups of its own;
-- each group is claimed for training (an append) before its rows are yielded, and a retried stream
-  first yields again, in claim order, the groups the first attempt claimed.  Ray replays a streaming
-  generator and drops the items its caller already has by index, so the replay must yield the same
-  items in the same order: the log's claim order is that order.
+  so it resumes the groups instead of running them again (see rows.py for occurrences);
+- each group is claimed (an append) before its rows are yielded, and a retried stream first yields
+  again, in claim order, the groups the first attempt claimed: Ray replays a streaming generator and
+  drops the items its caller already has by index, so the replay must yield the same items in the
+  same order, and the log's claim order is that order.
 
-Results come in completion order of groups (rows of a group in generation order); a group that used
-up its retry budget ends the stream with `RowsDeadLettered`.  No wait is unbounded: a call gives up
-after `call_budget_s` with `TimeoutError`.
+Results come in completion order of groups (rows of a group in generation order).  A call ends with
+an error of the class NeMo RL's `classify_rollout_failure` handles for it (rows.py): a group out of
+data budget `RowsDeadLettered` (data), out of infrastructure budget `RowsLostToInfrastructure`
+(infra), a call past `call_budget_s` `CallBudgetSpent` (infra, a `TimeoutError`).
 """
 
 from __future__ import annotations
@@ -34,34 +43,48 @@ import atexit
 import concurrent.futures
 import contextlib
 import json
+import os
+import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eventstore import EventStore, open_store
 from eventstore.events import Mode
 from protocol.ids import Identifier
 from protocol.streams import group_stream
+from protocol.wire import TokenEntry
 from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import AlreadyClaimed
 from trainer.gym import GymClient
+from trainer.ray_gym.results import ResultRules, row_result
 from trainer.ray_gym.rows import (
     DEFAULT_GROUP_PREFIX,
+    CallBudgetSpent,
     GroupRecord,
     PlannedGroup,
     RowError,
     RowsDeadLettered,
+    RowsLostToInfrastructure,
     call_digest,
     group_id,
     plan_call,
     read_group,
-    row_result,
     split_groups,
+)
+from trainer.ray_gym.spinup import (
+    GymHost,
+    SpinupError,
+    agents_of,
+    global_config_for,
+    read_global_config,
+    start_gym,
 )
 
 # NeMo RL's own actor options: restart for ever, retry a task in flight for ever.
@@ -69,38 +92,114 @@ ACTOR_OPTIONS: dict[str, Any] = {"max_restarts": -1, "max_task_retries": -1}
 # The longest an actor that is asked to stop spends closing its coordinator at exit (inside the usual
 # 30 s a supervisor waits between SIGTERM and SIGKILL).
 EXIT_BUDGET_S = 20.0
+LEDGER_SECTION = "ledger"
+# NeMo RL's `NemoGymConfig` is a TypedDict it owns: read by its keys, its other keys left to it.
+NemoGymConfigLike = Mapping[str, Any]
 
 
 class LedgerGymConfig(BaseModel):
+    """The `ledger` section: where the log is, who the trainer is, how groups are driven, and how the
+    Gym servers are reached (`agents` outright, a running Gym's `head_server_url`, or neither: they
+    are started from `NemoGymConfig` as NeMo RL starts them)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     db_url: str
-    agents: dict[Identifier, str]  # agent name (a row's agent_ref.name) -> its base URL
-    agent_token: str | None = None
-    mode: Mode = "prompt_group"
-    # Rows per prompt group; None: contiguous rows equal but for `_rowidx` form one group.
-    num_generations: int | None = Field(default=None, ge=1)
-    group_prefix: str = DEFAULT_GROUP_PREFIX
     trainer_id: Identifier | None = None
+    mode: Mode = "prompt_group"
+    # Budgets: tries per sibling, how long one try may run, how long one call waits for its groups.
+    max_tries: int = Field(default=4, ge=1)
+    max_infra_failures: int | None = Field(default=None, ge=1)
+    max_data_failures: int | None = Field(default=None, ge=1)
     rollout_timeout_s: float = Field(default=600.0, gt=0)
     prepare_timeout_s: float = Field(default=300.0, gt=0)
     park_grace_s: float = Field(default=1.0, gt=0)
-    max_tries: int = Field(default=4, ge=1)
-    # The longest one `run_rollouts` call waits for its groups before it gives up.
     call_budget_s: float = Field(default=6 * 3600.0, gt=0)
+    # Rows per prompt group when a call holds several equal prompts side by side (rows.py).
+    num_generations: int | None = Field(default=None, ge=1)
+    group_prefix: str = DEFAULT_GROUP_PREFIX
+    # Reaching the agents: outright (nothing started), or through a running Gym's head server.
+    agents: dict[Identifier, str] = Field(default_factory=dict)
+    head_server_url: str | None = None
+    agent_token: str | None = None
+    # Starting Gym: the interpreter that has nemo_gym (None: this one), the servers' working directory
+    # (local server folders are found there first), the address the servers bind and advertise (None:
+    # NeMo RL's, every interface for the head server and this node's address), the spin-up bound.
+    gym_python: str | None = None
+    gym_workdir: str | None = None
+    gym_host: str | None = None
+    gym_dotenv_path: str | None = None
+    spinup_timeout_s: float = Field(default=900.0, gt=0)
     # Serve the log's figures on /metrics from inside the actor (the `metrics` extra); 0: a free port.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_addr: str = "127.0.0.1"
 
 
+def split_config(config: Any) -> tuple[dict[str, Any], LedgerGymConfig]:
+    """(the NemoGymConfig, its `ledger` section) from what the actor was made with."""
+    if isinstance(config, LedgerGymConfig):
+        return {}, config
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"LedgerGym takes a NemoGymConfig mapping or a LedgerGymConfig, not {type(config).__name__}"
+        )
+    cfg = dict(config)
+    inner = dict(cfg.get("initial_global_config_dict") or {})
+    section = cfg.pop(LEDGER_SECTION, None)
+    if section is None:
+        section = inner.pop(LEDGER_SECTION, None)
+        if "initial_global_config_dict" in cfg:
+            cfg["initial_global_config_dict"] = inner
+    if section is None:
+        if "db_url" in cfg:  # a LedgerGymConfig given as a plain dict
+            return {}, _validated(cfg)
+        raise ValueError(
+            "LedgerGym needs a `ledger` section in its NemoGymConfig (env.nemo_gym.ledger: db_url, ...)"
+        )
+    return cfg, _validated(section)
+
+
+def _validated(section: Any) -> LedgerGymConfig:
+    try:
+        return LedgerGymConfig.model_validate(dict(section))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "ledger"
+        raise ValueError(f"ledger.{where}: {first['msg']}") from None
+
+
+def _call_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, bool]:
+    """(tokenizer, timer_prefix, deduplicate_multimodal_data) as either NeMo RL version passes them:
+    main `(rows, timer_prefix, dedup)`, the recovery branch `(rows, tokenizer, timer_prefix, dedup)`."""
+    rest = list(args)
+    tokenizer = kwargs.pop("tokenizer", None)
+    if rest and not isinstance(rest[0], str):
+        tokenizer = rest.pop(0)
+    timer_prefix = kwargs.pop("timer_prefix", rest.pop(0) if rest else "timing/rollout")
+    dedup = kwargs.pop("deduplicate_multimodal_data", rest.pop(0) if rest else False)
+    if rest or kwargs:
+        raise TypeError(f"run_rollouts got unexpected arguments: {rest or sorted(kwargs)}")
+    if not isinstance(timer_prefix, str):
+        raise TypeError(f"run_rollouts: timer_prefix must be a str, not {type(timer_prefix).__name__}")
+    return tokenizer, timer_prefix, bool(dedup)
+
+
 class LedgerGym:
     """The actor's body (plain Python: usable, and tested, without Ray as well)."""
 
-    def __init__(self, config: LedgerGymConfig | dict[str, Any]) -> None:
-        self.config = config if isinstance(config, LedgerGymConfig) else LedgerGymConfig(**config)
+    def __init__(self, config: NemoGymConfigLike | LedgerGymConfig) -> None:
+        self.cfg, self.config = split_config(config)
+        if (self.cfg.get("token_capture") or {}).get("enabled"):
+            raise ValueError(
+                "token_capture.enabled: the ledger keeps every try's token records itself and returns "
+                "them in message_log; turn NeMo RL's token capture off with LedgerGym"
+            )
+        self.rules = ResultRules.of(self.cfg)
         self.store: EventStore | None = None
         self.coord: RolloutCoordinator | None = None
         self.clients: dict[str, GymClient] = {}
+        self.gym: GymHost | None = None
+        self.agent_urls: dict[str, str] = dict(self.config.agents)
         self._tokenizer: Any = None
         self._lock: asyncio.Lock | None = None
         self._metrics: Any = None
@@ -109,15 +208,21 @@ class LedgerGym:
     # --- NeMo RL's actor surface ----------------------------------------------------------------
 
     async def _spinup(self) -> None:
-        """Opens the log and recovers the coordinator from it (also done lazily by every call)."""
+        """Starts or finds the Gym servers, opens the log and recovers the coordinator from it (also
+        done by every call on an actor Ray restarted)."""
         await self._coordinator()
 
     def set_tokenizer(self, tokenizer: Any) -> None:
-        """Kept for NeMo RL's call; the results carry token ids, so no tokenizer is needed here."""
+        """NeMo RL main installs its tokenizer once here; results then carry the decoded strings."""
         self._tokenizer = tokenizer
 
     async def health_check(self) -> None:
+        """Raises if a Gym server died, the coordinator failed, or the log stopped it."""
         coord = await self._coordinator()
+        if self.gym is not None and not self.gym.alive():
+            raise SpinupError(
+                f"the Gym servers stopped (log {self.gym.log_path}): {self.gym.log_tail(300)!r}"
+            )
         if coord.errors:
             raise coord.errors[0]
         if coord.journal.stopped is not None:
@@ -126,15 +231,21 @@ class LedgerGym:
     async def run_rollouts(
         self,
         nemo_gym_examples: list[dict[str, Any]],
-        timer_prefix: str,
-        deduplicate_multimodal_data: bool = False,
-        train_step: int = 0,
+        *args: Any,
+        train_step: int | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[tuple[int, dict[str, Any], dict[str, float] | None]]:
         """Streams `(rowidx, result, timing)` as groups seal; see the module doc for retries."""
+        tokenizer, timer_prefix, _dedup = _call_arguments(args, kwargs)
+        tokenizer = tokenizer if tokenizer is not None else self._tokenizer
         started = time.monotonic()
         coord = await self._coordinator()
         rows = nemo_gym_examples
         runs = split_groups(rows, self.config.num_generations)
+        for run in runs:
+            agent = run[0]["agent_ref"]["name"]
+            if agent not in coord.ctx.agents:
+                raise RowError(f"row {run[0]['_rowidx']} names agent {agent!r}, which the Gym does not run")
         call_id = self._call_id()
         digest = call_digest(rows)
         occurrence, records = await self._occurrence(digest, len(runs), call_id)
@@ -145,6 +256,7 @@ class LedgerGym:
             )
         pending = {p.group_id: p for p in planned}
         total, sent = len(rows), 0
+        waited = built = 0.0
         # A retry: what the first attempt delivered, again, in the order the log says it went out.
         replay = sorted((r.claim_position, gid) for gid, r in records.items() if r.claim_position is not None)
         order = [gid for _, gid in replay]
@@ -156,19 +268,29 @@ class LedgerGym:
                 if coord.errors:
                     raise coord.errors[0]
                 if time.monotonic() > deadline:
-                    raise TimeoutError(
+                    raise CallBudgetSpent(
                         f"{len(pending)} group(s) of this call still open after {self.config.call_budget_s:g} s"
                     )
+                mark = time.monotonic()
                 await coord.journal.wait_changed(0.5)
+                waited += time.monotonic() - mark
                 continue
             gid = order.pop(0)
             group = pending.pop(gid)
-            items = await self._deliver(coord, group, train_step, call_id)
+            mark = time.monotonic()
+            items = await self._deliver(coord, group, train_step, call_id, tokenizer)
+            built += time.monotonic() - mark
             for rowidx, result in items:
                 sent += 1
                 timing = None
                 if sent == total:
-                    timing = {f"{timer_prefix}/ledger_total_s": time.monotonic() - started}
+                    total_s = time.monotonic() - started
+                    timing = {
+                        f"{timer_prefix}/await_results": waited,
+                        f"{timer_prefix}/postprocess_results": built,
+                        f"{timer_prefix}/postprocess_results_pct": 100 * built / total_s if total_s else 0.0,
+                        f"{timer_prefix}/ledger_total_s": total_s,
+                    }
                 yield rowidx, result, timing
 
     async def checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
@@ -199,8 +321,9 @@ class LedgerGym:
     async def record_logprobs(
         self, rollout_id: str, attempt_index: int, logprobs: list[float], policy_version: str
     ) -> bool:
-        """NeMo RL's `prev_logprobs` of one row (`full_result["_ng_rollout_id"]`, `["_ng_attempt_index"]`)
-        recorded as its `LogprobsComputed`; see `RolloutCoordinator.record_logprobs`."""
+        """NeMo RL's `prev_logprobs` of one row (`full_result["_ledger_rollout_id"]`,
+        `["_ledger_attempt_index"]`) recorded as its `LogprobsComputed`; see
+        `RolloutCoordinator.record_logprobs`."""
         coord = await self._coordinator()
         return await coord.record_logprobs(rollout_id, attempt_index, logprobs, policy_version)
 
@@ -211,6 +334,8 @@ class LedgerGym:
         await (await self._coordinator()).wait_idle(timeout_s)
 
     async def shutdown(self) -> None:
+        """Stops everything this actor started; safe on an actor that never spun up (NeMo RL calls it
+        in a `finally`)."""
         if self._exit_hook is not None:
             atexit.unregister(self._exit_hook)
             self._exit_hook = None
@@ -227,6 +352,9 @@ class LedgerGym:
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
             self.store = None
+        if self.gym is not None:
+            await self.gym.stop()
+            self.gym = None
 
     # --- inside -----------------------------------------------------------------------------------
 
@@ -258,15 +386,62 @@ class LedgerGym:
         self._exit_hook = at_exit
         atexit.register(at_exit)
 
+    async def _find_agents(self) -> dict[str, str]:
+        c = self.config
+        if c.agents:
+            return dict(c.agents)
+        if c.head_server_url is None:
+            self.gym = await self._start_gym()
+        head = c.head_server_url or (self.gym.head_server_url if self.gym else "")
+        found = agents_of(await read_global_config(head))
+        if not found:
+            raise SpinupError(f"the Gym at {head} runs no responses_api_agents server")
+        return found
+
+    async def _start_gym(self) -> GymHost:
+        if "model_name" not in self.cfg or "base_urls" not in self.cfg:
+            raise SpinupError(
+                "LedgerGym starts the Gym servers from NemoGymConfig's model_name and base_urls (or set "
+                "ledger.agents / ledger.head_server_url to use servers already running)"
+            )
+        c = self.config
+        ray_address, node_ip = _ray_cluster()
+        # NeMo RL's choices unless told: the head server on every interface, servers at this node's IP.
+        host = c.gym_host or node_ip or "127.0.0.1"
+        bind = c.gym_host or "0.0.0.0"
+        # Gym joins the actor's Ray cluster only from the same interpreter (Ray needs one Python).
+        same_python = c.gym_python is None or os.path.realpath(c.gym_python) == os.path.realpath(_python())
+        config = global_config_for(
+            self.cfg, host=host, bind_host=bind, ray_address=ray_address if same_python else None
+        )
+        from trainer.ray_gym.local import LOOPBACK_ENV
+
+        env = {LOOPBACK_ENV: "0"} if host in ("127.0.0.1", "localhost") else {}
+        return await start_gym(
+            config,
+            python=c.gym_python,
+            workdir=c.gym_workdir,
+            connect_host="127.0.0.1" if bind in ("0.0.0.0", "127.0.0.1") else bind,
+            log_dir=Path(tempfile.gettempdir()) / "ledger-gym",
+            env=env,
+            timeout_s=c.spinup_timeout_s,
+            dotenv_path=c.gym_dotenv_path,
+        )
+
     async def _coordinator(self) -> RolloutCoordinator:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self.coord is None:
                 c = self.config
+                if not self.agent_urls or (self.gym is not None and not self.gym.alive()):
+                    if self.gym is not None:
+                        await self.gym.stop()
+                        self.gym = None
+                    self.agent_urls = await self._find_agents()
                 self.store = await asyncio.to_thread(open_store, c.db_url, migrate_schema=True)
                 self.clients = {
-                    name: GymClient(url, name, token=c.agent_token) for name, url in c.agents.items()
+                    name: GymClient(url, name, token=c.agent_token) for name, url in self.agent_urls.items()
                 }
                 self._close_at_exit(asyncio.get_running_loop())
                 self.coord = await RolloutCoordinator.recover(
@@ -277,6 +452,8 @@ class LedgerGym:
                     prepare_timeout_s=c.prepare_timeout_s,
                     park_grace_s=c.park_grace_s,
                     max_tries=c.max_tries,
+                    max_infra_failures=c.max_infra_failures,
+                    max_data_failures=c.max_data_failures,
                     trainer_id=c.trainer_id,
                 )
                 if c.metrics_port is not None and self._metrics is None:
@@ -321,7 +498,9 @@ class LedgerGym:
         """The first occurrence of these rows not wholly claimed (a retry resumes it), or wholly
         claimed by this very call (`call_id`: a retry whose first attempt claimed every group, then
         died before its caller had every item: it replays them all and Ray drops those its caller
-        has), with the records of its groups already in the log."""
+        has), with the records of its groups already in the log.  An occurrence with a dead-lettered
+        group is passed over: the ledger gave those rows up, and NeMo RL's own retry of them is a
+        new request."""
         coord = self.coord
         assert coord is not None
         prefix = self.config.group_prefix
@@ -333,7 +512,9 @@ class LedgerGym:
                 return occurrence, {}
             records = await self._records(known)
             ours = call_id is not None and all(r.claim_call == call_id for r in records.values())
-            if ours or len(known) < groups or any(r.claim_position is None for r in records.values()):
+            given_up = any(r.dead_letter_reasons is not None for r in records.values())
+            unclaimed = len(known) < groups or any(r.claim_position is None for r in records.values())
+            if ours or (unclaimed and not given_up):
                 return occurrence, records
             occurrence += 1
 
@@ -343,14 +524,24 @@ class LedgerGym:
         return (group.status != "open") if group is not None else gid in coord.ledger.archived
 
     async def _deliver(
-        self, coord: RolloutCoordinator, group: PlannedGroup, train_step: int, call_id: str | None
+        self,
+        coord: RolloutCoordinator,
+        group: PlannedGroup,
+        train_step: int | None,
+        call_id: str | None,
+        tokenizer: Any,
     ) -> list[tuple[int, dict[str, Any]]]:
         """Claims the group (durably, before anything is yielded) and builds its rows' results."""
         [record] = (await self._records([group.group_id])).values()
         if record.dead_letter_reasons is not None:
-            raise RowsDeadLettered(
-                f"group {group.group_id} (rows {group.rows}) used up its retry budget: "
-                + "; ".join(record.dead_letter_reasons[:5])
+            detail = (
+                f"group {group.group_id} (rows {group.rows}) used up its {record.dead_letter_budget or 'retry'} "
+                "budget: " + "; ".join(record.dead_letter_reasons[:5])
+            )
+            raise (
+                RowsDeadLettered(detail)
+                if record.dead_letter_budget == "data"
+                else RowsLostToInfrastructure(detail)
             )
         if not record.sealed or len(record.seals) != len(group.rows):
             raise RowError(f"group {group.group_id} left play without a seal of every row")
@@ -359,20 +550,48 @@ class LedgerGym:
         store = self.store
         assert store is not None
 
-        def build() -> list[tuple[int, dict[str, Any]]]:
-            out = []
-            blobs = store.get_blobs([d for seal in record.seals.values() for d in seal if d])
-            for gi, rowidx in enumerate(group.rows):
-                reply_digest, tokens_digest = record.seals[gi]
-                reply, tokens = blobs.get(reply_digest), blobs.get(tokens_digest)
-                if reply is None or tokens is None:
-                    raise RowError(
-                        f"group {group.group_id}: sibling {gi}'s reply or tokens are not in the log"
-                    )
-                out.append((rowidx, row_result(json.loads(reply), tokens)))
-            return out
+        def read() -> dict[str, bytes]:
+            return store.get_blobs(
+                [d for s in record.seals.values() for d in (s.reply_digest, s.tokens_digest) if d]
+            )
 
-        return await coord.journal.read(build, "reading replies and token records")
+        blobs = await coord.journal.read(read, "reading replies and token records")
+        out = []
+        for gi, rowidx in enumerate(group.rows):
+            seal = record.seals[gi]
+            reply, tokens = blobs.get(seal.reply_digest), blobs.get(seal.tokens_digest)
+            if reply is None or tokens is None:
+                raise RowError(f"group {group.group_id}: sibling {gi}'s reply or tokens are not in the log")
+            entries = [TokenEntry.model_validate(t) for t in json.loads(tokens)]
+            result = row_result(
+                group.row_dicts[gi],
+                json.loads(reply),
+                entries,
+                rollout_id=seal.rollout_id,
+                attempt_index=seal.attempt_index,
+                mask_sample=seal.mask_sample,
+                rules=self.rules,
+                tokenizer=tokenizer,
+            )
+            out.append((rowidx, result))
+        return out
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def _ray_cluster() -> tuple[str | None, str | None]:
+    """(the GCS address, this node's IP) of the Ray this actor runs in, or (None, None)."""
+    try:
+        import ray
+    except ImportError:
+        return None, None
+    if not ray.is_initialized():
+        return None, None
+    return str(ray.get_runtime_context().gcs_address), str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
 
 class _InlineExecutor(concurrent.futures.ThreadPoolExecutor):

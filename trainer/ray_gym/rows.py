@@ -1,25 +1,30 @@
-"""NeMo RL rows in, ledger groups out, and back: the pure half of the Ray adapter.
+"""NeMo RL rows in, ledger groups out: the pure half of the Ray adapter.
 
-NeMo RL hands its Gym actor a list of rows (`nemo_gym_examples`): one per generation, the
-`num_generations` rows of a prompt contiguous, each with `agent_ref.name`, `responses_create_params`,
-the task's own fields and `_rowidx`.  Here a call becomes prompt groups:
+NeMo RL hands its Gym actor a list of rows (`nemo_gym_examples`), each with `agent_ref.name`,
+`responses_create_params`, the task's own fields and `_rowidx`:
 
-- a group is a contiguous run of rows (of `num_generations` rows when the actor is told, else of rows
-  identical but for `_rowidx`), one sibling per row;
-- group ids are derived from the rows themselves (`<prefix><digest>-<occurrence>-<k>`): a Ray task
-  retry calls again with the same rows and lands on the same groups (submit is idempotent), so it
-  resumes instead of resubmitting.  The occurrence counts earlier calls with the very same rows whose
-  groups were all delivered, so a later epoch over the same prompts gets groups of its own.
+- async GRPO (`run_async_nemo_gym_rollout`): a prompt's `num_generations` rows contiguous, `_rowidx`
+  the row's place in the call;
+- validation (`run_nemo_gym_rollout_sync`): one mixed batch, one row per prompt, any agents;
+- the single controller (`rollout_manager.py`): one prompt's rows per call, `_rowidx` the generation
+  index, re-dispatching only the rows that never came back (a subset, their `_rowidx` kept), and on
+  the recovery branch each row carrying NeMo RL's own id `_ng_rollout_id`.
 
-Going back, each sealed sibling becomes NeMo RL's per-row result (`message_log`, `input_message_log`,
-`full_result`) built from what the log holds: the reply (blob table, under the `RunReplied` digest)
-and the token records (blob table, under the seal's `tokens_digest`).  Token fields are plain lists;
-NeMo RL's caller turns them into tensors (`_tensorize_nemo_gym_result`).
+A call becomes prompt groups: contiguous rows equal but for their per-row keys (`_rowidx`,
+`_ng_rollout_id`, `_ng_rollout_index`) are one prompt's siblings; with `num_generations` set, a run
+of such rows that is a whole number of groups of that size is split into them (two equal prompts
+next to each other), and any other run (a validation row, a re-dispatched subset) is a group of its
+own size.
+
+Group ids are derived from the rows themselves (`<prefix><digest>-<occurrence>-<k>`): a Ray task
+retry calls again with the same rows and lands on the same groups (submit is idempotent), so it
+resumes instead of resubmitting.  The occurrence counts earlier calls with the very same rows whose
+groups were all delivered (or one of which was dead-lettered), so a later epoch over the same
+prompts, or NeMo RL's own retry of a prompt the ledger gave up on, gets groups of its own.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -28,9 +33,10 @@ from eventstore import RecordedEvent
 from eventstore.events import PromptRef
 from protocol.digests import canonical_json, sha256_digest
 from protocol.ids import MAX_ID_LENGTH
-from protocol.wire import TokenEntry
 
 ROW_INDEX: Final = "_rowidx"
+# Keys that differ between the siblings of one prompt: not part of the prompt, kept on each row's result.
+PER_ROW_KEYS: Final = ("_ng_rollout_id", "_ng_rollout_index")
 DEFAULT_GROUP_PREFIX: Final = "nrl-"
 # Hex characters of the call digest in a group id: 80 bits, far from a collision at any batch count.
 _DIGEST_CHARS: Final = 20
@@ -40,8 +46,25 @@ class RowError(ValueError):
     """A row NeMo RL would not send (no agent name, no `responses_create_params`, no `_rowidx`)."""
 
 
+# The errors a call ends with, each of one str (they pickle across the actor boundary) and of a class
+# NeMo RL's `classify_rollout_failure` (nemo_rl/experience/failures.py) buckets as it should: anything
+# not infrastructure is data, and infrastructure is recognised by builtin classes among others.
+
+
 class RowsDeadLettered(RuntimeError):
-    """A group of the call used up its retry budget: its rows have no result (picklable: one str)."""
+    """A group of the call used up its data budget (deterministic failures): NeMo RL's DATA class,
+    which retries the prompt at most `max_data_attempts` and then skips or fails it."""
+
+
+class RowsLostToInfrastructure(ConnectionError):
+    """A group of the call used up its infrastructure budget (agent away, deadlines) or was left
+    with a try it could not settle: NeMo RL's INFRA class (a `ConnectionError`), which re-dispatches
+    the prompt; the re-dispatch gets groups of its own."""
+
+
+class CallBudgetSpent(TimeoutError):
+    """The call waited `call_budget_s` for its groups: NeMo RL's INFRA class (a `TimeoutError`); a
+    re-dispatch of the same rows resumes the groups still open."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,18 @@ class PlannedGroup:
     prompt_ref: PromptRef
     payload: dict[str, Any]
     rows: list[int]  # `_rowidx` of each sibling, in generation order
+    row_dicts: list[dict[str, Any]] = field(default_factory=list)  # the rows themselves
+
+
+@dataclass(frozen=True)
+class Seal:
+    """A sibling's sealed try, as its group stream names it."""
+
+    rollout_id: str
+    attempt_index: int
+    reply_digest: str
+    tokens_digest: str
+    mask_sample: bool
 
 
 @dataclass
@@ -63,8 +98,9 @@ class GroupRecord:
     claim_call: str | None = None
     sealed: bool = False
     dead_letter_reasons: list[str] | None = None
-    # generation index -> (reply digest, tokens digest) of the sealed try
-    seals: dict[int, tuple[str, str]] = field(default_factory=dict)
+    dead_letter_budget: str | None = None
+    # generation index -> the sealed try
+    seals: dict[int, Seal] = field(default_factory=dict)
 
 
 def _agent_name(row: dict[str, Any]) -> str:
@@ -76,7 +112,8 @@ def _agent_name(row: dict[str, Any]) -> str:
 
 
 def _content(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k != ROW_INDEX}
+    """The prompt a row asks for: the row without its per-row keys."""
+    return {k: v for k, v in row.items() if k != ROW_INDEX and k not in PER_ROW_KEYS}
 
 
 def call_digest(rows: Sequence[dict[str, Any]]) -> str:
@@ -92,7 +129,8 @@ def group_id(prefix: str, digest: str, occurrence: int, k: int) -> str:
 
 
 def split_groups(rows: Sequence[dict[str, Any]], num_generations: int | None) -> list[list[dict[str, Any]]]:
-    """Contiguous runs: of `num_generations` rows, or (None) of rows equal but for `_rowidx`."""
+    """Contiguous runs of rows equal but for their per-row keys; with `num_generations`, a run of a
+    multiple of that size is split into groups of it (see the module doc)."""
     if not rows:
         raise RowError("a rollout batch must not be empty")
     for row in rows:
@@ -101,21 +139,23 @@ def split_groups(rows: Sequence[dict[str, Any]], num_generations: int | None) ->
         if not isinstance(row.get(ROW_INDEX), int):
             raise RowError(f"each row needs an integer {ROW_INDEX}")
         _agent_name(row)
-    if num_generations is not None:
-        if num_generations < 1 or len(rows) % num_generations:
-            raise RowError(f"{len(rows)} rows do not split into groups of {num_generations}")
-        runs = [list(rows[i : i + num_generations]) for i in range(0, len(rows), num_generations)]
-    else:
-        runs = []
-        for row in rows:
-            if runs and _content(runs[-1][0]) == _content(row):
-                runs[-1].append(row)
-            else:
-                runs.append([row])
+    if len({row[ROW_INDEX] for row in rows}) != len(rows):
+        raise RowError(f"two rows of one call share a {ROW_INDEX}")
+    runs: list[list[dict[str, Any]]] = []
+    for row in rows:
+        if runs and _content(runs[-1][0]) == _content(row):
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    if num_generations is None:
+        return runs
+    split: list[list[dict[str, Any]]] = []
     for run in runs:
-        if len({_agent_name(r) for r in run}) != 1:
-            raise RowError(f"rows {[r[ROW_INDEX] for r in run]} of one prompt group name different agents")
-    return runs
+        if len(run) > num_generations and len(run) % num_generations == 0:
+            split += [run[i : i + num_generations] for i in range(0, len(run), num_generations)]
+        else:
+            split.append(run)
+    return split
 
 
 def plan_call(
@@ -134,6 +174,7 @@ def plan_call(
                 prompt_ref=PromptRef(sample_id=str(sample), task_name=agent),
                 payload={"responses_create_params": params, "task": first},
                 rows=[r[ROW_INDEX] for r in run],
+                row_dicts=list(run),
             )
         )
     return planned
@@ -150,45 +191,16 @@ def read_group(group_id: str, events: Iterable[RecordedEvent]) -> GroupRecord:
             replies[(data["rollout_id"], data["attempt_index"])] = data["reply_digest"]
         elif event.type == "SiblingSealed":
             rid, n = data["rollout_id"], data["attempt_index"]
-            gi = int(rid.rpartition("_g")[2])
-            record.seals[gi] = (replies.get((rid, n), ""), data["receipt"]["tokens_digest"])
+            receipt = data["receipt"]
+            record.seals[int(rid.rpartition("_g")[2])] = Seal(
+                rid, n, replies.get((rid, n), ""), receipt["tokens_digest"], bool(receipt["mask_sample"])
+            )
         elif event.type == "GroupSealed":
             record.sealed = True
         elif event.type == "GroupDeadLettered":
             record.dead_letter_reasons = list(data.get("reasons") or [])
+            record.dead_letter_budget = data.get("budget")
         elif event.type == "GroupClaimedForTraining" and record.claim_position is None:
             record.claim_position = event.position
             record.claim_call = data.get("call_id")
     return record
-
-
-def message_log(tokens: Sequence[TokenEntry]) -> list[dict[str, Any]]:
-    """NeMo RL's message log of a try: per model call the prompt tokens not seen before (user) and the
-    generated tokens with their logprobs (assistant)."""
-    seen: list[int] = []
-    log: list[dict[str, Any]] = []
-    for entry in tokens:
-        prompt = list(entry.prompt_token_ids)
-        # A multi-turn prompt extends what came before; one that does not is given whole.
-        new = prompt[len(seen) :] if prompt[: len(seen)] == seen else prompt
-        log.append({"role": "user", "content": "", "token_ids": new})
-        log.append(
-            {
-                "role": "assistant",
-                "content": "",
-                "token_ids": list(entry.generation_token_ids),
-                "generation_logprobs": list(entry.generation_log_probs),
-            }
-        )
-        seen = prompt + list(entry.generation_token_ids)
-    return log
-
-
-def row_result(reply: dict[str, Any], tokens_blob: bytes) -> dict[str, Any]:
-    """One row's result in NeMo RL's shape; `full_result` is the Gym reply, task fields at the top
-    (as a Gym server echoes the row back)."""
-    tokens = [TokenEntry.model_validate(t) for t in json.loads(tokens_blob)]
-    log = message_log(tokens)
-    task = reply.get("task") or {}
-    full = {**task, **{k: v for k, v in reply.items() if k != "task"}}
-    return {"message_log": log, "input_message_log": log[:1], "full_result": full}
