@@ -81,6 +81,9 @@ RESUMED_BY_EVERY_PARTICIPANT: Final = "resumed-by-every-participant"
 DEBT_DROPPED_ON_EVIDENCE: Final = "debt-dropped-on-evidence"
 # A checkpoint's cut archives, and a restore keeps, only its own trainer's groups and claims.
 ARCHIVED_BY_OWN_CUT: Final = "archived-by-own-cut"
+# No claim of a trainer's group between its checkpoint's CheckpointPrepareStarted and CheckpointCommitted:
+# the trainer saved its state meanwhile, so such a claim is inside the cut but in nothing it saved.
+NO_CLAIM_WHILE_PREPARED: Final = "no-claim-while-prepared"
 # Not an invariant of docs/events.md: a row the reader cannot decode, reported rather than skipped silently.
 EVENT_READABLE: Final = "event-readable"
 
@@ -100,6 +103,7 @@ RULES: Final = (
     RESUMED_BY_EVERY_PARTICIPANT,
     DEBT_DROPPED_ON_EVIDENCE,
     ARCHIVED_BY_OWN_CUT,
+    NO_CLAIM_WHILE_PREPARED,
     EVENT_READABLE,
 )
 # Keys of `TrainerRestored.plan` that count the debts a restarted trainer flushes: RecoveryPlan.summary()'s,
@@ -820,6 +824,7 @@ def _committed(st: AuditState, ev: RecordedEvent, e: CheckpointCommitted) -> Non
     # The trainer that prepared it (the checkpoints projection's owner too); the commit's if none did.
     owner = facts.trainer_id if facts.prepared is not None else e.trainer_id
     st.own_cuts[owner or ""] = cut
+    _check_no_claim_while_prepared(st, ev, e.checkpoint_id, facts.prepared, owner)
     # Its participants are its trainer's agents: a debt of another trainer's group to an agent of the
     # same name is not this cut's (projections.ownership).
     participants = set(e.participants)
@@ -842,6 +847,30 @@ def _committed(st: AuditState, ev: RecordedEvent, e: CheckpointCommitted) -> Non
             [*(p for p, _ in owed), ev.position],
             f"checkpoint {e.checkpoint_id} committed with {len(owed)} unpaid ACK debt(s) to a participant at "
             f"its cut {cut}: {names}",
+        )
+
+
+def _check_no_claim_while_prepared(
+    st: AuditState, ev: RecordedEvent, checkpoint_id: str, prepared: int | None, owner: str | None
+) -> None:
+    """Standing claims of the committing trainer's groups made after its prepare: inside the cut, yet
+    made while the trainer was saving (the claim log is in position order: read from its end)."""
+    if prepared is None:
+        return
+    inside = []
+    for position, group_id in reversed(st.claim_log):
+        if position <= prepared:
+            break
+        group = st.groups.get(group_id)
+        if group is not None and group.trainer_id == owner:
+            inside.append(position)
+    if inside:
+        st.violate(
+            NO_CLAIM_WHILE_PREPARED,
+            [prepared, *inside, ev.position],
+            f"checkpoint {checkpoint_id} committed {len(inside)} claim(s) made after its prepare at "
+            f"{prepared}: they are inside the cut but not in the state the trainer saved, so a restore to "
+            "it neither offers nor trains them",
         )
 
 

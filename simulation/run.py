@@ -32,9 +32,15 @@ from simulation.config import DEFAULT_FAULTS, RUN_ID, Fault, SimConfig, parse_fa
 from trainer.checkpoint import CheckpointOutcome
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
+from trainer.errors import ClaimWhilePrepared
 from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
 from trainer.gym.errors import AgentUnavailableError, GymError, NotFoundError, UnauthorizedError
+
+# A claim that meets a prepared checkpoint waits for its decision (each one bounded by the prepare
+# deadline), a few checkpoints in a row at most.
+CLAIM_WAIT_S = 900.0
+CLAIM_TRIES = 8
 
 
 class SimulationError(Exception):
@@ -131,7 +137,14 @@ class CheckpointLoop:
 async def claim_as_sealed(coord: RolloutCoordinator, claimed: list[str]) -> None:
     """The training loop: claims each group as it seals, at steps 0, 1, 2, ..., until cancelled."""
     async for group in coord.sealed_groups(until_idle=False):
-        await coord.claim_for_training(group.group_id, len(claimed))
+        for tries_left in range(CLAIM_TRIES - 1, -1, -1):
+            try:
+                await coord.claim_for_training(group.group_id, len(claimed))
+                break
+            except ClaimWhilePrepared:
+                # The periodic checkpoint is prepared: the claim goes in after its decision.
+                if not await coord.wait_checkpoint_decided(CLAIM_WAIT_S) or not tries_left:
+                    raise
         claimed.append(group.group_id)
 
 

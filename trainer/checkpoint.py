@@ -269,16 +269,22 @@ class Checkpointer:
         ctx = self.ctx
         self._refuse_new(checkpoint_id)
         names = self._participants(checkpoint_id, participants)
-        await ctx.journal.append(
-            checkpoint_stream(checkpoint_id),
-            [
-                CheckpointPrepareStarted(
-                    checkpoint_id=checkpoint_id, participants=names, trainer_id=ctx.settings.trainer_id
-                )
-            ],
-        )
+        # Raised before CheckpointPrepareStarted is queued: from here to the decision no claim is
+        # accepted (ClaimWhilePrepared), so the cut holds exactly the claims the trainer saved with.
         ctx.active_checkpoint = checkpoint_id
         ctx.checkpoint_idle.clear()
+        try:
+            await ctx.journal.append(
+                checkpoint_stream(checkpoint_id),
+                [
+                    CheckpointPrepareStarted(
+                        checkpoint_id=checkpoint_id, participants=names, trainer_id=ctx.settings.trainer_id
+                    )
+                ],
+            )
+        except BaseException:
+            self._release()
+            raise
         try:
             state = _Prepare()
             deadline = time.monotonic() + ctx.settings.prepare_timeout_s

@@ -62,6 +62,7 @@ from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
 from trainer.errors import (
     AlreadyClaimed,
+    ClaimWhilePrepared,
     CoordinatorStopped,
     FencedOff,
     GroupConflict,
@@ -70,6 +71,7 @@ from trainer.errors import (
     StreamExists,
     UnknownGroup,
 )
+from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
 from trainer.gym.errors import AgentIdentityError, GymError
 from trainer.journal import OUTAGE_BUDGET_S, Journal
@@ -664,6 +666,14 @@ class RolloutCoordinator:
         self._check_alive()
 
         def build(ledger: LedgerState) -> list[Event]:
+            # Checked when the append is built: the flag is raised before CheckpointPrepareStarted is
+            # queued and lowered after the decision is written, so no claim lands between the two.
+            held = self.ctx.active_checkpoint
+            if held is not None:
+                raise ClaimWhilePrepared(
+                    f"group {group_id!r} cannot be claimed while checkpoint {held!r} is prepared and "
+                    "undecided: claim it after the commit or abort"
+                )
             group = ledger.groups.get(group_id)
             if group is None:
                 if group_id in ledger.archived:
@@ -764,6 +774,12 @@ class RolloutCoordinator:
         return await self.journal.read(
             lambda: own_logprobs.write(self.store, decided, source), "recording trainer logprobs"
         )
+
+    async def wait_checkpoint_decided(self, timeout_s: float) -> bool:
+        """Waits (at most `timeout_s`) until no checkpoint of this coordinator is prepared and
+        undecided; True when none is."""
+        await wait_at_most(self.ctx.checkpoint_idle.wait(), timeout_s)
+        return self.ctx.active_checkpoint is None
 
     async def wait_idle(self, timeout_s: float | None = None) -> None:
         """Until every group driver has finished and every debt is paid (or raises the first error)."""

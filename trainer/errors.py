@@ -41,6 +41,12 @@ class AlreadyClaimed(RolloutError):
     """A group is trained on once (unless a restore rolled the claim back)."""
 
 
+class ClaimWhilePrepared(RolloutError):
+    """A claim made while this trainer's checkpoint is prepared and undecided: the trainer saves its
+    state meanwhile, so a claim now would land inside the cut without being in what it saved.  Claim
+    after the decision (`RolloutCoordinator.wait_checkpoint_decided`)."""
+
+
 class GroupConflict(RolloutError, ValueError):
     """`submit` named a group id the log already holds with another request: group ids are never reused."""
 

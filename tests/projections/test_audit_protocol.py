@@ -8,6 +8,7 @@ from eventstore.events import CheckpointPrepareStarted, GroupClaimedForTraining,
 from projections.audit import (
     ARCHIVED_BY_OWN_CUT,
     DEBT_DROPPED_ON_EVIDENCE,
+    NO_CLAIM_WHILE_PREPARED,
     OWNER_EPOCH,
     RESUMED_BY_EVERY_PARTICIPANT,
     audit_log,
@@ -149,3 +150,27 @@ def test_a_plan_that_no_longer_holds_a_rolled_back_group_is_a_violation(
     restore = log.restored(at["t1_cut"], "t1-c1", plan, trainer="T1")[0]
     assert violations_of(store, ARCHIVED_BY_OWN_CUT) == [[restore]]
     assert "g1" in audit_log(store).violations[0].message
+
+
+def test_a_claim_between_prepare_and_commit_is_a_violation(store: EventStore, log: LogBuilder) -> None:
+    """Issue case: a group claimed after the trainer's checkpoint was prepared (the trainer was saving)
+    lands inside the cut taken at commit; a claim before the prepare, another trainer's claim in the
+    window, and a claim in the window of an aborted checkpoint are all clean."""
+    log.clean_sibling_group("g1", 1, trainer="T1")
+    log.clean_sibling_group("g2", 1, trainer="T1")
+    log.clean_sibling_group("g3", 1, trainer="T2")
+    log.clean_sibling_group("g4", 1, trainer="T1")
+    log.prepare("c0", trainer="T1")
+    log.claim("g4", 0)  # inside an aborted checkpoint's window: no cut holds it
+    log.abort("c0")
+    log.claim("g1", 0)
+    log.prepare("c1", trainer="T1")
+    log.claim("g3", 0)  # T2's group: T1's checkpoint says nothing of it
+    log.commit("c1", cut=log.store.head(), trainer="T1")
+    log.resume("c1")
+    assert rules(store) == []
+    prepare = log.prepare("c2", trainer="T1")[0]
+    late = log.claim("g2", 1)[0]
+    commit = log.commit("c2", cut=log.store.head(), trainer="T1")[0]
+    assert violations_of(store, NO_CLAIM_WHILE_PREPARED) == [[prepare, late, commit]]
+    assert rules(store) == [NO_CLAIM_WHILE_PREPARED]

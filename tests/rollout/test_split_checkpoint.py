@@ -20,6 +20,7 @@ from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer import (
     CheckpointBusy,
     CheckpointDecided,
+    ClaimWhilePrepared,
     PreparedCheckpoint,
     RolloutCoordinator,
     UnknownCheckpoint,
@@ -107,6 +108,38 @@ async def test_prepare_then_abort(store: EventStore, make_agent: MakeAgent) -> N
         assert aborted.data["reason"] == "the trainer's save failed"
         report = audit_log(store)
         assert report.ok, report.as_json()["violations"]
+
+
+async def test_a_claim_while_prepared_is_refused_and_a_restore_offers_the_group_again(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """A claim between prepare and commit would land inside the cut without being in what the trainer
+    saved (trained zero times after a restore to it): it is refused, made after the commit, and a
+    restore to that checkpoint rolls it back and offers the group again."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(store, {"a": client}, mode="sibling")
+        async with coord:
+            g = gid()
+            await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
+            await coord.wait_idle(30)
+            ck = gid("ck")
+            await _prepared(coord, ck)
+            assert not await coord.wait_checkpoint_decided(0.05)
+            with pytest.raises(ClaimWhilePrepared, match=f"checkpoint '{ck}' is prepared"):
+                await coord.claim_for_training(g, 3)
+            outcome = await coord.commit_checkpoint(ck)
+            assert outcome.committed and outcome.cut_position is not None
+            assert await coord.wait_checkpoint_decided(0.05)
+            await coord.claim_for_training(g, 3)
+        [claim] = [e for e in store.read_all(0) if e.type == "GroupClaimedForTraining"]
+        assert claim.position > outcome.cut_position and claim.data["train_step"] == 3
+        restored = await RolloutCoordinator.recover(store, {"a": client}, rollout_timeout_s=10.0)
+        async with restored:
+            assert g in {s.group_id for s in restored.sealed_unclaimed()}
+            await restored.claim_for_training(g, 3)
+    report = audit_log(store)
+    assert report.ok, report.as_json()["violations"]
 
 
 async def test_calls_that_do_not_fit_the_prepared_checkpoint_are_refused(

@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import contextlib
 import json
 import os
 import tempfile
@@ -61,7 +60,7 @@ from protocol.wire import TokenEntry
 from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
-from trainer.errors import AlreadyClaimed
+from trainer.errors import AlreadyClaimed, ClaimWhilePrepared
 from trainer.gym import GymClient
 from trainer.ray_gym.results import ResultRules, row_result
 from trainer.ray_gym.rows import (
@@ -278,7 +277,7 @@ class LedgerGym:
             gid = order.pop(0)
             group = pending.pop(gid)
             mark = time.monotonic()
-            items = await self._deliver(coord, group, train_step, call_id, tokenizer)
+            items = await self._deliver(coord, group, train_step, call_id, tokenizer, deadline)
             built += time.monotonic() - mark
             for rowidx, result in items:
                 sent += 1
@@ -530,6 +529,7 @@ class LedgerGym:
         train_step: int | None,
         call_id: str | None,
         tokenizer: Any,
+        deadline: float,
     ) -> list[tuple[int, dict[str, Any]]]:
         """Claims the group (durably, before anything is yielded) and builds its rows' results."""
         [record] = (await self._records([group.group_id])).values()
@@ -545,8 +545,21 @@ class LedgerGym:
             )
         if not record.sealed or len(record.seals) != len(group.rows):
             raise RowError(f"group {group.group_id} left play without a seal of every row")
-        with contextlib.suppress(AlreadyClaimed):
-            await coord.claim_for_training(group.group_id, train_step, call_id=call_id)
+        while True:
+            try:
+                await coord.claim_for_training(group.group_id, train_step, call_id=call_id)
+                break
+            except AlreadyClaimed:
+                break  # a retry replaying what its first attempt claimed
+            except ClaimWhilePrepared:
+                # The trainer is saving a checkpoint: the group goes out once it is decided, so that
+                # what it saves and the cut hold the same claims.
+                left = deadline - time.monotonic()
+                if left <= 0 or not await coord.wait_checkpoint_decided(left):
+                    raise CallBudgetSpent(
+                        f"group {group.group_id} waited for checkpoint {coord.ctx.active_checkpoint!r} "
+                        f"to be decided until the call's budget ({self.config.call_budget_s:g} s) ran out"
+                    ) from None
         store = self.store
         assert store is not None
 
