@@ -323,13 +323,13 @@ class GroupDeadLettered(Event):
     budget: RetryBudget | None = None
 
 
-class GroupClaimedForTraining(Event, version=2):
+class GroupClaimedForTraining(Event, version=3):
     """Version 2 added `call_id`: the call that delivered the group to training, when it has an
-    identity a retry of it keeps (a Ray task id).  Version 1 rows are upcast with None."""
+    identity a retry of it keeps (a Ray task id).  Version 3 lets `train_step` be None: the trainer
+    named no step (NeMo RL's Gym call names none), and none is made up.  Older rows are upcast as
+    they are (v1 with `call_id` None; every v1 and v2 row holds a step)."""
 
     group_id: Identifier
-    # The trainer's step when it named one; None when it did not (NeMo RL's Gym call names none), never
-    # an invented one.  Older rows always hold a number.
     train_step: int | None = Field(default=None, ge=0)
     call_id: str | None = Field(default=None, max_length=200)
 
@@ -402,11 +402,17 @@ class TrainerEpochTaken(Event):
     writer: str
 
 
-class TrainerRestored(Event):
+class TrainerRestored(Event, version=2):
+    """A trainer's coordinator rebuilt from the log.  `checkpoint_id`/`cut_position`: the checkpoint
+    the trainer restored to (its claims after that cut roll back).  Version 2 added `claims_kept`:
+    True when the trainer itself did not restore (only the process holding its coordinator restarted,
+    e.g. NeMo RL's Gym actor under Ray), so every claim stands; v1 rows are upcast with False."""
+
     cut_position: int | None
     checkpoint_id: Identifier | None
     plan: dict[str, int]
     trainer_id: Identifier | None = None
+    claims_kept: bool = False
 
 
 # --- workers -----------------------------------------------------------------

@@ -97,6 +97,18 @@ def _group_claimed_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "call_id": None}
 
 
+@upcaster("GroupClaimedForTraining", 2)
+def _group_claimed_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 always named a step; v3 only allows None as well."""
+    return dict(data)
+
+
+@upcaster("TrainerRestored", 1)
+def _trainer_restored_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Every v1 restore rolled back the claims after its cut."""
+    return {**data, "claims_kept": False}
+
+
 @upcaster("CheckpointCommitted", 1)
 def _checkpoint_committed_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 did not name its trainer: read as the unnamed trainer's."""

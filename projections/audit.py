@@ -686,10 +686,11 @@ def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
     # A trainer rolls back its own claims only; other trainers sharing the log keep theirs.
     cut = e.cut_position if e.cut_position is not None else 0
     as_of = e.plan.get("as_of_position", ev.position)
-    _check_own_cut(st, ev, e, cut)
     kept: list[tuple[int, str]] = []
     rolled_back: dict[str, int] = {}  # group -> its claims rolled back (made before the plan)
-    while st.claim_log and st.claim_log[-1][0] > cut:
+    if not e.claims_kept:  # else the trainer kept its state: every claim stands
+        _check_own_cut(st, ev, e, cut)
+    while st.claim_log and st.claim_log[-1][0] > cut and not e.claims_kept:
         position, group_id = st.claim_log.pop()
         group = st.groups.get(group_id)
         if group is not None and group.trainer_id != e.trainer_id:

@@ -198,6 +198,10 @@ class LedgerState:
     archived: dict[str, ArchivedGroup] = field(default_factory=dict)
     # agent -> "rollout_id/attempt_index" -> the receipt owed an ACK.
     debts: dict[str, dict[str, CompletionReceipt]] = field(default_factory=dict)
+    # trainer id ("" for the unnamed trainer) -> the cut it stands at: its newest commit's, or the one
+    # it restored to since; and the cut up to which its groups are archived (the one before).
+    cuts: dict[str, int] = field(default_factory=dict)
+    archived_to: dict[str, int] = field(default_factory=dict)
     # Caches, not state: rollout_id -> its sibling, stream -> its group, filled as they are first
     # looked up and emptied of archived groups.  Excluded from dumps, hashes and equality; a loaded
     # state starts with them empty.
@@ -289,7 +293,8 @@ def debt_key(rollout_id: str, attempt_index: int) -> str:
 
 class LedgerProjection(TypedProjection[LedgerState]):
     name: ClassVar[str] = "ledger"
-    version: ClassVar[int] = 1
+    # 2: groups are archived one checkpoint later (`_committed`), and the cuts kept for it.
+    version: ClassVar[int] = 2
     state_type: ClassVar[Any] = LedgerState
 
     def initial(self) -> LedgerState:
@@ -484,8 +489,14 @@ def _claimed(state: LedgerState, ev: RecordedEvent, e: GroupClaimedForTraining) 
 
 
 def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None:
+    if e.claims_kept:  # the trainer kept its state: only its coordinator's process restarted
+        return
     # The trainer rolled back to the cut: claims made after it never reached a kept model.
     cut = e.cut_position if e.cut_position is not None else 0
+    if e.cut_position is not None:
+        state.cuts[e.trainer_id or ""] = cut
+    else:
+        state.cuts.pop(e.trainer_id or "", None)
     holders: list[GroupState | ArchivedGroup] = [*state.groups.values(), *state.archived.values()]
     for group in holders:
         if group.trainer_id != e.trainer_id:  # another trainer sharing the log keeps its claims
@@ -495,16 +506,32 @@ def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None
 
 
 def _committed(state: LedgerState, ev: RecordedEvent, e: CheckpointCommitted) -> None:
-    _archive(state, e.cut_position, e.trainer_id)
+    # Archived up to the cut the trainer stood at before this commit, not this one: a trainer may come
+    # back on the checkpoint before its newest (it died after the log's commit and before its own
+    # save was final), and a restore to it must still find every group claimed since.
+    key = e.trainer_id or ""
+    previous = state.cuts.get(key)
+    state.cuts[key] = e.cut_position
+    if previous is not None and previous > state.archived_to.get(key, -1):
+        state.archived_to[key] = previous
+        _archive(state, previous, e.trainer_id)
+
+
+def restorable_cut(state: LedgerState, trainer_id: str | None, cut: int | None) -> bool:
+    """Whether a restore of `trainer_id` to `cut` (None: to no checkpoint) finds every group it rolls
+    claims back on still in play: not archived past it."""
+    archived_to = state.archived_to.get(trainer_id or "")
+    return archived_to is None or (cut is not None and cut >= archived_to)
 
 
 def _archive(state: LedgerState, cut: int, trainer_id: str | None) -> None:
     """Moves every group of `trainer_id` that no legal later event can change into `archived`.
 
     Done for good = sealed and claimed (or dead-lettered), no debt left on any
-    of its tries, and everything about it at or before a committed cut, so a
-    restore to that cut or a later one keeps it as it is.  Only the committing
-    trainer's groups: another trainer restores to its own cuts.
+    of its tries, and everything about it at or before `cut` (the trainer's
+    checkpoint before its newest), so a restore to that checkpoint or a later
+    one keeps it as it is.  Only the committing trainer's groups: another
+    trainer restores to its own cuts.
     """
     indebted = {group_id_of(key.rpartition("/")[0]) for owed in state.debts.values() for key in owed}
     done = [

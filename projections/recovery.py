@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from projections.base import canonical, sha256_text
 from projections.checkpoints import CheckpointsState, CheckpointState
 from projections.group_core import AttemptAction, attempt_action, round_step, sibling_exhausted
-from projections.ledger import ArchivedGroup, AttemptState, GroupState, LedgerState
+from projections.ledger import ArchivedGroup, AttemptState, GroupState, LedgerState, restorable_cut
 from projections.ownership import trainer_debts
 from protocol.ids import rollout_id_of
 from protocol.wire import AcknowledgeItem, CompletionReceipt
@@ -99,6 +99,10 @@ class ClaimToRollBack(_Model):
     position: int
 
 
+class RestoreRefused(ValueError):
+    """The checkpoint a trainer says it restored to is not one the log can restore it to (one line)."""
+
+
 class RecoveryPlan(_Model):
     position: int
     debts_to_flush: dict[str, list[CompletionReceipt]]
@@ -112,6 +116,8 @@ class RecoveryPlan(_Model):
     claims_to_roll_back: list[ClaimToRollBack]
     cut_position: int | None
     checkpoint_id: str | None
+    # The trainer kept its state (only its coordinator's process restarted): no claim rolls back.
+    claims_kept: bool = False
 
     def summary(self) -> dict[str, int]:
         """Counts for the `TrainerRestored.plan` field."""
@@ -134,10 +140,56 @@ def _settle_action(attempt: AttemptState) -> AttemptAction | None:
     return attempt_action(attempt)
 
 
+def restore_point(
+    ledger: LedgerState,
+    checkpoints: CheckpointsState,
+    trainer_id: str | None,
+    restore_to: str | None,
+) -> CheckpointState | None:
+    """The checkpoint a trainer restores to: `restore_to` (the one it loaded), checked, or (None) its
+    newest committed one.  `RestoreRefused` when the log cannot restore it there."""
+    newest = checkpoints.last_committed(trainer_id=trainer_id)
+    if restore_to is None:
+        return newest
+    named = checkpoints.checkpoints.get(restore_to)
+    who = f"trainer {trainer_id!r}" if trainer_id is not None else "the unnamed trainer"
+    if named is None:
+        raise RestoreRefused(
+            f"checkpoint {restore_to!r} is not in the log: the trainer's checkpoint was saved without "
+            f"this log (newest of {who} here: {newest.checkpoint_id if newest else 'none'})"
+        )
+    if named.trainer_id != trainer_id:
+        raise RestoreRefused(
+            f"checkpoint {restore_to!r} belongs to trainer {named.trainer_id!r}, not to {who}"
+        )
+    if named.status not in ("committed", "resumed") or named.cut_position is None:
+        raise RestoreRefused(
+            f"checkpoint {restore_to!r} is {named.status} in the log, not committed: the trainer "
+            "restored to a save the log never decided"
+        )
+    if not restorable_cut(ledger, trainer_id, named.cut_position):
+        raise RestoreRefused(
+            f"checkpoint {restore_to!r} (cut {named.cut_position}) is older than the log can restore "
+            f"{who} to: groups claimed after it are archived by its later checkpoints "
+            f"(newest {newest.checkpoint_id if newest else 'none'}); load one of the two newest"
+        )
+    return named
+
+
 def plan_recovery(
-    ledger: LedgerState, checkpoints: CheckpointsState, trainer_id: str | None = None
+    ledger: LedgerState,
+    checkpoints: CheckpointsState,
+    trainer_id: str | None = None,
+    *,
+    restore_to: str | None = None,
+    claims_kept: bool = False,
 ) -> RecoveryPlan:
-    """The restore plan of one trainer: only its own groups and checkpoints (`trainer_id`)."""
+    """The restore plan of one trainer: only its own groups and checkpoints (`trainer_id`).
+
+    `restore_to`: the checkpoint the trainer loaded (None: its newest committed one); the claims
+    after its cut roll back.  `claims_kept`: the trainer kept its state (only the process of its
+    coordinator restarted), so no claim rolls back.  `RestoreRefused` for a checkpoint the log
+    cannot restore it to."""
     settle: list[AttemptToSettle] = []
     replace: list[SiblingToReplace] = []
     rerun: list[str] = []
@@ -156,7 +208,7 @@ def plan_recovery(
         else:
             _plan_prompt_group(group, settle, rerun, dead)
 
-    last = checkpoints.last_committed(trainer_id=trainer_id)
+    last = None if claims_kept else restore_point(ledger, checkpoints, trainer_id, restore_to)
     cut = last.cut_position if last is not None else None
     bound = cut if cut is not None else 0
     every: list[GroupState | ArchivedGroup] = [*ledger.groups.values(), *ledger.archived.values()]
@@ -165,7 +217,7 @@ def plan_recovery(
         ClaimToRollBack(group_id=g.group_id, train_step=c.train_step, position=c.position)
         for g in holders
         for c in g.claims
-        if c.position > bound
+        if c.position > bound and not claims_kept
     ]
     return RecoveryPlan(
         position=ledger.position,
@@ -183,6 +235,7 @@ def plan_recovery(
         claims_to_roll_back=sorted(rollback, key=lambda c: c.position),
         cut_position=cut,
         checkpoint_id=last.checkpoint_id if last is not None else None,
+        claims_kept=claims_kept,
     )
 
 

@@ -274,13 +274,24 @@ class RolloutCoordinator:
 
     @classmethod
     async def recover(
-        cls, store: EventStore, agents: dict[str, GymClient], **kwargs: Any
+        cls,
+        store: EventStore,
+        agents: dict[str, GymClient],
+        *,
+        restore_to: str | None = None,
+        claims_kept: bool = False,
+        **kwargs: Any,
     ) -> RolloutCoordinator:
+        """A coordinator rebuilt from the log, carrying on (trainer/recovery.py).  `restore_to`: the
+        checkpoint the trainer loaded (None: its newest committed one), whose cut its claims roll
+        back to; `claims_kept`: the trainer kept its state (only this process restarted), so none
+        rolls back.  `RestoreRefused` for a checkpoint the log cannot restore it to (the coordinator
+        took its owner epoch, then closes; nothing else is written)."""
         from trainer.recovery import recover
 
         coord = cls(store, agents, **kwargs)
         coord._epoch_reason = "recovery"
-        return await recover(coord)
+        return await recover(coord, restore_to=restore_to, claims_kept=claims_kept)
 
     def _check_alive(self) -> None:
         if self.journal.fenced is not None:

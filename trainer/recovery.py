@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from eventstore.events import GroupTakenOver, TrainerRestored
-from projections.recovery import RecoveryPlan, plan_recovery
+from projections.recovery import RecoveryPlan, RestoreRefused, plan_recovery
 from protocol.streams import group_stream, trainer_stream
 from trainer.context import log
 
@@ -30,11 +30,19 @@ def groups_to_drive(plan: RecoveryPlan) -> list[str]:
     return sorted(named)
 
 
-async def recover(coord: RolloutCoordinator) -> RolloutCoordinator:
+async def recover(
+    coord: RolloutCoordinator, *, restore_to: str | None = None, claims_kept: bool = False
+) -> RolloutCoordinator:
     await coord.start()
     journal = coord.journal
     trainer_id = coord.settings.trainer_id
-    plan = plan_recovery(journal.ledger, journal.checkpoints, trainer_id)
+    try:
+        plan = plan_recovery(
+            journal.ledger, journal.checkpoints, trainer_id, restore_to=restore_to, claims_kept=claims_kept
+        )
+    except RestoreRefused:
+        await coord.close()
+        raise
     groups = groups_to_drive(plan)
     # Every open group has work the plan names; one it missed would sit open for ever, so drive it too.
     missed = sorted(set(coord.open_groups()) - set(groups))
@@ -54,6 +62,7 @@ async def recover(coord: RolloutCoordinator) -> RolloutCoordinator:
                 checkpoint_id=plan.checkpoint_id,
                 plan=plan.summary(),
                 trainer_id=trainer_id,
+                claims_kept=plan.claims_kept,
             )
         ],
     )

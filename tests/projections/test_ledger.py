@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+
 from eventstore import EventStore
+from projections.audit import audit_log
 from projections.base import fold
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
-from projections.ledger import LedgerProjection, LedgerState
-from projections.recovery import RECOVERY_SCHEMA_VERSION, RolloutRecoveryState, plan_recovery
+from projections.ledger import LedgerProjection, LedgerState, restorable_cut
+from projections.recovery import (
+    RECOVERY_SCHEMA_VERSION,
+    RestoreRefused,
+    RolloutRecoveryState,
+    plan_recovery,
+)
 from tests.projections.builder import LogBuilder
 
 
@@ -106,13 +114,19 @@ def test_dump_load_round_trip(store: EventStore, log: LogBuilder) -> None:
 
 
 def test_archive_after_committed_cut(store: EventStore, log: LogBuilder) -> None:
+    """A group done before a cut is archived by the next commit: a trainer may come back on the
+    checkpoint before its newest, and a restore to it must still find the groups claimed since."""
     log.clean_sibling_group("p", 2, step=1)
     log.clean_sibling_group("q", 2)  # sealed, never claimed: stays in play
     log.checkpoint("c1")
+    assert "p" in ledger_of(store).groups
+    log.clean_sibling_group("r", 1, step=2)
+    log.checkpoint("c2")
     state = ledger_of(store)
     assert "p" in state.archived and "p" not in state.groups and state.knows_group("p")
-    assert "q" in state.groups
+    assert "q" in state.groups and "r" in state.groups
     assert state.archived["p"].claimed_steps == [1]
+    assert not restorable_cut(state, None, 0) and restorable_cut(state, None, state.cuts[""])
 
 
 def test_recovery_state_and_plan(store: EventStore, log: LogBuilder) -> None:
@@ -159,3 +173,50 @@ def test_recovery_state_and_plan(store: EventStore, log: LogBuilder) -> None:
 
     log.restored(plan.cut_position, plan.checkpoint_id, plan.summary())
     assert ledger_of(store).groups["late"].claims == []
+
+
+def test_a_restore_to_the_checkpoint_the_trainer_loaded(store: EventStore, log: LogBuilder) -> None:
+    """The trainer came back on c1 though c2 committed after it (it died before its own save of c2
+    was final): the claims after c1's cut roll back, none of their groups archived; a checkpoint the
+    log cannot restore to is refused in one line; a restart that kept the trainer's state keeps
+    every claim."""
+    log.clean_sibling_group("a", 1, step=0)
+    log.checkpoint("c1")
+    log.clean_sibling_group("b", 1, step=1)
+    log.checkpoint("c2")
+    log.clean_sibling_group("c", 1, step=2)
+    log.prepare("c3")
+    log.abort("c3")
+    ledger, checkpoints = ledger_of(store), checkpoints_of(store)
+
+    newest = plan_recovery(ledger, checkpoints)
+    assert newest.checkpoint_id == "c2" and [c.group_id for c in newest.claims_to_roll_back] == ["c"]
+    back = plan_recovery(ledger, checkpoints, restore_to="c1")
+    assert back.checkpoint_id == "c1" and back.cut_position == checkpoints.checkpoints["c1"].cut_position
+    assert [c.group_id for c in back.claims_to_roll_back] == ["b", "c"]
+    assert {"b", "c"} <= set(back.sealed_kept)
+    kept = plan_recovery(ledger, checkpoints, claims_kept=True)
+    assert kept.claims_to_roll_back == [] and kept.claims_kept and kept.summary()["claims_to_roll_back"] == 0
+
+    for name, says in (
+        ("nope", "'nope' is not in the log"),
+        ("c3", "'c3' is aborted in the log, not committed"),
+    ):
+        with pytest.raises(RestoreRefused, match=says):
+            plan_recovery(ledger, checkpoints, restore_to=name)
+    with pytest.raises(RestoreRefused, match="belongs to trainer None"):
+        plan_recovery(ledger, checkpoints, "T9", restore_to="c1")
+
+    log.restored(back.cut_position, back.checkpoint_id, back.summary())
+    restored = ledger_of(store)
+    assert restored.groups["b"].claims == [] and restored.groups["c"].claims == []
+    assert restored.archived["a"].claims  # before c1's cut: stands (archived by c2's commit)
+    log.claim("b", 1)
+    log.checkpoint("c4")  # would archive up to c1's cut, the one the trainer stood at: done already
+    log.checkpoint("c5")  # up to c4's
+    state = ledger_of(store)
+    assert "a" in state.archived and "b" in state.archived and "c" in state.groups
+    with pytest.raises(RestoreRefused, match="older than the log can restore"):
+        plan_recovery(state, checkpoints_of(store), restore_to="c1")
+    assert plan_recovery(state, checkpoints_of(store), restore_to="c4").checkpoint_id == "c4"
+    assert audit_log(store).ok, audit_log(store).as_json()["violations"]

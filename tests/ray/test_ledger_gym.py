@@ -41,6 +41,17 @@ def _config(url: str, agents: dict[str, str], **kw: Any) -> LedgerGymConfig:
     return LedgerGymConfig(db_url=url, agents=agents, rollout_timeout_s=60.0, prepare_timeout_s=60.0, **kw)
 
 
+class _TaskGym(LedgerGym):
+    """The actor as Ray runs it: each call has a task id, the same on every retry of that call."""
+
+    def __init__(self, config: LedgerGymConfig, task_id: str) -> None:
+        super().__init__(config)
+        self.task_id = task_id
+
+    def _call_id(self) -> str | None:
+        return self.task_id
+
+
 async def _collect(gym: LedgerGym, rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], Any]]:
     return [item async for item in gym.run_rollouts(rows, "timing/rollout")]
 
@@ -83,7 +94,7 @@ async def test_a_retried_call_resumes_and_replays_in_claim_order(
     agent = make_agent("a")
     rows = nemo_rows(3, 2, ["a"])
     digest = call_digest(rows)
-    first = LedgerGym(_config(sqlite_url, {"a": agent.url}))
+    first = _TaskGym(_config(sqlite_url, {"a": agent.url}), "task-1")
     stream = first.run_rollouts(rows, "t")
     got = [await anext(stream), await anext(stream)]
     await stream.aclose()
@@ -91,7 +102,7 @@ async def test_a_retried_call_resumes_and_replays_in_claim_order(
     # Whichever group sealed first went out first, both of its rows.
     assert got[0][0] % 2 == 0 and got[1][0] == got[0][0] + 1
 
-    second = LedgerGym(_config(sqlite_url, {"a": agent.url}))
+    second = _TaskGym(_config(sqlite_url, {"a": agent.url}), "task-1")  # Ray's retry: the same task
     try:
         retried = await _collect(second, rows)
         await second.wait_idle(120)
@@ -134,17 +145,6 @@ async def test_the_same_rows_again_after_delivery_are_a_new_call(
         assert types.count("GroupSealed") == 1 and types.count("GroupClaimedForTraining") == 1
 
 
-class _TaskGym(LedgerGym):
-    """The actor as Ray runs it: each call has a task id, the same on every retry of that call."""
-
-    def __init__(self, config: LedgerGymConfig, task_id: str) -> None:
-        super().__init__(config)
-        self.task_id = task_id
-
-    def _call_id(self) -> str | None:
-        return self.task_id
-
-
 async def test_a_retried_task_whose_groups_were_all_claimed_replays_them_not_new_ones(
     sqlite_url: str, sqlite_store: EventStore, make_agent: MakeAgent
 ) -> None:
@@ -173,10 +173,11 @@ async def test_a_retried_task_whose_groups_were_all_claimed_replays_them_not_new
     assert [i for i, _, _ in replayed] == [i for i, _, _ in delivered]
     assert plain([r for _, r, _ in replayed]) == plain([r for _, r, _ in delivered])
     assert sorted(i for i, _, _ in fresh) == list(range(6))
-    # task-1's groups (occurrence 0): claimed, rolled back by the restart (no checkpoint kept them),
-    # claimed again by the same call; task-2's are the next occurrence of the same rows.
+    # task-1's groups (occurrence 0): claimed once, and the claims stood through the actor's restart
+    # (the trainer kept its state), so the replay claimed nothing again; task-2's are the next
+    # occurrence of the same rows.
     digest = call_digest(rows)
-    for occurrence, task, claims in ((0, "task-1", 2), (1, "task-2", 1)):
+    for occurrence, task, claims in ((0, "task-1", 1), (1, "task-2", 1)):
         for k in range(3):
             events = list(sqlite_store.read_stream(group_stream(group_id("nrl-", digest, occurrence, k))))
             assert [e.type for e in events].count("GroupReserved") == 1

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import pickle
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,9 +16,12 @@ import pytest
 import torch
 
 from eventstore import EventStore
+from projections.audit import audit_log
 from protocol.wire import TokenEntry
-from tests.ray.conftest import nemo_rows
+from tests.ray.conftest import nemo_rows, plain
 from tests.rollout.conftest import MakeAgent
+from trainer.gym import GymClient
+from trainer.manifest import MANIFEST_NAME, read_manifest
 from trainer.ray_gym import (
     CallBudgetSpent,
     LedgerGym,
@@ -377,3 +382,125 @@ def test_errors_are_the_classes_nemo_rl_handles_for_them() -> None:
     ):
         again = pickle.loads(pickle.dumps(exc))
         assert type(again) is type(exc) and str(again) == str(exc) and bucket(again) == expected
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+
+async def test_checkpoints_bound_to_the_trainers_checkpoint_directory(
+    sqlite_url: str, sqlite_store: EventStore, make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """`grpo.py`'s save block (`async_grpo_train`): `CheckpointManager.init_tmp_checkpoint` makes
+    `tmp_step_N`, the policy, optimizer, replay buffer and dataloader are saved into it, and
+    `begin_finalization` renames it `step_N`; at the next start `setup` loads
+    `get_latest_checkpoint_path()` (nemo_rl/utils/checkpoint.py).  The actor's split checkpoint goes
+    around the save and its manifest into `tmp_step_N`.  The trainer dies after the log's commit of
+    step 2 and before the rename: NeMo RL comes back on step_1, and so does the log: the groups
+    delivered since step_1 are delivered again (not run again), and step_2, saved again, is a new id."""
+    agent = make_agent("a")
+    results = tmp_path / "results"
+    config = LedgerGymConfig(
+        db_url=sqlite_url, agents={"a": agent.url}, trainer_id="grpo-1", checkpoint_dir=str(results)
+    )
+    batch_1, batch_2 = nemo_rows(2, 2, ["a"], tag="s1"), nemo_rows(2, 2, ["a"], tag="s2")
+
+    async def save(gym: LedgerGym, step: int, *, finalize: bool) -> dict[str, Any]:
+        tmp = results / f"tmp_step_{step}"
+        shutil.rmtree(tmp, ignore_errors=True)  # init_tmp_checkpoint: a stale one left by a crash goes
+        tmp.mkdir(parents=True)
+        prepared = await gym.prepare_checkpoint(f"step_{step}")
+        assert prepared["prepared"], prepared
+        (tmp / "replay_buffer.pt").write_bytes(b"the trainer's own state")  # policy.save_checkpoint, ...
+        committed = await gym.commit_checkpoint(f"step_{step}", checkpoint_dir=str(tmp))
+        if finalize:
+            tmp.rename(results / f"step_{step}")  # begin_finalization
+        return committed
+
+    gym = LedgerGym(config)
+    try:
+        await gym._spinup()  # a fresh run: no step_N, no checkpoint of grpo-1 in the log
+        await drain(gym, batch_1)
+        first = await save(gym, 1, finalize=True)
+        delivered = await drain(gym, batch_2)
+        second = await save(gym, 2, finalize=False)  # killed before the rename
+        await gym.wait_idle(120)
+    finally:
+        await gym.shutdown()
+    assert (first["checkpoint_id"], second["checkpoint_id"]) == ("grpo-1.step_1", "grpo-1.step_2")
+    assert first["committed"] and second["committed"]
+    manifest = read_manifest(results / "step_1")
+    assert (manifest.checkpoint_id, manifest.trainer_checkpoint) == ("grpo-1.step_1", "step_1")
+    assert manifest.cut_position == first["cut_position"] and manifest.trainer_id == "grpo-1"
+
+    again = LedgerGym(config)
+    try:
+        await again._spinup()  # restored to grpo-1.step_1, the checkpoint NeMo RL loads
+        redelivered = await drain(again, batch_2)
+        third = await save(again, 2, finalize=True)
+        await again.wait_idle(120)
+    finally:
+        await again.shutdown()
+    assert sorted(i for i, _, _ in redelivered) == sorted(i for i, _, _ in delivered)
+    # The same sealed tries, row for row (the timings of the last item aside).
+    assert plain(sorted((i, r) for i, r, _ in redelivered)) == plain(sorted((i, r) for i, r, _ in delivered))
+    assert third["checkpoint_id"] == "grpo-1.step_2.r1" and third["committed"]
+    restored = [e.data for e in sqlite_store.read_all(0) if e.type == "TrainerRestored"]
+    assert [(r["checkpoint_id"], r["claims_kept"]) for r in restored] == [
+        (None, False),
+        ("grpo-1.step_1", False),
+    ]
+    assert restored[1]["plan"]["claims_to_roll_back"] == 2  # batch 2's two groups
+    async with GymClient(agent.url, "a") as client:
+        assert all(n == 1 for n in (await client.debug_runs()).values())  # nothing ran twice
+    report = audit_log(sqlite_store)
+    assert report.ok, report.as_json()["violations"]
+
+
+async def test_a_checkpoint_that_does_not_fit_the_log_is_refused_in_one_line(
+    sqlite_url: str, make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """What NeMo RL would load but the log cannot restore to: a changed manifest, other ledger
+    settings, a fresh run on a trainer id whose checkpoints the log holds; each refused at
+    `_spinup` with one line, nothing left open, and the right configuration then starts."""
+    agent = make_agent("a")
+    results = tmp_path / "results"
+    config = LedgerGymConfig(
+        db_url=sqlite_url, agents={"a": agent.url}, trainer_id="grpo-1", checkpoint_dir=str(results)
+    )
+    gym = LedgerGym(config)
+    try:
+        await gym._spinup()
+        await drain(gym, nemo_rows(1, 2, ["a"]))
+        (results / "tmp_step_1").mkdir(parents=True)
+        assert (await gym.prepare_checkpoint("step_1"))["prepared"]
+        await gym.commit_checkpoint("step_1", checkpoint_dir=str(results / "tmp_step_1"))
+        (results / "tmp_step_1").rename(results / "step_1")
+        await gym.wait_idle(120)
+    finally:
+        await gym.shutdown()
+    path = results / "step_1" / MANIFEST_NAME
+    good = path.read_text()
+
+    async def refused(cfg: LedgerGymConfig, says: str) -> None:
+        other = LedgerGym(cfg)
+        try:
+            with pytest.raises(ValueError, match=says) as caught:
+                await other._spinup()
+            assert "\n" not in str(caught.value) and other.store is None and other.coord is None
+        finally:
+            await other.shutdown()
+
+    path.write_text(good.replace('"cut_position": ', '"cut_position": 1'))
+    await refused(config, "does not match its own digest")
+    path.write_text(good)
+    await refused(config.model_copy(update={"num_generations": 2}), "other ledger settings")
+    await refused(config.model_copy(update={"trainer_id": "grpo-2"}), "saved by trainer 'grpo-1'")
+    fresh = config.model_copy(update={"checkpoint_dir": str(tmp_path / "empty")})
+    await refused(fresh, "the trainer loaded no checkpoint .* a fresh run takes a new ledger.trainer_id")
+    named = config.model_copy(update={"checkpoint_dir": None, "restore_checkpoint": "step_9"})
+    await refused(named, "'step_9' is no committed checkpoint of trainer 'grpo-1'")
+    ok = LedgerGym(config.model_copy(update={"checkpoint_dir": None, "restore_checkpoint": "step_1"}))
+    try:
+        await ok._spinup()
+    finally:
+        await ok.shutdown()

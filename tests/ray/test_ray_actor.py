@@ -77,8 +77,13 @@ async def test_an_actor_killed_mid_run_recovers_with_nothing_lost(
         for k in range(6):
             types = Counter(e.type for e in store.read_stream(group_stream(group_id("nrl-", digest, 0, k))))
             assert types["GroupReserved"] == 1 and types["GroupSealed"] == 1
-        # Recovered from the log twice: at the first spin-up and after the kill.
-        assert sum(e.type == "TrainerRestored" for e in store.read_all(0)) == 2
+        # Recovered from the log twice: at the trainer's spin-up (to its checkpoint: none here) and
+        # after the kill, keeping every claim (the trainer kept its state; only its actor died).
+        restored = [e.data for e in store.read_all(0) if e.type == "TrainerRestored"]
+        assert [r["claims_kept"] for r in restored] == [False, True]
+        assert restored[1]["plan"]["claims_to_roll_back"] == 0
+        claims = Counter(e.stream_id for e in store.read_all(0) if e.type == "GroupClaimedForTraining")
+        assert sorted(claims.values()) == [1] * 6  # each group claimed once, none again by the replay
         assert audit_log(store).violations == []
     finally:
         store.close()

@@ -54,6 +54,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eventstore import EventStore, open_store
 from eventstore.events import Mode
+from projections.base import fold
+from projections.checkpoints import CheckpointsProjection, CheckpointState
 from protocol.ids import Identifier
 from protocol.streams import group_stream
 from protocol.wire import TokenEntry
@@ -62,6 +64,17 @@ from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import AlreadyClaimed, ClaimWhilePrepared
 from trainer.gym import GymClient
+from trainer.manifest import (
+    CheckpointManifest,
+    ManifestMismatch,
+    check_manifest,
+    config_fingerprint,
+    hash_at,
+    latest_step_dir,
+    log_identity,
+    read_manifest,
+    write_manifest,
+)
 from trainer.ray_gym.results import ResultRules, row_result
 from trainer.ray_gym.rows import (
     DEFAULT_GROUP_PREFIX,
@@ -132,6 +145,24 @@ class LedgerGymConfig(BaseModel):
     # Serve the log's figures on /metrics from inside the actor (the `metrics` extra); 0: a free port.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_addr: str = "127.0.0.1"
+    # The trainer's checkpoints (NeMo RL's `checkpointing.checkpoint_dir`): at `_spinup` the log is
+    # restored to the checkpoint NeMo RL loads from it (its newest `step_N`, by NeMo RL's own rule),
+    # read from the manifest there.  `restore_checkpoint` names one outright instead (a checkpoint
+    # directory, or the trainer's checkpoint name).  Neither: the log's newest cut of this trainer.
+    checkpoint_dir: str | None = None
+    restore_checkpoint: str | None = None
+
+    def fingerprint(self) -> str:
+        """What decides which groups a call's rows become and whose they are: a checkpoint saved
+        under other values is refused at restore."""
+        return config_fingerprint(
+            {
+                "trainer_id": self.trainer_id,
+                "mode": self.mode,
+                "group_prefix": self.group_prefix,
+                "num_generations": self.num_generations,
+            }
+        )
 
 
 def split_config(config: Any) -> tuple[dict[str, Any], LedgerGymConfig]:
@@ -200,6 +231,7 @@ class LedgerGym:
         self.gym: GymHost | None = None
         self.agent_urls: dict[str, str] = dict(self.config.agents)
         self._tokenizer: Any = None
+        self._prepared: dict[str, str] = {}  # the trainer's checkpoint name -> the log's id, while prepared
         self._lock: asyncio.Lock | None = None
         self._metrics: Any = None
         self._exit_hook: Any = None
@@ -207,9 +239,12 @@ class LedgerGym:
     # --- NeMo RL's actor surface ----------------------------------------------------------------
 
     async def _spinup(self) -> None:
-        """Starts or finds the Gym servers, opens the log and recovers the coordinator from it (also
-        done by every call on an actor Ray restarted)."""
-        await self._coordinator()
+        """The trainer's start (NeMo RL calls it once, from its setup): starts or finds the Gym
+        servers, opens the log and restores it to the checkpoint the trainer loaded (see
+        `checkpoint_dir`): claims after its cut roll back.  An actor Ray restarted is not spun up
+        again; its first call recovers the coordinator keeping every claim (the trainer kept its
+        state)."""
+        await self._coordinator(restore=True)
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         """NeMo RL main installs its tokenizer once here; results then carry the decoded strings."""
@@ -247,7 +282,7 @@ class LedgerGym:
                 raise RowError(f"row {run[0]['_rowidx']} names agent {agent!r}, which the Gym does not run")
         call_id = self._call_id()
         digest = call_digest(rows)
-        occurrence, records = await self._occurrence(digest, len(runs), call_id)
+        occurrence, replay = await self._occurrence(digest, len(runs), call_id)
         planned = plan_call(runs, digest, occurrence, self.config.group_prefix)
         for p in planned:
             await coord.submit(
@@ -257,8 +292,7 @@ class LedgerGym:
         total, sent = len(rows), 0
         waited = built = 0.0
         # A retry: what the first attempt delivered, again, in the order the log says it went out.
-        replay = sorted((r.claim_position, gid) for gid, r in records.items() if r.claim_position is not None)
-        order = [gid for _, gid in replay]
+        order = list(replay)
         deadline = started + self.config.call_budget_s
         while pending:
             if not order:
@@ -292,30 +326,55 @@ class LedgerGym:
                     }
                 yield rowidx, result, timing
 
-    async def checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
-        """The one-call checkpoint: prepare, then commit (or the abort prepare ended in)."""
-        return _outcome(await (await self._coordinator()).checkpoint(checkpoint_id))
+    # Checkpoints are named by the trainer (NeMo RL: `step_N`); the log's id is that name under the
+    # trainer id (`<trainer_id>.step_N`), `.rK` added when the name was used before (a trainer that
+    # restored to an older step saves the same step again): log ids are never reused.
+
+    async def checkpoint(self, checkpoint_id: str, checkpoint_dir: str | None = None) -> dict[str, Any]:
+        """The one-call checkpoint: prepare, then commit (or the abort prepare ended in).  Only for a
+        trainer that claims nothing between its own save and this call; otherwise prepare, save,
+        commit."""
+        coord = await self._coordinator()
+        log_id = self._log_checkpoint_id(coord, checkpoint_id)
+        outcome = await coord.checkpoint(log_id)
+        return await self._bound(coord, log_id, checkpoint_id, outcome, checkpoint_dir)
 
     async def prepare_checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
-        """Split phase, first step: `{"prepared": True, ...}` once every agent is prepared (the trainer
-        saves now, then calls `commit_checkpoint` or `abort_checkpoint`), else the aborted outcome."""
-        result = await (await self._coordinator()).prepare_checkpoint(checkpoint_id)
+        """Split phase, first step, before the trainer saves: `{"prepared": True, ...}` once every
+        agent is prepared (no claim is made from now to the decision: what the trainer saves is what
+        the cut holds), else the aborted outcome.  Then `commit_checkpoint` (or `abort_checkpoint`)."""
+        coord = await self._coordinator()
+        log_id = self._log_checkpoint_id(coord, checkpoint_id)
+        self._prepared[checkpoint_id] = log_id
+        result = await coord.prepare_checkpoint(log_id)
         if isinstance(result, PreparedCheckpoint):
             return {
                 "prepared": True,
                 "committed": False,
                 "reason": "",
                 "prepare_wait_s": result.prepare_wait_s,
+                "checkpoint_id": log_id,
             }
-        return {"prepared": False, **_outcome(result)}
+        self._prepared.pop(checkpoint_id, None)
+        return {"prepared": False, **_outcome(result), "checkpoint_id": log_id}
 
-    async def commit_checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
-        return _outcome(await (await self._coordinator()).commit_checkpoint(checkpoint_id))
+    async def commit_checkpoint(
+        self, checkpoint_id: str, checkpoint_dir: str | None = None
+    ) -> dict[str, Any]:
+        """Commits the prepared checkpoint once the trainer saved, and binds it to the trainer's
+        checkpoint directory (NeMo RL's `tmp_step_N`, before it is renamed `step_N`): the manifest
+        is written there (`manifest` in the answer)."""
+        coord = await self._coordinator()
+        log_id = self._prepared.pop(checkpoint_id, checkpoint_id)
+        outcome = await coord.commit_checkpoint(log_id)
+        return await self._bound(coord, log_id, checkpoint_id, outcome, checkpoint_dir)
 
     async def abort_checkpoint(
         self, checkpoint_id: str, reason: str = "aborted by the trainer"
     ) -> dict[str, Any]:
-        return _outcome(await (await self._coordinator()).abort_checkpoint(checkpoint_id, reason))
+        coord = await self._coordinator()
+        log_id = self._prepared.pop(checkpoint_id, checkpoint_id)
+        return {**_outcome(await coord.abort_checkpoint(log_id, reason)), "checkpoint_id": log_id}
 
     async def record_logprobs(
         self, rollout_id: str, attempt_index: int, logprobs: list[float], policy_version: str
@@ -427,7 +486,9 @@ class LedgerGym:
             dotenv_path=c.gym_dotenv_path,
         )
 
-    async def _coordinator(self) -> RolloutCoordinator:
+    async def _coordinator(self, *, restore: bool = False) -> RolloutCoordinator:
+        """The coordinator, recovered from the log on first use: restored to the trainer's checkpoint
+        when the trainer starts (`restore`, from `_spinup`), else keeping every claim."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -438,23 +499,37 @@ class LedgerGym:
                         await self.gym.stop()
                         self.gym = None
                     self.agent_urls = await self._find_agents()
-                self.store = await asyncio.to_thread(open_store, c.db_url, migrate_schema=True)
+                store = self.store = await asyncio.to_thread(open_store, c.db_url, migrate_schema=True)
                 self.clients = {
                     name: GymClient(url, name, token=c.agent_token) for name, url in self.agent_urls.items()
                 }
                 self._close_at_exit(asyncio.get_running_loop())
-                self.coord = await RolloutCoordinator.recover(
-                    self.store,
-                    self.clients,
-                    mode=c.mode,
-                    rollout_timeout_s=c.rollout_timeout_s,
-                    prepare_timeout_s=c.prepare_timeout_s,
-                    park_grace_s=c.park_grace_s,
-                    max_tries=c.max_tries,
-                    max_infra_failures=c.max_infra_failures,
-                    max_data_failures=c.max_data_failures,
-                    trainer_id=c.trainer_id,
-                )
+                try:
+                    restore_to = await asyncio.to_thread(self._restore_point, store) if restore else None
+                    self.coord = await RolloutCoordinator.recover(
+                        store,
+                        self.clients,
+                        restore_to=restore_to,
+                        claims_kept=not restore,
+                        mode=c.mode,
+                        rollout_timeout_s=c.rollout_timeout_s,
+                        prepare_timeout_s=c.prepare_timeout_s,
+                        park_grace_s=c.park_grace_s,
+                        max_tries=c.max_tries,
+                        max_infra_failures=c.max_infra_failures,
+                        max_data_failures=c.max_data_failures,
+                        trainer_id=c.trainer_id,
+                    )
+                except BaseException:
+                    # A refused restore (or a failed one) leaves nothing open: the call can be made again.
+                    for client in self.clients.values():
+                        await client.aclose()
+                    self.clients, self.store = {}, None
+                    if self._exit_hook is not None:
+                        atexit.unregister(self._exit_hook)
+                        self._exit_hook = None
+                    await asyncio.to_thread(store.close)
+                    raise
                 if c.metrics_port is not None and self._metrics is None:
                     from projections.exporter import serve_metrics
                     from trainer.telemetry import journal_families
@@ -463,6 +538,109 @@ class LedgerGym:
                         self.store, c.metrics_port, [journal_families], c.metrics_addr
                     )
             return self.coord
+
+    def _restore_point(self, store: EventStore) -> str | None:
+        """The log's checkpoint the trainer loaded: from the manifest of the directory named by
+        `restore_checkpoint`, or of the one NeMo RL loads from `checkpoint_dir` (its newest
+        `step_N`), checked against this log, trainer and settings; a name the log knows; or None (the
+        trainer's newest cut in the log).  `ManifestMismatch` for what does not fit (one line)."""
+        c = self.config
+        projection = CheckpointsProjection()
+        kinds = sorted(t.__name__ for t in projection.handles or ())
+        checkpoints = fold(projection, store.read_all(0, types=kinds))
+        mine = [k for k in checkpoints.checkpoints.values() if k.trainer_id == c.trainer_id]
+        directory: Path | None = None
+        if c.restore_checkpoint is not None:
+            named = Path(c.restore_checkpoint)
+            if not named.is_dir():
+                return self._named_checkpoint(c.restore_checkpoint, mine)
+            directory = named
+        elif c.checkpoint_dir is not None:
+            directory = latest_step_dir(Path(c.checkpoint_dir))
+            if directory is None:
+                committed = [k.checkpoint_id for k in mine if k.status in ("committed", "resumed")]
+                if committed:
+                    raise ManifestMismatch(
+                        f"the trainer loaded no checkpoint ({c.checkpoint_dir} has no step_N), but the log "
+                        f"holds {len(committed)} committed checkpoint(s) of trainer {c.trainer_id!r} "
+                        f"(newest {committed[-1]}): a fresh run takes a new ledger.trainer_id or log"
+                    )
+                return None
+        if directory is None:
+            return None
+        manifest = read_manifest(directory)
+        check_manifest(
+            manifest,
+            identity=log_identity(store),
+            cut_hash=hash_at(store, manifest.cut_position),
+            trainer_id=c.trainer_id,
+            fingerprint=c.fingerprint(),
+            where=directory,
+        )
+        known = checkpoints.checkpoints.get(manifest.checkpoint_id)
+        if known is not None and known.cut_position not in (None, manifest.cut_position):
+            raise ManifestMismatch(
+                f"{directory} names cut {manifest.cut_position} for checkpoint {manifest.checkpoint_id}, "
+                f"the log's cut of it is {known.cut_position}"
+            )
+        return manifest.checkpoint_id
+
+    def _named_checkpoint(self, name: str, mine: list[CheckpointState]) -> str:
+        """The log's checkpoint a trainer's name (or the log's own id) stands for: its newest
+        committed use."""
+        base = self._base_id(name)
+        uses = [k for k in mine if k.checkpoint_id in (name, base) or k.checkpoint_id.startswith(f"{base}.r")]
+        committed = [k for k in uses if k.status in ("committed", "resumed") and k.cut_position is not None]
+        if not committed:
+            raise ManifestMismatch(
+                f"ledger.restore_checkpoint {name!r} is no committed checkpoint of trainer "
+                f"{self.config.trainer_id!r} in the log"
+            )
+        return max(committed, key=lambda k: k.cut_position or 0).checkpoint_id
+
+    def _base_id(self, name: str) -> str:
+        stem = Path(name).name.removeprefix("tmp_")
+        trainer = self.config.trainer_id
+        return f"{trainer}.{stem}" if trainer else stem
+
+    def _log_checkpoint_id(self, coord: RolloutCoordinator, name: str) -> str:
+        base = self._base_id(name)
+        known = coord.journal.checkpoints.checkpoints
+        log_id, k = base, 0
+        while log_id in known:
+            k += 1
+            log_id = f"{base}.r{k}"
+        return log_id
+
+    async def _bound(
+        self,
+        coord: RolloutCoordinator,
+        log_id: str,
+        name: str,
+        outcome: CheckpointOutcome,
+        checkpoint_dir: str | None,
+    ) -> dict[str, Any]:
+        """The outcome, with the manifest written into the trainer's directory when it committed."""
+        answer = {**_outcome(outcome), "checkpoint_id": log_id}
+        if not outcome.committed or checkpoint_dir is None or outcome.cut_position is None:
+            return answer
+        store = coord.store
+        cut = outcome.cut_position
+
+        def write() -> str:
+            manifest = CheckpointManifest(
+                checkpoint_id=log_id,
+                trainer_checkpoint=Path(name).name.removeprefix("tmp_"),
+                trainer_id=self.config.trainer_id,
+                cut_position=cut,
+                cut_hash=hash_at(store, cut),
+                log_identity=log_identity(store),
+                config_fingerprint=self.config.fingerprint(),
+            )
+            return str(write_manifest(Path(checkpoint_dir), manifest))
+
+        answer["manifest"] = await coord.journal.read(write, "binding the checkpoint to the trainer's")
+        return answer
 
     def metrics_port(self) -> int | None:
         """The port `/metrics` is served on (after spin-up), if any."""
@@ -493,13 +671,17 @@ class LedgerGym:
 
     async def _occurrence(
         self, digest: str, groups: int, call_id: str | None = None
-    ) -> tuple[int, dict[str, GroupRecord]]:
-        """The first occurrence of these rows not wholly claimed (a retry resumes it), or wholly
-        claimed by this very call (`call_id`: a retry whose first attempt claimed every group, then
-        died before its caller had every item: it replays them all and Ray drops those its caller
-        has), with the records of its groups already in the log.  An occurrence with a dead-lettered
-        group is passed over: the ledger gave those rows up, and NeMo RL's own retry of them is a
-        new request."""
+    ) -> tuple[int, list[str]]:
+        """The occurrence of these rows this call runs as, and the groups it delivers again first.
+
+        Claims are read as the ledger stands them (a restore of the trainer rolls claims back; a
+        restart of this actor alone does not).  The first occurrence that no other call has a
+        standing claim on and that the ledger did not give up on (no group dead-lettered: NeMo RL's
+        own retry of such rows is a new request) is resumed: its groups are submitted again
+        (idempotent) and delivered, claimed again where a restore rolled their claims back.  One
+        whose standing claims are all this very call's (`call_id`, a Ray task id the retries keep)
+        is resumed whatever else holds: its first attempt delivered those groups, the retry yields
+        them again first, in claim order (Ray drops what its caller has), then the rest."""
         coord = self.coord
         assert coord is not None
         prefix = self.config.group_prefix
@@ -508,14 +690,25 @@ class LedgerGym:
             gids = [group_id(prefix, digest, occurrence, k) for k in range(groups)]
             known = [g for g in gids if coord.ledger.knows_group(g)]
             if not known:
-                return occurrence, {}
+                return occurrence, []
             records = await self._records(known)
-            ours = call_id is not None and all(r.claim_call == call_id for r in records.values())
+            standing = [
+                (position, call, gid)
+                for gid, record in records.items()
+                for position, call in record.claims
+                if position in self._standing_claims(coord, gid)
+            ]
+            mine = call_id is not None and bool(standing) and all(c == call_id for _, c, _ in standing)
+            foreign = any(call is None or call != call_id for _, call, _ in standing)
             given_up = any(r.dead_letter_reasons is not None for r in records.values())
-            unclaimed = len(known) < groups or any(r.claim_position is None for r in records.values())
-            if ours or (unclaimed and not given_up):
-                return occurrence, records
+            if mine or not (foreign or given_up):
+                return occurrence, [gid for _, _, gid in sorted(standing)]
             occurrence += 1
+
+    @staticmethod
+    def _standing_claims(coord: RolloutCoordinator, gid: str) -> set[int]:
+        group = coord.ledger.groups.get(gid) or coord.ledger.archived.get(gid)
+        return {c.position for c in group.claims} if group is not None else set()
 
     @staticmethod
     def _settled(coord: RolloutCoordinator, gid: str) -> bool:
@@ -633,4 +826,5 @@ def _outcome(outcome: CheckpointOutcome) -> dict[str, Any]:
         "committed": outcome.committed,
         "reason": outcome.reason,
         "prepare_wait_s": outcome.prepare_wait_s,
+        "cut_position": outcome.cut_position,
     }

@@ -93,9 +93,9 @@ class GroupRecord:
     """What one group stream says, for the adapter: delivered (claimed) where, and what sealed."""
 
     group_id: str
-    claim_position: int | None = None
-    # The call that made the first claim, when it named itself (a Ray task id).
-    claim_call: str | None = None
+    # Every claim of the group as (position, the call that made it when it named itself: a Ray task
+    # id), rolled back or not: the ledger says which stand.
+    claims: list[tuple[int, str | None]] = field(default_factory=list)
     sealed: bool = False
     dead_letter_reasons: list[str] | None = None
     dead_letter_budget: str | None = None
@@ -182,7 +182,7 @@ def plan_call(
 
 def read_group(group_id: str, events: Iterable[RecordedEvent]) -> GroupRecord:
     """Folds one group stream into what the adapter needs (raw data: claims a restore rolled back
-    still show where the group was delivered first)."""
+    are listed too)."""
     record = GroupRecord(group_id)
     replies: dict[tuple[str, int], str] = {}
     for event in events:
@@ -200,7 +200,6 @@ def read_group(group_id: str, events: Iterable[RecordedEvent]) -> GroupRecord:
         elif event.type == "GroupDeadLettered":
             record.dead_letter_reasons = list(data.get("reasons") or [])
             record.dead_letter_budget = data.get("budget")
-        elif event.type == "GroupClaimedForTraining" and record.claim_position is None:
-            record.claim_position = event.position
-            record.claim_call = data.get("call_id")
+        elif event.type == "GroupClaimedForTraining":
+            record.claims.append((event.position, data.get("call_id")))
     return record
