@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +203,21 @@ async def test_the_local_ray_listens_on_loopback_only(
 
 
 _LOOPBACK = {"127.0.0.1", "[::1]", "[::ffff:127.0.0.1]"}
+
+
+async def test_the_runnable_example_of_docs_nemo_rl(local_ray: None, tmp_path: Path) -> None:
+    """docs/nemo-rl.md's example (`python -m simulation.nemo_rl_example`): NeMo RL's setup, streamed
+    steps and save block on the real actor; the first run dies after the log's commit of its last
+    step, before the rename; the second comes back on the step before, as NeMo RL does, and trains
+    every row once."""
+    from simulation.nemo_rl_example import run
+
+    summary = await run(tmp_path, steps=2, prompts=1)
+    assert summary == {
+        "steps": 2,
+        "rows_trained": 4,  # 2 steps x 1 prompt x 2 generations
+        "rows_trained_twice": 0,
+        "tries_run_twice": 0,
+        "checkpoints": ["step_1", "step_2"],  # the crashed tmp_step_2 saved again and finished
+        "audit_violations": 0,
+    }
