@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from participant.driver import DriverBinding, trainer_of_header
 from participant.errors import AgentError
 from participant.executions import ExecutionRegistry
 from protocol.digests import DIGEST_PATTERN
@@ -21,10 +22,12 @@ from protocol.ids import ID_PATTERN, MAX_ATTEMPT_INDEX, MAX_ID_LENGTH
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
     CONTINUE_FROM_HEADER,
+    TRAINER_HEADER,
     AcknowledgeRequest,
     AcknowledgeResponse,
     Capabilities,
     CheckpointRequest,
+    DriverRequest,
     PrepareRequest,
     RetireRequest,
     RunRequest,
@@ -34,11 +37,13 @@ from protocol.wire import (
 log = logging.getLogger("participant")
 
 IdPath = Annotated[str, Path(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID_LENGTH)]
+# The trainer a coordinator's call names (absent: not checked; "" the unnamed trainer).
+TrainerHeader = Annotated[str | None, Header(alias=TRAINER_HEADER, max_length=MAX_ID_LENGTH)]
 AttemptPath = Annotated[int, Path(ge=0, le=MAX_ATTEMPT_INDEX)]
 
 # Paths the participant answers; every other path goes to the agent's own app.
 PARTICIPANT_PATHS = frozenset(
-    {"/run", "/acknowledge", "/retire", "/status", "/capabilities"}
+    {"/run", "/acknowledge", "/retire", "/status", "/capabilities", "/driver", "/driver/release"}
     | {f"/checkpoint/{op}" for op in ("prepare", "commit", "resume", "abort")}
 )
 PARTICIPANT_PREFIXES = ("/completion_receipt/", "/token_capture/")
@@ -92,6 +97,20 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
     """The routes over `reg`.  Every answer is JSON, a 500 included."""
     app = FastAPI(title=f"checkpoint participant {reg.agent_name}", openapi_url=None)
     install_json_errors(app)
+    driver = DriverBinding(reg.agent_name, reg.state_dir)
+
+    def driven_by(trainer: str | None) -> None:
+        """One trainer per agent: a call naming another trainer than the bound one is refused."""
+        if trainer is not None:
+            driver.check(trainer_of_header(trainer))
+
+    @app.post("/driver")
+    async def bind(request: DriverRequest) -> JSONResponse:
+        return _json(driver.bind(request.trainer_id))
+
+    @app.post("/driver/release")
+    async def release(request: DriverRequest) -> JSONResponse:
+        return _json(driver.release(request.trainer_id, reg.status()))
 
     @app.post("/run")
     async def run(
@@ -100,7 +119,9 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
         continue_from: Annotated[
             str | None, Header(alias=CONTINUE_FROM_HEADER, pattern=DIGEST_PATTERN)
         ] = None,
+        trainer: TrainerHeader = None,
     ) -> Response:
+        driven_by(trainer)
         outcome = await reg.run(request, adopt_only=adopt_only == "1", continue_from=continue_from)
         if outcome.live and deliver is not None:
             special = deliver(request, outcome.reply)
@@ -117,27 +138,33 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
         return _json([e.model_dump(mode="json") for e in reg.token_capture(capture_key)])
 
     @app.post("/acknowledge")
-    async def acknowledge(request: AcknowledgeRequest) -> JSONResponse:
+    async def acknowledge(request: AcknowledgeRequest, trainer: TrainerHeader = None) -> JSONResponse:
+        driven_by(trainer)
         return _json(AcknowledgeResponse(results=await reg.acknowledge(request)))
 
     @app.post("/retire")
-    async def retire(request: RetireRequest) -> JSONResponse:
+    async def retire(request: RetireRequest, trainer: TrainerHeader = None) -> JSONResponse:
+        driven_by(trainer)
         return _json(await reg.retire(request))
 
     @app.post("/checkpoint/prepare")
-    async def prepare(request: PrepareRequest) -> JSONResponse:
+    async def prepare(request: PrepareRequest, trainer: TrainerHeader = None) -> JSONResponse:
+        driven_by(trainer)
         return _json(await reg.prepare(request.checkpoint_id, request.timeout_s))
 
     @app.post("/checkpoint/commit")
-    async def commit(request: CheckpointRequest) -> JSONResponse:
+    async def commit(request: CheckpointRequest, trainer: TrainerHeader = None) -> JSONResponse:
+        driven_by(trainer)
         return _json(await reg.commit(request.checkpoint_id))
 
     @app.post("/checkpoint/resume")
-    async def resume(request: CheckpointRequest) -> JSONResponse:
+    async def resume(request: CheckpointRequest, trainer: TrainerHeader = None) -> JSONResponse:
+        driven_by(trainer)
         return _json(reg.resume(request.checkpoint_id))
 
     @app.post("/checkpoint/abort")
-    async def abort(request: CheckpointRequest) -> JSONResponse:
+    async def abort(request: CheckpointRequest, trainer: TrainerHeader = None) -> JSONResponse:
+        driven_by(trainer)
         return _json(reg.abort(request.checkpoint_id))
 
     @app.get("/status")

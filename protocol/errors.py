@@ -21,3 +21,5 @@ PAYLOAD_TOO_LARGE: Final = "payload_too_large"
 CHECKPOINT_WRITE_FAILED: Final = "checkpoint_write_failed"
 INTERNAL_ERROR: Final = "internal_error"
 METHOD_NOT_ALLOWED: Final = "method_not_allowed"
+# The agent is driven by another trainer (one trainer per agent: participant.driver).
+TRAINER_CONFLICT: Final = "trainer_conflict"

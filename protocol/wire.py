@@ -47,6 +47,10 @@ MAX_JSON_DEPTH: Final = 64
 # agent replays the stored reply, or answers 404 `not_found` when it has no record of the try (it
 # restarted), and never starts a new execution for such a request.
 ADOPT_ONLY_HEADER: Final = "x-ledger-adopt-only"
+# Every call of a coordinator that changes what the agent holds (/run, /acknowledge, /retire,
+# /checkpoint/*) names its trainer here ("" for the unnamed trainer): an agent is driven by one trainer
+# at a time and refuses another's calls with 409 trainer_conflict (participant.driver).
+TRAINER_HEADER: Final = "x-ledger-trainer"
 # A replacement try's `POST /run` carries this header set to a continuation's digest to resume from it
 # (docs/turns.md): the agent resumes from that continuation, or declines and starts from the prompt.
 CONTINUE_FROM_HEADER: Final = "x-ledger-continue-from"
@@ -408,6 +412,20 @@ class AgentStatus(WireModel):
     heartbeat_s: float | None = Field(default=None, gt=0)
     # One per try asked to park that is still on its way to a boundary (PARK_REQUESTED).
     progress: list[TryProgress] = Field(default_factory=list)
+
+
+class DriverRequest(WireModel):
+    """Body of `POST /driver` and `POST /driver/release`: the trainer that binds (or releases) the agent."""
+
+    trainer_id: Identifier | None
+
+
+class DriverResponse(WireModel):
+    """Which trainer drives the agent now (`bound` false: none)."""
+
+    agent_name: str
+    bound: bool
+    trainer_id: Identifier | None
 
 
 class PhaseResponse(WireModel):

@@ -3,6 +3,7 @@
 from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator, SealedGroup
 from trainer.errors import (
+    AgentShared,
     AlreadyClaimed,
     CheckpointBusy,
     CheckpointDecided,
@@ -17,6 +18,7 @@ from trainer.errors import (
 )
 
 __all__ = [
+    "AgentShared",
     "AlreadyClaimed",
     "CheckpointBusy",
     "CheckpointDecided",

@@ -61,6 +61,7 @@ from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
 from trainer.errors import (
+    AgentShared,
     AlreadyClaimed,
     ClaimWhilePrepared,
     CoordinatorStopped,
@@ -73,8 +74,11 @@ from trainer.errors import (
 )
 from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
-from trainer.gym.errors import AgentIdentityError, GymError
+from trainer.gym.errors import AgentIdentityError, GymError, TrainerConflictError
 from trainer.journal import OUTAGE_BUDGET_S, Journal
+
+# How long `close()` waits for the agents to answer the release of their binding.
+RELEASE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,9 @@ class RolloutCoordinator:
         if not self._started:
             # What each agent supports (a plain Gym agent is driven in reduced mode) and who it is.
             await asyncio.gather(*(client.connect_quietly() for client in self.ctx.agents.values()))
+            # One trainer per agent, before anything is written: an agent another trainer drives is
+            # refused here, with nothing in the log.
+            await self._bind_agents()
             # The epoch first, then the fold: once the epoch is in the log no earlier owner's append is
             # accepted, so the fold (and the stream versions this process adopts from it) is final.
             # Folded before the epoch, an append the old owner made in between would leave this
@@ -175,6 +182,38 @@ class RolloutCoordinator:
                 self._reconciler = asyncio.create_task(self._reconcile_loop(), name="reconcile")
             self._started = True
         return self
+
+    async def _bind_agents(self) -> None:
+        """Binds every agent to this trainer (participant.driver), or raises `AgentShared` naming the
+        trainer that drives it.  An agent away now is bound by its first call (each names the trainer)."""
+        me = self.settings.trainer_id
+        for name, client in sorted(self.ctx.agents.items()):
+            client.drive_as(me)
+            if client.capabilities_seen is None:
+                continue  # away now (connect_quietly said nothing): bound by its first call
+            try:
+                await client.bind_driver(me)
+            except TrainerConflictError as exc:
+                raise AgentShared(f"{client.base_url}: {exc.message}") from None
+            except GymError as exc:
+                log.warning("agent %s not bound at start (bound at its first call): %s", name, exc)
+
+    async def _release_agents(self) -> None:
+        """At close: each agent that holds nothing of this trainer any more is free for another one.
+        Not by a fenced process (its trainer's new owner drives the agents now)."""
+        if self.journal.fenced is not None:
+            return
+        me = self.settings.trainer_id
+
+        async def release(name: str, client: GymClient) -> None:
+            try:
+                await client.release_driver(me)
+            except GymError as exc:
+                log.info("agent %s: binding not released at close (kept for this trainer): %s", name, exc)
+
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                await asyncio.gather(*(release(n, c) for n, c in self.ctx.agents.items()))
 
     async def _reconcile_loop(self) -> None:
         """An agent's checkpoint phase is compared with the log continuously, not only at recovery:
@@ -271,6 +310,8 @@ class RolloutCoordinator:
             with contextlib.suppress(BaseException):
                 await self._reconciler
         await self.checkpointer.stop()
+        if self._started:
+            await self._release_agents()
 
     @classmethod
     async def recover(

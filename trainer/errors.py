@@ -20,6 +20,11 @@ class StreamExists(RolloutError):
         self.version = version
 
 
+class AgentShared(RolloutError):
+    """An agent this trainer was given is driven by another trainer: refused at `start()` (one trainer
+    per agent; participant.driver says why)."""
+
+
 class NotOwned(RolloutError):
     """An act on a try or debt another trainer owns (or at an agent this one does not drive): refused,
     nothing done (projections.ownership)."""

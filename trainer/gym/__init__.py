@@ -18,6 +18,7 @@ from trainer.gym.errors import (
     PhaseFenceError,
     ReceiptMismatchError,
     StaleCheckpointError,
+    TrainerConflictError,
     UnauthorizedError,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "PhaseFenceError",
     "ReceiptMismatchError",
     "StaleCheckpointError",
+    "TrainerConflictError",
     "UnauthorizedError",
     "verify_receipt",
 ]

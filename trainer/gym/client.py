@@ -25,12 +25,20 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from protocol.errors import CHECKPOINT_CONFLICT, GONE, INVALID_PHASE, NOT_READY, STALE_CHECKPOINT
+from protocol.errors import (
+    CHECKPOINT_CONFLICT,
+    GONE,
+    INVALID_PHASE,
+    NOT_READY,
+    STALE_CHECKPOINT,
+    TRAINER_CONFLICT,
+)
 from protocol.ids import capture_key
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
     CONTINUE_FROM_HEADER,
     FEATURE_CHECKPOINT_PARTICIPATION,
+    TRAINER_HEADER,
     AcknowledgeItem,
     AcknowledgeRequest,
     AcknowledgeResponse,
@@ -42,6 +50,8 @@ from protocol.wire import (
     CompletionReceipt,
     CrashAfter,
     DebugRuns,
+    DriverRequest,
+    DriverResponse,
     Health,
     NotReadyResponse,
     OkResponse,
@@ -71,6 +81,7 @@ from trainer.gym.errors import (
     NotReadyError,
     ReceiptMismatchError,
     StaleCheckpointError,
+    TrainerConflictError,
     UnauthorizedError,
 )
 from trainer.gym.reduced import ReducedMode
@@ -180,6 +191,9 @@ class GymClient:
         self.reduced: ReducedMode | None = None
         # One /capabilities call at a time; callers queue in order (their /run calls keep that order).
         self._connecting = asyncio.Lock()
+        # The trainer this client drives the agent for (`drive_as`), named on every call that changes
+        # what the agent holds; unset, calls are not checked by the agent.
+        self._trainer: tuple[tuple[bytes, bytes], ...] = ()
 
     def __repr__(self) -> str:  # the token stays out of reprs
         return f"GymClient({self.base_url!r}, agent_name={self.agent_name!r})"
@@ -253,6 +267,8 @@ class GymClient:
             raise NotReadyError(text, status=nr.status, attempts=nr.completed_unacknowledged_attempts)
         if code == 409 and error in _FENCE_ERRORS:
             raise _FENCE_ERRORS[error](str(message), status_code=code, error=error)
+        if code == 409 and error == TRAINER_CONFLICT:
+            raise TrainerConflictError(str(message), status_code=code, error=error)
         cls: type[GymError]
         if code == 401:
             cls = UnauthorizedError
@@ -340,7 +356,10 @@ class GymClient:
             "/run",
             body=request,
             timeout_s=timeout_s,
-            extra_headers=_ADOPT_ONLY if adopt_only else _continue_from(continue_from),
+            extra_headers=(
+                *(_ADOPT_ONLY if adopt_only else _continue_from(continue_from)),
+                *self._trainer,
+            ),
         )
         payload = self._validated(_JSON.validate_json, "JSON", body, "/run")
         try:
@@ -451,7 +470,7 @@ class GymClient:
         )
         answer = self._parse(
             AcknowledgeResponse,
-            await self._send(self._control, "POST", "/acknowledge", body=body),
+            await self._send(self._control, "POST", "/acknowledge", body=body, extra_headers=self._trainer),
             "/acknowledge",
         )
         if [(r.rollout_id, r.attempt_index) for r in answer.results] != [r.attempt for r in receipts]:
@@ -465,7 +484,9 @@ class GymClient:
             return self.reduced.retire(rollout_id, attempt_index)
         body = RetireRequest(rollout_id=rollout_id, attempt_index=attempt_index, checkpoint_id=checkpoint_id)
         return self._parse(
-            RetireResponse, await self._send(self._control, "POST", "/retire", body=body), "/retire"
+            RetireResponse,
+            await self._send(self._control, "POST", "/retire", body=body, extra_headers=self._trainer),
+            "/retire",
         )
 
     async def prepare(self, checkpoint_id: str, timeout_s: float = 300.0) -> PhaseResponse:
@@ -475,7 +496,12 @@ class GymClient:
         body = PrepareRequest(checkpoint_id=checkpoint_id, timeout_s=timeout_s)
         http_timeout = max(self.control_timeout_s, timeout_s + PREPARE_MARGIN_S)
         payload = await self._send(
-            self._control, "POST", "/checkpoint/prepare", body=body, timeout_s=http_timeout
+            self._control,
+            "POST",
+            "/checkpoint/prepare",
+            body=body,
+            timeout_s=http_timeout,
+            extra_headers=self._trainer,
         )
         return self._parse(PhaseResponse, payload, "/checkpoint/prepare")
 
@@ -484,7 +510,11 @@ class GymClient:
             raise self.reduced.refuse_checkpoint(op, checkpoint_id)
         path = f"/checkpoint/{op}"
         payload = await self._send(
-            self._control, "POST", path, body=CheckpointRequest(checkpoint_id=checkpoint_id)
+            self._control,
+            "POST",
+            path,
+            body=CheckpointRequest(checkpoint_id=checkpoint_id),
+            extra_headers=self._trainer,
         )
         return self._parse(PhaseResponse, payload, path)
 
@@ -497,6 +527,40 @@ class GymClient:
     async def abort(self, checkpoint_id: str) -> PhaseResponse:
         """Idempotent for an aborted or never-seen checkpoint (presumed abort)."""
         return await self._phase_call("abort", checkpoint_id)
+
+    # -- the one trainer that drives the agent ------------------------------------------------------------
+
+    def drive_as(self, trainer_id: str | None) -> None:
+        """Names `trainer_id` on every later call that changes what the agent holds (`x-ledger-trainer`),
+        so the agent refuses this client's calls if another trainer drives it (participant.driver)."""
+        self._trainer = ((TRAINER_HEADER.encode(), (trainer_id or "").encode()),)
+
+    async def bind_driver(self, trainer_id: str | None) -> DriverResponse | None:
+        """`POST /driver`: binds the agent to `trainer_id`, or raises `TrainerConflictError` naming the
+        trainer that drives it.  None for an agent without the route (a plain Gym agent, an older
+        participant): it cannot tell trainers apart."""
+        if self.reduced is not None:
+            return None
+        try:
+            payload = await self._send(
+                self._control, "POST", "/driver", body=DriverRequest(trainer_id=trainer_id)
+            )
+        except NotFoundError:
+            return None
+        return self._parse(DriverResponse, payload, "/driver")
+
+    async def release_driver(self, trainer_id: str | None) -> DriverResponse | None:
+        """`POST /driver/release`: unbinds the agent if it holds nothing of `trainer_id` (else it stays
+        bound, for that trainer's recovery)."""
+        if self.reduced is not None:
+            return None
+        try:
+            payload = await self._send(
+                self._control, "POST", "/driver/release", body=DriverRequest(trainer_id=trainer_id)
+            )
+        except NotFoundError:
+            return None
+        return self._parse(DriverResponse, payload, "/driver/release")
 
     # -- reference-agent debugging -----------------------------------------------------------------------
 

@@ -72,6 +72,10 @@ class StaleCheckpointError(PhaseFenceError):
     """The named checkpoint already finished: this caller is a stale coordinator."""
 
 
+class TrainerConflictError(GymError):
+    """409 trainer_conflict: the agent is driven by another trainer (one trainer per agent)."""
+
+
 class NotReadyError(GymError):
     """409 not_ready from prepare: ACK or adopt `attempts`, then prepare again."""
 
