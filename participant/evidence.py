@@ -77,6 +77,7 @@ class EvidenceSummary(BaseModel):
     last: EvidenceKind
     last_generation: int
     at: float
+    retired_in: list[int] = []  # absent from summaries written before it was kept
 
 
 _LINE: Final = TypeAdapter[EvidenceRecord | EvidenceSummary](
@@ -96,6 +97,8 @@ class TryEvidence:
     completed: list[int] = field(default_factory=list)
     # Every generation that wrote a record of it.
     generations: list[int] = field(default_factory=list)
+    # Generations that retired it (cancelled or tombstoned), in order.
+    retired_in: list[int] = field(default_factory=list)
     last: EvidenceKind = "started"
     last_generation: int = 0
     at: float = 0.0
@@ -105,6 +108,7 @@ class TryEvidence:
             self.started += line.started
             self.completed += line.completed
             self.generations += [g for g in line.generations if g not in self.generations]
+            self.retired_in += line.retired_in
             self.last, self.last_generation, self.at = line.last, line.last_generation, line.at
             return
         generation = line.execution_generation
@@ -112,6 +116,8 @@ class TryEvidence:
             self.started.append(generation)
         elif line.kind == "completed":
             self.completed.append(generation)
+        elif line.kind in RETIRED_KINDS:
+            self.retired_in.append(generation)
         if generation not in self.generations:
             self.generations.append(generation)
         self.last, self.last_generation, self.at = line.kind, generation, line.at
@@ -119,6 +125,12 @@ class TryEvidence:
     @property
     def executions(self) -> int:
         return len(self.started)
+
+    @property
+    def run_after_retired(self) -> bool:
+        """A later process started it after an earlier one had retired it: what a new process must
+        refuse (a stale owner's late /run for a try the log replaced)."""
+        return bool(self.retired_in) and any(g > self.retired_in[0] for g in self.started)
 
     @property
     def acknowledged(self) -> bool:
@@ -148,6 +160,7 @@ class TryEvidence:
             last=self.last,
             last_generation=self.last_generation,
             at=self.at,
+            retired_in=self.retired_in,
         )
 
 
@@ -188,6 +201,11 @@ def _fold(lines: Iterable[EvidenceRecord | EvidenceSummary | None]) -> _Fold:
     return fold
 
 
+def _summary_line(t: TryEvidence) -> bytes:
+    # `retired_in` is left out when empty (most tries): the compacted file stays as small as it was.
+    return t.summary().model_dump_json(exclude=None if t.retired_in else {"retired_in"}).encode() + b"\n"
+
+
 def try_digest(rollout_id: str, attempt_index: int) -> int:
     """A try as 64 bits (`EarlierTries`): a collision only ever refuses a new try (the safe way)."""
     raw = hashlib.blake2b(f"{rollout_id}\x1f{attempt_index}".encode(), digest_size=8).digest()
@@ -215,7 +233,7 @@ class EarlierTries:
 def compact(path: Path) -> int:
     """Rewrites `path` as one summary line per try (crash-safe: `replace_file`); returns its new size."""
     fold = _fold(_lines(path))
-    data = b"".join(t.summary().model_dump_json().encode() + b"\n" for t in fold.tries.values())
+    data = b"".join(_summary_line(t) for t in fold.tries.values())
     replace_file(path, data)
     return len(data)
 
@@ -357,6 +375,10 @@ class Evidence:
         return sum(t.executions - 1 for t in self.tries.values() if t.executions > 1)
 
     @property
+    def run_after_retired(self) -> list[TryEvidence]:
+        return [t for t in self.tries.values() if t.run_after_retired]
+
+    @property
     def stranded(self) -> list[TryEvidence]:
         """Finished results the newest generation still holds: the try's last record is the newest
         generation's completion (nothing acknowledged or retired it since)."""
@@ -378,6 +400,7 @@ class Evidence:
                 "tries": len(self.tries),
                 "executions": sum(t.executions for t in self.tries.values()),
                 "duplicate_executions": self.duplicate_executions,
+                "run_after_retired": len(self.run_after_retired),
                 "stranded": len(self.stranded),
                 "lost_in_restart": len(self.lost_in_restart),
                 "acknowledged": sum(t.acknowledged for t in self.tries.values()),

@@ -75,9 +75,16 @@ async def check(run: ScheduleRun) -> list[str]:
         started: Counter[tuple[str, int]] = Counter()
         stranded = 0
         for d in agent.state_dirs:
+            # Judged in order: what a try's last record says holds, and a start after a retire by an
+            # earlier process of that state directory is a try run that the log had replaced.
             ev = await asyncio.to_thread(read_evidence, d)
             for key, t in ev.tries.items():
                 started[key] += t.executions
+                if t.run_after_retired:
+                    violations.append(
+                        f"{t.rollout_id}#{t.attempt_index} ran at {agent.name} (generation {t.started[-1]}) "
+                        f"after generation {t.retired_in[0]} retired it"
+                    )
             if d == agent.state_dirs[0]:
                 stranded = len(ev.stranded)
         for (rid, n), count in started.items():

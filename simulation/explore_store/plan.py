@@ -14,7 +14,9 @@ CallKind = Literal[
 CALL_KINDS: tuple[CallKind, ...] = tuple(k for k in get_args(CallKind) if k != "other")
 Fault = Literal["refused", "server_error", "non_json", "timeout", "reply_lost", "duplicate"]
 FAULTS: tuple[Fault, ...] = get_args(Fault)
-CrashWhere = Literal["before_append", "after_append", "before_call", "after_call"]
+# `before_run` (stale only): the process's k-th /run is held on its way to the agent until the
+# successor has retired that try there and the agent has restarted on its state directory (a late /run).
+CrashWhere = Literal["before_append", "after_append", "before_call", "after_call", "before_run"]
 CheckpointKind = Literal["one_call", "split_commit", "split_abort"]
 
 # --- the plan: a pure function of the seed --------------------------------------------------------
@@ -57,6 +59,9 @@ class Plan:
     crash: CrashPoint | None
     # (trainer, first append, last append): those appends of that trainer find the database away
     outage: tuple[int, int, int] | None
+    # (trainer, first read, last read): those reads of the log by a recovering process of that trainer
+    # while it loads (pages of its fold, stream versions) find the connection killed
+    fold_break: tuple[int, int, int] | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -78,6 +83,7 @@ class Plan:
             },
             "crash": None if self.crash is None else self.crash.__dict__,
             "outage": self.outage,
+            "fold_break": self.fold_break,
         }
 
 
@@ -123,4 +129,14 @@ def plan_of(seed: int, tag: str = "") -> Plan:
             # Longer than the journal's outage budget: the coordinator stops and is recovered.  (Drawn
             # last, so the rest of every plan is what it was before this draw existed.)
             outage = (outage[0], first, outage[2] + 6)
-    return Plan(seed, f"x{seed}{tag}-", tuple(trainers), faults, restarts, crash, outage)
+    if crash is None and rng.random() < 0.6:
+        # A stale owner's late /run after the agent restarted: the restarted agent must refuse a try
+        # an earlier process of it retired.  (Drawn last, and only for plans with no crash point, so
+        # every other plan is what it was before this draw existed.)
+        crash = CrashPoint(rng.randrange(len(trainers)), "before_run", rng.randint(1, 4), True)
+    fold_break: tuple[int, int, int] | None = None
+    if rng.random() < 0.35:
+        # The connection killed while a recovering process loads the log (drawn last, as above).
+        first = rng.randint(1, 6)
+        fold_break = (rng.randrange(len(trainers)), first, first + rng.randint(0, 2))
+    return Plan(seed, f"x{seed}{tag}-", tuple(trainers), faults, restarts, crash, outage, fold_break)

@@ -38,6 +38,8 @@ class Incarnation:
     loop: asyncio.AbstractEventLoop
     appends: int = 0
     calls: int = 0
+    runs: int = 0  # its /run calls (`before_run`)
+    load_reads: int = 0  # its reads of the log before it was ready (`Plan.fold_break`)
     crashed: bool = False
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     coord: RolloutCoordinator | None = None
@@ -83,6 +85,18 @@ class Incarnation:
         self.crashed = True
         self.loop.call_soon_threadsafe(self.kill)
         raise TrainerCrashed(f"trainer {self.trainer} crashed {where.replace('_', ' ')} #{n}")
+
+    def at_run(self, n: int) -> bool:
+        """Before the n-th /run: True when it is held as a late one (`before_run`, the process stale;
+        the harness starts the successor), a crash when the process has no epoch to be stale about."""
+        self.check()
+        if not self._hit("before_run", n):
+            return False
+        if self._stale():
+            self.stale_hit.set()
+            return True
+        self.kill()
+        raise TrainerCrashed(f"trainer {self.trainer} crashed before its /run #{n}")
 
     async def at_call(self, where: CrashWhere, n: int) -> None:
         self.check()

@@ -1,6 +1,7 @@
 """The two seams a schedule's faults go through: the store of a trainer process (appends counted:
-crash points, the database outage) and its clients' connection pools (calls counted: crash points,
-agent restarts, one fault per call)."""
+crash points, the database outage; a recovering process's reads while it loads: the connection
+killed) and its clients' connection pools (calls counted: crash points, agent restarts, a stale
+owner's late /run, one fault per call)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from typing import Any
 import httpx
 
 from eventstore import DatabaseUnavailable, EventStore
+from participant.evidence import read_evidence
 from simulation.explore_store.agent import Agent, call_kind
-from simulation.explore_store.process import INCARNATION, Incarnation, ScheduleRun
+from simulation.explore_store.process import INCARNATION, SEED_DEADLINE_S, Incarnation, ScheduleRun
 from trainer.gym.transport import Origin, Reply, Timeouts
 
 
@@ -61,6 +63,28 @@ class FaultyStore(EventStore):
                 raise DatabaseUnavailable("the database is away (injected outage)")
         return n
 
+    def _read(self) -> None:
+        """Before each read of the log (a page, a stream's version) by a recovering process that is
+        still loading: the plan's `fold_break` kills the connection there."""
+        inc, run = self._inc, self._run
+        broken = run.plan.fold_break
+        if broken is None or inc.number == 0 or inc.trainer != broken[0] or inc.ready.is_set():
+            return
+        inc.load_reads += 1
+        if broken[1] <= inc.load_reads <= broken[2]:
+            run.counts["fold_reads_broken"] += 1
+            raise DatabaseUnavailable("the connection was killed while the log was read (injected)")
+
+    def read_pages(self, *args: Any, **kwargs: Any) -> Any:
+        self._read()
+        for page in super().read_pages(*args, **kwargs):
+            yield page
+            self._read()
+
+    def stream_version(self, stream_id: str) -> int:
+        self._read()
+        return super().stream_version(stream_id)
+
     def append(self, *args: Any, **kwargs: Any) -> Any:
         return self._counted(super().append, args, kwargs)
 
@@ -73,6 +97,8 @@ class FaultyStore(EventStore):
 
 
 _JSON = [(b"content-type", b"application/json")]
+# How long a stale owner's late /run waits for the successor to retire its try at the agent.
+LATE_RUN_GATE_S = 5.0
 
 
 class FaultyPool:
@@ -101,6 +127,10 @@ class FaultyPool:
         n = inc.calls
         await inc.at_call("before_call", n)
         kind = call_kind(method, target)
+        if kind == "run":
+            inc.runs += 1
+            if inc.at_run(inc.runs):
+                return await self._late_run(method, target, headers, body)
         run.agent_calls[agent.name] += 1
         keep = run.plan.restarts.get((agent.name, run.agent_calls[agent.name]))
         if keep is not None:
@@ -135,6 +165,38 @@ class FaultyPool:
             return Reply(200, [(b"content-type", b"text/html")], b"<html>502 Bad Gateway</html>")
         inc.check()
         return reply
+
+    async def _late_run(
+        self, method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> Reply:
+        """A stale owner's /run held in the network: it arrives once the successor has recovered and
+        retired the try at the agent (the agent's durable records say so; the wait is bounded, as
+        the successor may have had no reason to), and the agent has restarted on its state directory.
+        It is on its way whatever becomes of the process that sent it (no trainer's task carries it)."""
+        inc, agent, run = self.inc, self.agent, self.run
+        rid, _, index = _subject_of(body, agent.name).partition("#")
+        key = (rid, int(index)) if index.isdigit() else None
+
+        async def arrive() -> Reply:
+            await asyncio.to_thread(inc.released.wait, SEED_DEADLINE_S)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + LATE_RUN_GATE_S
+            retired = False
+            while key is not None and not retired and loop.time() < deadline:
+                seen = (await asyncio.to_thread(read_evidence, agent.state_dirs[0])).tries.get(key)
+                retired = seen is not None and seen.retired
+                if not retired:
+                    await asyncio.sleep(0.02)
+            run.counts["late_runs_after_retire" if retired else "late_runs_not_retired"] += 1
+            agent.restart(True)
+            run.counts["agent_restarts_kept"] += 1
+            return await agent.call(method, target, headers, body)
+
+        context = contextvars.copy_context()
+        context.run(INCARNATION.set, None)
+        delivery = asyncio.get_running_loop().create_task(arrive(), context=context)
+        delivery.add_done_callback(_consume)
+        return await asyncio.shield(delivery)
 
     async def _deliver(
         self,

@@ -109,6 +109,8 @@ def test_each_try_is_judged_by_its_last_record_in_the_newest_generation(tmp_path
     assert [t.rollout_id for t in evidence.lost_in_restart] == ["lost"]
     revived = evidence.tries[("revived", 0)]
     assert (revived.last, revived.last_generation, revived.retired) == ("completed", 2, False)
+    # ... and one run after an earlier process retired it (what a new process must refuse).
+    assert [t.rollout_id for t in evidence.run_after_retired] == ["revived"]
     assert evidence.tries[("acked", 0)].acknowledged and evidence.tries[("cut", 0)].retired
     counts = evidence.counts()
     assert (counts["stranded"], counts["retired"], counts["acknowledged"]) == (1, 1, 1)
@@ -118,7 +120,8 @@ def _said(state_dir: Path) -> tuple[object, ...]:
     """What the evidence says, but for the wall times of its records."""
     e = read_evidence(state_dir)
     tries = {
-        k: (t.started, t.completed, t.generations, t.last, t.last_generation) for k, t in e.tries.items()
+        k: (t.started, t.completed, t.generations, t.retired_in, t.last, t.last_generation)
+        for k, t in e.tries.items()
     }
     return tries, e.generations, e.newest_generation, e.torn_lines, e.counts()
 
