@@ -29,6 +29,9 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     assert c["trainer_crashes"] >= 10 and c["stale_coordinators"] >= 5 and c["stale_fenced"] >= 3
     assert c["outage_appends"] >= 5 and c["outage_stops"] >= 2
     assert c["agent_restarts_kept"] >= 5 and c["agent_restarts_lost"] >= 5
+    # A stale owner's late /run reaching an agent restarted after the successor retired the try, and the
+    # connection killed while a recovering process loads the log.
+    assert c["late_runs_after_retire"] >= 5 and c["fold_reads_broken"] >= 5
     assert all(c[f"fault_{f}"] >= 3 for f in sim.FAULTS), c
     assert c["trainers"] > SLICE * 1.5
 
@@ -40,8 +43,10 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
     plans = [sim.plan_of(s) for s in range(300)]
     assert {len(p.trainers) for p in plans} == {1, 2, 3}
     assert {p.crash.where for p in plans if p.crash} == {
-        "before_append", "after_append", "before_call", "after_call",
+        "before_append", "after_append", "before_call", "after_call", "before_run",
     }  # fmt: skip
+    assert all(p.crash.stale for p in plans if p.crash and p.crash.where == "before_run")
+    assert any(p.fold_break for p in plans)
     assert any(p.crash and p.crash.stale for p in plans) and any(p.outage for p in plans)
     assert {t.checkpoint for p in plans for t in p.trainers} == {"one_call", "split_commit", "split_abort"}
 
