@@ -31,6 +31,7 @@ from simulation.config import (
     SimConfig,
     derived_rollout_timeout_s,
     parse_faults,
+    parse_turns,
     run_state_dir,
 )
 
@@ -119,6 +120,27 @@ def simulate(
             "its agent's heartbeats) before it is retired as stalled.",
         ),
     ] = 1.0,
+    turns: Annotated[
+        str,
+        typer.Option("--turns", help="The reference agents' episode length, A:B turns (drawn per lineage)."),
+    ] = "1:3",
+    target_level: Annotated[
+        str,
+        typer.Option(
+            "--target-level",
+            help="turn | sibling | prompt_group: how much of an interrupted rollout a replacement keeps "
+            "(turn: the agents keep continuations and replacements resume them; docs/turns.md).",
+        ),
+    ] = "sibling",
+    kill_trainer_every: Annotated[
+        float | None,
+        typer.Option(
+            "--kill-trainer-every",
+            min=0.1,
+            help="Stop the trainer every S seconds wherever it is and recover it from the log (the "
+            "agents it started restart too, their state kept), until the run ends.",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     resume: Annotated[
         str | None,
@@ -201,6 +223,12 @@ def simulate(
         return
     if mode not in ("sibling", "prompt_group"):
         raise typer.BadParameter("--mode must be sibling or prompt_group")
+    if target_level not in ("turn", "sibling", "prompt_group"):
+        raise typer.BadParameter("--target-level must be turn, sibling or prompt_group")
+    try:
+        turn_bounds = parse_turns(turns)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--turns") from None
     try:
         parse_faults(faults)
     except ValueError as exc:
@@ -222,6 +250,10 @@ def simulate(
                 f"--agent-state-dir wants NAME=DIR for an --agent-url NAME, got {item!r}"
             )
         state_dirs[name] = Path(path)
+    if kill_trainer_every is not None and (use_ray or urls):
+        raise typer.BadParameter(
+            "--kill-trainer-every drives the agents it starts in this process: not with --ray or --agent-url"
+        )
     if ray_kill_after is not None and not use_ray:
         raise typer.BadParameter("--ray-kill-after needs --ray")
     if resume is not None and not RUN_ID.fullmatch(resume):
@@ -253,6 +285,9 @@ def simulate(
         tool_seconds=tool_seconds,
         generation_cuts=generation_cuts,
         park_grace_s=park_grace,
+        turns=turn_bounds,
+        target_level=target_level,
+        kill_trainer_every_s=kill_trainer_every,
         seed=seed,
         run_id=resume,
         resume=resume is not None,
@@ -362,7 +397,7 @@ async def _drive(
     quiet: bool,
     stop: StopRequest,
 ) -> dict[str, Any]:
-    from simulation.run import RunInterrupted, run_simulation
+    from simulation.run import RunInterrupted, run_simulation, run_with_trainer_kills
 
     if use_ray:
         from simulation.ray_run import run_ray_simulation
@@ -373,6 +408,9 @@ async def _drive(
             return await _until(ray_run, stop, config.run_id)
     with _progress(config.groups, quiet) as progress:
         try:
+            if config.kill_trainer_every_s is not None:
+                every = config.kill_trainer_every_s
+                return await run_with_trainer_kills(store, config, every, progress=progress, stop=stop)
             return await run_simulation(store, config, progress=progress, stop=stop)
         except RunInterrupted as exc:
             exc.signum = stop.signum
@@ -440,7 +478,21 @@ def _verdict(summary: Mapping[str, Any], failing: bool) -> str:
 # The summary's sections: (title, keys) in the order they are printed; any key not named here is
 # printed under "other", so a figure a driver adds is never hidden.
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run", ("run_id", "mode", "agents", "groups", "siblings", "wall_s", "ray", "actor_kills")),
+    (
+        "run",
+        (
+            "run_id",
+            "mode",
+            "target_level",
+            "agents",
+            "groups",
+            "siblings",
+            "wall_s",
+            "trainer_kills",
+            "ray",
+            "actor_kills",
+        ),
+    ),
     ("groups", ("groups_sealed", "groups_claimed", "groups_abandoned", "groups_dead_lettered")),
     ("tries", ("tries", "replacements", "retired", "adopted")),
     ("ACKs", ("acks_accepted", "acks_rejected", "debts_outstanding")),
@@ -457,6 +509,16 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "thrown_by_checkpoints_tokens",
             "thrown_by_checkpoints_tries",
             "thrown_by_checkpoints_share",
+        ),
+    ),
+    (
+        "turns",
+        (
+            "turns_resumed",
+            "turns_redone",
+            "model_tokens_saved",
+            "continuations_resumed",
+            "continuations_declined",
         ),
     ),
     ("agents", ("agent_restarts", "reduced_mode_agents")),

@@ -130,6 +130,9 @@ class ContinuationIndex:
     resumed: list[IndexRecord] = field(default_factory=list)
     declined: list[IndexRecord] = field(default_factory=list)
     torn_lines: int = 0
+    # A try's furthest committed boundary (turns done), and the continuation it resumed, if it did.
+    reached: dict[AttemptKey, int] = field(default_factory=dict)
+    started_from: dict[AttemptKey, str] = field(default_factory=dict)
 
     def apply(self, rec: IndexRecord) -> None:
         key = (rec.rollout_id, rec.attempt_index)
@@ -137,16 +140,65 @@ class ContinuationIndex:
             self.committed[rec.digest] = rec.ref
             self.latest[key] = rec.digest
             self.holder[rec.digest] = key
+            self.reached[key] = max(self.reached.get(key, 0), rec.ref.turn)
         elif rec.kind == "resumed":
             self.holder[rec.digest] = key
             self.latest.setdefault(key, rec.digest)
             self.resumed.append(rec)
+            self.started_from[key] = rec.digest
         elif rec.kind == "declined":
             self.declined.append(rec)
 
     def offer(self, rollout_id: str, attempt_index: int) -> ContinuationRef | None:
         digest = self.latest.get((rollout_id, attempt_index))
         return self.committed.get(digest) if digest is not None else None
+
+
+@dataclass(frozen=True)
+class TurnFigures:
+    """What turn-level resume saved on one agent, from its index alone (durable evidence, in order).
+
+    `turns_resumed`: completed turns replacement tries carried on from instead of generating them
+    again; `model_tokens_saved`: the generated tokens of those turns; `turns_redone`: completed turns
+    (committed boundaries of an earlier try of the rollout) that a later try generated again, as far
+    as that try committed boundaries of its own."""
+
+    turns_resumed: int = 0
+    turns_redone: int = 0
+    model_tokens_saved: int = 0
+    resumes: int = 0
+    declines: int = 0
+
+    def __add__(self, other: TurnFigures) -> TurnFigures:
+        return TurnFigures(
+            self.turns_resumed + other.turns_resumed,
+            self.turns_redone + other.turns_redone,
+            self.model_tokens_saved + other.model_tokens_saved,
+            self.resumes + other.resumes,
+            self.declines + other.declines,
+        )
+
+
+def turn_figures(index: ContinuationIndex) -> TurnFigures:
+    """Per rollout, its tries in order: a try starts at the turn of the continuation it resumed (0:
+    its prompt); the turns between there and the furthest boundary an earlier try reached, up to the
+    furthest it reached itself, were done twice."""
+    tries: dict[str, set[int]] = {}
+    for rid, n in (*index.reached, *index.started_from):
+        tries.setdefault(rid, set()).add(n)
+    resumed = redone = saved = 0
+    for rid, attempts in tries.items():
+        furthest = 0
+        for n in sorted(attempts):
+            source = index.committed.get(index.started_from.get((rid, n), ""))
+            start = source.turn if source is not None else 0
+            if source is not None:
+                resumed += start
+                saved += source.generated_tokens
+            reached = max(index.reached.get((rid, n), 0), start)
+            redone += max(0, min(furthest, reached) - start)
+            furthest = max(furthest, reached)
+    return TurnFigures(resumed, redone, saved, len(index.resumed), len(index.declined))
 
 
 def read_index(state_dir: Path) -> ContinuationIndex:

@@ -39,6 +39,11 @@ class SimConfig:
     # Groups open at once per agent: keeps the agents (one model thread each) responsive.
     window_per_agent: int = 3
     turns: tuple[int, int] = (1, 3)
+    # The run's target level (docs/turns.md): at `turn` the agents started here keep continuations
+    # (--turn-continuation) and replacement tries resume them.
+    target_level: str = "sibling"
+    # Stop the trainer this often and recover it from the log, until the run ends (None: never).
+    kill_trainer_every_s: float | None = None
     agent_delay_s: float = 0.02
     # The reference agents' model-call and tool durations, MEAN[:SPREAD] seconds (gym_agent.durations);
     # None: none beyond agent_delay_s.
@@ -72,8 +77,12 @@ class SimConfig:
     stall_timeout_s: float | None = None
 
     def agent_args(self) -> list[str]:
-        """The options of the reference agents a run starts that carry its durations."""
-        args = []
+        """The options of the reference agents a run starts that carry its durations (and, at target
+        level turn, that they keep continuations)."""
+        # At level turn the agents resume; with trainer kills at any level they keep continuations
+        # too, so what a level redoes is counted from the same evidence (their continuation index).
+        keep = self.target_level == "turn" or self.kill_trainer_every_s is not None
+        args = ["--turn-continuation"] if keep else []
         if self.call_seconds is not None:
             args += ["--call-seconds", self.call_seconds]
         if self.tool_seconds is not None:
@@ -154,3 +163,15 @@ def derived_rollout_timeout_s(config: SimConfig, floor_s: float) -> float:
     """A rollout timeout for `config`'s durations: twice its longest episode (its model calls queue on
     the agents' model threads and wait out checkpoints too), and at least `floor_s`."""
     return max(floor_s, round(2 * config.episode_s(), 1))
+
+
+def parse_turns(text: str) -> tuple[int, int]:
+    """`A:B` (or `N`): an episode's turns, drawn between A and B; ValueError with a one-line reason."""
+    low, sep, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high if sep else low))
+    except ValueError:
+        raise ValueError(f"--turns {text!r} is not A:B (whole numbers, e.g. 3:6)") from None
+    if not 1 <= bounds[0] <= bounds[1] <= 1000:
+        raise ValueError(f"--turns {text!r}: want 1 <= A <= B <= 1000")
+    return bounds

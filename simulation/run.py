@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import statistics
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eventstore import EventStore
 from eventstore.events import PromptRef
 from gym_agent.launcher import AgentProcess
+from participant.continuations import TurnFigures, read_index, turn_figures
 from participant.evidence import read_evidence
 from projections.generation import GENERATION_EVENTS, GenerationFigures, generation_figures
 from protocol.streams import checkpoint_stream, group_stream, trainer_stream
@@ -277,6 +280,15 @@ class Agents:
                 log.error("final status of %s unavailable: %s", name, exc)
         return stranded, duplicates
 
+    async def turn_counts(self) -> TurnFigures:
+        """What turn-level resume saved and what was done twice, from the agents' continuation
+        indexes (durable evidence; agents whose state directory is unknown count nothing)."""
+        total = TurnFigures()
+        for state_dir in self.state_dirs.values():
+            index = await asyncio.to_thread(read_index, state_dir)
+            total = total + turn_figures(index)
+        return total
+
     async def __aexit__(self, *exc: object) -> None:
         await self.stop_supervising()
         for client in self.clients.values():
@@ -292,8 +304,10 @@ async def run_simulation(
     client_factory: Callable[..., GymClient] = GymClient,
     progress: Callable[[int, int], None] | None = None,
     stop: asyncio.Event | None = None,
+    stop_after_s: float | None = None,
 ) -> dict[str, Any]:
-    """Runs the workload and returns its summary.  `progress(decided, total)` is called as groups are
+    """Runs the workload and returns its summary (`stop_after_s`: `stop` is set that long after the
+    coordinator started, the agents up).  `progress(decided, total)` is called as groups are
     decided; once `stop` is set the run winds down (`RunInterrupted`).  `SimulationError` when it
     cannot start (a run to resume the log does not hold, an agent away) or stalls."""
     run_id = config.run_id or f"s{uuid.uuid4().hex[:6]}"
@@ -313,6 +327,7 @@ async def run_simulation(
             "prepare_timeout_s": config.prepare_timeout_s,
             "park_grace_s": config.park_grace_s,
             "max_tries": config.max_tries,
+            "target_level": config.target_level,
             # Each run is its own trainer: another run's groups on this log are never driven or claimed.
             "trainer_id": run_id,
         }
@@ -323,13 +338,61 @@ async def run_simulation(
         else:
             coord = coordinator_factory(store, clients, **settings)
             await coord.start()
+        timer = (
+            None if stop_after_s is None else asyncio.get_running_loop().call_later(stop_after_s, stop.set)
+        )
         try:
             facts = await _drive_run(coord, config, run_id, agents, started, progress, stop)
         finally:
+            if timer is not None:
+                timer.cancel()
             await coord.close()
             await coord.journal.drain()
             await agents.stop_supervising()
     return await summarize_run(store, config, run_id, agents, facts)
+
+
+# Parts a run with trainer kills may take before it is declared stalled (each kill is one part).
+MAX_TRAINER_KILLS = 1000
+
+
+async def run_with_trainer_kills(
+    store: EventStore,
+    config: SimConfig,
+    every_s: float,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> dict[str, Any]:
+    """Runs the workload, stopping its trainer every `every_s` seconds and recovering it from the log
+    (`resume`), until the run ends.  Each stop closes the coordinator wherever its drivers are (tries
+    in flight stay at the agents) and restarts the agents it started, their state directories kept;
+    the next part recovers every open group (retire or adopt, then a replacement).  The summary is
+    the whole run's, with `trainer_kills`."""
+    stop = stop if stop is not None else asyncio.Event()
+    kills = 0
+    while True:
+        part_stop = asyncio.Event()
+        relay = asyncio.create_task(stop.wait())
+        relay.add_done_callback(functools.partial(_set_on_done, part_stop))
+        try:
+            summary = await run_simulation(
+                store, config, progress=progress, stop=part_stop, stop_after_s=every_s
+            )
+        except RunInterrupted:
+            if stop.is_set() or kills >= MAX_TRAINER_KILLS:
+                raise
+            kills += 1
+            config = dataclasses.replace(config, resume=True)
+            continue
+        finally:
+            relay.cancel()
+        summary["trainer_kills"] = kills
+        return summary
+
+
+def _set_on_done(event: asyncio.Event, _: object) -> None:
+    event.set()
 
 
 async def _drive_run(
@@ -450,6 +513,7 @@ async def _drive_run(
             await checkpoints.interrupt()
     elapsed = time.monotonic() - started
     stranded, duplicates = await agents.final_counts()
+    turns = await agents.turn_counts()
     ledger = coord.ledger
     return RunFacts(
         wall_s=elapsed,
@@ -462,6 +526,7 @@ async def _drive_run(
         ),
         journal_appends=coord.journal.appends,
         journal_batches=coord.journal.batches,
+        turns=turns,
     )
 
 
@@ -490,6 +555,7 @@ class RunFacts:
     debts_outstanding: int
     journal_appends: int
     journal_batches: int
+    turns: TurnFigures = field(default_factory=TurnFigures)
 
 
 async def summarize_run(
@@ -509,6 +575,7 @@ async def summarize_run(
     return {
         "run_id": run_id,
         "mode": config.mode,
+        "target_level": config.target_level,
         "agents": len(agents.clients),
         "groups": config.groups,
         "siblings": config.siblings,
@@ -530,6 +597,11 @@ async def summarize_run(
         "prepare_wait_max_s": round(max(waits), 3) if waits else None,
         **generation.summary(),
         "thrown_by_checkpoints_warning": generation.warning(),
+        "turns_resumed": facts.turns.turns_resumed,
+        "turns_redone": facts.turns.turns_redone,
+        "model_tokens_saved": facts.turns.model_tokens_saved,
+        "continuations_resumed": facts.turns.resumes,
+        "continuations_declined": facts.turns.declines,
         "agent_restarts": agents.restarts,
         "reduced_mode_agents": sorted(n for n, c in agents.clients.items() if c.reduced is not None),
         "stranded": facts.stranded,
@@ -577,6 +649,7 @@ __all__ = [
     "failed",
     "parse_faults",
     "run_simulation",
+    "run_with_trainer_kills",
     "summarize_run",
     "workload_payload",
 ]
