@@ -239,13 +239,14 @@ def audit(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Replay the whole log and check every invariant of docs/events.md; exit status 1 on any violation."""
+    """Replay the whole log and check every invariant of docs/events.md, read every stored payload back
+    against its digest, and run the database's own integrity check; exit status 1 on any violation."""
     from projections.audit import audit_log
 
     with _store(db) as store:
         started = time.perf_counter()
         with _progress("audit", store.head(), quiet=as_json) as advance:
-            report = audit_log(store, advance)
+            report = audit_log(store, advance, payloads=True)
         seconds = time.perf_counter() - started
     if as_json:
         typer.echo(json.dumps(report.as_json(), indent=2))
@@ -259,6 +260,12 @@ def audit(
             f"{report.events:,} events, {len(report.rules_checked)} rules: {verdict} "
             f"({seconds:.2f} s, {rate:,.0f} events/s)"
         )
+        if report.payloads is not None:
+            p = report.payloads
+            console.print(
+                f"payloads: {p.checked:,} of {p.named:,} named read back ({p.checked_bytes:,} bytes), "
+                f"{p.missing} missing, {p.corrupt} altered; {p.blobs:,} blobs; {escape(p.database)}"
+            )
     if not report.ok:
         raise typer.Exit(1)
 

@@ -229,6 +229,48 @@ class EventStore:
             rows = conn.execute(_BLOBS_IN, {"digests": sorted(set(digests))}).all()
         return {str(digest): bytes(content) for digest, content in rows}
 
+    def iter_blobs(self, batch: int = 256) -> Iterator[tuple[str, bytes]]:
+        """Every row of the blob table, `batch` rows a query, in digest order (the auditor's check)."""
+        after = ""
+        while True:
+            with self._database_errors(), self._reader.connect() as conn:
+                rows = conn.execute(
+                    text("SELECT digest, content FROM blobs WHERE digest > :after ORDER BY digest LIMIT :n"),
+                    {"after": after, "n": batch},
+                ).all()
+            for digest, content in rows:
+                yield str(digest), bytes(content)
+            if len(rows) < batch:
+                return
+            after = str(rows[-1][0])
+
+    def integrity_check(self) -> tuple[bool, str]:
+        """The database's own check of its files: SQLite's `PRAGMA integrity_check`; on PostgreSQL the
+        data-checksum failures it has counted (pages are checked as they are read, when the cluster
+        was initialised with checksums)."""
+        with self._database_errors(), self._reader.connect() as conn:
+            if self._reader.dialect.name == "sqlite":
+                try:
+                    found = [str(r[0]) for r in conn.execute(text("PRAGMA integrity_check")).all()]
+                except DBAPIError as exc:  # a file damaged enough that the check itself cannot run
+                    return False, f"SQLite integrity_check: {_first_line(exc.orig)}"
+                if found == ["ok"]:
+                    return True, "SQLite integrity_check: ok"
+                shown = "; ".join(found[:5]) + (f" (and {len(found) - 5} more)" if len(found) > 5 else "")
+                return False, f"SQLite integrity_check: {shown}"
+            checksums = str(conn.execute(text("SHOW data_checksums")).scalar_one())
+            if checksums != "on":
+                return True, "PostgreSQL: data checksums are off (initdb --data-checksums turns them on)"
+            failures = conn.execute(
+                text(
+                    "SELECT coalesce(sum(checksum_failures), 0) FROM pg_stat_database "
+                    "WHERE datname = current_database()"
+                )
+            ).scalar_one()
+            if int(failures or 0):
+                return False, f"PostgreSQL: {int(failures)} data checksum failure(s) in this database"
+            return True, "PostgreSQL: data checksums on, no failures"
+
     def subscriber_position(self, name: str) -> int:
         value = self._scalar("SELECT position FROM subscriptions WHERE name = :n", {"n": name})
         return 0 if value is None else int(value)

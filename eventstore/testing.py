@@ -40,7 +40,19 @@ class PgCluster:
     def start(self) -> PgCluster:
         if self._as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "--data-checksums",
+            "-E",
+            "UTF8",
+        )
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(f"\nport = {self.port}\nunix_socket_directories = '{self.dir}'\n")
             for key, value in self.settings.items():

@@ -54,6 +54,14 @@ from eventstore.records import GENESIS_HASH
 from projections.base import FAST_DECODERS, ReplayRefused, TypedProjection, decode
 from projections.digest import BLOCK, StoredDigest
 from projections.ledger import debt_dropped_by
+from projections.payload_audit import (
+    DIGESTS_OF,
+    PAYLOAD_RULES,
+    PayloadAuditSummary,
+    PayloadFacts,
+    check_database,
+    check_payloads,
+)
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
 from protocol.ids import group_id_of, rollout_id_of
 from protocol.streams import group_of_stream
@@ -979,6 +987,8 @@ class AuditReport:
     head: int
     rules_checked: list[str]
     violations: list[Violation]
+    # What the payload checks read (`audit_log(..., payloads=True)` only).
+    payloads: PayloadAuditSummary | None = None
 
     @property
     def ok(self) -> bool:
@@ -991,6 +1001,7 @@ class AuditReport:
             "violations": [
                 {"rule": v.rule, "positions": v.positions, "message": v.message} for v in self.violations
             ],
+            "payloads": None if self.payloads is None else self.payloads.as_json(),
         }
 
 
@@ -999,8 +1010,10 @@ def audit_events(
     checkpoints: Iterable[StoredCheckpoint] = (),
     subscribers: dict[str, int] | None = None,
     progress: Callable[[int], None] | None = None,
+    payloads: PayloadFacts | None = None,
 ) -> AuditReport:
-    """Audits `events` (full rows, position order from 1); stored checkpoint digests are compared on the way."""
+    """Audits `events` (full rows, position order from 1); stored checkpoint digests are compared on the way.
+    With `payloads`, the digests of the payloads the events name are gathered into it."""
     projection = AuditProjection()
     st = projection.initial()
     rows = RowChecker()
@@ -1042,6 +1055,9 @@ def audit_events(
             handler = handlers.get(decoded.__class__)
             if handler is not None:
                 handler(st, ev, decoded)
+            named = None if payloads is None else DIGESTS_OF.get(decoded.__class__)
+            if named is not None and payloads is not None:
+                payloads.see(position, named(decoded))
         count += 1
         if progress is not None and count % 10_000 == 0:
             progress(10_000)
@@ -1068,9 +1084,37 @@ def audit_events(
     return AuditReport(events=count, head=position, rules_checked=list(RULES), violations=st.violations)
 
 
-def audit_log(store: EventStore, progress: Callable[[int], None] | None = None) -> AuditReport:
-    """Replays the whole log through every rule (docs/events.md, Invariants)."""
-    return audit_events(store.read_all(), list_checkpoints(store), subscriber_positions(store), progress)
+def audit_log(
+    store: EventStore, progress: Callable[[int], None] | None = None, payloads: bool = False
+) -> AuditReport:
+    """Replays the whole log through every rule (docs/events.md, Invariants).  With `payloads`
+    (`ledger audit` always), it then reads every blob back against its digest, checks that every
+    digest an event names is stored, and asks the database for its own integrity check."""
+    facts = PayloadFacts() if payloads else None
+    report = audit_events(
+        store.read_all(), list_checkpoints(store), subscriber_positions(store), progress, facts
+    )
+    if facts is None:
+        return report
+    summary = PayloadAuditSummary()
+    found: list[Violation] = []
+
+    def violate(rule: str, positions: list[int], message: str) -> None:
+        shown = sorted({p for p in positions if p > 0})[:_MAX_LISTED]
+        found.append(Violation(rule=rule, positions=shown, message=message))
+
+    check_database(store, violate, summary)
+    check_payloads(store, facts, violate, summary)
+    violations = sorted(
+        report.violations + found, key=lambda v: (v.positions[0] if v.positions else 0, v.rule)
+    )
+    return AuditReport(
+        events=report.events,
+        head=report.head,
+        rules_checked=[*report.rules_checked, *PAYLOAD_RULES],
+        violations=violations,
+        payloads=summary,
+    )
 
 
 def _check_digests(

@@ -41,7 +41,8 @@ from eventstore.events import (
     SiblingSealed,
     TrainerRestored,
 )
-from protocol.digests import reply_digest
+from projections.payload_audit import DIGESTS_OF
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.ids import capture_key
 from protocol.streams import checkpoint_stream, group_stream, logprobs_stream, trainer_stream
 from protocol.wire import AttemptRef, CompletionReceipt
@@ -53,8 +54,26 @@ def group_of(rollout_id: str) -> str:
     return rollout_id.rpartition("_g")[0]
 
 
+# The payloads the builder's events name, by digest: `LogBuilder.append` stores them in the log's blob
+# table, so that `ledger audit` finds every one.
+PAYLOADS: dict[str, bytes] = {}
+
+
+def _payload(content: bytes) -> str:
+    digest = sha256_digest(content)
+    PAYLOADS[digest] = content
+    return digest
+
+
+TOKENS_DIGEST = _payload(canonical_bytes([{"prompt_token_ids": [1, 2], "generation_token_ids": [3]}]))
+LOGPROBS_DIGEST = _payload(bytes(8))
+
+
 def digest_of(rollout_id: str, attempt_index: int, reward: float = 1.0) -> str:
-    return reply_digest({"rollout_id": rollout_id, "attempt_index": attempt_index, "reward": reward})
+    """The digest of the try's reply (as `protocol.digests.reply_digest` takes it)."""
+    return _payload(
+        canonical_bytes({"rollout_id": rollout_id, "attempt_index": attempt_index, "reward": reward})
+    )
 
 
 def completion_receipt(
@@ -83,7 +102,7 @@ def rollout_receipt(
         model_call_ids=[f"{key}-call-{i}" for i in range(1, 4)],
         terminal_model_call_id=f"{key}-call-3",
         token_count=120,
-        tokens_digest="sha256:" + "ab" * 32,
+        tokens_digest=TOKENS_DIGEST,
         reward=reward,
         mask_sample=mask,
     )
@@ -97,6 +116,11 @@ class LogBuilder:
         self.agent = agent
 
     def append(self, stream_id: str, events: Sequence[Event]) -> list[int]:
+        for event in events:
+            named = DIGESTS_OF.get(type(event))
+            for digest in named(event) if named is not None else ():
+                if digest in PAYLOADS:
+                    self.store.put_blob(PAYLOADS[digest])
         return self.store.append(stream_id, list(events)).positions
 
     def group(self, group_id: str, events: Sequence[Event]) -> list[int]:
@@ -334,7 +358,7 @@ class LogBuilder:
                     logprob_sum=-12.5,
                     max_abs_diff=0.01,
                     mean_abs_diff=0.001,
-                    blob_digest="sha256:" + "cd" * 32,
+                    blob_digest=LOGPROBS_DIGEST,
                 )
             ],
         )
