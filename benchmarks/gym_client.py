@@ -71,7 +71,7 @@ def run_body(rollout_id: str) -> bytes:
         "_ng_rollout_id": rollout_id,
         "_ng_attempt_index": 0,
         "responses_create_params": PARAMS,
-        "task": TASK,
+        **TASK,
     }
     return json.dumps(request).encode()
 
@@ -150,7 +150,7 @@ def with_gym_client(url: str, concurrency: int) -> tuple[Play, Close]:
     client = GymClient(url, "bench", max_run_connections=concurrency)
 
     async def play(rid: str) -> None:
-        request = RunRequest(rollout_id=rid, attempt_index=0, responses_create_params=PARAMS, task=TASK)
+        request = RunRequest(rollout_id=rid, attempt_index=0, responses_create_params=PARAMS, **TASK)
         await client.run(request)
         receipt = await client.completion_receipt(rid, 0)
         await client.token_capture(receipt.manifest_capture_key)

@@ -141,12 +141,16 @@ class RunDispatched(Event):
     deadline_s: float | None = None
 
 
-class RunReplied(Event):
+class RunReplied(Event, version=2):
+    """Version 2 added `failure_kind` (the reply's own, in the Gym's vocabulary); version 1 rows are
+    upcast with none."""
+
     rollout_id: Identifier
     attempt_index: AttemptIndex
     reward: float
     mask_sample: bool
     reply_digest: str
+    failure_kind: str | None = None
 
 
 # `refused`: the agent refused the request itself (HTTP 400, 413, 422): deterministic, so no try of the

@@ -55,6 +55,12 @@ def _run_failed_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "kind": kind}
 
 
+@upcaster("RunReplied", 1)
+def _run_replied_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not keep the reply's failure_kind."""
+    return {**data, "failure_kind": None}
+
+
 @upcaster("AckRejected", 1)
 def _ack_rejected_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 did not record the agent's generation (its unknown_execution dropped the debt unchecked)."""

@@ -49,6 +49,7 @@ class EpisodeRunner:
             resumed=resumed.state if resumed is not None else None,
             commit_turn=session.commit_turn if self.resumes else None,
             at_cut=session.at_cut if self.cuts else None,
+            earlier=resumed.tokens if resumed is not None else (),
         )
 
 

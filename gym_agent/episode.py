@@ -26,7 +26,16 @@ from gym_agent.durations import Durations
 from gym_agent.faults import ResolvedFault
 from protocol.digests import canonical_json
 from protocol.ids import capture_key
-from protocol.wire import ContinuationRef, ResourceRevision, RunReply, RunRequest, TokenEntry
+from protocol.lineage import link_call
+from protocol.tokens import request_input
+from protocol.wire import (
+    TOKEN_SCHEMA_VERSION,
+    ContinuationRef,
+    ResourceRevision,
+    RunReply,
+    RunRequest,
+    TokenEntry,
+)
 from workers.policy import Policy
 
 MODEL_NAME = "policy"
@@ -76,7 +85,7 @@ CommitTurn = Callable[[int, dict[str, Any], Sequence[ResourceRevision]], Awaitab
 
 def prompt_ids(agent_seed: int, request: RunRequest, vocab_size: int) -> list[int]:
     payload = canonical_json(
-        {"responses_create_params": request.responses_create_params, "task": request.task}
+        {"responses_create_params": request.responses_create_params, **request.task_fields()}
     )
     digest = hashlib.sha256(f"prompt|{agent_seed}|{payload}".encode()).digest()
     rng = random.Random(digest)
@@ -168,10 +177,13 @@ class Environment:
         resumed: dict[str, Any] | None = None,
         commit_turn: CommitTurn | None = None,
         at_cut: Cut | None = None,
+        earlier: Sequence[TokenEntry] = (),
     ) -> RunReply:
         """Plays the episode from its prompt, or (`resumed`: the state a boundary saved, with
-        `lineage` the continuation's) from the turn after that boundary; `commit_turn` saves each
-        boundary before the run may park at it."""
+        `lineage` the continuation's, and `earlier` its token records) from the turn after that
+        boundary; `commit_turn` saves each boundary before the run may park at it.  Every record's
+        lineage is stamped from the conversation its call was sent (`protocol.lineage.link_call`), a
+        resumed try's first new call linked to the last reused one."""
         key = capture_key(request.rollout_id, request.attempt_index)
         lineage = lineage or key
         vocab = self.policy.vocab_size
@@ -182,6 +194,9 @@ class Environment:
             n_turns = random.Random(episode_seed(self.seed, request.rollout_id, lineage)).randint(*self.turns)
             state = EpisodeState(n_turns=n_turns, turns_done=0, context=prompt_ids(self.seed, request, vocab))
         context, output, generated, n_turns = state.context, state.output, state.generated, state.n_turns
+        # The conversation each model call is sent (its lineage is stamped from it), and the calls so far.
+        conversation = request_input(request.responses_create_params) + list(output)
+        recorded: list[TokenEntry] = list(earlier)
         for turn in range(state.turns_done, n_turns):
             seed = episode_seed(self.seed, request.rollout_id, lineage, turn + 1)
             rng = random.Random(seed)
@@ -216,28 +231,32 @@ class Environment:
                 "status": "completed",
                 "content": [{"type": "output_text", "text": _text(token_ids), "annotations": []}],
             }
-            record(
-                TokenEntry(
-                    rollout_id=key,
-                    model_call_id=call_id,
-                    model=MODEL_NAME,
-                    prompt_token_ids=prompt,
-                    generation_token_ids=token_ids,
-                    generation_log_probs=logprobs,
-                    # The call's own output: one item, the one that carried the token arrays.
-                    output_items=[item],
-                    token_item_index=0,
-                    created_at=time.time(),
-                )
+            entry = TokenEntry(
+                schema_version=TOKEN_SCHEMA_VERSION,
+                rollout_id=key,
+                model_call_id=call_id,
+                model=MODEL_NAME,
+                prompt_token_ids=prompt,
+                generation_token_ids=token_ids,
+                generation_log_probs=logprobs,
+                # The call's own output: one item, the one that carried the token arrays.
+                output_items=[item],
+                token_item_index=0,
+                # The last call's response is the reply's (`response.id`), as a Gym agent merges them.
+                response_id=f"resp-{key}" if turn + 1 == n_turns else f"resp-{key}-{turn + 1}",
+                created_at=time.time(),
             )
+            recorded.append(link_call(entry, list(conversation), recorded))
+            record(recorded[-1])
+            conversation.append(item)
             output.append(item)
             generated += token_ids
             context = context + token_ids
             if turn + 1 < n_turns:
                 observation = [rng.randrange(vocab) for _ in range(rng.randint(*OBSERVATION_LEN))]
-                output.append(
-                    {"type": "function_call_output", "call_id": call_id, "output": _text(observation)}
-                )
+                observed = {"type": "function_call_output", "call_id": call_id, "output": _text(observation)}
+                output.append(observed)
+                conversation.append(observed)
                 context = context + observation
                 if self.tool_seconds is not None:
                     await working(self.tool_seconds.draw(f"tool|{self.seed}|{key}|{turn}"), heartbeat)
@@ -260,6 +279,7 @@ class Environment:
             "metadata": {"policy_version": self.policy.policy_version, "model_calls": n_turns},
         }
         reward, mask = episode_reward(generated, vocab), False
+        failure: dict[str, Any] = {}
         if fault.fail:
             response["status"] = "failed"
             response["error"] = {
@@ -267,13 +287,21 @@ class Environment:
                 "message": "environment failed (injected fault)",
             }
             reward, mask = 0.0, True
+            # Named as a Gym environment names its own failures: `<server>:<kind>`.
+            failure = {
+                "failure_kind": "reference_agent:environment_failed",
+                "failure_reason": "environment failed (injected fault)",
+            }
+        # The row's own fields come back at the top level, as a Gym resources server echoes its request.
+        echoed = {k: v for k, v in request.task_fields().items() if k not in RunReply.model_fields}
         return RunReply(
+            **echoed,
             rollout_id=request.rollout_id,
             attempt_index=request.attempt_index,
             responses_create_params=request.responses_create_params,
-            task=request.task,
             id=f"r-{key}",
             response=response,
             reward=reward,
             mask_sample=mask,
+            **failure,
         )

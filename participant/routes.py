@@ -135,7 +135,7 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
 
     @app.get("/token_capture/{capture_key:path}")
     async def token_capture(capture_key: IdPath) -> JSONResponse:
-        return _json([e.model_dump(mode="json") for e in reg.token_capture(capture_key)])
+        return _json([e.record() for e in reg.token_capture(capture_key)])
 
     @app.post("/acknowledge")
     async def acknowledge(request: AcknowledgeRequest, trainer: TrainerHeader = None) -> JSONResponse:

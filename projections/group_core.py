@@ -27,6 +27,7 @@ from typing import Literal
 
 from eventstore.events import RetryBudget
 from projections.ledger import AttemptState, GroupState, SiblingState
+from protocol.failures import budget_of_failure_kind
 from protocol.wire import ContinuationRef
 
 AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
@@ -54,9 +55,10 @@ def attempt_action(attempt: AttemptState) -> AttemptAction | None:
 
 
 def failure_budget(attempt: AttemptState) -> Literal["infra", "data"]:
-    """Which budget a try that ended without a usable result spends."""
+    """Which budget a try that ended without a usable result spends: a masked reply's the one its Gym
+    `failure_kind` names (`protocol.failures`; data when it names none), else by the failures."""
     if attempt.mask_sample:
-        return "data"
+        return budget_of_failure_kind(attempt.failure_kind) if attempt.failure_kind else "data"
     kinds = {f.partition(":")[0] for f in attempt.failures}
     return "data" if kinds & DATA_FAILURE_KINDS else "infra"
 

@@ -82,6 +82,8 @@ class AttemptState:
     reply_digest: str | None = None
     reward: float | None = None
     mask_sample: bool | None = None
+    # The reply's own `failure_kind` (the Gym's vocabulary), when it named one.
+    failure_kind: str | None = None
     receipt: CompletionReceipt | None = None
     rollout_receipt: RolloutReceipt | None = None
     retire_outcome: RetireOutcome | None = None
@@ -406,6 +408,7 @@ def _replied(state: LedgerState, ev: RecordedEvent, e: RunReplied) -> None:
         return
     attempt.reward = e.reward
     attempt.mask_sample = e.mask_sample
+    attempt.failure_kind = e.failure_kind
     attempt.reply_digest = e.reply_digest
     if attempt.status in ("minted", "dispatched", "failed"):
         attempt.status = "replied"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from protocol.wire import RunReply, TokenEntry
+from protocol.lineage import link_call
+from protocol.wire import TOKEN_SCHEMA_VERSION, RunReply, TokenEntry
 
 TOKEN_FIELDS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts")
 _REQUIRED: Final = TOKEN_FIELDS[:3]
@@ -34,19 +35,39 @@ def model_call_id(index: int) -> str:
     return f"call-{index + 1}"
 
 
+def request_input(responses_create_params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation a `/run`'s first model call is sent: its `input` items (a text input is one
+    user message, as a Gym agent sends it)."""
+    given = responses_create_params.get("input")
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    return [item for item in given if isinstance(item, dict)] if isinstance(given, list) else []
+
+
 def token_records_from_reply(reply: RunReply, capture_key: str, created_at: float) -> list[TokenEntry]:
-    """One record per model call that carried token ids, in call order; [] when none did.
+    """One record per model call that carried token ids, in call order, with its lineage
+    (`protocol.lineage.link_call`); [] when none did.  Each call was sent the reply's input and every
+    output item before its own; the last call, when nothing a model wrote follows it, is the one the
+    reply's `response.id` names.
 
     Raises `TokenRecordError` for an item with only part of the arrays, and pydantic's
     ValidationError for arrays that break `TokenEntry`'s rules (lengths that differ)."""
     output = reply.response.get("output")
     if not isinstance(output, list):
         return []
+    conversation = request_input(reply.responses_create_params)
     records: list[TokenEntry] = []
     pending: list[dict[str, Any]] = []
+    request: list[dict[str, Any]] = []
     for item in output:
-        if not isinstance(item, dict) or item.get("type") in ENVIRONMENT_ITEM_TYPES:
+        if not isinstance(item, dict):
             continue
+        if item.get("type") in ENVIRONMENT_ITEM_TYPES:
+            conversation.append(item)
+            continue
+        if not pending:
+            request = list(conversation)  # the call's own items start here
+        conversation.append(item)
         if not _carries_tokens(item):
             pending.append(item)
             continue
@@ -54,19 +75,23 @@ def token_records_from_reply(reply: RunReply, capture_key: str, created_at: floa
         if missing:
             raise TokenRecordError(f"output item {item.get('id')!r} lacks {', '.join(missing)}")
         stripped = {k: v for k, v in item.items() if k not in TOKEN_FIELDS}
-        records.append(
-            TokenEntry(
-                rollout_id=capture_key,
-                model_call_id=model_call_id(len(records)),
-                model=str(reply.response.get("model") or ""),
-                prompt_token_ids=item["prompt_token_ids"],
-                generation_token_ids=item["generation_token_ids"],
-                generation_log_probs=item["generation_log_probs"],
-                routed_experts=item.get("routed_experts"),
-                output_items=[*pending, stripped],
-                token_item_index=len(pending),
-                created_at=created_at,
-            )
+        record = TokenEntry(
+            schema_version=TOKEN_SCHEMA_VERSION,
+            rollout_id=capture_key,
+            model_call_id=model_call_id(len(records)),
+            model=str(reply.response.get("model") or ""),
+            prompt_token_ids=item["prompt_token_ids"],
+            generation_token_ids=item["generation_token_ids"],
+            generation_log_probs=item["generation_log_probs"],
+            routed_experts=item.get("routed_experts"),
+            output_items=[*pending, stripped],
+            token_item_index=len(pending),
+            response_id=None,
+            created_at=created_at,
         )
+        records.append(link_call(record, request, records))
         pending = []
+    response_id = reply.response.get("id")
+    if records and not pending and isinstance(response_id, str) and response_id:
+        records[-1] = records[-1].model_copy(update={"response_id": response_id})
     return records

@@ -113,20 +113,19 @@ class AttemptRef(WireModel):
 
 
 class RunRequest(GymModel):
-    """Body of `POST /run`: the try's identity plus the task payload.  A NeMo RL row's own fields
-    (`agent_ref`, `_ng_task_index`, `_ng_rollout_index`, the environment's task fields) ride along as
-    extras and reach the agent unchanged.  Every number in it is finite: `NaN`, `Infinity` or `1e999`
-    anywhere is a 422 before anything runs."""
+    """Body of `POST /run`, a row as NeMo RL sends it: the try's identity, `responses_create_params`,
+    and the task's own fields at the top level (`agent_ref`, `_ng_task_index`, `_ng_rollout_index`, an
+    environment's fields such as `expected_answer`), kept as extras and reaching the agent unchanged:
+    a Gym agent forwards its body as it is to its resources server's `/verify`, which reads them there.
+    Every number in it is finite: `NaN`, `Infinity` or `1e999` anywhere is a 422 before anything runs."""
 
     _finite: ClassVar[bool] = True
 
     rollout_id: Identifier = Field(alias="_ng_rollout_id")
     attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
     responses_create_params: dict[str, Any] = Field(default_factory=dict)
-    # Environment fields of the task (prompt, sample id, ...), echoed back in the reply.
-    task: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("responses_create_params", "task")
+    @field_validator("responses_create_params")
     @classmethod
     def _not_too_deep(cls, value: dict[str, Any]) -> dict[str, Any]:
         return check_depth(value, finite=True)
@@ -139,28 +138,42 @@ class RunRequest(GymModel):
         row.pop("_ng_attempt_index", None)
         return sha256_digest(canonical_json(row).encode())
 
+    def task_fields(self) -> dict[str, Any]:
+        """The row's own fields: everything but the try's identity and `responses_create_params`."""
+        return dict(self.model_extra or {})
+
 
 class RunReply(GymModel):
     """`BaseVerifyResponse`: the only way the reward reaches the trainer.
 
-    The real Gym answers `{responses_create_params, response, reward, ...}`; `gym_reply` fills in the
-    try's identity where it is missing.  `payload()` is the reply as it travels (exactly the fields
-    that were set), and the one thing `digest()` is taken of, on every side.
+    The real Gym answers `{responses_create_params, response, reward, mask_sample, failure_kind,
+    failure_reason}`; `gym_reply` fills in the try's identity where it is missing.  `mask_sample` says
+    the reward is no valid measurement (the environment or its infrastructure failed), `failure_kind`
+    (the Gym's vocabulary, `protocol.failures`) and `failure_reason` say what went wrong, with or
+    without a mask.  `payload()` is the reply as it travels (exactly the fields that were set), and the
+    one thing `digest()` is taken of, on every side.
     """
 
     rollout_id: Identifier = Field(alias="_ng_rollout_id")
     attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
     responses_create_params: dict[str, Any] = Field(default_factory=dict)
-    task: dict[str, Any] = Field(default_factory=dict)
     id: str
     response: dict[str, Any]
     reward: float
     mask_sample: bool = False
+    failure_kind: str | None = Field(default=None, max_length=200)
+    failure_reason: str | None = None
 
-    @field_validator("responses_create_params", "task", "response")
+    @field_validator("responses_create_params", "response")
     @classmethod
     def _not_too_deep(cls, value: dict[str, Any]) -> dict[str, Any]:
         return check_depth(value)
+
+    def masked(self) -> bool:
+        """The reply's mask, where the Gym or NeMo RL put it: `mask_sample`, or `mask_sample` in the
+        row's `instance_config`."""
+        config = (self.model_extra or {}).get("instance_config")
+        return self.mask_sample or (isinstance(config, dict) and config.get("mask_sample") is True)
 
     def payload(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
@@ -298,35 +311,85 @@ class CompletionReceipt(WireModel):
         return (self.rollout_id, self.attempt_index)
 
 
-class TokenEntry(WireModel):
-    """One record per model call, in the shape of the real Gym's `TokenEntry`
-    (`nemo_gym.token_id_capture.records`), and checked by the same rules: `output_items` are the model
-    call's output items without their token arrays, `token_item_index` names the one item that carried
-    them, `routed_experts` is the MoE router's choice per token (router replay), kept as the model
-    server gave it."""
+# Token records (`TokenEntry`) are the real Gym's shape, read by its rule: the schema versions a reader
+# understands, from the oldest it still accepts to the newest (nemo-gym 0.7.0 writes and reads 1 only).
+TOKEN_SCHEMA_MIN: Final = 1
+TOKEN_SCHEMA_VERSION: Final = 1
+# The request-time verdict on a model call's parent: no model-authored history (root), a verified
+# earlier call (resolved, `parent_call_id` names it), or history no recorded call accounts for.
+ParentResolution = Literal["root", "resolved", "unresolved"]
 
-    schema_version: GymSchemaVersion = Field(default=GYM_SCHEMA_VERSION, validate_default=True)
-    rollout_id: Identifier  # the capture key of the try
+
+class TokenEntry(BaseModel):
+    """One record per model call, the real Gym's `TokenEntry` (`nemo_gym.token_id_capture.records`) in
+    our own words and by its reader's rules, so a record either side writes reads the same on both.
+
+    Fields a newer writer adds are kept as they came (`extra="allow"`, the owner's rule: what keeps a
+    newer record's new meaning out is its `schema_version`, refused outside TOKEN_SCHEMA_MIN..
+    TOKEN_SCHEMA_VERSION); `record()` gives back every field that was set, extras included.
+
+    `output_items` are the call's output items without their token arrays, `token_item_index` the one
+    that carried them; `routed_experts` is the MoE router's choice per token (router replay), kept as
+    the model server gave it.  The lineage fields (protocol.lineage writes them) let a consumer chain a
+    try's calls into one token sequence: `parent_resolution` and `parent_call_id` (with its
+    `parent_resolution_reason`), `cum_len` and `digest` of the full prompt + generation (also for a
+    `prompt_is_delta` record, whose `prompt_token_ids` hold only the suffix after its parent's
+    sequence), `response_id` (the served response's id), and the continuation fingerprint of the
+    request + output with the request context's length and digest.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = TOKEN_SCHEMA_VERSION
+    rollout_id: str  # the capture key of the try
     model_call_id: str
-    model: str
+    model: str = ""
     prompt_token_ids: list[int]
     generation_token_ids: list[int]
     generation_log_probs: list[float]
     routed_experts: Any | None = None
-    output_items: list[dict[str, Any]]
-    token_item_index: int | None = Field(default=None, ge=0)
-    created_at: float
+    output_items: list[dict[str, Any]] = Field(default_factory=list)
+    token_item_index: int | None = None
+    response_id: str | None = None
+    created_at: float = 0.0
+    parent_call_id: str | None = None
+    cum_len: int | None = None
+    digest: str | None = None
+    parent_resolution: ParentResolution | None = None
+    continuation_fingerprint: str = ""
+    continuation_context_len: int = 0
+    continuation_context_digest: str = ""
+    parent_resolution_reason: str = ""
+    fingerprint_version: int | None = None
+    prompt_is_delta: bool = False
+    prefix_requested: bool = False
+    prefix_supplied: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> TokenEntry:
+        if not TOKEN_SCHEMA_MIN <= self.schema_version <= TOKEN_SCHEMA_VERSION:
+            raise ValueError(
+                f"token record is schema_version {self.schema_version}; this reader understands "
+                f"{TOKEN_SCHEMA_MIN}..{TOKEN_SCHEMA_VERSION}"
+            )
         if len(self.generation_token_ids) != len(self.generation_log_probs):
             raise ValueError("generation_token_ids and generation_log_probs differ in length")
-        if self.token_item_index is not None and self.token_item_index >= len(self.output_items):
+        if self.token_item_index is not None and not 0 <= self.token_item_index < len(self.output_items):
             raise ValueError(
                 f"token_item_index {self.token_item_index} is outside output_items "
                 f"of length {len(self.output_items)}"
             )
+        if self.parent_resolution == "resolved" and not self.parent_call_id:
+            raise ValueError("a resolved parent needs parent_call_id")
+        if self.parent_resolution in ("root", "unresolved") and self.parent_call_id is not None:
+            raise ValueError(f"a {self.parent_resolution} record names no parent_call_id")
+        if self.prompt_is_delta and (self.parent_call_id is None or self.parent_resolution != "resolved"):
+            raise ValueError("a delta prompt needs a resolved parent_call_id to rebuild from")
         return self
+
+    def record(self) -> dict[str, Any]:
+        """The record as it travels and is stored: every field that was set, extras included."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class AcknowledgeItem(WireModel):

@@ -72,6 +72,9 @@ class SimConfig:
     agent_state_root: Path | None = None
     # Fields every `/run` row carries besides the prompt (e.g. a NeMo RL row's `agent_ref`).
     row_fields: dict[str, Any] = field(default_factory=dict)
+    # The workload's `fail` fault is an environment failure (a masked reply): retried, so the run
+    # exercises replacements (a trainer's default keeps a masked reply as a result).
+    mask_sample_retries: bool = True
     # A run in which no group of it moves for this long stops as stalled (None: derived from the
     # timeouts, `stall_after_s()`): nothing waits for ever.
     stall_timeout_s: float | None = None

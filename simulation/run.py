@@ -328,6 +328,7 @@ async def run_simulation(
             "park_grace_s": config.park_grace_s,
             "max_tries": config.max_tries,
             "target_level": config.target_level,
+            "mask_sample_retries": config.mask_sample_retries,
             # Each run is its own trainer: another run's groups on this log are never driven or claimed.
             "trainer_id": run_id,
         }

@@ -72,19 +72,23 @@ class _OtherIncarnation(_Garbage):
     agent restarted in between and this is not the result retire described."""
 
 
+# The try's identity is the log's, never the payload's.
+_IDENTITY = frozenset({"_ng_rollout_id", "_ng_attempt_index", "rollout_id", "attempt_index"})
+
+
 def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRequest:
-    """The try's `/run` row: its identity, the task payload, and the payload's other fields (a NeMo
-    RL row's `agent_ref`, `_ng_task_index`, environment fields) as the row's own top-level fields."""
-    payload = dict(group.payload)
-    for identity in ("_ng_rollout_id", "_ng_attempt_index", "rollout_id", "attempt_index"):
-        payload.pop(identity, None)  # the try's identity is the log's, never the payload's
+    """The try's `/run` row as NeMo RL sends one: its identity, `responses_create_params`, and the
+    payload's other fields (a NeMo RL row's `agent_ref`, `_ng_task_index`, environment fields such as
+    `expected_answer`) at the row's top level; a payload's `task` object, if it has one, is spread
+    there too (its fields never override the row's own)."""
+    payload = {k: v for k, v in group.payload.items() if k not in _IDENTITY}
+    task = payload.pop("task", None)
+    if isinstance(task, dict):
+        payload = {k: v for k, v in task.items() if k not in _IDENTITY} | payload
     return RunRequest(
         rollout_id=rollout_id,
         attempt_index=attempt_index,
         responses_create_params=payload.pop("responses_create_params", {}),
-        task=payload.pop(
-            "task", {"sample_id": group.prompt_ref.sample_id, "task_name": group.prompt_ref.task_name}
-        ),
         **payload,
     )
 
@@ -251,7 +255,7 @@ class Attempts:
         adopted_events += resume_events(rid, n, receipt.resume)
         try:
             verify_receipt(reply, receipt, digest)
-            if reply.mask_sample:
+            if reply.masked() and ctx.settings.mask_sample_retries:
                 await self._append(
                     group_id,
                     [
@@ -262,13 +266,16 @@ class Attempts:
                             reward=reply.reward,
                             mask_sample=True,
                             reply_digest=digest,
+                            failure_kind=reply.failure_kind,
                         ),
                         ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
                         AckOwed(agent_name=group.agent_name, receipt=receipt),
                     ],
                 )
                 ctx.ack_wakeup.set()
-                return AttemptOutcome("owed", "mask_sample: the environment failed")
+                return AttemptOutcome(
+                    "owed", f"mask_sample: {reply.failure_reason or 'the environment failed'}"
+                )
             try:
                 tokens = await client.token_capture(receipt.manifest_capture_key)
             except BadResponseError as exc:
@@ -277,7 +284,7 @@ class Attempts:
                 raise _Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            blob = canonical_json([t.model_dump(mode="json", by_alias=True) for t in tokens]).encode()
+            blob = canonical_json([t.record() for t in tokens]).encode()
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, blob)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
@@ -296,7 +303,12 @@ class Attempts:
         head: list[Event] = [
             *adopted_events,
             RunReplied(
-                rollout_id=rid, attempt_index=n, reward=reply.reward, mask_sample=False, reply_digest=digest
+                rollout_id=rid,
+                attempt_index=n,
+                reward=reply.reward,
+                mask_sample=reply.masked(),
+                reply_digest=digest,
+                failure_kind=reply.failure_kind,
             ),
             ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
         ]
@@ -478,6 +490,7 @@ async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str
         return core.RetireRefused("conflict")
     except GymError as exc:
         return core.CallFailed(f"retire: {type(exc).__name__}: {exc}"[:300])
+    detail = client.reduced.retire_detail(rid, n) if client.reduced is not None else ""
     return core.RetireAnswer(
         a.retired,
         a.tombstoned,
@@ -488,6 +501,7 @@ async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str
         a.work,
         a.continuation,
         a.resume,
+        detail,
     )
 
 
@@ -518,7 +532,7 @@ def build_rollout_receipt(
         token_count=sum(len(t.generation_token_ids) for t in tokens),
         tokens_digest=sha256_digest(blob),
         reward=reply.reward,
-        mask_sample=reply.mask_sample,
+        mask_sample=reply.masked(),
     )
 
 

@@ -30,6 +30,9 @@ class Settings:
     max_tries: int = 4
     max_infra_failures: int = 4
     max_data_failures: int = 4
+    # A reply with `mask_sample` set is a result like any other (sealed, its mask recorded and passed
+    # on to training); True makes it a failed try instead, replaced within the data budget.
+    mask_sample_retries: bool = False
     # A try that reports no progress of its own for this long (and STALL_BEATS of its agent's heartbeat
     # intervals) is stuck inside a model call: a prepare retires it (trainer.core.blocking).
     park_grace_s: float = 1.0

@@ -119,6 +119,7 @@ class RolloutCoordinator:
         retire_policy: RetryPolicy = RETIRE_POLICY,
         ack_policy: RetryPolicy = ACK_POLICY,
         reconcile_every_s: float = 5.0,
+        mask_sample_retries: bool = False,
     ) -> None:
         self.store = store
         self.mode: Mode = mode
@@ -136,6 +137,7 @@ class RolloutCoordinator:
             retire_policy=retire_policy,
             ack_policy=ack_policy,
             reconcile_every_s=reconcile_every_s,
+            mask_sample_retries=mask_sample_retries,
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)
         self.ctx = Context(self.journal, dict(agents), self.settings)

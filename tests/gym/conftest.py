@@ -32,7 +32,7 @@ def run_request(rollout_id: str, attempt_index: int = 0, **task: Any) -> RunRequ
         rollout_id=rollout_id,
         attempt_index=attempt_index,
         responses_create_params={"input": [{"role": "user", "content": "2+2?"}]},
-        task=task or {"question_id": rollout_id.split("_")[0]},
+        **(task or {"question_id": rollout_id.split("_")[0]}),
     )
 
 

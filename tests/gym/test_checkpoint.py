@@ -11,7 +11,6 @@ import pytest
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from protocol.digests import reply_digest
 from protocol.wire import AttemptFault, AttemptRef
 from tests.gym.conftest import MakeAgent, run_request, wait_for
 from trainer.gym import (
@@ -46,7 +45,7 @@ async def test_prepare_lists_completed_unacknowledged_then_ready_after_ack(make_
         reply = await asyncio.wait_for(c.run(run_request("rD")), 2)
         assert (await c.debug_runs())["rD"] == 1
         receipt = await c.completion_receipt("rD", 0)
-        assert receipt.result_digest == reply_digest(reply.model_dump(mode="json"))
+        assert receipt.result_digest == reply.digest()
         [ack] = await c.acknowledge([receipt])
         assert ack.acknowledged and not ack.idempotent
 

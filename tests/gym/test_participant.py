@@ -22,6 +22,7 @@ from participant import mount_participant, read_evidence
 from protocol.tokens import token_records_from_reply
 from protocol.wire import ADOPT_ONLY_HEADER, RunRequest, TokenEntry, gym_reply
 from trainer.gym import GoneError, GymClient, NotFoundError, verify_receipt
+from trainer.gym.errors import AgentServerError
 from trainer.gym.reduced import REDUCED_GENERATION, NotParticipantError
 
 
@@ -38,6 +39,9 @@ def gym_like_agent(calls: list[dict[str, Any]]) -> FastAPI:
     async def run(request: Request) -> JSONResponse:
         body = await request.json()
         calls.append(body)
+        if body.get("expected_answer") == "fail":
+            # A Gym server's answer to an exception: HTTP 500 with the error as a JSON string.
+            return JSONResponse("RuntimeError('model server answered 500')", status_code=500)
         call = {"type": "function_call", "id": "fc", "call_id": "c1", "name": "f", "arguments": "{}"}
         message = {"type": "message", "id": "m", "role": "assistant", "content": []}
         output = [
@@ -88,8 +92,8 @@ def serve(app: FastAPI) -> Iterator[str]:
         sock.close()
 
 
-def row(rid: str, n: int = 0) -> RunRequest:
-    """A NeMo RL row: the Gym's own fields ride along."""
+def row(rid: str, n: int = 0, answer: str = "42") -> RunRequest:
+    """A NeMo RL row: the Gym's own fields ride along, the task's at the top level."""
     return RunRequest.model_validate(
         {
             "_ng_rollout_id": rid,
@@ -98,6 +102,7 @@ def row(rid: str, n: int = 0) -> RunRequest:
             "agent_ref": {"type": "responses_api_agents", "name": "a"},
             "_ng_task_index": 3,
             "_ng_rollout_index": 1,
+            "expected_answer": answer,
         }
     )
 
@@ -223,6 +228,8 @@ async def test_reduced_mode_against_a_plain_agent(tmp_path: Path) -> None:
             await client.connect()
             assert client.reduced is not None and not client.checkpoint_participant
             reply = await client.run(row("p_g0"))
+            # The row reached the agent as NeMo RL sends it: the task's fields at the top level.
+            assert calls[-1]["expected_answer"] == "42" and "task" not in calls[-1]
             receipt = await client.completion_receipt("p_g0", 0)
             verify_receipt(reply, receipt)
             assert receipt.execution_generation == REDUCED_GENERATION
@@ -235,6 +242,14 @@ async def test_reduced_mode_against_a_plain_agent(tmp_path: Path) -> None:
             with pytest.raises(NotFoundError):
                 await client.run(row("q_g0"), adopt_only=True)
             assert (await client.retire("q_g0", 0)).tombstoned
+            # POSTed, and the agent answered 500: done there (it keeps nothing), never "not started".
+            with pytest.raises(AgentServerError):
+                await client.run(row("f_g0", answer="fail"))
+            failed = await client.retire("f_g0", 0)
+            assert (failed.done, failed.tombstoned) == (True, False)
+            assert "500" in client.reduced.retire_detail("f_g0", 0)
+            assert client.reduced.retire_detail("q_g0", 0) == ""  # never POSTed
+            calls.pop()
             with pytest.raises(NotParticipantError):
                 await client.prepare("c1")
             [ack] = await client.acknowledge([receipt])

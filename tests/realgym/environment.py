@@ -1,12 +1,15 @@
-"""The real-Gym test environment: a Python 3.12 venv with nemo-gym 0.4.0, built once and cached.
+"""The real-Gym test environment: pyenv's Python 3.13.0 with nemo-gym 0.7.0, built once and cached.
 
-The venv lives under `~/.cache/rollout-ledger/realgym/<key>`, the key a hash of the lock file and
-the interpreter's version, so a changed lock builds a new one and an unchanged one is reused (the
-build takes minutes; a reuse, nothing).  An flock serialises two test processes building at once;
-a build that died half-way has no `.complete` mark and is started over.  The servers run this
-checkout's `participant` and `protocol` (on their PYTHONPATH, nothing written into the shared
-venv); the environment has no torch, so an import of the trainer side or the workers from the
-participant would fail there.
+nemo-gym 0.7.0 (the newest release) declares Requires-Python >=3.13.14; it installs and runs on 3.13.0,
+which pyenv provides here, with `--ignore-requires-python`.  The venv is built from `requirements.lock`
+(the whole set 0.7.0 resolves to, pinned) with `--no-deps`, so the build decides nothing.  It lives
+under `~/.cache/rollout-ledger/realgym/<key>`, the key a hash of the lock file and the interpreter's
+version, so a changed lock builds a new one and an unchanged one is reused (the build takes about two
+minutes; a reuse, nothing).  An flock serialises two test processes building at once; a build that
+died half-way has no `.complete` mark and is started over.  A machine without Python 3.13.0 fails
+here, loudly: the suite is never skipped.  The servers run this checkout's `participant` and
+`protocol` (on their PYTHONPATH, nothing written into the shared venv); the environment has no torch,
+so an import of the trainer side or the workers from the participant would fail there.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Final
 
 REPO: Final = Path(__file__).resolve().parents[2]
 LOCK: Final = Path(__file__).with_name("requirements.lock")
-PYTHON_ENV: Final = "REALGYM_PYTHON"  # an explicit 3.12 interpreter
+PYTHON_ENV: Final = "REALGYM_PYTHON"  # an explicit Python 3.13.0 interpreter
+PYTHON_VERSION: Final = "3.13.0"
 BUILD_TIMEOUT_S: Final = 1500.0
 COMPLETE_MARK: Final = ".complete"
 
@@ -33,19 +37,35 @@ def cache_root() -> Path:
     return base / "rollout-ledger" / "realgym"
 
 
-def find_python312() -> str:
-    """A Python 3.12 interpreter: $REALGYM_PYTHON, pyenv's 3.12, or python3.12 on PATH."""
-    explicit = os.environ.get(PYTHON_ENV)
-    if explicit:
-        return explicit
-    pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12.*/bin/python")))
-    pyenv += sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python"))
-    if pyenv:
-        return pyenv[-1]
-    found = shutil.which("python3.12")
-    if found:
-        return found
-    raise RuntimeError(f"no Python 3.12 found (nemo-gym 0.4.0 needs it); set {PYTHON_ENV}")
+def _pyenv_prefix() -> str | None:
+    pyenv = shutil.which("pyenv")
+    if pyenv is None:
+        return None
+    done = subprocess.run(
+        [pyenv, "prefix", PYTHON_VERSION], capture_output=True, text=True, timeout=60, check=False
+    )
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def find_python() -> str:
+    """Python 3.13.0: $REALGYM_PYTHON, else `pyenv prefix 3.13.0`, else pyenv's usual homes.
+    RuntimeError (the suite fails, never skips) when there is none."""
+    candidates = [os.environ.get(PYTHON_ENV) or ""]
+    prefix = _pyenv_prefix()
+    if prefix:
+        candidates.append(f"{prefix}/bin/python")
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    candidates += [
+        f"{root}/versions/{PYTHON_VERSION}/bin/python",
+        f"/root/.pyenv/versions/{PYTHON_VERSION}/bin/python",
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise RuntimeError(
+        f"no Python {PYTHON_VERSION} for the real-Gym suite (nemo-gym 0.7.0 runs on it): "
+        f"`pyenv install {PYTHON_VERSION}`, or set {PYTHON_ENV}"
+    )
 
 
 def env_key(python: str) -> str:
@@ -68,7 +88,7 @@ def _build(python: str, target: Path) -> None:
         # --no-deps: the lock is the whole closure, so the resolver has nothing to decide.
         subprocess.run(
             [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-             "--no-deps", "-r", str(LOCK)],
+             "--no-deps", "--ignore-requires-python", "-r", str(LOCK)],
             check=True, timeout=BUILD_TIMEOUT_S, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     (target / COMPLETE_MARK).write_text(LOCK.read_text())
@@ -81,7 +101,7 @@ def site_packages(env: Path) -> Path:
 
 def ensure_env() -> Path:
     """The venv's directory, built if needed."""
-    python = find_python312()
+    python = find_python()
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     target = root / env_key(python)

@@ -63,12 +63,13 @@ async def test_a_checkpoint_during_a_half_done_prompt_group_commits_at_once(
 async def test_a_group_failing_after_one_sibling_finished_blocks_no_checkpoint(
     store: EventStore, make_agent: MakeAgent
 ) -> None:
-    """(b) g1 fails (masked) after g0 finished: the group is abandoned, nothing strands."""
+    """(b) g1 fails (masked, and masked replies are retried) after g0 finished: the group is abandoned,
+    nothing strands."""
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         g = gid()
         await client.set_faults(AttemptFault(rollout_id=f"{g}_g1", attempt_index=0, fail=True, delay_s=0.1))
-        coord = coordinator(store, {"a": client}, mode="prompt_group")
+        coord = coordinator(store, {"a": client}, mode="prompt_group", mask_sample_retries=True)
         async with coord:
             await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
             await _all_done(coord)
@@ -78,6 +79,29 @@ async def test_a_group_failing_after_one_sibling_finished_blocks_no_checkpoint(
             assert (await client.status()).completed_unacknowledged == 0
         seq = types(store, f"group-{g}")
         assert "GroupAbandoned" in seq and seq.count("ReplacementMinted") == 2 and "GroupSealed" in seq
+
+
+async def test_a_masked_reply_is_a_result_sealed_with_its_mask(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """The environment failed on g1 (`mask_sample`, a `failure_kind`): by default the reply is kept as
+    the try's result, as NeMo RL uses it (trained with no loss, counted for advantages), not retried."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        g = gid()
+        await client.set_faults(AttemptFault(rollout_id=f"{g}_g1", attempt_index=0, fail=True))
+        coord = coordinator(store, {"a": client}, mode="prompt_group")
+        async with coord:
+            await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
+            await _all_done(coord)
+        events = list(store.read_stream(f"group-{g}"))
+        assert not [e for e in events if e.type in ("ReplacementMinted", "GroupAbandoned", "RunFailed")]
+        replied = {e.data["rollout_id"]: e.data for e in events if e.type == "RunReplied"}
+        assert replied[f"{g}_g1"]["mask_sample"] is True and replied[f"{g}_g0"]["mask_sample"] is False
+        assert replied[f"{g}_g1"]["failure_kind"] == "reference_agent:environment_failed"
+        sealed = {e.data["rollout_id"]: e.data["receipt"] for e in events if e.type == "SiblingSealed"}
+        assert sealed[f"{g}_g1"]["mask_sample"] is True and sealed[f"{g}_g0"]["mask_sample"] is False
+        assert "GroupSealed" in [e.type for e in events]
 
 
 async def test_a_lost_reply_is_adopted_not_rerun(store: EventStore, make_agent: MakeAgent) -> None:

@@ -50,7 +50,7 @@ class SealedTry:
 
 def records_blob(records: list[TokenEntry]) -> bytes:
     """Exactly what the trainer stores: canonical JSON of the records' wire dumps."""
-    return canonical_json([r.model_dump(mode="json", by_alias=True) for r in records]).encode()
+    return canonical_json([r.record() for r in records]).encode()
 
 
 def receipt_for(
@@ -89,7 +89,7 @@ def agent_records(
             request = RunRequest(
                 rollout_id=rollout_id,
                 attempt_index=attempt_index,
-                task={"sample_id": rollout_id.rpartition("_g")[0]},
+                sample_id=rollout_id.rpartition("_g")[0],
             )
             await env.play(request, fault=NO_FAULT, at_boundary=noop, record=records.append)
             out.append(records)

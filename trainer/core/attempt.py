@@ -2,7 +2,8 @@
 
     retire --retired--------------> settled "retired" (cancelled while running)
            --tombstoned-----------> settled "retired" (never started there)
-           --done-----------------> settled "retired" (already done for good)
+           --done-----------------> settled "retired" (already done for good; in reduced mode, a
+                                    try POSTed with no reply held, the answer saying how it ended)
            --completed_unack.-----> adopt (re-POST /run, adopt-only, expecting that incarnation)
     adopt  --adopted--------------> settled "finished" (the shell recorded seal/hold and the debt)
            --not_found / other inc-> retire again (the agent restarted: it no longer has the result)
@@ -54,6 +55,8 @@ class RetireAnswer:
     # with the continuation it was asked to resume, if it was.
     continuation: ContinuationRef | None = None
     resume: ResumeReport | None = None
+    # What the caller knows of a try done at the agent (reduced mode: how its POST ended).
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ def _retire_answered(state: Retiring, got: RetireAnswer, checkpoint_id: str | No
     if got.tombstoned:
         why = "never started at the agent (tombstoned)"
         return Next(state, Settled("retired", why, "tombstoned", *who, None, offer, resume))
-    why = "already done for good at the agent"
+    why = got.detail or "already done for good at the agent"
     return Next(state, Settled("retired", why, "done", *who, None, offer, resume))
 
 

@@ -350,17 +350,23 @@ class GymClient:
                 return held
             if adopt_only:
                 raise NotFoundError(f"{self.base_url} (reduced mode): no reply held for {key}; not re-run")
-        body = await self._send(
-            self._run,
-            "POST",
-            "/run",
-            body=request,
-            timeout_s=timeout_s,
-            extra_headers=(
-                *(_ADOPT_ONLY if adopt_only else _continue_from(continue_from)),
-                *self._trainer,
-            ),
-        )
+            self.reduced.posting(*key)
+        try:
+            body = await self._send(
+                self._run,
+                "POST",
+                "/run",
+                body=request,
+                timeout_s=timeout_s,
+                extra_headers=(
+                    *(_ADOPT_ONLY if adopt_only else _continue_from(continue_from)),
+                    *self._trainer,
+                ),
+            )
+        except GymError as exc:
+            if self.reduced is not None:
+                self.reduced.unanswered(*key, f"{type(exc).__name__}: {exc}")
+            raise
         payload = self._validated(_JSON.validate_json, "JSON", body, "/run")
         try:
             reply = gym_reply(payload, request.rollout_id, request.attempt_index)

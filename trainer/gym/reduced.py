@@ -9,8 +9,9 @@ participant would have given, from what the trainer itself holds, so the coordin
   incarnation of this client's own (what it holds goes with it, as an agent's goes with its process);
 - acknowledge releases the trainer's own copy; nothing is sent (the agent keeps nothing to release);
 - retire answers from what the trainer holds: a reply in hand is `completed_unacknowledged` (adopting
-  it replays the trainer's copy, never a second `/run`), anything else is tombstoned here, and a reply
-  that arrives for a tombstoned try afterwards is refused (410);
+  it replays the trainer's copy, never a second `/run`); a try the trainer POSTed and holds no reply
+  of (the agent answered an error, or the reply was lost) is `done`, saying which; one never POSTed is
+  tombstoned; and a reply that arrives for a retired try afterwards is refused (410);
 - status is always idle, and a checkpoint cannot include the agent: prepare/commit/resume/abort raise
   `NotParticipantError`, and the checkpointer leaves reduced agents out of its participants.
 
@@ -63,9 +64,26 @@ class ReducedMode:
         self._held: dict[tuple[str, int], _Held] = {}
         self._tombstones: set[tuple[str, int]] = set()
         self._released: set[tuple[str, int]] = set()
+        # Tries POSTed to the agent with no reply held: what became of the POST, as far as we know.
+        self._posted: dict[tuple[str, int], str] = {}
 
     def capabilities(self) -> Capabilities:
         return Capabilities(agent_name=self.agent_name, execution_incarnation=self.incarnation, features=[])
+
+    def posting(self, rollout_id: str, attempt_index: int) -> None:
+        """The try's `/run` is about to leave: from now on it may have run at the agent."""
+        self._posted.setdefault(
+            (rollout_id, attempt_index), "POSTed to the agent; no reply reached the trainer"
+        )
+
+    def unanswered(self, rollout_id: str, attempt_index: int, error: str) -> None:
+        """The try's `/run` ended without a reply: the agent's error, or the call's."""
+        self._posted[(rollout_id, attempt_index)] = f"POSTed to the agent, which gave no reply: {error}"[:300]
+
+    def retire_detail(self, rollout_id: str, attempt_index: int) -> str:
+        """Why retire called a POSTed try done ("" for any other answer)."""
+        key = (rollout_id, attempt_index)
+        return self._posted.get(key, "") if key in self._tombstones else ""
 
     def keep(self, reply: RunReply) -> RunReply:
         """Holds a reply the agent answered; refuses one of a try retired meanwhile."""
@@ -88,6 +106,7 @@ class ReducedMode:
             terminal_model_call_id=tokens[-1].model_call_id if tokens else "",
         )
         self._held[key] = _Held(reply, receipt, tokens)
+        self._posted.pop(key, None)
         return reply
 
     def replay(self, rollout_id: str, attempt_index: int) -> RunReply | None:
@@ -145,6 +164,16 @@ class ReducedMode:
                 execution_incarnation=self.incarnation,
             )
         self._tombstones.add(key)
+        if key in self._posted:
+            # It reached the agent, which keeps nothing: done there, and its late reply refused here.
+            return RetireResponse(
+                retired=False,
+                tombstoned=False,
+                completed_unacknowledged=False,
+                done=True,
+                execution_generation=REDUCED_GENERATION,
+                execution_incarnation=self.incarnation,
+            )
         return RetireResponse(
             retired=False,
             tombstoned=True,

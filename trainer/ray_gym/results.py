@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from protocol.lineage import LineageError, full_prompts
 from protocol.wire import TokenEntry
 from trainer.context import log as logger
 from trainer.ray_gym.rows import PER_ROW_KEYS
@@ -140,16 +141,25 @@ def _token_item(entry: TokenEntry) -> dict[str, Any]:
     return items[index]
 
 
+def whole_prompts(tokens: Sequence[TokenEntry]) -> list[list[int]]:
+    """Every call's full prompt, delta prompts rebuilt from their parent chains (`protocol.lineage`);
+    `ResultDataError` naming the call whose chain is broken."""
+    try:
+        return full_prompts(tokens)
+    except LineageError as exc:
+        raise ResultDataError(str(exc)) from None
+
+
 def message_log(tokens: Sequence[TokenEntry], rules: ResultRules) -> list[dict[str, Any]]:
     """NeMo RL's message log of one try (see the module doc); `ResultDataError` when it has none."""
     import torch
 
     log: list[dict[str, Any]] = []
     seen: list[int] = []
-    for entry in tokens:
+    for entry, prompt in zip(tokens, whole_prompts(tokens), strict=True):
         if not entry.generation_token_ids:
             continue  # no turn: nothing was generated (NeMo RL skips it the same way)
-        prompt, generated = list(entry.prompt_token_ids), list(entry.generation_token_ids)
+        generated = list(entry.generation_token_ids)
         if prompt[: len(seen)] != seen:
             raise ResultDataError(
                 f"model call {entry.model_call_id} does not extend the turns before it "
@@ -232,10 +242,11 @@ def full_result(
 def decode_strings(full: dict[str, Any], tokens: Sequence[TokenEntry], tokenizer: Any) -> None:
     """With a tokenizer (NeMo RL passes one): each generating output item gets `prompt_str` and
     `generation_str`, as NeMo RL's actor writes them for its logs."""
+    wholes = [p for e, p in zip(tokens, whole_prompts(tokens), strict=True) if e.generation_token_ids]
     calls = [e for e in tokens if e.generation_token_ids]
     if tokenizer is None or not calls or not hasattr(tokenizer, "batch_decode"):
         return
-    prompts = tokenizer.batch_decode([list(e.prompt_token_ids) for e in calls])
+    prompts = tokenizer.batch_decode(wholes)
     generations = tokenizer.batch_decode([list(e.generation_token_ids) for e in calls])
     output = (full.get("response") or {}).get("output")
     by_id = {item.get("id"): item for item in output or [] if isinstance(item, dict) and item.get("id")}

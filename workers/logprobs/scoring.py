@@ -30,6 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 from eventstore.events import RolloutReceipt
 from protocol.digests import sha256_digest
 from protocol.ids import capture_key
+from protocol.lineage import LineageError, full_prompts
 from protocol.wire import TokenEntry
 from workers.kernels import Backend, fused_linear_logprobs, resolve_backend
 from workers.policy import Policy
@@ -150,8 +151,12 @@ def prepare_attempt(
     """Checks the records against the policy's limits and builds the id tensors."""
     calls = []
     vocab = policy.vocab_size
-    for record in records:
-        prompt, generation = record.prompt_token_ids, record.generation_token_ids
+    try:
+        prompts = full_prompts(records)  # a delta prompt is rebuilt from its parent chain
+    except LineageError as exc:
+        raise TokenRecordError(str(exc)) from None
+    for record, prompt in zip(records, prompts, strict=True):
+        generation = record.generation_token_ids
         if not generation:
             continue  # a call that generated nothing has nothing to score
         if not prompt:
