@@ -1,4 +1,4 @@
-"""The global config of the real-Gym servers, resolved the way NeMo RL does it (runs in the 3.12 env):
+"""The global config of the real-Gym servers, resolved the way NeMo RL does it (runs in the nemo-gym 0.7.0 env):
 `GlobalConfigDictParserConfig(initial_global_config_dict=..., skip_load_from_cli=True)`, then the
 resolved dict as YAML for every server's `NEMO_GYM_CONFIG_DICT`.
 
@@ -51,6 +51,19 @@ def config(ports: dict[str, int]) -> DictConfig:
         # The same real agent twice: with the participant mounted, and plain (reduced mode).
         "simple_agent": agent(ports["agent"]),
         "simple_agent_plain": agent(ports["plain_agent"]),
+        # The 0.7.0 path: an environment server relaying /run to the plain agent (the participant is
+        # mounted on the environment server: serve_environment.py).
+        "legacy_agent": {
+            "environment_servers": {
+                "legacy_agent": {
+                    "entrypoint": "app.py",
+                    "host": HOST,
+                    "port": ports["environment"],
+                    "agent_server": {"type": "responses_api_agents", "name": "simple_agent_plain"},
+                    "cleanup_timeout_seconds": 180,
+                }
+            }
+        },
     }
     return GlobalConfigDictParser().parse(
         GlobalConfigDictParserConfig(

@@ -14,7 +14,7 @@ rollout: `mask_sample`, the build's metrics, and the full prompt of every call o
 chain (`prompts`, by model call id).
 
 `write`: IN is `[{"rollout_id", "calls": [{"request", "response"}]}]`, one model call's request items
-and served response (token arrays on its output item) each.  The calls go through the real capture
+(the list) and served response (token arrays on its output item) each.  The calls go through the real capture
 path a 0.7.0 model server runs (`CaptureContext`, `resolve_parent`, `capture_tokens`, with a real
 `FileLineageStore` and `TokenCaptureStore`, delta records on), and the records are read back from the
 store's files as the Gym wrote them.

@@ -1,4 +1,4 @@
-"""The real `simple_agent` with the participant mounted (runs in the 3.12 env, started like the
+"""The real `simple_agent` with the participant mounted (runs in the nemo-gym 0.7.0 env, started like the
 agent's own app.py: NEMO_GYM_CONFIG_DICT and NEMO_GYM_CONFIG_PATH set).  The agent's code is not
 changed: its app is built as usual, and `mount_participant` is the one added call.
 

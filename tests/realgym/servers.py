@@ -1,14 +1,18 @@
-"""Starting the real Gym on loopback: the stub model, `example_single_tool_call`, and `simple_agent`
-twice (with the participant mounted, and plain), each a subprocess of the nemo-gym 3.12 env started
-the way NeMo RL starts them: the resolved global config in NEMO_GYM_CONFIG_DICT, the server's name
-in NEMO_GYM_CONFIG_PATH, then the server's own app.py (ours for the participant: `serve_agent.py`)."""
+"""Starting the real Gym on loopback: the stub model, `example_single_tool_call`, `simple_agent` twice
+(with the participant mounted, and plain) and a `legacy_agent` environment server in front of the plain
+one (with the participant mounted), each a subprocess of the nemo-gym 0.7.0 env started the way NeMo RL
+starts them: the resolved global config in NEMO_GYM_CONFIG_DICT, the server's name in
+NEMO_GYM_CONFIG_PATH, then the server's own app.py (ours where the participant is mounted:
+`serve_agent.py`, `serve_environment.py`).  `serve_app` serves an app of the test's own in a thread."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -17,6 +21,8 @@ from pathlib import Path
 from typing import Final
 
 import httpx
+import uvicorn
+from starlette.types import ASGIApp
 
 from gym_agent.launcher import free_port
 from tests.realgym.environment import REPO, ensure_env, env_python, site_packages
@@ -47,6 +53,7 @@ class RealGym:
     workdir: Path
     servers: dict[str, Server] = field(default_factory=dict)
     state_dir: Path = Path()
+    environment_state_dir: Path = Path()
 
     @property
     def python(self) -> str:
@@ -55,7 +62,7 @@ class RealGym:
     def run_script(
         self, script: str, *args: str, timeout_s: float = 300.0
     ) -> subprocess.CompletedProcess[str]:
-        """A script of this folder run in the 3.12 env (with this checkout on its path)."""
+        """A script of this folder run in the real Gym's env (with this checkout on its path)."""
         return subprocess.run(
             [self.python, str(HERE / script), *args],
             cwd=self.workdir,
@@ -113,11 +120,38 @@ class RealGym:
 
 
 @contextmanager
+def serve_app(app: ASGIApp, startup_timeout_s: float = 30.0) -> Iterator[str]:
+    """`app` served by uvicorn in a thread on a free loopback port; its URL; stopped on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    try:
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test's app did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(STOP_TIMEOUT_S)
+        sock.close()
+
+
+@contextmanager
 def real_gym(workdir: Path, *, fail_every: int = 0) -> Iterator[RealGym]:
-    """The four servers up and answering; stopped (process groups and all) on exit."""
+    """The five servers up and answering; stopped (process groups and all) on exit."""
     env = ensure_env()
-    gym = RealGym(env=env, workdir=workdir, state_dir=workdir / "participant-state")
-    ports = {k: free_port() for k in ("head", "model", "resources", "agent", "plain_agent")}
+    gym = RealGym(
+        env=env,
+        workdir=workdir,
+        state_dir=workdir / "participant-state",
+        environment_state_dir=workdir / "environment-state",
+    )
+    ports = {k: free_port() for k in ("head", "model", "resources", "agent", "plain_agent", "environment")}
     (workdir / "ports.json").write_text(json.dumps(ports))
     made = gym.run_script("gym_config.py", str(workdir / "ports.json"), str(workdir / "gym.yaml"))
     if made.returncode != 0:
@@ -149,6 +183,14 @@ def real_gym(workdir: Path, *, fail_every: int = 0) -> Iterator[RealGym]:
             ports["plain_agent"],
             NEMO_GYM_CONFIG_DICT=config,
             NEMO_GYM_CONFIG_PATH="simple_agent_plain",
+        )
+        gym.start(
+            "environment",
+            [py, str(HERE / "serve_environment.py")],
+            ports["environment"],
+            NEMO_GYM_CONFIG_DICT=config,
+            NEMO_GYM_CONFIG_PATH="legacy_agent",
+            PARTICIPANT_STATE_DIR=str(gym.environment_state_dir),
         )
         gym.wait_ready()
         yield gym

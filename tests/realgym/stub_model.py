@@ -1,8 +1,11 @@
-"""A stub model server for the real Gym (runs in the nemo-gym 3.12 env): `POST /v1/responses` answers
+"""A stub model server for the real Gym (runs in the nemo-gym 0.7.0 env): `POST /v1/responses` answers
 a fixed `NeMoGymResponse`, no LLM.  A conversation without a tool result gets a `get_weather` call,
 one with a tool result gets the final assistant message; both items carry token ids, log probs and
-MoE `routed_experts`, as a model server returning token information does.  `--fail-every N` answers
-HTTP 500 to every Nth call (an environment failure the agent's /run surfaces).
+MoE `routed_experts`, as a model server returning token information does.  The tokens are those of
+a consistent tokenizer (`render`): a call's prompt is its input rendered, its generation its output
+item rendered, so the next call's prompt extends the previous call's whole sequence (the real
+consumer resolves every call onto one chain).  `--fail-every N` answers HTTP 500 to every Nth call
+(an environment failure the agent's /run surfaces).
 
     python stub_model.py --port PORT [--fail-every N]
 """
@@ -10,7 +13,9 @@ HTTP 500 to every Nth call (an environment failure the agent's /run surfaces).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
+import json
 import time
 from typing import Any
 
@@ -20,17 +25,41 @@ from fastapi.responses import JSONResponse
 from nemo_gym.openai_utils import NeMoGymResponse
 
 
-def token_fields(seed: int, n: int) -> dict[str, Any]:
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            _text(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
+        )
+    return ""
+
+
+def render(item: dict[str, Any]) -> list[int]:
+    """The item's tokens, as a tokenizer with a chat template would give them: a function of what the
+    item says only (its role, text, tool name, arguments, call id, output), not of ids, status or token
+    fields, so the item the model generated renders to its own generation when the agent sends it back."""
+    said = {k: item.get(k) for k in ("role", "name", "arguments", "call_id", "output")}
+    said["type"] = "message" if "role" in item else item.get("type")  # a message's type may be implied
+    said["text"] = _text(item.get("content"))
+    digest = hashlib.sha256(json.dumps(said, sort_keys=True).encode()).digest()
+    return [2 + b for b in digest[: 3 + digest[0] % 4]]
+
+
+def token_fields(prompt: list[int], generated: list[int]) -> dict[str, Any]:
+    n = len(generated)
     return {
-        "prompt_token_ids": [seed % 97, 11, 12],
-        "generation_token_ids": [100 + seed % 50 + i for i in range(n)],
+        "prompt_token_ids": prompt,
+        "generation_token_ids": generated,
         "generation_log_probs": [-0.25 * (i + 1) for i in range(n)],
         "routed_experts": [[[i % 8, (i + 3) % 8]] for i in range(n)],
     }
 
 
 def answer(body: dict[str, Any], call: int) -> dict[str, Any]:
-    items = body.get("input") if isinstance(body.get("input"), list) else []
+    given = body.get("input")
+    items = given if isinstance(given, list) else [{"role": "user", "content": given or ""}]
+    prompt = [1] + [t for i in items if isinstance(i, dict) for t in render(i)]
     has_tool_result = any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in items)
     if has_tool_result:
         item: dict[str, Any] = {
@@ -39,7 +68,6 @@ def answer(body: dict[str, Any], call: int) -> dict[str, Any]:
             "role": "assistant",
             "status": "completed",
             "content": [{"type": "output_text", "text": "It is cold in sf.", "annotations": []}],
-            **token_fields(call, 4),
         }
     else:
         item = {
@@ -49,8 +77,8 @@ def answer(body: dict[str, Any], call: int) -> dict[str, Any]:
             "name": "get_weather",
             "arguments": '{"city": "sf"}',
             "status": "completed",
-            **token_fields(call, 3),
         }
+    item |= token_fields(prompt, render(item))
     response = {
         "id": f"resp-{call}",
         "created_at": time.time(),

@@ -1,12 +1,17 @@
-"""Against the real NeMo Gym: `simple_agent` + `example_single_tool_call` + a stub model, on loopback,
-from nemo-gym 0.4.0 in its own Python 3.12 environment (built and cached by `environment.py`; never
-skipped: the first run builds it).
+"""Against the real NeMo Gym 0.7.0 (its own Python 3.13.0 environment, built and cached by
+`environment.py`; never skipped: the first run builds it): `simple_agent` + `example_single_tool_call`
++ a stub model, on loopback, and the Gym's own token capture (`real_gym.py`).
 
 The coordinator runs the `ledger simulate` workload against the agent with the participant mounted,
-with faults: replies of /run lost after the agent answered (the trainer's connection drops them), model
-failures (the stub answers 500 to every Nth call, the agent's /run fails), and a checkpoint every
-second; then against the same real agent without the participant (reduced mode).  Every token record
-the participant and the reference agent wrote is checked with the real Gym's own models.
+with faults: replies of /run lost after the agent answered (the trainer's connection drops them),
+model failures (the stub answers 500 to every Nth call, the agent's /run fails), and a checkpoint
+every second; through a `legacy_agent` environment server with the participant mounted on it (the
+path a 0.7.0 deployment uses); and against the plain agent (reduced mode).  Every token record that
+reaches the log is read by the real `TokenEntry` (none refused, none changed by the trip) and every
+sealed rollout is handed to the real `trajectories_for_rollout` with its reply's response: trainable
+(not masked) with every call on the delivered chain.  Both ways: records written by the real Gym's
+own capture path (delta prompts on) are served to our trainer and arrive in the log whole, and our
+reader refuses exactly what the real reader refuses.
 """
 
 from __future__ import annotations
@@ -20,14 +25,27 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from pydantic import ValidationError
 
 from eventstore import EventStore, open_store, upgrade_database
+from eventstore.events import PromptRef
 from gym_agent.config import AgentConfig
 from gym_agent.server import serve_in_thread
-from participant import read_evidence
-from protocol.wire import RunRequest
+from participant import mount_participant, read_evidence
+from participant.executions import RunSession
+from protocol.lineage import (
+    assistant_fingerprint,
+    conversation_digest,
+    full_prompts,
+    link_calls,
+    token_digest,
+)
+from protocol.wire import RunReply, RunRequest, TokenEntry, gym_reply
 from simulation.run import SimConfig, run_simulation
-from tests.realgym.servers import RealGym, real_gym
+from tests.gym.test_token_records import CONVERSATIONS, REAL_RECORD, REFUSED, TOKEN_GOLDEN
+from tests.realgym.servers import RealGym, real_gym, serve_app
+from trainer import RolloutCoordinator
 from trainer.gym import ConnectionLostError, GymClient
 
 # One worker runs them all (`--dist=loadgroup`): one set of servers, one environment build.
@@ -85,24 +103,53 @@ def store(pg_url: str) -> Iterator[EventStore]:
         s.close()
 
 
-def _check_tokens(gym: RealGym, records: Sequence[dict[str, Any]], name: str) -> dict[str, Any]:
-    path = gym.workdir / f"{name}.json"
-    path.write_text(json.dumps(list(records)))
-    done = gym.run_script("check_tokens.py", str(path))
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["checked"] == len(records) > 0
+def _real(gym: RealGym, command: str, given: Any, name: str) -> Any:
+    """`real_gym.py COMMAND` on `given`, in the real Gym's environment."""
+    path = gym.workdir / f"{name}.{command}.json"
+    path.write_text(json.dumps(given))
+    done = gym.run_script("real_gym.py", command, str(path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _assert_trainable(gym: RealGym, rollouts: Sequence[dict[str, Any]], name: str) -> dict[str, Any]:
+    """Every record read by the real `TokenEntry` as it came, every rollout trainable by the real
+    consumer with all of its calls on the delivered chain."""
+    result: dict[str, Any] = _real(gym, "consume", list(rollouts), name)
+    assert result["records"] == sum(len(r["records"]) for r in rollouts) > 0
+    assert result["refused"] == [] and result["changed"] == [], result
+    for rollout in rollouts:
+        built = result["rollouts"][rollout["rollout_id"]]
+        assert built["mask_sample"] is False and built["error"] is None, (rollout["rollout_id"], built)
+        metrics = built["metrics"]
+        assert metrics["delivered_fraction"] == 1.0 and metrics["quarantined_calls"] == 0, built
+        assert metrics["unresolved_parent_calls"] == 0 and metrics["roots"] == 1, built
+        assert metrics["terminal_attribution"]["chain"] == "delivered", built
     return result
 
 
-def _sealed_token_records(store: EventStore, run_id: str) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for event in store.read_all(0, types=["SiblingSealed"]):
+def _sealed_rollouts(store: EventStore, run_id: str) -> list[dict[str, Any]]:
+    """Each sealed try of the run: its token records and its reply's response, from the log."""
+    replies: dict[tuple[str, int], str] = {}
+    for event in store.read_all(0, types=["RunReplied"]):
         if run_id in event.stream_id:
-            blob = store.get_blob(event.data["receipt"]["tokens_digest"])
-            assert blob is not None
-            records += json.loads(blob)
-    return records
+            replies[(event.data["rollout_id"], event.data["attempt_index"])] = event.data["reply_digest"]
+    rollouts = []
+    for event in store.read_all(0, types=["SiblingSealed"]):
+        if run_id not in event.stream_id:
+            continue
+        receipt = event.data["receipt"]
+        tokens = store.get_blob(receipt["tokens_digest"])
+        reply = store.get_blob(replies[(event.data["rollout_id"], event.data["attempt_index"])])
+        assert tokens is not None and reply is not None
+        rollouts.append(
+            {
+                "rollout_id": receipt["capture_key"],
+                "records": json.loads(tokens),
+                "response": json.loads(reply)["response"],
+            }
+        )
+    return rollouts
 
 
 async def test_plain_agents_answer_run_and_only_the_mounted_one_participates(gym: RealGym) -> None:
@@ -125,7 +172,10 @@ async def test_plain_agents_answer_run_and_only_the_mounted_one_participates(gym
         assert ack.acknowledged
     assert [t["model_call_id"] for t in tokens] == ["call-1", "call-2"]
     assert all(t["routed_experts"] for t in tokens)
-    _check_tokens(gym, tokens, "probe")
+    assert tokens[-1]["response_id"] == mounted["response"]["id"]
+    _assert_trainable(
+        gym, [{"rollout_id": "probe", "records": tokens, "response": mounted["response"]}], "probe"
+    )
 
 
 async def test_coordinator_with_faults_against_the_participant(gym: RealGym, store: EventStore) -> None:
@@ -155,11 +205,44 @@ async def test_coordinator_with_faults_against_the_participant(gym: RealGym, sto
     assert summary["replacements"] > 0, summary
     evidence = read_evidence(gym.state_dir)
     assert evidence.duplicate_executions == 0 and not evidence.stranded
-    records = _sealed_token_records(store, "rgp")
+    rollouts = _sealed_rollouts(store, "rgp")
+    assert len(rollouts) == 16 * 4
     # The MoE router's choices reached the log with the token arrays.
-    assert records and all(r["routed_experts"] for r in records)
-    result = _check_tokens(gym, records, "participant")
-    assert not result["errors"]
+    assert all(r["routed_experts"] for rollout in rollouts for r in rollout["records"])
+    _assert_trainable(gym, rollouts, "participant")
+
+
+async def test_coordinator_through_the_legacy_agent_environment_server(
+    gym: RealGym, store: EventStore
+) -> None:
+    """The 0.7.0 path: the trainer talks to a `legacy_agent` environment server (the participant mounted
+    on it) that relays `/run` to the plain agent; checkpoints and lost replies as against an agent."""
+    DroppingClient.dropped = 0
+    config = SimConfig(
+        agent_urls={"legacy_agent": gym.servers["environment"].url},
+        agent_state_dirs={"legacy_agent": gym.environment_state_dir},
+        groups=6,
+        siblings=4,
+        checkpoint_every_s=1.0,
+        rollout_timeout_s=60.0,
+        prepare_timeout_s=30.0,
+        park_grace_s=5.0,
+        max_tries=8,
+        row_fields=NEMO_RL_ROW,
+        run_id="rge",
+    )
+    summary = await run_simulation(store, config, client_factory=DroppingClient)
+    assert summary["reduced_mode_agents"] == []
+    assert summary["groups_sealed"] == 6 and summary["groups_dead_lettered"] == 0, summary
+    assert summary["stranded"] == 0 and summary["duplicate_executions"] == 0, summary
+    assert summary["audit_violations"] == 0 and summary["debts_outstanding"] == 0, summary
+    assert summary["checkpoints_committed"] >= 1, summary
+    assert DroppingClient.dropped > 0 and summary["adopted"] > 0, summary
+    evidence = read_evidence(gym.environment_state_dir)
+    assert evidence.duplicate_executions == 0 and not evidence.stranded
+    started = [e for e in store.read_all(0, types=["CheckpointPrepareStarted"]) if "rge" in e.stream_id]
+    assert started and all(e.data["participants"] == ["legacy_agent"] for e in started)
+    _assert_trainable(gym, _sealed_rollouts(store, "rge"), "environment")
 
 
 async def test_coordinator_in_reduced_mode_against_the_plain_agent(gym: RealGym, store: EventStore) -> None:
@@ -188,16 +271,140 @@ async def test_coordinator_in_reduced_mode_against_the_plain_agent(gym: RealGym,
     assert started and all(e.data["participants"] == [] for e in started)
     receipts = [e for e in store.read_all(0, types=["ReceiptFetched"]) if "rgr" in e.stream_id]
     assert receipts and all(e.data["receipt"]["execution_generation"] == 0 for e in receipts)
-    assert not _check_tokens(gym, _sealed_token_records(store, "rgr"), "reduced")["errors"]
+    # A POSTed try that failed (the agent's 500) is never called "never started" (tombstoned).
+    failed = [e for e in store.read_all(0, types=["RunFailed"]) if "rgr" in e.stream_id]
+    assert failed and not any("never started" in e.data["reason"] for e in failed)
+    _assert_trainable(gym, _sealed_rollouts(store, "rgr"), "reduced")
 
 
 async def test_reference_agent_token_records_pass_the_real_gym(gym: RealGym, tmp_path: Path) -> None:
     config = AgentConfig(name="reference", state_dir=tmp_path / "ref", turns=(2, 3), log_level="warning")
-    records: list[dict[str, Any]] = []
+    rollouts: list[dict[str, Any]] = []
     with serve_in_thread(config) as agent:
         async with GymClient(agent.url, "reference") as client:
             for i in range(4):
                 request = RunRequest(rollout_id=f"ref{i}_g0", attempt_index=0, task={"i": i})
-                await client.run(request)
-                records += [t.model_dump(mode="json") for t in await client.token_capture(f"ref{i}_g0")]
-    assert not _check_tokens(gym, records, "reference")["errors"]
+                reply = await client.run(request)
+                records = [t.record() for t in await client.token_capture(f"ref{i}_g0")]
+                rollouts.append({"rollout_id": f"ref{i}_g0", "records": records, "response": reply.response})
+    _assert_trainable(gym, rollouts, "reference")
+
+
+def test_lineage_hashes_match_the_real_gym(gym: RealGym) -> None:
+    tokens = [ids for ids, _ in TOKEN_GOLDEN] + [list(range(5000))]
+    real = _real(gym, "hashes", {"tokens": tokens, "conversations": CONVERSATIONS}, "hashes")
+    assert real["tokens"] == [token_digest(ids) for ids in tokens]
+    assert real["fingerprints"] == [assistant_fingerprint(c) for c in CONVERSATIONS]
+    assert real["contexts"] == [conversation_digest(c) for c in CONVERSATIONS]
+
+
+def test_our_reader_refuses_exactly_what_the_real_reader_refuses(gym: RealGym) -> None:
+    records = [REAL_RECORD, {k: v for k, v in REAL_RECORD.items() if k != "future_field"}]
+    records += [REAL_RECORD | change for change, _ in REFUSED]
+    verdicts = _real(gym, "read", records, "read")
+    for record, verdict in zip(records, verdicts, strict=True):
+        try:
+            ours: dict[str, Any] | None = TokenEntry.model_validate(record).record()
+        except ValidationError:
+            ours = None
+        assert (ours is not None) == verdict["ok"], (record, verdict)
+        if ours is not None:
+            assert ours == verdict["dump"] == record  # read whole, given back as it came
+    assert [v["ok"] for v in verdicts] == [True, True] + [False] * len(REFUSED)
+
+
+# --- records the real Gym writes, served to our trainer ------------------------------------------
+
+USER = {"role": "user", "content": "weather in sf?"}
+TOOL_OUTPUT = {"type": "function_call_output", "call_id": "call-1", "output": '{"weather": "cold"}'}
+
+
+def _calls(n: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Two model calls of one try (a tool call, then the answer), whole prompts; and its /run reply."""
+    call = {"type": "function_call", "id": f"fc-{n}", "call_id": "call-1", "name": "get_weather",
+            "arguments": '{"city": "sf"}', "status": "completed"}  # fmt: skip
+    answer = {"type": "message", "id": f"msg-{n}", "role": "assistant", "status": "completed",
+              "content": [{"type": "output_text", "text": "cold", "annotations": []}]}  # fmt: skip
+    user = USER | {"content": f"weather in sf? ({n})"}
+    p1, g1 = [1, 7, 7 + n], [40, 41, 42]
+    p2, g2 = [*p1, *g1, 50, 51], [60, 61]
+
+    def served(rid: str, item: dict[str, Any], prompt: list[int], gen: list[int]) -> dict[str, Any]:
+        arrays = {"prompt_token_ids": prompt, "generation_token_ids": gen,
+                  "generation_log_probs": [-0.5] * len(gen), "routed_experts": [[[1, 2]]] * len(gen)}  # fmt: skip
+        return {"id": rid, "model": "stub-policy", "output": [item | arrays]}
+
+    calls = [
+        {"request": [user], "response": served(f"resp-{n}-1", call, p1, g1)},
+        {"request": [user, call, TOOL_OUTPUT], "response": served(f"resp-{n}-2", answer, p2, g2)},
+    ]
+    reply = {
+        "responses_create_params": {"input": [user]},
+        "response": {"id": f"resp-{n}-2", "model": "stub-policy", "output": [call, TOOL_OUTPUT, answer]},
+        "reward": 1.0,
+    }
+    return calls, reply
+
+
+async def test_records_the_real_gym_writes_reach_the_log_whole(gym: RealGym, store: EventStore) -> None:
+    group = "rwriter"
+    tries = {f"{group}_g{i}": _calls(i) for i in range(2)}
+    written: dict[str, list[dict[str, Any]]] = _real(
+        gym, "write", [{"rollout_id": rid, "calls": calls} for rid, (calls, _) in tries.items()], "write"
+    )
+    # The real writer stored the second call as a delta after its parent.
+    assert all(records[1]["prompt_is_delta"] for records in written.values())
+
+    async def replay_the_real_records(request: RunRequest, session: RunSession) -> RunReply:
+        for raw in written[request.rollout_id]:
+            session.record(TokenEntry.model_validate(raw))
+        return gym_reply(tries[request.rollout_id][1], request.rollout_id, request.attempt_index)
+
+    app = FastAPI()
+    mount_participant(
+        app, agent_name="writer", state_dir=gym.workdir / "writer", runner=replay_the_real_records
+    )
+    with serve_app(app) as url:
+        async with GymClient(url, "writer") as client:
+            coordinator = RolloutCoordinator(store, {"writer": client}, rollout_timeout_s=60.0)
+            async with coordinator:
+                prompt = PromptRef(sample_id="w", task_name="weather")
+                await coordinator.submit(
+                    group, prompt, "writer", 2, {"responses_create_params": {"input": [USER]}}
+                )
+                [sealed] = [s async for s in coordinator.sealed_groups()]
+                assert sealed.group_id == group
+                await coordinator.claim_for_training(group, 0)
+                await coordinator.wait_idle(60.0)
+    rollouts = _sealed_rollouts(store, group)
+    assert sorted(r["rollout_id"] for r in rollouts) == sorted(written)
+    for rollout in rollouts:
+        # Whole: every record exactly as the real Gym wrote it, lineage and all.
+        assert rollout["records"] == written[rollout["rollout_id"]]
+        calls, _ = tries[rollout["rollout_id"]]
+        whole = [c["response"]["output"][0]["prompt_token_ids"] for c in calls]
+        assert full_prompts([TokenEntry.model_validate(r) for r in rollout["records"]]) == whole
+    result = _assert_trainable(gym, rollouts, "written")
+    # And the lineage we write for the same calls is the one the real Gym wrote.
+    for rid, (calls, _) in tries.items():
+        ours = link_calls(
+            [
+                TokenEntry.model_validate(
+                    {k: v for k, v in raw.items() if not k.startswith(("parent_", "continuation_", "cum_"))}
+                    | {
+                        "prompt_token_ids": c["response"]["output"][0]["prompt_token_ids"],
+                        "prompt_is_delta": False,
+                    }
+                )
+                for raw, c in zip(written[rid], calls, strict=True)
+            ],
+            [c["request"] for c in calls],
+        )
+        for mine, real in zip(ours, written[rid], strict=True):
+            for name in ("parent_call_id", "parent_resolution", "parent_resolution_reason", "cum_len", "digest",
+                         "continuation_fingerprint", "continuation_context_len", "continuation_context_digest",
+                         "fingerprint_version", "response_id"):  # fmt: skip
+                assert mine.record()[name] == real[name], (rid, mine.model_call_id, name)
+        assert result["rollouts"][rid]["prompts"] == [
+            c["response"]["output"][0]["prompt_token_ids"] for c in calls
+        ]
