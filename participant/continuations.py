@@ -94,8 +94,8 @@ class Continuation(BaseModel):
 
 
 def token_record(entry: TokenEntry) -> dict[str, Any]:
-    """A token record's lossless form: every field that was set, nothing added."""
-    return entry.model_dump(mode="json", exclude_unset=True)
+    """A token record's lossless form: every field that was set, nothing added (`TokenEntry.record`)."""
+    return entry.record()
 
 
 # --- the index --------------------------------------------------------------------------------------
