@@ -10,6 +10,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY requirements requirements
 COPY protocol protocol
+COPY payloads payloads
 COPY eventstore eventstore
 COPY projections projections
 COPY participant participant

@@ -5,6 +5,7 @@ and the trainer sends the same one."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -18,6 +19,15 @@ def test_the_image_installs_every_extra_and_checks_its_torch_build() -> None:
     [extras] = re.findall(r"-e '\.\[([a-z,]+)\]'", text)
     assert {"all", "ray", "metrics", "otel"} <= set(extras.split(","))
     assert "ARG TORCH_BUILD=cpu" in text and "torch.version.cuda" in text
+
+
+def test_the_image_copies_every_package_the_project_installs() -> None:
+    """An editable install of a package the image never copied imports nowhere: a command in the
+    image would fail at its first import of it."""
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    packages = {name.rstrip("*") for name in found["find"]["include"]}
+    copied = set(re.findall(r"^COPY (\w+) \1$", (ROOT / "Dockerfile").read_text(), re.MULTILINE))
+    assert packages <= copied, sorted(packages - copied)
 
 
 def test_compose_agents_beyond_loopback_want_the_token_the_trainer_sends() -> None:
