@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from participant.durable import GroupCommitFile
 from participant.states import RestartFromPrompt, resume_decision
 
 # The payload plane's interface and its local backend, not the package (whose `open_payload_store`
@@ -296,10 +295,7 @@ class ContinuationStore:
         self.path = state_dir / CONTINUATIONS_FILE
         self.generation = generation
         self.index = read_index(state_dir)
-        self._lock = threading.Lock()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._file = GroupCommitFile(self.path)
         self.reads = 0
 
     # -- writes --------------------------------------------------------------------------------------
@@ -345,32 +341,7 @@ class ContinuationStore:
     async def _append(self, rec: IndexRecord) -> None:
         # Applied to the fold first (the registry's decisions see it at once), durable on return.
         self.index.apply(rec)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(((rec.model_dump_json(exclude_none=True) + "\n").encode(), done))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        await asyncio.shield(done)
-
-    async def _flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                await asyncio.to_thread(self._write, b"".join(data for data, _ in batch))
-            except BaseException as exc:
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(exc if isinstance(exc, Exception) else OSError(str(exc)))
-                if not isinstance(exc, Exception):
-                    raise
-            else:
-                for _, done in batch:
-                    if not done.done():
-                        done.set_result(None)
-
-    def _write(self, data: bytes) -> None:
-        with self._lock:
-            os.write(self._fd, data)
-            os.fsync(self._fd)
+        await self._file.commit((rec.model_dump_json(exclude_none=True) + "\n").encode())
 
     # -- reads ---------------------------------------------------------------------------------------
 
@@ -398,7 +369,4 @@ class ContinuationStore:
         return continuation
 
     def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        self._file.close()

@@ -28,7 +28,6 @@ import asyncio
 import bisect
 import hashlib
 import os
-import threading
 import time
 from array import array
 from collections import Counter
@@ -39,7 +38,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from participant.durable import replace_file
+from participant.durable import GroupCommitFile, replace_file
 from participant.generation import read_generation
 from protocol.ids import AttemptIndex, Identifier
 
@@ -250,7 +249,6 @@ class EvidenceLog:
         self.generation = generation
         self.compactions = 0
         self._compact_min = compact_min_bytes
-        self._lock = threading.Lock()
         self._end_torn_line()
         lines = 0
         digests: list[int] = []
@@ -265,9 +263,7 @@ class EvidenceLog:
             size = compact(self.path)
             self.compactions += 1
         self._compact_at = max(self._compact_min, 2 * size)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._file = GroupCommitFile(self.path, after_write=self._compact_if_due)
 
     def _end_torn_line(self) -> None:
         """A torn last line (a crash mid-write) is ended, so the next record starts a line of its own."""
@@ -300,62 +296,28 @@ class EvidenceLog:
     def append(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> asyncio.Future[None]:
         """Queues one `kind` line per (rollout id, try, capture key), in call order; the future is
         done once they are durable (or failed with the OSError that kept them off the disk)."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not tries:
-            done.set_result(None)
-            return done
-        self._pending.append((self.lines(kind, tries), done))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        return done
+        return self._file.append(self.lines(kind, tries))
 
     async def commit(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> None:
         """`append`, then wait until the lines are durable (raises OSError when they could not be)."""
-        await asyncio.shield(self.append(kind, tries))  # a cancelled caller does not cancel the write
+        await self._file.commit(self.lines(kind, tries))
 
-    async def _flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                await asyncio.to_thread(self._write, b"".join(data for data, _ in batch))
-            except BaseException as exc:
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(exc if isinstance(exc, Exception) else OSError(str(exc)))
-                if not isinstance(exc, Exception):
-                    raise
-            else:
-                for _, done in batch:
-                    if not done.done():
-                        done.set_result(None)
-
-    def _write(self, data: bytes) -> None:
-        with self._lock:
-            os.write(self._fd, data)
-            os.fsync(self._fd)
-            if os.fstat(self._fd).st_size >= self._compact_at:
-                self._compact_locked()
-
-    def _compact_locked(self) -> None:
-        """Compacts while no write is in flight (the lock is held); the records just written are
-        durable already, so a failure here costs nothing but the compaction."""
+    def _compact_if_due(self, size: int) -> bool:
+        """After a durable write, with no other in flight: compacts once the file has doubled.  The
+        records just written are durable already, so a failure here costs nothing but the
+        compaction."""
+        if size < self._compact_at:
+            return False
         try:
             size = compact(self.path)
             self.compactions += 1
             self._compact_at = max(self._compact_min, 2 * size)
         except OSError:
             self._compact_at *= 2  # tried again once the file has doubled
-        finally:
-            # After the rename the open descriptor names the old file: write to the new one.
-            if os.fstat(self._fd).st_ino != os.stat(self.path).st_ino:
-                os.close(self._fd)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return True
 
     def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        self._file.close()
 
 
 @dataclass

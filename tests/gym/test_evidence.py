@@ -81,7 +81,7 @@ def _write(state_dir: Path, generation: int, records: list[tuple[EvidenceKind, s
     (state_dir / GENERATION_FILE).write_text(f"{generation} {'a' * 32}\n")
     log = EvidenceLog(state_dir, generation)
     try:
-        log._write(b"".join(log.lines(kind, [(rid, 0, rid)]) for kind, rid in records))
+        log._file.write(b"".join(log.lines(kind, [(rid, 0, rid)]) for kind, rid in records))
     finally:
         log.close()
 
