@@ -63,10 +63,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _sealed(url: str) -> int:
+def _count(url: str, event_type: str) -> int:
     store = open_store(url, read_only=True)
     try:
-        return sum(1 for _ in store.read_all(0, types=["SiblingSealed"]))
+        return sum(1 for _ in store.read_all(0, types=[event_type]))
     finally:
         store.close()
 
@@ -87,11 +87,17 @@ class Run:
         self.agents: set[int] = set()
 
     def wait_mid_work(self) -> None:
-        """The gate: a sibling of the run sealed (so its agent answers and checkpoints run)."""
+        """The gate: a sibling of the run sealed (so its agent answers) and a checkpoint decided."""
         deadline = time.monotonic() + GATE_S
-        while not (_sealed(self.url) >= 1 and _agent_pids(self.proc.pid)):
+        while not (
+            _count(self.url, "SiblingSealed") >= 1
+            and _count(self.url, "CheckpointCommitted") + _count(self.url, "CheckpointAborted") >= 1
+            and _agent_pids(self.proc.pid)
+        ):
             assert self.proc.poll() is None, self.stderr()
-            assert time.monotonic() < deadline, f"no sibling sealed in {GATE_S} s: {self.stderr()}"
+            assert time.monotonic() < deadline, (
+                f"no sibling sealed and checkpoint decided in {GATE_S} s: {self.stderr()}"
+            )
             time.sleep(0.1)
         self.agents = _agent_pids(self.proc.pid)
 
