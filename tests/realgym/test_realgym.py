@@ -236,9 +236,9 @@ async def test_coordinator_through_the_legacy_agent_environment_server(
     assert summary["groups_sealed"] == 6 and summary["groups_dead_lettered"] == 0, summary
     assert summary["stranded"] == 0 and summary["duplicate_executions"] == 0, summary
     assert summary["audit_violations"] == 0 and summary["debts_outstanding"] == 0, summary
-    # Whether one commits before six groups end depends on when the relayed runs finish (a running
-    # try behind the relay cannot park): that checkpoints ran and lost nothing is what is asserted.
-    assert summary["checkpoints_committed"] + summary["checkpoints_aborted"] >= 1, summary
+    # Not asserted: that a checkpoint is decided before six relayed groups end (a running try behind
+    # the relay cannot park, and the run may end with its first prepare still waiting).  The
+    # participant test above asserts committed checkpoints; this one, that the relay loses nothing.
     assert DroppingClient.dropped > 0 and summary["adopted"] > 0, summary
     evidence = read_evidence(gym.environment_state_dir)
     assert evidence.duplicate_executions == 0 and not evidence.stranded
