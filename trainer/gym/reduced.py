@@ -146,38 +146,16 @@ class ReducedMode:
 
     def retire(self, rollout_id: str, attempt_index: int) -> RetireResponse:
         key = (rollout_id, attempt_index)
-        if key in self._held:
-            return RetireResponse(
-                retired=False,
-                tombstoned=False,
-                completed_unacknowledged=True,
-                execution_generation=REDUCED_GENERATION,
-                execution_incarnation=self.incarnation,
-            )
-        if key in self._released:
-            return RetireResponse(
-                retired=False,
-                tombstoned=False,
-                completed_unacknowledged=False,
-                done=True,
-                execution_generation=REDUCED_GENERATION,
-                execution_incarnation=self.incarnation,
-            )
-        self._tombstones.add(key)
-        if key in self._posted:
-            # It reached the agent, which keeps nothing: done there, and its late reply refused here.
-            return RetireResponse(
-                retired=False,
-                tombstoned=False,
-                completed_unacknowledged=False,
-                done=True,
-                execution_generation=REDUCED_GENERATION,
-                execution_incarnation=self.incarnation,
-            )
+        held = key in self._held  # completed, unacknowledged: nothing to retire
+        if not held and key not in self._released:
+            self._tombstones.add(key)  # its late reply is refused here
+        # Released, or it reached the agent, which keeps nothing: done there.  Otherwise never sent.
+        done = not held and (key in self._released or key in self._posted)
         return RetireResponse(
             retired=False,
-            tombstoned=True,
-            completed_unacknowledged=False,
+            tombstoned=not held and not done,
+            completed_unacknowledged=held,
+            done=done,
             execution_generation=REDUCED_GENERATION,
             execution_incarnation=self.incarnation,
         )
