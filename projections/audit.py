@@ -205,8 +205,9 @@ class AuditState:
     tries: dict[str, AttemptFacts] = field(default_factory=dict)
     latest: dict[str, int] = field(default_factory=dict)  # rollout_id -> its newest attempt index
     seals: dict[str, int] = field(default_factory=dict)  # rollout_id -> position of its SiblingSealed
-    # agent -> the incarnation first seen last in the log (a process's receipts appear while it lives,
-    # so it is the newest process the log knows of; incarnations are never ordered otherwise)
+    # agent (`_agent_key`: its trainer's and its name) -> the incarnation first seen last in the log (a
+    # process's receipts appear while it lives, so it is the newest process the log knows of;
+    # incarnations are never ordered otherwise)
     incarnations: dict[str, str] = field(default_factory=dict)
     seen_incarnations: dict[str, list[str]] = field(default_factory=dict)
     unpaid: dict[str, tuple[int, str]] = field(default_factory=dict)  # try key -> (AckOwed position, agent)
@@ -235,6 +236,14 @@ def _group_id(event: RecordedEvent, rollout_id: str) -> str:
     if gid is not None:
         return gid
     return group_id_of(rollout_id)
+
+
+def _agent_key(st: AuditState, group_id: str, agent: str) -> str:
+    """The agent a row of `group_id` names, as the log knows it: its name among its group's trainer's
+    agents (projections.ownership.AgentRef); another trainer's agent of that name is another agent."""
+    group = st.groups.get(group_id)
+    trainer = "" if group is None or group.trainer_id is None else group.trainer_id
+    return f"{trainer}\x1f{agent}"
 
 
 def _owned_by(st: AuditState, key: str, trainer_id: str | None) -> bool:
@@ -404,7 +413,7 @@ def _check_retired_first(st: AuditState, ev: RecordedEvent, rid: str, index: int
     restarted = (
         old.agent is not None
         and old.incarnation is not None
-        and st.incarnations.get(old.agent, old.incarnation) != old.incarnation
+        and st.incarnations.get(_agent_key(st, old.group_id, old.agent), old.incarnation) != old.incarnation
     )
     if not restarted:
         st.violate(
@@ -426,7 +435,7 @@ def _dispatched(st: AuditState, ev: RecordedEvent, e: RunDispatched) -> None:
     if t.dispatched is None:
         t.dispatched = ev.position
     if t.incarnation is None:
-        t.incarnation = st.incarnations.get(e.agent_name)
+        t.incarnation = st.incarnations.get(_agent_key(st, t.group_id, e.agent_name))
 
 
 def _run_failed(st: AuditState, ev: RecordedEvent, e: RunFailed) -> None:
@@ -454,9 +463,10 @@ def _process(incarnation: str | None, generation: int | None) -> str | None:
     return None if generation is None else f"generation-{generation}"
 
 
-def _see_incarnation(st: AuditState, agent: str, receipt: CompletionReceipt) -> None:
+def _see_incarnation(st: AuditState, ev: RecordedEvent, agent_name: str, receipt: CompletionReceipt) -> None:
     incarnation = _process(receipt.execution_incarnation, receipt.execution_generation)
     assert incarnation is not None
+    agent = _agent_key(st, _group_id(ev, receipt.rollout_id), agent_name)
     seen = st.seen_incarnations.setdefault(agent, [])
     if incarnation not in seen:
         seen.append(incarnation)
@@ -465,7 +475,7 @@ def _see_incarnation(st: AuditState, agent: str, receipt: CompletionReceipt) -> 
 
 def _fetched(st: AuditState, ev: RecordedEvent, e: ReceiptFetched) -> None:
     receipt = e.receipt
-    _see_incarnation(st, e.agent_name, receipt)
+    _see_incarnation(st, ev, e.agent_name, receipt)
     t = st.tries.get(_key(receipt.rollout_id, receipt.attempt_index))
     if t is not None:
         t.fetched, t.fetched_agent, t.fetched_at = receipt, e.agent_name, ev.position
@@ -478,7 +488,7 @@ def _fetched(st: AuditState, ev: RecordedEvent, e: ReceiptFetched) -> None:
 
 def _owed(st: AuditState, ev: RecordedEvent, e: AckOwed) -> None:
     receipt = e.receipt
-    _see_incarnation(st, e.agent_name, receipt)
+    _see_incarnation(st, ev, e.agent_name, receipt)
     rid, index = receipt.rollout_id, receipt.attempt_index
     key = _key(rid, index)
     t = st.tries.get(key)

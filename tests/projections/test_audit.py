@@ -247,6 +247,30 @@ def test_agent_restart_allows_replacement(store: EventStore, log: LogBuilder) ->
     assert audit(store).ok
 
 
+def test_another_trainers_agent_of_the_same_name_restarting_is_not_this_ones_restart(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """Trainers A and B each drive their own agent called agent-a: a receipt of B's from another agent
+    process says nothing of A's, so A's replacement with no retire answer still violates the rule."""
+    log.reserve("p", 2, trainer="A")
+    log.mint("p", 2)
+    log.dispatch("p_g0")
+    log.reply("p_g0")
+    log.seal("p_g0")
+    log.ack("p_g0")
+    dispatched = log.dispatch("p_g1")
+    log.fail("p_g1", kind="http")
+    log.reserve("q", 1, trainer="B")
+    log.mint("q", 1)
+    log.dispatch("q_g0")
+    log.reply("q_g0")
+    log.group(
+        "q", [ReceiptFetched(agent_name="agent-a", receipt=completion_receipt("q_g0", 0, generation=2))]
+    )
+    replaced = log.replace("p_g1", 1, reason="agent restarted")
+    assert only(audit(store), RETIRE_BEFORE_REPLACE) == [dispatched + replaced]
+
+
 def test_receipt_matches(store: EventStore, log: LogBuilder) -> None:
     log.reserve("p", 2)
     log.mint("p", 2)
