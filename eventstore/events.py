@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from protocol.digests import Digest
 from protocol.ids import AttemptIndex, Identifier, Incarnation
 from protocol.levels import TargetLevel
 from protocol.wire import AttemptRef, CompletionReceipt, ContinuationRef, ResumeReport, TryWork
@@ -133,12 +134,19 @@ class ReplacementMinted(Event, version=2):
     continues: ContinuationRef | None = None
 
 
-class RunDispatched(Event):
+class RunDispatched(Event, version=2):
+    """Version 2 added `prompt_digest` (the digest of the try's row without its identity,
+    `RunRequest.prompt_digest`: what a resumed continuation must have begun from) and `continue_from`
+    (the continuation the `/run` asks the agent to resume, its `x-ledger-continue-from`); version 1
+    rows are upcast with None for both."""
+
     rollout_id: Identifier
     attempt_index: AttemptIndex
     capture_key: Identifier
     agent_name: Identifier
     deadline_s: float | None = None
+    prompt_digest: Digest | None = None
+    continue_from: Digest | None = None
 
 
 class RunReplied(Event, version=2):

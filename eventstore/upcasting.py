@@ -55,6 +55,12 @@ def _run_failed_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "kind": kind}
 
 
+@upcaster("RunDispatched", 1)
+def _run_dispatched_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 recorded neither the try's prompt digest nor a continuation to resume."""
+    return {**data, "prompt_digest": None, "continue_from": None}
+
+
 @upcaster("RunReplied", 1)
 def _run_replied_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 did not keep the reply's failure_kind."""

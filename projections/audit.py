@@ -33,6 +33,7 @@ from eventstore.events import (
     CheckpointParticipantFinished,
     CheckpointPrepareStarted,
     CheckpointResumed,
+    ContinuationResumed,
     Event,
     GroupAbandoned,
     GroupClaimedForTraining,
@@ -63,6 +64,7 @@ from projections.payload_audit import (
     check_payloads,
 )
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
+from projections.turn_audit import TURN_RULES, TurnFacts
 from protocol.ids import group_id_of, rollout_id_of
 from protocol.streams import group_of_stream
 from protocol.wire import CompletionReceipt
@@ -112,6 +114,7 @@ RULES: Final = (
     DEBT_DROPPED_ON_EVIDENCE,
     ARCHIVED_BY_OWN_CUT,
     NO_CLAIM_WHILE_PREPARED,
+    *TURN_RULES,
     EVENT_READABLE,
 )
 # Keys of `TrainerRestored.plan` that count the debts a restarted trainer flushes: RecoveryPlan.summary()'s,
@@ -220,6 +223,8 @@ class AuditState:
     owners: dict[str, tuple[str, int]] = field(default_factory=dict)
     # trainer id ("" for the unnamed trainer) -> the newest cut a checkpoint it prepared committed
     own_cuts: dict[str, int] = field(default_factory=dict)
+    # What the log says of continuations (turn-level resume: projections/turn_audit.py).
+    turns: TurnFacts = field(default_factory=TurnFacts)
     violations: list[Violation] = field(default_factory=list)
 
     def violate(self, rule: str, positions: Iterable[int | None], message: str) -> None:
@@ -269,7 +274,7 @@ class AuditProjection(TypedProjection[AuditState]):
     """The rules of docs/events.md over decoded events (the row checks live in `RowChecker`)."""
 
     name: ClassVar[str] = "audit"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     state_type: ClassVar[Any] = AuditState
 
     def initial(self) -> AuditState:
@@ -280,6 +285,9 @@ class AuditProjection(TypedProjection[AuditState]):
         handler = _HANDLERS.get(type(decoded))
         if handler is not None:
             handler(state, event, decoded)
+        turn_handler = _TURN_HANDLERS.get(type(decoded))
+        if turn_handler is not None:
+            _apply_turns(state, event.position, decoded, turn_handler)
 
     def finish(self, state: AuditState) -> None:
         """The checks that need the whole log: finished tries that nothing ever owed."""
@@ -948,6 +956,23 @@ _HANDLERS: dict[type[Event], Callable[[AuditState, RecordedEvent, Any], None]] =
     TrainerEpochTaken: _epoch,
 }
 
+# The continuation rules' fold (projections/turn_audit.py): what each event tells it.
+_TURN_HANDLERS: dict[type[Event], Callable[[TurnFacts, int, Any], None]] = {
+    AttemptRetired: lambda t, p, e: t.retired(p, e.rollout_id, e.attempt_index, e.continuation),
+    ReplacementMinted: lambda t, p, e: t.replaced(p, e.rollout_id, e.attempt_index, e.replaces, e.continues),
+    RunDispatched: lambda t, p, e: t.dispatched(p, e.rollout_id, e.attempt_index, e.prompt_digest),
+    ContinuationResumed: lambda t, p, e: t.resumed(p, e.rollout_id, e.attempt_index, e.resume),
+}
+
+
+def _apply_turns(
+    st: AuditState, position: int, decoded: Event, handler: Callable[[TurnFacts, int, Any], None]
+) -> None:
+    handler(st.turns, position, decoded)
+    for rule, positions, message in st.turns.found:
+        st.violate(rule, positions, message)
+    st.turns.found.clear()
+
 
 # --- the row checks and the whole audit -----------------------------------------------
 
@@ -1029,6 +1054,7 @@ def audit_events(
     rows = RowChecker()
     check = rows.check
     handlers = _HANDLERS
+    turn_handlers = _TURN_HANDLERS
     fast = FAST_DECODERS
     # position -> the digests stored at it (one per projection); checked as the pass reaches them.
     digests: dict[int, list[StoredCheckpoint]] = {}
@@ -1065,6 +1091,9 @@ def audit_events(
             handler = handlers.get(decoded.__class__)
             if handler is not None:
                 handler(st, ev, decoded)
+            turn_handler = turn_handlers.get(decoded.__class__)
+            if turn_handler is not None:
+                _apply_turns(st, position, decoded, turn_handler)
             named = None if payloads is None else DIGESTS_OF.get(decoded.__class__)
             if named is not None and payloads is not None:
                 payloads.see(position, named(decoded))

@@ -167,6 +167,8 @@ class Attempts:
                         capture_key=key,
                         agent_name=group.agent_name,
                         deadline_s=ctx.settings.rollout_timeout_s,
+                        prompt_digest=request.prompt_digest(),
+                        continue_from=resumes,
                     )
                 ],
             )
