@@ -123,6 +123,9 @@ class CheckpointLoop:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+            # What the cancelled checkpoint had already handed to the writer is written after it was
+            # cancelled: recovery reads the log once that is in, or it misses a started prepare.
+            await self.coord.journal.settle()
         await self.coord.checkpointer.recover()
 
     async def finish(self) -> None:

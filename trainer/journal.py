@@ -104,6 +104,9 @@ class Journal:
         self._lock = asyncio.Lock()
         self._queue: deque[_Request] = deque()
         self._writer: asyncio.Task[None] | None = None
+        # Set while a batch is being written: its appends' callers may have been cancelled meanwhile,
+        # so their futures say nothing about when the write ends (`settle`).
+        self._writing: asyncio.Event | None = None
         # The thread doing an append or a fold keeps running when its awaiting task is cancelled, so
         # the versions and the fold are guarded by a thread lock, not only by the asyncio one.
         self._thread_lock = threading.RLock()
@@ -236,6 +239,18 @@ class Journal:
         while self._writer is not None and not self._writer.done():
             await asyncio.wait({self._writer})
 
+    async def settle(self) -> None:
+        """Until every append queued so far is written or failed, including those whose callers were
+        cancelled after their batch began (their write goes on).  Appends queued later are not waited
+        for, so drivers still appending do not hold it up (`drain` waits for the writer to go idle).
+        What was cancelled before its batch began is never written, and is not waited for."""
+        writing = self._writing
+        queued = [r.future for r in self._queue if not r.future.done()]
+        if writing is not None:
+            await writing.wait()
+        if queued:
+            await asyncio.wait(queued)
+
     async def _write_batches(self) -> None:
         """The writer: while appends are queued, writes them a batch (one transaction) at a time."""
         batch: list[_Request] = []
@@ -243,8 +258,13 @@ class Journal:
             while self._queue:
                 batch = self._next_batch()
                 if batch:
-                    async with self._lock:
-                        await self._write_batch(batch)
+                    self._writing = writing = asyncio.Event()
+                    try:
+                        async with self._lock:
+                            await self._write_batch(batch)
+                    finally:
+                        self._writing = None
+                        writing.set()
                     await self._notify()
         except BaseException as exc:  # cancelled (the loop is closing), or a bug: nobody waits for ever
             for request in [*batch, *self._queue]:

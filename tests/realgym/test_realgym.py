@@ -16,6 +16,7 @@ reader refuses exactly what the real reader refuses.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections import Counter
@@ -85,6 +86,27 @@ class DroppingClient(GymClient):
             DroppingClient.dropped += 1
             raise ConnectionLostError(f"POST {self.base_url}/run: reply lost on the way back (injected)")
         return payload
+
+
+class HeldUntilPreparedClient(DroppingClient):
+    """The gate for a run that must see a checkpoint go through: no `/run` leaves the trainer until a
+    `/checkpoint/prepare` has (or `HOLD_S` passed), so the run cannot end before its first checkpoint
+    starts, and no try is running at the agent when the prepare arrives."""
+
+    HOLD_S = 60.0
+    prepared: asyncio.Event | None = None
+
+    async def _send(self, pool: Any, method: str, path: str, **kwargs: Any) -> Any:
+        gate = HeldUntilPreparedClient.prepared
+        assert gate is not None, "set HeldUntilPreparedClient.prepared in the test's loop first"
+        if path == "/run":
+            async with asyncio.timeout(self.HOLD_S):
+                await gate.wait()
+        try:
+            return await super()._send(pool, method, path, **kwargs)
+        finally:
+            if path == "/checkpoint/prepare":
+                gate.set()
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +240,7 @@ async def test_coordinator_through_the_legacy_agent_environment_server(
     """The 0.7.0 path: the trainer talks to a `legacy_agent` environment server (the participant mounted
     on it) that relays `/run` to the plain agent; checkpoints and lost replies as against an agent."""
     DroppingClient.dropped = 0
+    HeldUntilPreparedClient.prepared = asyncio.Event()
     config = SimConfig(
         agent_urls={"legacy_agent": gym.servers["environment"].url},
         agent_state_dirs={"legacy_agent": gym.environment_state_dir},
@@ -231,19 +254,21 @@ async def test_coordinator_through_the_legacy_agent_environment_server(
         row_fields=NEMO_RL_ROW,
         run_id="rge",
     )
-    summary = await run_simulation(store, config, client_factory=DroppingClient)
+    summary = await run_simulation(store, config, client_factory=HeldUntilPreparedClient)
     assert summary["reduced_mode_agents"] == []
     assert summary["groups_sealed"] == 6 and summary["groups_dead_lettered"] == 0, summary
     assert summary["stranded"] == 0 and summary["duplicate_executions"] == 0, summary
     assert summary["audit_violations"] == 0 and summary["debts_outstanding"] == 0, summary
-    # Not asserted: that a checkpoint is decided before six relayed groups end (a running try behind
-    # the relay cannot park, and the run may end with its first prepare still waiting).  The
-    # participant test above asserts committed checkpoints; this one, that the relay loses nothing.
+    # The gate held every /run until the first prepare went out: a checkpoint went through the relay
+    # before any try ran, and it was decided (the relay answers the phases as the participant does).
     assert DroppingClient.dropped > 0 and summary["adopted"] > 0, summary
     evidence = read_evidence(gym.environment_state_dir)
     assert evidence.duplicate_executions == 0 and not evidence.stranded
     started = [e for e in store.read_all(0, types=["CheckpointPrepareStarted"]) if "rge" in e.stream_id]
     assert started and all(e.data["participants"] == ["legacy_agent"] for e in started)
+    decided = {e.stream_id for e in store.read_all(0, types=["CheckpointCommitted", "CheckpointAborted"])}
+    assert {e.stream_id for e in started} <= decided
+    assert summary["checkpoints_committed"] >= 1, summary  # the first: no try was running at the agent
     _assert_trainable(gym, _sealed_rollouts(store, "rge"), "environment")
 
 

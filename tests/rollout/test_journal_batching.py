@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -151,3 +153,34 @@ async def test_a_build_that_looked_ahead_is_built_again_when_the_append_before_i
     assert results[1] == [minted(g, 1)]
     assert [e.data["generation_index"] for e in store.read_stream(stream, from_version=1)] == [0, 1]
     assert journal.fenced is None
+
+
+async def test_settle_waits_for_an_append_whose_caller_was_cancelled_mid_write(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller cancelled while its batch is in the database: the write goes on, and `settle` returns
+    only once it is in the log and folded (recovery reading the projections after it sees it)."""
+    journal = Journal(store)
+    await journal.load()
+    g = gid("gc")
+    entered, release = threading.Event(), threading.Event()
+    real = store.append_batch
+
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert release.wait(30), "the test's gate was never opened"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "append_batch", gated)
+    caller = asyncio.create_task(journal.append(f"group-{g}", reserved(g)))
+    assert await asyncio.to_thread(entered.wait, 30)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    settling = asyncio.create_task(journal.settle())
+    await asyncio.sleep(0.05)
+    assert not settling.done() and g not in journal.ledger.groups  # the write is still in the database
+    release.set()
+    await asyncio.wait_for(settling, 30)
+    assert g in journal.ledger.groups
+    assert [e.type for e in store.read_stream(f"group-{g}")] == ["GroupReserved", "AttemptMinted"]
