@@ -296,6 +296,14 @@ def show(
         when = time.strftime("%H:%M:%S", time.gmtime(e.recorded_at)) if e.recorded_at else "-"
         line = f"[dim]{e.position:>7}  {when}[/dim]  [bold]{e.type}[/bold]  {escape(e.summary)}"
         (group_branch if e.attempt is None else branches[e.attempt]).add(line)
+    for carry in tl.carried:
+        branches[carry.attempt].add(f"[green]{escape(carry.text())}[/green]")
+    for attempt, (turn, _) in sorted(tl.offered.items()):
+        branches[attempt].add(f"[green]offered its boundary after turn {turn} when retired[/green]")
+    for attempt, (reason, _) in sorted(tl.declined.items()):
+        branches[attempt].add(
+            f"[yellow]declined to resume ({escape(reason)}): played from its prompt[/yellow]"
+        )
     console.print(tree)
     if html is not None:
         html.write_text(render_html(tl), encoding="utf-8")

@@ -12,14 +12,14 @@ import datetime as dt
 import math
 from html import escape
 
-from projections.timeline import LANES, Entry, Timeline
+from projections.timeline import LANES, Carry, Entry, Timeline
 
 _AXIS_X = 90  # the time axis; the event's log position sits right of it
 _LANE_X = {lane: 220 + i * 300 for i, lane in enumerate(LANES)}
 _LANE_TITLE = {"trainer": "Trainer", "log": "Log", "agent": "Gym agent"}
 _ROW = 34
 _TOP = 70
-_WIDTH = 2 * 220 + 2 * 300 - 80
+_WIDTH = 2 * 220 + 2 * 300 + 60  # room right of the agent lane for the turns carried across tries
 # A wait shorter than this adds no space; each tenfold longer one adds _GAP_PX more, up to _MAX_GAP_PX.
 _GAP_FLOOR_S = 0.05
 _GAP_PX = 22
@@ -47,6 +47,9 @@ svg { background: #fff; border: 1px solid #dde1ea; border-radius: 6px; }
 .gap { font-size: 11px; fill: #b0563a; text-anchor: end; font-style: italic; }
 .gapline { stroke: #e4b3a3; stroke-width: 6; }
 .dot { stroke: none; }
+.carry { stroke: #2f9e6e; stroke-width: 2; fill: none; stroke-dasharray: 6 3; }
+.carry-label { font-size: 11px; fill: #2f7a58; font-weight: 600; }
+ul.turns { margin: 12px 0 0; padding-left: 20px; color: #39414f; }
 """
 
 
@@ -132,8 +135,45 @@ def _event_svg(entry: Entry, y: float) -> str:
     )
 
 
+def _carry_svg(carry: Carry, y_of: dict[int, float]) -> str:
+    """The turns a try carried on from an earlier one: a bracket right of the agent lane, from the row
+    that recorded the boundary (the source try's retire with its offer) to the row of the resume."""
+    end = y_of.get(carry.position)
+    if end is None:
+        return ""
+    start = y_of.get(carry.offered_at) if carry.offered_at is not None else None
+    x = _LANE_X["agent"] + 14
+    label = f"turns 1..{carry.turn} from #{carry.source_attempt}"
+    if start is None:  # the boundary's offer is not in this timeline: a mark at the resume alone
+        return f'<text class="carry-label" x="{x}" y="{end + 14:.0f}">{escape(label)}</text>'
+    bulge = x + 40
+    return (
+        f'<g class="ev"><title>{escape(carry.text())}</title>'
+        f'<path class="carry" d="M{x},{start:.0f} C{bulge},{start:.0f} {bulge},{end:.0f} {x},{end:.0f}"/>'
+        f'<text class="carry-label" x="{bulge - 8}" y="{(start + end) / 2 + 4:.0f}">{escape(label)}</text></g>'
+    )
+
+
+def _turns_html(tl: Timeline) -> str:
+    lines = [c.text() for c in tl.carried]
+    lines += [
+        f"try #{a} offered its boundary after turn {turn} when it was retired"
+        for a, (turn, _) in sorted(tl.offered.items())
+    ]
+    lines += [
+        f"try #{a} declined to resume ({reason}): it played from its prompt"
+        for a, (reason, _) in sorted(tl.declined.items())
+    ]
+    if not lines:
+        return ""
+    items = "".join(f"<li>{escape(line)}</li>" for line in lines)
+    return f'<h2 style="font-size:15px;margin:16px 0 0">Turns across tries</h2><ul class="turns">{items}</ul>'
+
+
 def render_html(tl: Timeline) -> str:
     ys = row_offsets(tl.entries)
+    y_of = {e.position: y for e, y in zip(tl.entries, ys, strict=True)}
+    carries = "".join(_carry_svg(c, y_of) for c in tl.carried)
     height = int((ys[-1] if ys else _TOP) + 30)
     lanes = "".join(
         f'<line class="lane" x1="{x}" y1="40" x2="{x}" y2="{height - 10}"/>'
@@ -155,7 +195,8 @@ time since the first event on the left, longer waits drawn taller · hover an ar
 <svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}">
 <defs><marker id="head" viewBox="0 0 10 10" refX="8" refY="5" markerWidth="7" markerHeight="7"
 orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#59607a"/></marker></defs>
-{axis}{lanes}{events}
+{axis}{lanes}{events}{carries}
 </svg>
+{_turns_html(tl)}
 </body></html>
 """

@@ -21,6 +21,8 @@ from eventstore.events import (
     AckRejected,
     AttemptAdopted,
     AttemptRetired,
+    ContinuationDeclined,
+    ContinuationResumed,
     Event,
     GroupAbandoned,
     GroupClaimedForTraining,
@@ -30,6 +32,7 @@ from eventstore.events import (
     LogprobsComputed,
     LogprobsRefused,
     ReceiptFetched,
+    ReplacementMinted,
     RunDispatched,
     RunFailed,
     RunReplied,
@@ -52,6 +55,8 @@ _ARROWS: Final[dict[type[Event], tuple[Lane, Lane]]] = {
     AckAccepted: ("agent", "log"),
     AckRejected: ("agent", "log"),
     AttemptRetired: ("agent", "log"),
+    ContinuationResumed: ("agent", "log"),
+    ContinuationDeclined: ("agent", "log"),
     LogprobsComputed: ("log", "log"),
     LogprobsRefused: ("log", "log"),
 }
@@ -80,11 +85,40 @@ class Entry:
     summary: str
 
 
+@dataclass(frozen=True, slots=True)
+class Carry:
+    """Turns a try carried on from an earlier one instead of generating them again (its
+    `ContinuationResumed`), and where the log recorded the boundary it resumed (the source try's offer
+    with its `AttemptRetired`, if the timeline holds it)."""
+
+    attempt: int
+    source_attempt: int
+    turn: int
+    lineage: str
+    reused_model_calls: int
+    reused_tokens: int
+    restored: tuple[str, ...]  # "name@revision"
+    position: int
+    offered_at: int | None
+
+    def text(self) -> str:
+        restored = f"; restored {', '.join(self.restored)}" if self.restored else ""
+        return (
+            f"try #{self.attempt} carries turns 1..{self.turn} of try #{self.source_attempt} "
+            f"({self.reused_model_calls} model calls, {self.reused_tokens} generated tokens reused{restored})"
+        )
+
+
 @dataclass(slots=True)
 class Timeline:
     rollout_id: str
     group_id: str
     entries: list[Entry] = field(default_factory=list)
+    carried: list[Carry] = field(default_factory=list)
+    # try -> (turn, position) of the boundary its agent offered when it was retired
+    offered: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # try -> (reason, position) of a resume its agent declined (it played from its prompt)
+    declined: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     def attempts(self) -> list[int]:
         return sorted({e.attempt for e in self.entries if e.attempt is not None})
@@ -120,6 +154,27 @@ def describe(event: Event) -> str:
         data["reply_digest"] = event.reply_digest[:19] + "…"
     if isinstance(event, LogprobsComputed):
         data["blob_digest"] = event.blob_digest[:19] + "…"
+    if isinstance(event, AttemptRetired) and event.continuation is not None:
+        data["continuation"] = f"offers turn {event.continuation.turn}"
+    if isinstance(event, ReplacementMinted) and event.continues is not None:
+        data["continues"] = f"#{event.continues.source_attempt} at turn {event.continues.turn}"
+    if isinstance(event, RunDispatched):
+        for name in ("prompt_digest", "continue_from"):
+            if data.get(name):
+                data[name] = str(data[name])[:19] + "…"
+    if isinstance(event, ContinuationResumed | ContinuationDeclined):
+        r = event.resume
+        data = {"continuation": r.continuation[:19] + "…"}
+        if r.outcome == "resumed":
+            data |= {
+                "from": f"#{r.source_attempt} at turn {r.turn}",
+                "reused_calls": len(r.reused_model_calls),
+                "reused_tokens": r.reused_tokens,
+            }
+            if r.restored:
+                data["restored"] = ",".join(f"{x.name}@{x.revision}" for x in r.restored)
+        else:
+            data["reason"] = r.reason
     fields = " ".join(f"{k}={_short(v)}" for k, v in data.items() if v is not None)
     return f"{head} {fields}".strip()
 
@@ -157,6 +212,8 @@ def build_timeline(rollout_id: str, group_id: str, events: Iterable[RecordedEven
         ):
             continue
         source, target = _ARROWS.get(type(decoded), ("trainer", "log"))
+        if about is not None:
+            _turns(out, ev.position, about[1], decoded)
         out.entries.append(
             Entry(
                 position=ev.position,
@@ -171,3 +228,28 @@ def build_timeline(rollout_id: str, group_id: str, events: Iterable[RecordedEven
             )
         )
     return out
+
+
+def _turns(out: Timeline, position: int, attempt: int, event: Event) -> None:
+    """What the event says of turns carried across tries."""
+    if isinstance(event, AttemptRetired) and event.continuation is not None:
+        out.offered[attempt] = (event.continuation.turn, position)
+    elif isinstance(event, ContinuationDeclined) and event.resume.reason is not None:
+        out.declined[attempt] = (event.resume.reason, position)
+    elif isinstance(event, ContinuationResumed):
+        r = event.resume
+        source = r.source_attempt if r.source_attempt is not None else attempt
+        offer = out.offered.get(source)
+        out.carried.append(
+            Carry(
+                attempt=attempt,
+                source_attempt=source,
+                turn=r.turn,
+                lineage=r.lineage or "",
+                reused_model_calls=len(r.reused_model_calls),
+                reused_tokens=r.reused_tokens,
+                restored=tuple(f"{x.name}@{x.revision}" for x in r.restored),
+                position=position,
+                offered_at=offer[1] if offer is not None and offer[0] == r.turn else None,
+            )
+        )

@@ -179,3 +179,23 @@ def test_projections_run_follows_the_log_and_stops_on_sigterm_with_a_checkpoint(
             proc.wait(10)
     assert proc.returncode == 0, out
     assert f"last checkpoint at {store.head()}" in out, out
+
+
+def test_show_draws_the_turns_carried_across_tries(
+    store: EventStore, log: LogBuilder, db_url: str, tmp_path: Path
+) -> None:
+    """Try 0 is retired after turn 2, try 1 resumes there and is retired after turn 4, try 2 resumes
+    that: the tree and the swimlane say which try carried which turns from which."""
+    from tests.projections.test_turn_audit import RID, history as turn_history
+
+    turn_history(log, told=4)
+    page = tmp_path / "turns.html"
+    code, out = run("show", RID, "--db", db_url, "--html", str(page))
+    text = " ".join(w for w in out.split() if w.strip("│├└─"))  # the tree's lines wrap inside its glyphs
+    assert code == 0, out
+    assert "try #1 carries turns 1..2 of try #0 (2 model calls, 80 generated tokens reused" in text
+    assert "try #2 carries turns 1..4 of try #1 (4 model calls, 160 generated tokens reused" in text
+    assert "offered its boundary after turn 4 when retired" in text
+    html = page.read_text()
+    assert html.count('<path class="carry"') == 2  # each from the retire that offered it to the resume
+    assert "turns 1..2 from #0" in html and "turns 1..4 from #1" in html and "Turns across tries" in html
