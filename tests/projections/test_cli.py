@@ -186,7 +186,8 @@ def test_show_draws_the_turns_carried_across_tries(
 ) -> None:
     """Try 0 is retired after turn 2, try 1 resumes there and is retired after turn 4, try 2 resumes
     that: the tree and the swimlane say which try carried which turns from which."""
-    from tests.projections.test_turn_audit import RID, history as turn_history
+    from tests.projections.test_turn_audit import RID
+    from tests.projections.test_turn_audit import history as turn_history
 
     turn_history(log, told=4)
     page = tmp_path / "turns.html"
