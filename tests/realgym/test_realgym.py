@@ -202,6 +202,7 @@ async def test_plain_agents_answer_run_and_only_the_mounted_one_participates(gym
 
 async def test_coordinator_with_faults_against_the_participant(gym: RealGym, store: EventStore) -> None:
     DroppingClient.dropped = 0
+    HeldUntilPreparedClient.prepared = asyncio.Event()  # a committed checkpoint by a gate, not by timing
     config = SimConfig(
         agent_urls={"simple_agent": gym.servers["agent"].url},
         agent_state_dirs={"simple_agent": gym.state_dir},
@@ -215,7 +216,7 @@ async def test_coordinator_with_faults_against_the_participant(gym: RealGym, sto
         row_fields=NEMO_RL_ROW,
         run_id="rgp",
     )
-    summary = await run_simulation(store, config, client_factory=DroppingClient)
+    summary = await run_simulation(store, config, client_factory=HeldUntilPreparedClient)
     assert summary["reduced_mode_agents"] == []
     assert summary["groups_sealed"] == 16 and summary["groups_dead_lettered"] == 0, summary
     assert summary["stranded"] == 0 and summary["duplicate_executions"] == 0, summary
