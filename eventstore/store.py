@@ -111,7 +111,11 @@ class EventStore:
             return list(self.recorder.append_each(self._writer, appends))
 
     def append_batch(
-        self, appends: Sequence[Append], blobs: Sequence[bytes] = (), fence: Fence | None = None
+        self,
+        appends: Sequence[Append],
+        blobs: Sequence[bytes] = (),
+        fence: Fence | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> list[AppendResult]:
         """`UnitOfWork.append_batch` in a transaction of its own, committed.
 
@@ -120,7 +124,7 @@ class EventStore:
         away, and taking it back from a busy event loop thread cost more than the database's own
         work).  Any refusal rolls the whole batch back and raises as `append` would.
         """
-        checked = _checked_batch(appends, fence)
+        checked = _checked_batch(appends, fence, metadata)
         with self._database_errors():
             return self.recorder.append_committed(self._writer, checked, blobs)
 
@@ -395,17 +399,22 @@ class UnitOfWork:
         return result
 
     def append_batch(
-        self, appends: Sequence[Append], blobs: Sequence[bytes] = (), fence: Fence | None = None
+        self,
+        appends: Sequence[Append],
+        blobs: Sequence[bytes] = (),
+        fence: Fence | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> list[AppendResult]:
         """Several appends `(stream_id, events, expected_version[, fence])` and blobs, in order, in this
-        transaction.  `fence` is the fence of every append that names none of its own.
+        transaction.  `fence` is the fence of every append that names none of its own; `metadata` is
+        the metadata of every one (as `append`'s: e.g. the writer, who wrote the whole batch).
 
         The same as `put_blob` for each blob then `append` for each append, but on PostgreSQL one
         `ledger_append_events` statement: a single network round trip however many streams it writes.  Appends to the same
         stream chain (the second expects the version the first leaves).  A refused append raises as
         `append` would, and the transaction is then unusable (roll it back).
         """
-        results = self.store.recorder.append(self.connection, _checked_batch(appends, fence), blobs)
+        results = self.store.recorder.append(self.connection, _checked_batch(appends, fence, metadata), blobs)
         self._notify(results)
         return results
 
@@ -447,12 +456,14 @@ def _checked(
     return CheckedAppend(stream_id, rows, expected_version, fence, now)
 
 
-def _checked_batch(appends: Sequence[Append], fence: Fence | None) -> list[CheckedAppend]:
+def _checked_batch(
+    appends: Sequence[Append], fence: Fence | None, metadata: dict[str, Any] | None = None
+) -> list[CheckedAppend]:
     checked = []
     for append in appends:
         stream, events, expected = append[:3]
         own = append[3] if len(append) > 3 else fence
-        checked.append(_checked(stream, events, expected, None, own))
+        checked.append(_checked(stream, events, expected, metadata, own))
     return checked
 
 

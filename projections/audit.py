@@ -66,7 +66,7 @@ from projections.payload_audit import (
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
 from projections.turn_audit import TURN_RULES, TurnFacts
 from protocol.ids import group_id_of, rollout_id_of
-from protocol.streams import group_of_stream
+from protocol.streams import checkpoint_stream, group_of_stream
 from protocol.wire import CompletionReceipt
 
 NO_REUSED_TRY: Final = "no-reused-try"
@@ -94,6 +94,9 @@ ARCHIVED_BY_OWN_CUT: Final = "archived-by-own-cut"
 # No claim of a trainer's group between its checkpoint's CheckpointPrepareStarted and CheckpointCommitted:
 # the trainer saved its state meanwhile, so such a claim is inside the cut but in nothing it saved.
 NO_CLAIM_WHILE_PREPARED: Final = "no-claim-while-prepared"
+# Every event on a group's (checkpoint's) stream is written by a process of the trainer that owns the group
+# (took the checkpoint): a writer is a process of the trainer whose TrainerEpochTaken names it.
+ACTS_BY_OWNER: Final = "acts-by-owner"
 # Not an invariant of docs/events.md: a row the reader cannot decode, reported rather than skipped silently.
 EVENT_READABLE: Final = "event-readable"
 
@@ -115,6 +118,7 @@ RULES: Final = (
     ARCHIVED_BY_OWN_CUT,
     NO_CLAIM_WHILE_PREPARED,
     *TURN_RULES,
+    ACTS_BY_OWNER,
     EVENT_READABLE,
 )
 # Keys of `TrainerRestored.plan` that count the debts a restarted trainer flushes: RecoveryPlan.summary()'s,
@@ -221,6 +225,10 @@ class AuditState:
     claim_log: list[tuple[int, str]] = field(default_factory=list)  # standing claims in log order
     # trainer id ("" for the unnamed trainer) -> (writer, position) of its newest TrainerEpochTaken
     owners: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # writer (a trainer process, `Journal.writer`) -> its trainer id ("" for the unnamed trainer)
+    writers: dict[str, str] = field(default_factory=dict)
+    # (stream, writer's trainer) pairs already reported by acts-by-owner: one violation per stream and trainer
+    foreign_writes: set[tuple[str, str]] = field(default_factory=set)
     # trainer id ("" for the unnamed trainer) -> the newest cut a checkpoint it prepared committed
     own_cuts: dict[str, int] = field(default_factory=dict)
     # What the log says of continuations (turn-level resume: projections/turn_audit.py).
@@ -288,6 +296,7 @@ class AuditProjection(TypedProjection[AuditState]):
         turn_handler = _TURN_HANDLERS.get(type(decoded))
         if turn_handler is not None:
             _apply_turns(state, event.position, decoded, turn_handler)
+        _check_acts_by_owner(state, event, decoded)
 
     def finish(self, state: AuditState) -> None:
         """The checks that need the whole log: finished tries that nothing ever owed."""
@@ -669,6 +678,41 @@ def _dead(st: AuditState, ev: RecordedEvent, e: GroupDeadLettered) -> None:
 
 def _epoch(st: AuditState, ev: RecordedEvent, e: TrainerEpochTaken) -> None:
     st.owners[e.trainer_id or ""] = (e.writer, ev.position)
+    st.writers[e.writer] = e.trainer_id or ""
+
+
+def _check_acts_by_owner(st: AuditState, ev: RecordedEvent, decoded: Event) -> None:
+    """An event on a group's or a checkpoint's stream written by a process of another trainer than the
+    owner's: one trainer acted on another's work (paid or dropped its debt, retired or adopted its try,
+    decided its checkpoint).  Rows without a writer (older ones, an operator's, a logprob worker's) and
+    writers that took no epoch are not judged; the owner is the group's after this event's own
+    reservation or take-over."""
+    if not st.writers or '"writer"' not in ev.metadata_json:
+        return
+    trainer = st.writers.get(ev.metadata.get("writer", ""))
+    if trainer is None:
+        return
+    gid = group_of_stream(ev.stream_id)
+    if gid is not None:
+        group = st.groups.get(gid)
+        if group is None:
+            return
+        owner, what = group.trainer_id or "", f"group {gid}"
+    else:
+        cid = getattr(decoded, "checkpoint_id", None)
+        facts = st.checkpoints.get(cid) if isinstance(cid, str) else None
+        if facts is None or facts.prepared is None or ev.stream_id != checkpoint_stream(cid or ""):
+            return
+        owner, what = facts.trainer_id or "", f"checkpoint {cid}"
+    if trainer == owner or (ev.stream_id, trainer) in st.foreign_writes:
+        return
+    st.foreign_writes.add((ev.stream_id, trainer))
+    st.violate(
+        ACTS_BY_OWNER,
+        [ev.position],
+        f"{ev.type} on {what} of trainer {owner!r} was written by {ev.metadata.get('writer')}, a process of "
+        f"trainer {trainer!r}: one trainer acted on another's work",
+    )
 
 
 def _check_owner(st: AuditState, ev: RecordedEvent, trainer_id: str | None, what: str) -> None:
@@ -1094,6 +1138,7 @@ def audit_events(
             turn_handler = turn_handlers.get(decoded.__class__)
             if turn_handler is not None:
                 _apply_turns(st, position, decoded, turn_handler)
+            _check_acts_by_owner(st, ev, decoded)
             named = None if payloads is None else DIGESTS_OF.get(decoded.__class__)
             if named is not None and payloads is not None:
                 payloads.see(position, named(decoded))

@@ -38,7 +38,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from eventstore import (
     AppendResult,
@@ -99,6 +99,9 @@ class Journal:
         self._nonce = uuid.uuid4()  # one per coordinator instance: its take-overs are its own
         # Who writes: part of every deterministic event id, so two writers never collapse into one.
         self.writer = f"{socket.gethostname()}/{os.getpid()}/{self._nonce.hex[:12]}"
+        # The metadata of every row this process writes: its writer, so the auditor can tell a fenced
+        # owner's claims and checkpoint events, and one trainer's write on another's group (acts-by-owner).
+        self.metadata: dict[str, Any] = {"writer": self.writer}
         self.ledger = self.ledger_projection.initial()
         self.checkpoints = self.checkpoints_projection.initial()
         self._lock = asyncio.Lock()
@@ -427,7 +430,7 @@ class Journal:
         def write() -> None:
             with self._thread_lock:
                 news = [_new_event(stream, -1, event, self.writer)]
-                result = self.store.append(stream, news, ExpectedVersion.ANY)
+                result = self.store.append(stream, news, ExpectedVersion.ANY, metadata=self.metadata)
                 self.versions[stream] = result.stream_version
                 self.owner = Fence(stream, result.stream_version)
 
@@ -468,7 +471,9 @@ class Journal:
                     chain[request.stream] = (
                         expected + len(news) if expected >= ExpectedVersion.NO_STREAM else expected
                     )
-                results = self.store.append_batch(appends, [blob for r in batch for blob in r.blobs])
+                results = self.store.append_batch(
+                    appends, [blob for r in batch for blob in r.blobs], metadata=self.metadata
+                )
                 state.committed = True
                 for request, result in zip(batch, results, strict=True):
                     self.versions[request.stream] = result.stream_version
@@ -521,6 +526,7 @@ class Journal:
                     stream,
                     [NewEvent.of(event, event_id=event_id)],
                     ExpectedVersion.ANY,
+                    metadata=self.metadata,
                     fence=self._fence_of(stream, {}),
                 )
                 self.versions[stream] = result.stream_version
@@ -587,11 +593,6 @@ def _provisional(stream: str, version: int, position: int, event: Event) -> Reco
     )
 
 
-_WRITER_ATTESTED = frozenset(
-    {"GroupClaimedForTraining", "CheckpointPrepareStarted", "CheckpointCommitted", "CheckpointResumed"}
-)
-
-
 def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent:
     """The event as stored, with an id derived from who writes it, where it goes and what it says.
 
@@ -602,8 +603,6 @@ def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent
     """
     text = event.model_dump_json()
     type_ = event.event_type()
-    # Claims and checkpoint events name their writer, so the auditor can tell a fenced owner's.
-    metadata = {"writer": writer} if type_ in _WRITER_ATTESTED else {}
     digest = hashlib.sha256(
         UNIT_SEPARATOR.join((writer, stream, str(version), type_, text)).encode()
     ).hexdigest()
@@ -613,7 +612,6 @@ def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent
         event_id=str(uuid.uuid5(_EVENT_NS, digest)),
         schema_version=event.schema_version,
         validated_json=text,
-        metadata=metadata,
     )
 
 

@@ -4,8 +4,16 @@ a debt dropped without evidence of a newer generation, a group archived by anoth
 from __future__ import annotations
 
 from eventstore import EventStore, NewEvent
-from eventstore.events import CheckpointPrepareStarted, GroupClaimedForTraining, TrainerEpochTaken
+from eventstore.events import (
+    AckAccepted,
+    AckRejected,
+    CheckpointAborted,
+    CheckpointPrepareStarted,
+    GroupClaimedForTraining,
+    TrainerEpochTaken,
+)
 from projections.audit import (
+    ACTS_BY_OWNER,
     ARCHIVED_BY_OWN_CUT,
     DEBT_DROPPED_ON_EVIDENCE,
     NO_CLAIM_WHILE_PREPARED,
@@ -174,3 +182,45 @@ def test_a_claim_between_prepare_and_commit_is_a_violation(store: EventStore, lo
     commit = log.commit("c2", cut=log.store.head(), trainer="T1")[0]
     assert violations_of(store, NO_CLAIM_WHILE_PREPARED) == [[prepare, late, commit]]
     assert rules(store) == [NO_CLAIM_WHILE_PREPARED]
+
+
+def test_an_event_one_trainers_process_writes_on_anothers_group_or_checkpoint_is_a_violation(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """Issue case 1 from the log alone: B's relay sent A's receipt to B's agent of the same name and
+    appended the answer into A's group; B's process aborted A's checkpoint.  The owner's own writes, a
+    row without a writer and a writer that took no epoch (an operator, a worker) are not judged."""
+    store.append("trainer-A", [TrainerEpochTaken(trainer_id="A", reason="start", writer="wa")])
+    store.append("trainer-B", [TrainerEpochTaken(trainer_id="B", reason="start", writer="wb")])
+    log.reserve("g1", 1, trainer="A")
+    log.mint("g1", 1)
+    log.dispatch("g1_g0")
+    log.reply("g1_g0")
+    log.seal("g1_g0")
+    written_by(
+        store, group_stream("g1"), AckAccepted(rollout_id="g1_g0", attempt_index=0, idempotent=True), "wa"
+    )
+    written_by(
+        store, group_stream("g1"), AckAccepted(rollout_id="g1_g0", attempt_index=0, idempotent=True), "ops"
+    )
+    written_by(
+        store,
+        checkpoint_stream("c1"),
+        CheckpointPrepareStarted(checkpoint_id="c1", participants=["agent-a"], trainer_id="A"),
+        "wa",
+    )
+    assert rules(store) == []
+    foreign = [
+        (group_stream("g1"), AckRejected(rollout_id="g1_g0", attempt_index=0, error="unknown_execution")),
+        (group_stream("g1"), AckRejected(rollout_id="g1_g0", attempt_index=0, error="unknown_execution")),
+        (
+            checkpoint_stream("c1"),
+            CheckpointAborted(checkpoint_id="c1", participants=["agent-a"], reason="ag: 1 debts unpaid"),
+        ),
+    ]
+    for stream, event in foreign:
+        written_by(store, stream, event, "wb")
+    found = [v for v in audit_log(store).violations if v.rule == ACTS_BY_OWNER]
+    # one per stream and trainer: the group's first foreign write, the checkpoint's
+    assert [v.positions for v in found] == [[store.head() - 2], [store.head()]]
+    assert "trainer 'A'" in found[0].message and "trainer 'B'" in found[0].message

@@ -223,6 +223,12 @@ async def test_two_agents_of_one_name_keep_each_trainers_debts_its_own(
             await b.close()
         report = audit_log(stores[0])
         assert report.ok, report.as_json()["violations"]
+        # Every row of a group's stream names its writer, a process of the trainer that owns the group
+        # (what the audit's acts-by-owner judges): A's group holds writes of A's process alone.
+        rows = list(stores[0].read_all())
+        trainer_of = {e.data["writer"]: e.data["trainer_id"] for e in rows if e.type == "TrainerEpochTaken"}
+        in_a = [e for e in rows if e.stream_id == "group-A-1"]
+        assert in_a and {trainer_of.get(e.metadata.get("writer", "")) for e in in_a} == {"A"}
     finally:
         for s in stores:
             s.close()
