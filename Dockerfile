@@ -17,6 +17,7 @@ COPY participant participant
 COPY workers workers
 COPY trainer trainer
 COPY gym_agent gym_agent
+COPY gym_resources gym_resources
 COPY simulation simulation
 COPY migrations migrations
 COPY cli cli

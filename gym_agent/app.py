@@ -16,6 +16,7 @@ from starlette.types import ASGIApp
 from gym_agent.config import AgentConfig
 from gym_agent.episode import HEARTBEAT_S, Environment
 from gym_agent.faults import FaultInjector, FaultRequest
+from gym_agent.tools import ToolBelt
 from participant import ExecutionRegistry, RunSession, mount_participant
 from participant.routes import install_json_errors
 from protocol.wire import DebugRuns, Health, OkResponse, RunReply, RunRequest
@@ -71,11 +72,15 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         tool_seconds=config.tool_seconds,
     )
     faults = FaultInjector()
+    tools = ToolBelt(config.resources_url, config.resources) if config.resources_url else None
+    environment.tools = tools
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         executor.shutdown(wait=False, cancel_futures=True)
+        if tools is not None:
+            await tools.close()
 
     app = FastAPI(title=f"reference Gym agent {config.name}", lifespan=lifespan, openapi_url=None)
     install_json_errors(app)
@@ -95,6 +100,7 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         heartbeat_s=HEARTBEAT_S,
         continuations=config.turn_continuation,
         generation_cuts=config.generation_cuts,
+        restorer=tools.restore if tools is not None else None,
     )
     reg = participant.registry
 

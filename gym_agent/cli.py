@@ -48,6 +48,17 @@ def serve(
         str | None,
         typer.Option("--tool-seconds", help="Each tool's duration between two model calls, MEAN[:SPREAD]."),
     ] = None,
+    resources_url: Annotated[
+        str | None,
+        typer.Option(
+            "--resources-url",
+            help="A resources server (`ledger gym resources`) whose tools each turn calls (docs/turns.md).",
+        ),
+    ] = None,
+    resources: Annotated[
+        str,
+        typer.Option(help="Which of its resources each turn calls, comma-separated (empty: all)."),
+    ] = "",
     generation_cuts: Annotated[
         bool,
         typer.Option(
@@ -123,12 +134,31 @@ def serve(
             policy=policy,
             zero_work=zero_work,
             turn_continuation=turn_continuation,
+            resources_url=resources_url,
+            resources=tuple(n for n in resources.split(",") if n),
             log_level=log_level.lower(),
             access_log=access_log,
         )
     except (ValueError, ValidationError) as exc:
         raise typer.BadParameter(str(exc)) from None
     raise typer.Exit(run_server(config))
+
+
+@app.command("resources")
+def resources_server(
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")],
+    state_dir: Annotated[Path, typer.Option(help="Where its sessions' journal is kept.")],
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = DEFAULT_HOST,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the reference resources server (bank: export_restore, mailer: restart_only, calculator:
+    stateless) until SIGTERM/SIGINT."""
+    try:
+        from gym_resources.server import run_server
+    except ImportError as exc:
+        typer.echo(f"error: ledger gym resources needs uvicorn ({exc.name} is not installed)", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(run_server(state_dir, host, port, log_level.lower()))
 
 
 def _stop_when_stdin_ends(grace_s: float = 30.0) -> None:

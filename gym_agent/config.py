@@ -49,6 +49,10 @@ class AgentConfig(BaseModel):
     # Save a continuation at each turn boundary and resume replacement tries from one (docs/turns.md):
     # declares `turn_continuation`, so groups may run at target level `turn`.
     turn_continuation: bool = False
+    # A resources server (gym_resources) whose tools each turn calls, and which of its resources
+    # (empty: all of them).
+    resources_url: str | None = None
+    resources: tuple[str, ...] = ()
     state_dir: Path | None = None
     policy: str = "tiny"
     temperature: float = Field(default=1.0, gt=0)

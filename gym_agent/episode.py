@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gym_agent.decode import Cut, Heartbeat, SampleMore, decode
 from gym_agent.durations import Durations
 from gym_agent.faults import ResolvedFault
+from gym_agent.tools import ToolBelt
 from protocol.digests import canonical_json
 from protocol.ids import capture_key
 from protocol.lineage import link_call
@@ -131,6 +132,7 @@ class Environment:
         zero_work: bool = False,
         call_seconds: Durations | None = None,
         tool_seconds: Durations | None = None,
+        tools: ToolBelt | None = None,
     ) -> None:
         self.policy = policy
         self.executor = executor
@@ -144,6 +146,9 @@ class Environment:
         # How long each model call and each tool between two calls takes (drawn per call).
         self.call_seconds = call_seconds
         self.tool_seconds = tool_seconds
+        # A resources server whose tools each turn calls (keyed per lineage and turn), exported at
+        # each boundary and restored on a resume (docs/turns.md, Resources).
+        self.tools = tools
 
     def _sampler(
         self, prompt: list[int], generator: torch.Generator | None, planned: list[int], heartbeat: Heartbeat
@@ -260,6 +265,15 @@ class Environment:
                 context = context + observation
                 if self.tool_seconds is not None:
                     await working(self.tool_seconds.draw(f"tool|{self.seed}|{key}|{turn}"), heartbeat)
+                # The tools' effects come after the boundary before and before the next one: a try
+                # retired in between leaves mutations past its last boundary, which a resume's restore
+                # undoes (and the resumed turn applies once again).
+                if self.tools is not None:
+                    called = await self.tools.turn(
+                        request.rollout_id, lineage, turn + 1, request.attempt_index
+                    )
+                    output.extend(called)
+                    conversation.extend(called)
                 if commit_turn is not None:
                     done = EpisodeState(
                         n_turns=n_turns,
@@ -268,7 +282,8 @@ class Environment:
                         output=output,
                         generated=generated,
                     )
-                    await commit_turn(turn + 1, done.model_dump(mode="json"), ())
+                    touched = await self.tools.export(lineage) if self.tools is not None else ()
+                    await commit_turn(turn + 1, done.model_dump(mode="json"), touched)
 
         response: dict[str, Any] = {
             "id": f"resp-{key}",
