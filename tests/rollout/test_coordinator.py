@@ -210,6 +210,20 @@ async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(
         await client.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, drop_reply=True))
         coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60)
         # The try's own task would adopt it too; hold it back so the checkpoint is the one to find it.
+        # The gate: the lock is let go only once the agent's prepare answered 409 naming the try (a
+        # fixed sleep let the try's task adopt it first on a loaded machine, and prepare found nothing).
+        named = asyncio.Event()
+        prepare = client.prepare
+
+        async def prepare_seen(checkpoint_id: str, timeout_s: float = 300.0) -> Any:
+            try:
+                return await prepare(checkpoint_id, timeout_s)
+            except NotReadyError as exc:
+                if any(a.rollout_id == f"{g}_g0" for a in exc.attempts):
+                    named.set()
+                raise
+
+        client.prepare = prepare_seen  # type: ignore[method-assign]
         coord.ctx.live_attempt(f"{g}_g0", 0)
         async with coord:
             live = coord.ctx.live_attempt(f"{g}_g0", 0)
@@ -219,7 +233,7 @@ async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(
                     while not (await client.status()).completed_unacknowledged:
                         await asyncio.sleep(0.01)
                 task = asyncio.create_task(coord.checkpoint(gid("ck")))
-                await asyncio.sleep(0.3)
+                await asyncio.wait_for(named.wait(), 60)
             outcome = await task
             assert outcome.committed, outcome.reason
             assert outcome.adopted == 1
