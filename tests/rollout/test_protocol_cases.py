@@ -25,7 +25,7 @@ from projections.audit import audit_log
 from projections.base import decode
 from protocol.retry import RetryPolicy
 from protocol.streams import checkpoint_stream
-from protocol.wire import PhaseResponse
+from protocol.wire import AttemptFault, PhaseResponse
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer import FencedOff, RolloutCoordinator
 from trainer.gym import AgentIdentityError, GymClient
@@ -160,7 +160,9 @@ async def test_case5_retire_against_an_agent_gone_for_good_dead_letters_the_grou
         await coord.start()
         g = gid()
         await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(30):  # the gate: a try is running at the agent when it goes away
+            while (await client.status()).running == 0:
+                await asyncio.sleep(0.02)
         await asyncio.to_thread(agent.stop)
         await coord.wait_idle(30)
         group = coord.ledger.groups.get(g) or coord.ledger.archived[g]
@@ -233,16 +235,23 @@ async def test_case2_a_recovery_during_a_live_prepare_aborts_in_the_log_first_an
     refused (fenced), so the log never says committed or resumed for what the agent aborted."""
     upgrade_database(pg_url)
     store_a, store_b = open_store(pg_url), open_store(pg_url)
-    agent = make_agent("a", delay_s=1.0)
+    agent = make_agent("a")
     try:
         async with GymClient(agent.url, "a") as ca, GymClient(agent.url, "a") as cb:
             a = coordinator(store_a, {"a": ca}, park_grace_s=60.0, prepare_timeout_s=60.0)
             await a.start()
-            await a.submit(gid(), PROMPT, "a", 1, PAYLOAD)
-            await asyncio.sleep(0.2)
+            g = gid()
+            # The gates: try 0 hangs (until B's recovery retires it), so A's prepare cannot finish
+            # before B fences A, however long B's recovery takes; and it is running before A prepares.
+            await ca.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, hang=True))
+            await a.submit(g, PROMPT, "a", 1, PAYLOAD)
+            async with asyncio.timeout(30):
+                while (await ca.status()).running == 0:
+                    await asyncio.sleep(0.02)
             live = asyncio.create_task(a.checkpoint("c2"))
-            while not list(store_b.read_stream(checkpoint_stream("c2"))):
-                await asyncio.sleep(0.05)
+            async with asyncio.timeout(60):
+                while not list(store_b.read_stream(checkpoint_stream("c2"))):
+                    await asyncio.sleep(0.05)
             b = await RolloutCoordinator.recover(store_b, {"a": cb}, rollout_timeout_s=10)
             with pytest.raises(FencedOff):
                 await asyncio.wait_for(live, 60)
