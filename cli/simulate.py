@@ -8,6 +8,7 @@ imported when a run starts, so `ledger --help` and an option error cost nothing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -141,6 +142,23 @@ def simulate(
             "agents it started restart too, their state kept), until the run ends.",
         ),
     ] = None,
+    compare_level: Annotated[
+        str | None,
+        typer.Option(
+            "--compare-level",
+            help="Then run the same workload and schedule again at this target level, as a run of its "
+            "own on the same log, and report its turns and promise beside the first (section compare).",
+        ),
+    ] = None,
+    resources: Annotated[
+        str | None,
+        typer.Option(
+            "--resources",
+            help="Start the reference resources server and have each turn call these of its resources "
+            "(bank: export_restore, mailer: restart_only, calculator: stateless; comma-separated): the "
+            "summary counts side effects from its journal.",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     resume: Annotated[
         str | None,
@@ -223,8 +241,22 @@ def simulate(
         return
     if mode not in ("sibling", "prompt_group"):
         raise typer.BadParameter("--mode must be sibling or prompt_group")
-    if target_level not in ("turn", "sibling", "prompt_group"):
-        raise typer.BadParameter("--target-level must be turn, sibling or prompt_group")
+    for level, option in ((target_level, "--target-level"), (compare_level, "--compare-level")):
+        if level is not None and level not in ("turn", "sibling", "prompt_group"):
+            raise typer.BadParameter(f"{option} must be turn, sibling or prompt_group")
+    if compare_level is not None and (use_ray or resume is not None):
+        raise typer.BadParameter("--compare-level runs two fresh runs here: not with --ray or --resume")
+    if resources is not None:
+        from gym_resources.book import RESOURCES
+
+        unknown = [n for n in resources.split(",") if n not in RESOURCES]
+        if unknown or not resources:
+            raise typer.BadParameter(
+                f"--resources names {', '.join(unknown) or 'nothing'}; the reference server has "
+                f"{', '.join(sorted(RESOURCES))}"
+            )
+        if agent_url:
+            raise typer.BadParameter("--resources drives the agents it starts: not with --agent-url")
     try:
         turn_bounds = parse_turns(turns)
     except ValueError as exc:
@@ -288,6 +320,7 @@ def simulate(
         turns=turn_bounds,
         target_level=target_level,
         kill_trainer_every_s=kill_trainer_every,
+        resources=resources,
         seed=seed,
         run_id=resume,
         resume=resume is not None,
@@ -296,10 +329,17 @@ def simulate(
     with clear_errors():
         url = db_url(db)
         summary, store_url = _run(url, config, use_ray, ray_kill_after, as_json, metrics_port, otel)
+        other = None
+        if compare_level is not None:
+            other_config = _config(**{**_options(config), "target_level": compare_level}, run_id=None)
+            other, _ = _run(url, other_config, use_ray, ray_kill_after, as_json, None, otel)
+            if other_config.agent_state_root is not None:
+                shutil.rmtree(other_config.agent_state_root, ignore_errors=True)
+            summary["compare"] = {k: other.get(k) for k in COMPARED}
     from simulation.ray_run import ray_failed
     from simulation.run import failed
 
-    failing = failed(summary) or (use_ray and ray_failed(summary))
+    failing = failed(summary) or (use_ray and ray_failed(summary)) or (other is not None and failed(other))
     summary["verdict"] = _verdict(summary, failing)
     if as_json:
         console.print_json(json.dumps(summary))
@@ -321,6 +361,34 @@ def _agent_urls(items: list[str]) -> dict[str, str]:
             raise typer.BadParameter(f"--agent-url {name}={url}: the URL starts with http:// or https://")
         urls[name] = url.rstrip("/")
     return urls
+
+
+# What the summary's section `compare` shows of the run at the other level (`--compare-level`).
+COMPARED: tuple[str, ...] = (
+    "run_id",
+    "target_level",
+    "wall_s",
+    "trainer_kills",
+    "retired",
+    "turns_resumed",
+    "turns_redone",
+    "model_tokens_saved",
+    "continuations_resumed",
+    "continuations_declined",
+    "side_effects_applied",
+    "side_effects_twice",
+    "stranded",
+    "duplicate_executions",
+    "audit_violations",
+)
+
+
+def _options(config: SimConfig) -> dict[str, Any]:
+    """The options a config was made from (`_config`'s keywords), to make another run of them."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    for derived in ("run_id", "agent_state_root", "resume"):
+        values.pop(derived)
+    return values
 
 
 def _config(*, run_id: str | None, **options: Any) -> SimConfig:
@@ -521,6 +589,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "continuations_declined",
         ),
     ),
+    ("side effects", ("side_effects_applied", "side_effects_reverted", "side_effects_twice")),
     ("agents", ("agent_restarts", "reduced_mode_agents")),
     ("rows", ("rows", "rows_delivered", "rows_delivered_twice")),
     ("the promise", ("stranded", "duplicate_executions", "audit_violations")),
@@ -534,12 +603,22 @@ def print_summary(summary: Mapping[str, Any], store_url: str) -> None:
     table.add_column("section")
     table.add_column("figure")
     table.add_column("value", justify="right")
-    named = {k for _, keys in SECTIONS for k in keys} | {"verdict", "thrown_by_checkpoints_warning"}
-    sections = [*SECTIONS, ("other", tuple(k for k in summary if k not in named))]
-    for title, keys in sections:
-        present = [k for k in keys if k in summary]
+    named = {k for _, keys in SECTIONS for k in keys} | {
+        "verdict",
+        "thrown_by_checkpoints_warning",
+        "compare",
+    }
+    sections: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [
+        (title, keys, summary) for title, keys in SECTIONS
+    ]
+    sections.append(("other", tuple(k for k in summary if k not in named), summary))
+    if isinstance(summary.get("compare"), Mapping):
+        compared = summary["compare"]
+        sections.append((f"compare ({compared.get('target_level')})", COMPARED, compared))
+    for title, keys, values in sections:
+        present = [k for k in keys if k in values]
         for i, key in enumerate(present):
-            value = summary[key]
+            value = values[key]
             shown = (
                 "-"
                 if value is None

@@ -52,6 +52,9 @@ class SimConfig:
     # The reference agents cut a model call at a token boundary when a checkpoint parks its try
     # (`gym --generation-cuts`), instead of the checkpoint waiting for the whole call.
     generation_cuts: bool = False
+    # Start the reference resources server (gym_resources) for the run and have each turn of the
+    # agents it starts call these of its resources, comma-separated (None: no tools).
+    resources: str | None = None
     # Rounds (and failures of each kind) a group may spend.  The default fault mix fails about one
     # prompt-group round in five (5 % environment failures and 1 % hangs over 4 siblings), so 4 rounds
     # dead-lettered a group in about one run of 48 groups in ten; 8 makes that about one in 40,000.

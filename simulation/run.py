@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import statistics
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -26,6 +27,8 @@ from typing import Any
 from eventstore import EventStore
 from eventstore.events import PromptRef
 from gym_agent.launcher import AgentProcess
+from gym_resources.book import SideEffects, side_effects
+from gym_resources.server import serve_in_thread as serve_resources
 from participant.continuations import TurnFigures, read_index, turn_figures
 from participant.evidence import read_evidence
 from projections.generation import GENERATION_EVENTS, GenerationFigures, generation_figures
@@ -176,6 +179,24 @@ class Agents:
         self.restarts = 0
         self._stop = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
+        # The resources server the run's tools call (config.resources), with its journal's folder.
+        self._resources = contextlib.ExitStack()
+        self.resources_dir: Path | None = None
+
+    def _start_resources(self, root: Path | None) -> list[str]:
+        """Starts the resources server (state kept under the run's folder, so a resumed run's server
+        answers repeats from its journal) and returns the agents' options that point them at it."""
+        if self.config.resources is None:
+            return []
+        if root is None:
+            root = Path(self._resources.enter_context(tempfile.TemporaryDirectory(prefix="resources-")))
+        self.resources_dir = root / "resources"
+        served = self._resources.enter_context(serve_resources(self.resources_dir))
+        return ["--resources-url", served.url, "--resources", self.config.resources]
+
+    def side_effects(self) -> SideEffects | None:
+        """What the resources server's journal shows (durable evidence), if the run had one."""
+        return side_effects(self.resources_dir) if self.resources_dir is not None else None
 
     async def __aenter__(self) -> Agents:
         config = self.config
@@ -183,6 +204,7 @@ class Agents:
         urls = dict(config.agent_urls)
         if not urls:
             root = config.agent_state_root
+            tools = await asyncio.to_thread(self._start_resources, root)
             self.processes = [
                 AgentProcess(
                     f"agent-{i}",
@@ -191,7 +213,7 @@ class Agents:
                     delay_s=config.agent_delay_s,
                     state_dir=None if root is None else root / f"agent-{i}",
                     token=config.agent_token,
-                    extra_args=config.agent_args(),
+                    extra_args=[*config.agent_args(), *tools],
                 )
                 for i in range(config.agents)
             ]
@@ -199,6 +221,7 @@ class Agents:
                 await asyncio.gather(*(asyncio.to_thread(p.start) for p in self.processes))
             except BaseException:
                 await asyncio.gather(*(asyncio.to_thread(p.close) for p in self.processes))
+                await asyncio.to_thread(self._resources.close)
                 raise
             urls = {p.name: p.url for p in self.processes}
         self.state_dirs = {p.name: p.state_dir for p in self.processes} | dict(config.agent_state_dirs)
@@ -297,6 +320,7 @@ class Agents:
         for client in self.clients.values():
             await client.aclose()
         await asyncio.gather(*(asyncio.to_thread(p.close) for p in self.processes))
+        await asyncio.to_thread(self._resources.close)
 
 
 async def run_simulation(
@@ -518,6 +542,7 @@ async def _drive_run(
     elapsed = time.monotonic() - started
     stranded, duplicates = await agents.final_counts()
     turns = await agents.turn_counts()
+    effects = await asyncio.to_thread(agents.side_effects)
     ledger = coord.ledger
     return RunFacts(
         wall_s=elapsed,
@@ -531,6 +556,7 @@ async def _drive_run(
         journal_appends=coord.journal.appends,
         journal_batches=coord.journal.batches,
         turns=turns,
+        side_effects=effects,
     )
 
 
@@ -560,6 +586,7 @@ class RunFacts:
     journal_appends: int
     journal_batches: int
     turns: TurnFigures = field(default_factory=TurnFigures)
+    side_effects: SideEffects | None = None
 
 
 async def summarize_run(
@@ -606,6 +633,11 @@ async def summarize_run(
         "model_tokens_saved": facts.turns.model_tokens_saved,
         "continuations_resumed": facts.turns.resumes,
         "continuations_declined": facts.turns.declines,
+        # From the resources server's journal (None: the run called no tools): mutations applied,
+        # undone by restores, and keys whose effect stands twice (none, if the protocol holds).
+        "side_effects_applied": None if facts.side_effects is None else facts.side_effects.applied,
+        "side_effects_reverted": None if facts.side_effects is None else facts.side_effects.reverted,
+        "side_effects_twice": None if facts.side_effects is None else len(facts.side_effects.twice),
         "agent_restarts": agents.restarts,
         "reduced_mode_agents": sorted(n for n, c in agents.clients.items() if c.reduced is not None),
         "stranded": facts.stranded,
@@ -637,7 +669,12 @@ def _completed_answers(store: EventStore, run_id: str) -> int:
 
 
 def failed(summary: dict[str, Any]) -> bool:
-    return bool(summary["stranded"] or summary["duplicate_executions"] or (summary["audit_violations"] or 0))
+    return bool(
+        summary["stranded"]
+        or summary["duplicate_executions"]
+        or (summary["audit_violations"] or 0)
+        or (summary.get("side_effects_twice") or 0)
+    )
 
 
 __all__ = [
