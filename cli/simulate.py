@@ -637,14 +637,19 @@ def print_summary(summary: Mapping[str, Any], store_url: str) -> None:
 def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
     from simulation.explore import explore
     from simulation.explore_progress import explore_progress
+    from simulation.explore_turns import explore_turns
 
     started = time.monotonic()
     result = explore(seeds, first_seed)
     # Progress under frequent checkpoints: a schedule there is some 20 times one of the core's.
     progress = explore_progress(max(1, seeds // 20), first_seed)
+    # Turn-level resume under faults: a schedule there is some 10 times one of the core's.
+    turns = explore_turns(max(1, seeds // 10), first_seed)
     violations = dict(result.violations)
     for seed, found in progress.violations.items():
         violations[seed] = [*violations.get(seed, []), *(f"progress: {m}" for m in found)]
+    for seed, found in turns.violations.items():
+        violations[seed] = [*violations.get(seed, []), *(f"turns: {m}" for m in found)]
     summary = {
         "seeds_explored": result.seeds,
         "first_seed": result.first_seed,
@@ -662,6 +667,14 @@ def _explore(seeds: int, first_seed: int, as_json: bool) -> None:
         if progress.model_s
         else 0.0,
         "progress_prepare_wait_p50_s": progress.prepare_wait_p50_s,
+        "turn_schedules": turns.seeds,
+        "turn_rollouts_finished": turns.finished,
+        "turn_rollouts_dead_lettered": turns.dead_lettered,
+        "turn_resumes": turns.resumes,
+        "turn_turns_resumed": turns.turns_resumed,
+        "turn_faults": sum(turns.faults.values()),
+        "turn_resumes_declined": dict(sorted(turns.declined.items())),
+        "turn_side_effects": turns.side_effects,
         "violations": sum(len(v) for v in violations.values()),
         "failing_seeds": sorted(violations)[:50],
         "wall_s": round(time.monotonic() - started, 2),

@@ -132,6 +132,9 @@ class ContinuationIndex:
     # A try's furthest committed boundary (turns done), and the continuation it resumed, if it did.
     reached: dict[AttemptKey, int] = field(default_factory=dict)
     started_from: dict[AttemptKey, str] = field(default_factory=dict)
+    # A lineage's furthest committed boundary: (turn, digest).  An earlier boundary of it is
+    # superseded: resuming it would generate the turns after it on the lineage again.
+    furthest: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def apply(self, rec: IndexRecord) -> None:
         key = (rec.rollout_id, rec.attempt_index)
@@ -140,6 +143,8 @@ class ContinuationIndex:
             self.latest[key] = rec.digest
             self.holder[rec.digest] = key
             self.reached[key] = max(self.reached.get(key, 0), rec.ref.turn)
+            if rec.ref.turn > self.furthest.get(rec.ref.lineage, (0, ""))[0]:
+                self.furthest[rec.ref.lineage] = (rec.ref.turn, rec.digest)
         elif rec.kind == "resumed":
             self.holder[rec.digest] = key
             self.latest.setdefault(key, rec.digest)
@@ -246,6 +251,11 @@ def decide_resume(
         if holder == (ref.rollout_id, ref.source_attempt):
             return Declined("source_live", f"try {holder[1]} that committed it still runs here")
         return Declined("already_resumed", f"try {holder[1]} resumed it and still runs here")
+    furthest = index.furthest.get(ref.lineage)
+    if furthest is not None and furthest[0] > ref.turn:
+        return Declined(
+            "superseded", f"lineage {ref.lineage} was carried on to turn {furthest[0]} ({furthest[1]})"
+        )
     if ref.prompt_digest != prompt_digest:
         return Declined("prompt_mismatch", f"the lineage began from {ref.prompt_digest}")
     decided = resume_decision(ref.resources)
@@ -282,6 +292,21 @@ class ContinuationReadError(Exception):
         super().__init__(detail)
         self.reason: DeclineReason = reason
         self.detail = detail
+
+
+def check_continuation(ref: ContinuationRef, content: bytes) -> Continuation:
+    """The continuation in `content`, if it is the one `ref` names: its bytes hash to the digest and it
+    is what the index committed (same rollout, lineage, try and turn); else `continuation_corrupt`."""
+    if sha256_digest(content) != ref.digest:
+        raise ContinuationReadError("continuation_corrupt", f"{ref.digest}: the bytes do not hash to it")
+    try:
+        continuation = Continuation.model_validate_json(content)
+        tokens = continuation.token_entries()
+    except (ValueError, ValidationError) as exc:
+        raise ContinuationReadError("continuation_corrupt", f"{ref.digest}: {exc}"[:300]) from None
+    if continuation.ref(ref.digest) != ref or len(tokens) != len(ref.model_call_ids):
+        raise ContinuationReadError("continuation_corrupt", f"{ref.digest} is not what was committed")
+    return continuation
 
 
 class ContinuationStore:
@@ -357,16 +382,7 @@ class ContinuationStore:
             ) from None
         except PayloadStoreError as exc:
             raise ContinuationReadError("continuation_lost", f"{ref.digest}: {exc}") from None
-        if sha256_digest(content) != ref.digest:
-            raise ContinuationReadError("continuation_corrupt", f"{ref.digest}: the bytes do not hash to it")
-        try:
-            continuation = Continuation.model_validate_json(content)
-            tokens = continuation.token_entries()
-        except (ValueError, ValidationError) as exc:
-            raise ContinuationReadError("continuation_corrupt", f"{ref.digest}: {exc}"[:300]) from None
-        if continuation.ref(ref.digest) != ref or len(tokens) != len(ref.model_call_ids):
-            raise ContinuationReadError("continuation_corrupt", f"{ref.digest} is not what was committed")
-        return continuation
+        return check_continuation(ref, content)
 
     def close(self) -> None:
         self._file.close()

@@ -252,6 +252,7 @@ DeclineReason = Literal[
     "prompt_mismatch",  # the try's row is not the prompt the lineage began from
     "restart_only_resource",  # it touched a resource whose state cannot be restored
     "already_resumed",  # another try resumed it already
+    "superseded",  # a later boundary of its lineage was committed (a stale owner's late resume)
     "source_live",  # the try that committed it is still running here
     "restore_failed",  # a resource could not be restored at its revision
     "not_resumable",  # the agent's runner does not resume (it plays every try from its prompt)

@@ -20,6 +20,7 @@ from participant.continuations import (
     ContinuationIndex,
     ContinuationStore,
     Declined,
+    IndexRecord,
     decide_resume,
     read_index,
 )
@@ -348,6 +349,20 @@ def test_the_decision_alone() -> None:
     assert isinstance(live, Declined) and live.reason == "source_live"
     # The prompt digest ignores the try's identity: every try of one sibling shares it.
     assert row(attempt_index=5).prompt_digest() == prompt != row(question="x").prompt_digest()
+    # A later boundary of the lineage was committed (by a try that resumed this one): this one is
+    # superseded, whoever asks (a stale owner's late resume would generate turns 3.. again).
+    later = ref.model_copy(update={"digest": "sha256:" + "2" * 64, "turn": 4, "source_attempt": 1})
+    index.apply(
+        IndexRecord(
+            kind="committed", rollout_id=ROLLOUT, attempt_index=1, digest=later.digest,
+            execution_generation=1, at=0.0, ref=later,
+        )
+    )  # fmt: skip
+    stale = decide_resume(digest, rollout_id=ROLLOUT, prompt_digest=prompt, index=index, live=())
+    assert isinstance(stale, Declined) and stale.reason == "superseded" and "turn 4" in stale.detail
+    assert (
+        decide_resume(later.digest, rollout_id=ROLLOUT, prompt_digest=prompt, index=index, live=()) == later
+    )
 
 
 async def test_a_torn_last_index_line_is_skipped(tmp_path: Path) -> None:
