@@ -23,11 +23,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from projections.base import canonical, sha256_text
 from projections.checkpoints import CheckpointsState, CheckpointState
-from projections.group_core import AttemptAction, attempt_action, round_step, sibling_exhausted
+from projections.group_core import (
+    AttemptAction,
+    attempt_action,
+    continuation_to_resume,
+    round_step,
+    sibling_exhausted,
+)
 from projections.ledger import ArchivedGroup, AttemptState, GroupState, LedgerState, restorable_cut
 from projections.ownership import trainer_debts
 from protocol.ids import rollout_id_of
-from protocol.wire import AcknowledgeItem, CompletionReceipt
+from protocol.wire import AcknowledgeItem, CompletionReceipt, ContinuationRef
 
 RECOVERY_SCHEMA_VERSION: Final = 1
 RecoverySchemaVersion = Literal[1]
@@ -91,6 +97,9 @@ class SiblingToReplace(_Model):
     generation_index: int
     replaces: int | None
     next_attempt: int
+    # At target level turn: the boundary the replacement resumes (the replaced try's offer, by the
+    # drivers' own rule `continuation_to_resume`); None: it plays from its prompt.
+    continues: ContinuationRef | None = None
 
 
 class ClaimToRollBack(_Model):
@@ -127,6 +136,9 @@ class RecoveryPlan(_Model):
             "debts_to_flush": sum(len(v) for v in self.debts_to_flush.values()),
             "attempts_to_settle": len(self.attempts_to_settle),
             "siblings_to_replace": len(self.siblings_to_replace),
+            # Of those, the replacements that resume a committed turn boundary, and the turns they keep.
+            "replacements_resuming": sum(1 for s in self.siblings_to_replace if s.continues is not None),
+            "turns_kept": sum(s.continues.turn for s in self.siblings_to_replace if s.continues is not None),
             "groups_to_rerun": len(self.groups_to_rerun),
             "groups_to_dead_letter": len(self.groups_to_dead_letter),
             "sealed_kept": len(self.sealed_kept),
@@ -288,6 +300,7 @@ def _plan_sibling_group(
                         generation_index=index,
                         replaces=attempt.attempt_index,
                         next_attempt=attempt.attempt_index + 1,
+                        continues=continuation_to_resume(group, attempt),
                     )
                 )
     if exhausted:

@@ -220,3 +220,30 @@ def test_a_restore_to_the_checkpoint_the_trainer_loaded(store: EventStore, log: 
         plan_recovery(state, checkpoints_of(store), restore_to="c1")
     assert plan_recovery(state, checkpoints_of(store), restore_to="c4").checkpoint_id == "c4"
     assert audit_log(store).ok, audit_log(store).as_json()["violations"]
+
+
+def test_the_plan_names_the_boundary_each_replacement_resumes(store: EventStore, log: LogBuilder) -> None:
+    """A try retired with an offer before the trainer went down: at target level turn its replacement
+    resumes it (the drivers' own rule), and the plan's summary counts it and the turns it keeps; at
+    sibling the same history replaces it from its prompt."""
+    from eventstore.events import AttemptRetired, GroupReserved, PromptRef
+    from tests.projections.test_turn_audit import offer
+
+    for group_id, level in (("t1", "turn"), ("s1", "sibling")):
+        reserved = GroupReserved(
+            group_id=group_id, prompt_ref=PromptRef(sample_id=group_id, task_name="math"), agent_name=log.agent,
+            expected_generations=1, mode="sibling", target_level=level, requested_level=level,
+        )  # fmt: skip
+        log.group(group_id, [reserved])
+        log.mint(group_id, 1)
+        log.dispatch(f"{group_id}_g0")
+        offered = offer(0, 3).model_copy(update={"rollout_id": f"{group_id}_g0"})
+        retired = AttemptRetired(
+            rollout_id=f"{group_id}_g0", attempt_index=0, outcome="cancelled", continuation=offered
+        )
+        log.group(group_id, [retired])
+    plan = plan_recovery(ledger_of(store), checkpoints_of(store))
+    replace = {s.rollout_id: s for s in plan.siblings_to_replace}
+    assert replace["t1_g0"].continues is not None and replace["t1_g0"].continues.turn == 3
+    assert replace["s1_g0"].continues is None
+    assert plan.summary()["replacements_resuming"] == 1 and plan.summary()["turns_kept"] == 3
