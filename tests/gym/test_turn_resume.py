@@ -88,6 +88,16 @@ async def test_a_replacement_carries_on_exactly_where_the_lineage_was(tmp_path: 
     assert [r.generation_token_ids for r in records] == [r.generation_token_ids for r in whole_records]
     assert [r.prompt_token_ids for r in records] == [r.prompt_token_ids for r in whole_records]
     assert reply.reward == whole.reward
+    # Cross-attempt lineage: the first call the replacement made links to the last one it reused, as
+    # in the uninterrupted lineage (the shape a Gym consumer resolves within one capture key).
+    lineage = ("parent_resolution", "parent_call_id", "cum_len", "digest")
+    got = [tuple(getattr(r, f) for f in lineage) for r in records]
+    assert got == [tuple(getattr(r, f) for f in lineage) for r in whole_records]
+    first_new = records[offer.turn]
+    assert (first_new.parent_resolution, first_new.parent_call_id) == (
+        "resolved",
+        records[offer.turn - 1].model_call_id,
+    )
 
 
 async def test_after_a_restart_with_the_state_kept_the_replacement_resumes(tmp_path: Path) -> None:
