@@ -12,8 +12,10 @@ before some call, with the state directory kept or lost; one trainer crash point
 k-th append, before or after its k-th call), after which a new coordinator with the same trainer id
 recovers, and sometimes the crashed one is not stopped (it carries on as a stale coordinator once the
 new one has taken over); a database outage (appends m..n of one trainer fail with the store's
-`DatabaseUnavailable`); and one checkpoint per coordinator (one call, or prepare then commit, or
-prepare then abort).
+`DatabaseUnavailable`); one checkpoint per coordinator (one call, or prepare then commit, or
+prepare then abort); and the fleet: trainers whose agents share names, a trainer starting on another's
+agent (refused), a group id two trainers submit (the second refused), a run pool smaller than the
+tries at once (no lease may run out in that queue).
 
 Two seams carry the faults, both outside production code: each `GymClient`'s connection pools are
 replaced by `FaultyPool` (the same `exchange` the lean transport offers; the agent's ASGI app is called
@@ -23,7 +25,7 @@ records them per process) and makes its every later call fail; the agents' tasks
 
 The independent checker (`check`) reads only the log's events and the agents' durable records
 (`executions.jsonl` of every state directory an agent ever had, its checkpoint artefacts, its final
-`/status`), never the projections: nothing executed twice, nothing stranded, every group sealed or
+`/status`) and what the clients' pools saw leave, never the projections: nothing executed twice, nothing stranded, every group sealed or
 dead-lettered, no group trained twice (claims rolled back by a restore excepted) nor claimed by a
 fenced owner, every checkpoint's outcome in the log equal to every participant's, no agent left paused,
 no newest owner fenced, retries bounded, and `projections.audit.audit_log` finds nothing.
@@ -69,9 +71,10 @@ class RealExploration:
 
 
 async def explore_seed(
-    seed: int, url: str | None = None, workdir: Path | None = None
+    seed: int, url: str | None = None, workdir: Path | None = None, fleet: bool = True
 ) -> tuple[list[str], ScheduleRun]:
-    """One seed on a fresh SQLite file under `workdir` (or on the log at `url`)."""
+    """One seed on a fresh SQLite file under `workdir` (or on the log at `url`); `fleet=False`: its plan
+    without the fleet's draws (`plan_of`)."""
     with contextlib.ExitStack() as stack:
         base = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"explore-{seed}-")))
         base = base / f"seed-{seed}-{uuid.uuid4().hex[:6]}"
@@ -79,7 +82,8 @@ async def explore_seed(
         db = url or f"sqlite:///{base / 'ledger.db'}"
         if url is None:
             await asyncio.to_thread(upgrade_database, db)
-        run = await run_schedule(plan_of(seed, "" if url is None else f"r{uuid.uuid4().hex[:4]}"), db, base)
+        plan = plan_of(seed, "" if url is None else f"r{uuid.uuid4().hex[:4]}", fleet)
+        run = await run_schedule(plan, db, base)
         violations = await check(run)
         for agent in run.agents.values():
             agent.registry.close()

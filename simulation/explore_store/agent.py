@@ -24,11 +24,18 @@ class Agent:
     (kept) or on an empty one (lost: the old one is moved aside, its evidence still read by the
     checker), and breaks every call in flight to the old one."""
 
-    def __init__(self, name: str, base: Path, seed: int) -> None:
-        self.name = name
+    def __init__(self, key: str, name: str, base: Path, seed: int, delay_s: float = 0.0) -> None:
+        self.key = key  # unique in the schedule (faults, restarts, its directory)
+        self.name = name  # what it and its trainer call it (several trainers' agents may share it)
         self.base = base
         self.config = AgentConfig(
-            name=name, state_dir=base / "state", zero_work=True, seed=seed, turns=(1, 2), log_level="error"
+            name=name,
+            state_dir=base / "state",
+            zero_work=True,
+            seed=seed,
+            turns=(1, 2),
+            log_level="error",
+            delay_s=delay_s,
         )
         self.lives = 0
         self.restarts = 0

@@ -50,26 +50,49 @@ async def check(run: ScheduleRun) -> list[str]:
     # every sealed group trained on.
     epochs: dict[str, str] = {}  # trainer id -> the writer of its newest epoch
     live_claims: dict[str, list[int]] = {}
+    owners: dict[
+        str, str | None
+    ] = {}  # group id -> the trainer that reserved it (another may submit its id too)
     for e in mine:
-        if e.type == "TrainerEpochTaken":
-            epochs[e.data["trainer_id"]] = e.data["writer"]
+        if e.type == "GroupReserved":
+            owners.setdefault(e.data["group_id"], e.data.get("trainer_id"))
+        elif e.type == "TrainerEpochTaken":
+            epochs[e.data["trainer_id"] or ""] = e.data["writer"]
         elif e.type == "TrainerRestored":
             cut = e.data.get("cut_position") or 0
             tid = e.data.get("trainer_id")
             for gid, positions in live_claims.items():
-                if gid.startswith(f"{tid}-g"):
+                if owners.get(gid) == tid:
                     positions[:] = [p for p in positions if p <= cut]
         elif e.type == "GroupClaimedForTraining":
             gid = e.data["group_id"]
-            tid = gid.rsplit("-g", 1)[0]
+            tid = owners.get(gid)
             writer = e.metadata.get("writer")
-            if writer is not None and epochs.get(tid) not in (None, writer):
+            if writer is not None and epochs.get(tid or "") not in (None, writer):
                 violations.append(f"group {gid} claimed by a superseded owner ({writer})")
             live_claims.setdefault(gid, []).append(e.position)
     for gid in sealed:
         n = len(live_claims.get(gid, []))
         if n != 1:
             violations.append(f"sealed group {gid} trained on {n} times")
+    # The fleet: the group id another trainer reserved stays its owner's; a refused start wrote nothing;
+    # no try's lease ran out while its /run waited in the trainer's own queue.
+    if plan.collision is not None:
+        owner, _, index = plan.collision
+        gid = plan.trainers[owner].groups[index].group_id
+        if owners.get(gid, plan.trainers[owner].trainer_id) != plan.trainers[owner].trainer_id:
+            violations.append(f"group {gid} is reserved by {owners.get(gid)}, not by its owner")
+    refused = set(run.refused_writers)
+    wrote = sorted({e.position for e in events if e.metadata.get("writer") in refused})
+    if wrote:
+        violations.append(f"a start refused for a shared agent wrote rows at {wrote[:5]}")
+    for e in by_type.get("RunFailed", []):
+        subject = f"{e.data['rollout_id']}#{e.data['attempt_index']}"
+        if e.data.get("kind") == "deadline" and subject not in run.runs_sent:
+            violations.append(
+                f"{subject}'s lease ran out before its /run left the trainer's own queue: "
+                f"{e.data.get('reason')}"[:300]
+            )
     # Executions and results, from every state directory each agent ever had.
     for agent in run.agents.values():
         started: Counter[tuple[str, int]] = Counter()
@@ -82,18 +105,19 @@ async def check(run: ScheduleRun) -> list[str]:
                 started[key] += t.executions
                 if t.run_after_retired:
                     violations.append(
-                        f"{t.rollout_id}#{t.attempt_index} ran at {agent.name} (generation {t.started[-1]}) "
+                        f"{t.rollout_id}#{t.attempt_index} ran at {agent.key} (generation {t.started[-1]}) "
                         f"after generation {t.retired_in[0]} retired it"
                     )
             if d == agent.state_dirs[0]:
                 stranded = len(ev.stranded)
         for (rid, n), count in started.items():
             if count > 1:
-                violations.append(f"{rid}#{n} executed {count} times at {agent.name}")
+                violations.append(f"{rid}#{n} executed {count} times at {agent.key}")
         if stranded:
-            violations.append(f"{agent.name} holds {stranded} finished result(s) nobody released")
+            violations.append(f"{agent.key} holds {stranded} finished result(s) nobody released")
     # Checkpoints: the log's outcome equals each participant's.
     participants: dict[str, list[str]] = {}
+    trainer_of: dict[str, str | None] = {}  # checkpoint -> the trainer that prepared it
     decided: dict[str, str] = {}
     finished: dict[tuple[str, str], str] = {}
     resumed: set[str] = set()
@@ -101,6 +125,7 @@ async def check(run: ScheduleRun) -> list[str]:
         cid = str(e.data.get("checkpoint_id"))
         if e.type == "CheckpointPrepareStarted":
             participants[cid] = list(e.data["participants"])
+            trainer_of[cid] = e.data.get("trainer_id")
         elif e.type in ("CheckpointCommitted", "CheckpointAborted"):
             if cid in decided:
                 violations.append(f"checkpoint {cid} decided twice")
@@ -115,17 +140,18 @@ async def check(run: ScheduleRun) -> list[str]:
             violations.append(f"checkpoint {cid} was never decided")
             continue
         for name in names:
-            if name not in run.agents:
+            found = run.agent_of(trainer_of.get(cid), name)
+            if found is None:
                 continue
-            agent = run.agents[name]
+            agent = found
             artefact = any((d / "checkpoints" / f"{cid}.json").exists() for d in agent.state_dirs)
             own = finished.get((cid, name))
             if outcome == "aborted" and artefact:
-                violations.append(f"{name} holds an artefact of {cid}, which the log aborted")
+                violations.append(f"{agent.key} holds an artefact of {cid}, which the log aborted")
             if outcome == "committed" and own == "resumed" and not artefact:
-                violations.append(f"{name} recorded resumed for {cid} but holds no artefact")
+                violations.append(f"{agent.key} recorded resumed for {cid} but holds no artefact")
             if outcome == "committed" and own is None:
-                violations.append(f"{name}'s part of committed {cid} never finished")
+                violations.append(f"{agent.key}'s part of committed {cid} never finished")
         if cid in resumed and any(finished.get((cid, n)) != "resumed" for n in names):
             violations.append(f"CheckpointResumed for {cid} without every participant resumed")
     # No agent left paused or closed; nothing of it still owed.
@@ -134,7 +160,7 @@ async def check(run: ScheduleRun) -> list[str]:
         status = json.loads(reply.body)
         if status.get("phase") != "idle":
             violations.append(
-                f"{agent.name} left {status.get('phase')} ({status.get('active_checkpoint_id')})"
+                f"{agent.key} left {status.get('phase')} ({status.get('active_checkpoint_id')})"
             )
     # Every retry bounded.
     for (kind, what), n in run.per_try.items():

@@ -4,7 +4,7 @@ from `random.Random(seed)` alone."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 CallKind = Literal[
@@ -16,7 +16,12 @@ Fault = Literal["refused", "server_error", "non_json", "timeout", "reply_lost", 
 FAULTS: tuple[Fault, ...] = get_args(Fault)
 # `before_run` (stale only): the process's k-th /run is held on its way to the agent until the
 # successor has retired that try there and the agent has restarted on its state directory (a late /run).
-CrashWhere = Literal["before_append", "after_append", "before_call", "after_call", "before_run"]
+# `after_prepare` (stale only): the process is held right after its first `CheckpointPrepareStarted`
+# append, until the successor has recovered (presuming that checkpoint aborted); then it goes on to
+# prepare it at the agents (a stale prepare after a presumed abort).
+CrashWhere = Literal[
+    "before_append", "after_append", "before_call", "after_call", "before_run", "after_prepare"
+]
 CheckpointKind = Literal["one_call", "split_commit", "split_abort"]
 
 # --- the plan: a pure function of the seed --------------------------------------------------------
@@ -62,6 +67,22 @@ class Plan:
     # (trainer, first read, last read): those reads of the log by a recovering process of that trainer
     # while it loads (pages of its fold, stream versions) find the connection killed
     fold_break: tuple[int, int, int] | None = None
+    # The fleet (several trainers on one fleet of agents; issue 28).  `names`: agent key -> the name its
+    # trainer and the agent itself know it by, where trainers' agents share names (each trainer's `ag0`
+    # is its own agent); agents not in it are named by their key.
+    names: dict[str, str] = field(default_factory=dict)
+    # (owner, intruder): the intruder's first process tries to start with the owner's first agent among
+    # its own, once the owner has started, and must be refused (one trainer per agent).
+    intruder: tuple[int, int] | None = None
+    # (owner, other, group index): once the owner reserved that group, the other submits its id too,
+    # and that submit alone must be refused (GroupConflict).
+    collision: tuple[int, int, int] | None = None
+    # trainer -> its run pool (`max_run_connections`), smaller than its tries at once, on agents whose
+    # model calls take a while: tries wait for a connection, and no lease may run out in that queue.
+    pools: dict[int, int] = field(default_factory=dict)
+
+    def name_of(self, key: str) -> str:
+        return self.names.get(key, key)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -84,12 +105,19 @@ class Plan:
             "crash": None if self.crash is None else self.crash.__dict__,
             "outage": self.outage,
             "fold_break": self.fold_break,
+            "names": dict(sorted(self.names.items())),
+            "intruder": self.intruder,
+            "collision": self.collision,
+            "pools": dict(sorted(self.pools.items())),
         }
 
 
-def plan_of(seed: int, tag: str = "") -> Plan:
+def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     """The schedule of `seed`: every number drawn from `random.Random(seed)`, nothing else.  `tag` goes
-    into every id (trainers, agents, groups, checkpoints), so seeds replayed on one log do not meet."""
+    into every id (trainers, agents, groups, checkpoints), so seeds replayed on one log do not meet.
+    `fleet=False` leaves out the draws of several trainers on one fleet (shared names, an intruder, a
+    group id collision, a small run pool, a stale prepare after a presumed abort): the plans as they
+    were before those existed, so the seeds that found bugs before them replay what found them."""
     rng = random.Random(seed)
     trainers: list[TrainerPlan] = []
     for t in range(rng.choice((1, 1, 2, 3))):
@@ -139,4 +167,51 @@ def plan_of(seed: int, tag: str = "") -> Plan:
         # The connection killed while a recovering process loads the log (drawn last, as above).
         first = rng.randint(1, 6)
         fold_break = (rng.randrange(len(trainers)), first, first + rng.randint(0, 2))
-    return Plan(seed, f"x{seed}{tag}-", tuple(trainers), faults, restarts, crash, outage, fold_break)
+    shared_names, intruder, collision, pools = (
+        _fleet(rng, f"x{seed}{tag}-", trainers, restarts) if fleet else ({}, None, None, {})
+    )
+    if fleet and crash is None and rng.random() < 0.8:
+        crash = CrashPoint(rng.randrange(len(trainers)), "after_prepare", 1, True)
+    return Plan(
+        seed,
+        f"x{seed}{tag}-",
+        tuple(trainers),
+        faults,
+        restarts,
+        crash,
+        outage,
+        fold_break,
+        shared_names,
+        intruder,
+        collision,
+        pools,
+    )
+
+
+def _fleet(
+    rng: random.Random, prefix: str, trainers: list[TrainerPlan], restarts: dict[tuple[str, int], bool]
+) -> tuple[dict[str, str], tuple[int, int] | None, tuple[int, int, int] | None, dict[int, int]]:
+    """The fleet's draws (drawn last, so the rest of every plan is what it was before they existed):
+    trainers whose agents share names, or one that tries to drive another's agent; a group id two
+    trainers submit; a run pool smaller than the tries at once."""
+    names: dict[str, str] = {}
+    intruder: tuple[int, int] | None = None
+    collision: tuple[int, int, int] | None = None
+    if len(trainers) >= 2:
+        roll = rng.random()
+        if roll < 0.3:
+            names = {a: f"{prefix}ag{j}" for tp in trainers for j, a in enumerate(tp.agents)}
+        elif roll < 0.55:
+            owner, other = rng.sample(range(len(trainers)), 2)
+            shared = trainers[owner].agents[0]
+            # An agent that loses its state directory loses its binding too (docs/protocol.md): then
+            # another trainer may bind it, and the refusal is not what the schedule can ask for.
+            if not any(a == shared and not keep for (a, _), keep in restarts.items()):
+                intruder = (owner, other)
+        if rng.random() < 0.3:
+            owner, other = rng.sample(range(len(trainers)), 2)
+            collision = (owner, other, rng.randrange(len(trainers[owner].groups)))
+    pools: dict[int, int] = {}
+    if rng.random() < 0.15:
+        pools[rng.randrange(len(trainers))] = rng.choice((1, 2))
+    return names, intruder, collision, pools

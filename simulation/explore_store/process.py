@@ -39,6 +39,7 @@ class Incarnation:
     appends: int = 0
     calls: int = 0
     runs: int = 0  # its /run calls (`before_run`)
+    prepares: int = 0  # its appends of a CheckpointPrepareStarted (`after_prepare`)
     load_reads: int = 0  # its reads of the log before it was ready (`Plan.fold_break`)
     crashed: bool = False
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -128,6 +129,32 @@ class ScheduleRun:
     # trainer -> the incarnations it had (the last one is the owner)
     incarnations: dict[int, list[Incarnation]] = field(default_factory=dict)
     claims: Counter[int] = field(default_factory=Counter)
+    # The /run calls that left a trainer's own queue ("rollout_id#attempt_index"), whatever became of them.
+    runs_sent: set[str] = field(default_factory=set)
+    # group id -> set once its owner's submit returned (the gate of the plan's group id collision).
+    reserved: dict[str, asyncio.Event] = field(default_factory=dict)
+    # The plan's intrusion and collision, once played (by whichever process of the trainer got there).
+    intruded: bool = False
+    collided: bool = False
+    # The writers of refused starts (the intrusion): none of them may have written a row.
+    refused_writers: list[str] = field(default_factory=list)
+    _started: dict[int, asyncio.Event] = field(default_factory=dict)
+
+    def started(self, t: int) -> asyncio.Event:
+        """Set once a process of trainer `t` has started (or recovered): its agents are bound to it."""
+        return self._started.setdefault(t, asyncio.Event())
+
+    def reserved_gate(self, group_id: str) -> asyncio.Event:
+        return self.reserved.setdefault(group_id, asyncio.Event())
+
+    def agent_of(self, trainer_id: str | None, name: str) -> Agent | None:
+        """The agent a trainer calls `name` (several trainers' agents may share a name)."""
+        for tp in self.plan.trainers:
+            if tp.trainer_id == trainer_id:
+                for key in tp.agents:
+                    if self.plan.name_of(key) == name:
+                        return self.agents[key]
+        return None
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:

@@ -26,7 +26,7 @@ from simulation.explore_store.process import (
 from simulation.explore_store.seams import FaultyPool, FaultyStore
 from trainer.checkpoint import PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
-from trainer.errors import AlreadyClaimed, CoordinatorStopped, FencedOff
+from trainer.errors import AgentShared, AlreadyClaimed, CoordinatorStopped, FencedOff, GroupConflict
 from trainer.gym import GymClient
 
 # The coordinator's settings in a schedule: short, so that a seed takes about a second.
@@ -43,21 +43,37 @@ PAYLOAD: dict[str, Any] = {"responses_create_params": {"input": [{"role": "user"
 STALE_GRACE_S = 3.0
 
 
-def _client(agent: Agent, inc: Incarnation, run: ScheduleRun) -> GymClient:
-    client = GymClient(f"http://{agent.name}.sim", agent.name, control_timeout_s=5.0)
-    pool = FaultyPool(agent, inc, run)
-    client._run = client._control = pool  # type: ignore[assignment]
+# A model call's extra seconds at the agents of a trainer with a small run pool, and that trainer's
+# lease: with its tries at once behind one or two connections, the queue outlasts a try's lease.
+SLOW_CALL_S = 0.12
+POOLED_LEASE_S = 1.0
+# How long a fleet gate (the owner started; the owner reserved the group) waits before giving up.
+FLEET_GATE_S = 20.0
+
+
+def _client(agent: Agent, inc: Incarnation, run: ScheduleRun, pool: int | None = None) -> GymClient:
+    client = GymClient(
+        f"http://{agent.key}.sim", agent.name, control_timeout_s=5.0, max_run_connections=pool or 1024
+    )
+    faulty = FaultyPool(agent, inc, run)
+    client._run = client._control = faulty  # type: ignore[assignment]
     return client
 
 
 async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -> None:
     """What one trainer process does: start (or recover), submit its groups, claim them for training as
     they seal, one checkpoint, wait until everything is done and paid, close."""
-    tp = run.plan.trainers[t]
+    plan = run.plan
+    tp = plan.trainers[t]
     store = FaultyStore(await asyncio.to_thread(open_store, run.url), inc, run)
-    clients = {name: _client(run.agents[name], inc, run) for name in tp.agents}
+    pool = plan.pools.get(t)
+    clients = {plan.name_of(key): _client(run.agents[key], inc, run, pool) for key in tp.agents}
     settings = {**SETTINGS, "mode": tp.mode, "trainer_id": tp.trainer_id}
+    if pool is not None:
+        settings["rollout_timeout_s"] = POOLED_LEASE_S
     try:
+        if plan.intruder is not None and plan.intruder[1] == t and not recover and not run.intruded:
+            await _intrude(run, t, inc, store, clients, settings)
         if recover:
             coord = await RolloutCoordinator.recover(store, dict(clients), **settings)
         else:
@@ -66,10 +82,14 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
             await coord.start()
         inc.coord = coord
         inc.ready.set()
+        run.started(t).set()
         for g in tp.groups:
             if not coord.ledger.knows_group(g.group_id):
                 prompt = PromptRef(sample_id=g.group_id, task_name="arith")
-                await coord.submit(g.group_id, prompt, g.agent, g.siblings, PAYLOAD)
+                await coord.submit(g.group_id, prompt, plan.name_of(g.agent), g.siblings, PAYLOAD)
+            run.reserved_gate(g.group_id).set()
+        if plan.collision is not None and plan.collision[1] == t and not run.collided:
+            await _collide(run, t, coord)
         checkpointed = False
         claimed_here = 0
         while True:
@@ -100,6 +120,65 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
                 await inc.coord.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(store.close)
+
+
+async def _intrude(
+    run: ScheduleRun,
+    t: int,
+    inc: Incarnation,
+    store: FaultyStore,
+    clients: dict[str, GymClient],
+    settings: dict[str, Any],
+) -> None:
+    """One trainer per agent: once the owner has started (its agents bound to it), this trainer's
+    first process starts with the owner's first agent among its own.  That start must be refused
+    (`AgentShared`) with nothing written; the process then starts on its own agents alone."""
+    assert run.plan.intruder is not None
+    owner = run.plan.intruder[0]
+    try:
+        await asyncio.wait_for(run.started(owner).wait(), FLEET_GATE_S)
+    except TimeoutError:
+        run.problems.append(f"trainer {owner} never started: trainer {t}'s intrusion was not tried")
+        run.intruded = True
+        return
+    key = run.plan.trainers[owner].agents[0]
+    foreign = run.agents[key]
+    intruding = RolloutCoordinator(store, {**clients, foreign.name: _client(foreign, inc, run)}, **settings)
+    run.refused_writers.append(intruding.journal.writer)
+    try:
+        await intruding.start()
+    except AgentShared:
+        run.counts["shared_agent_refused"] += 1
+    else:
+        run.problems.append(f"trainer {t} started on {key}, an agent trainer {owner} drives")
+    finally:
+        # Not started (or started in error): closed without a word to the log.
+        with contextlib.suppress(Exception):
+            await intruding.close()
+    run.intruded = True
+
+
+async def _collide(run: ScheduleRun, t: int, coord: RolloutCoordinator) -> None:
+    """A group id another trainer reserved: once the owner's submit returned, this trainer submits
+    the same id (to its own agent).  That submit alone is refused (`GroupConflict`)."""
+    assert run.plan.collision is not None
+    owner, _, index = run.plan.collision
+    gid = run.plan.trainers[owner].groups[index].group_id
+    try:
+        await asyncio.wait_for(run.reserved_gate(gid).wait(), FLEET_GATE_S)
+    except TimeoutError:
+        run.problems.append(f"trainer {owner} never reserved {gid}: trainer {t}'s collision was not tried")
+        run.collided = True
+        return
+    tp = run.plan.trainers[t]
+    prompt = PromptRef(sample_id=gid, task_name="arith")
+    try:
+        await coord.submit(gid, prompt, run.plan.name_of(tp.agents[0]), 2, PAYLOAD)
+    except GroupConflict:
+        run.counts["group_conflicts"] += 1
+    else:
+        run.problems.append(f"trainer {t}'s submit of {gid}, which trainer {owner} reserved, was accepted")
+    run.collided = True
 
 
 def _raise_if_stopped(coord: RolloutCoordinator) -> None:
@@ -229,8 +308,14 @@ async def _finish_after(run: ScheduleRun, t: int) -> None:
 async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
     """Runs `plan` on the log at `url` with its agents' state under `workdir`; returns what happened
     (the checker reads the log and the agents afterwards)."""
-    agents = {name: Agent(name, workdir / name, plan.seed) for tp in plan.trainers for name in tp.agents}
+    agents = {
+        key: Agent(key, plan.name_of(key), workdir / key, plan.seed, SLOW_CALL_S if t in plan.pools else 0.0)
+        for t, tp in enumerate(plan.trainers)
+        for key in tp.agents
+    }
     run = ScheduleRun(plan, url, agents)
+    run.counts["shared_name_plans"] += bool(plan.names)
+    run.counts["pooled_trainers"] += len(plan.pools)
     loop = asyncio.get_running_loop()
     previous = loop.get_task_factory()
     loop.set_task_factory(task_factory)

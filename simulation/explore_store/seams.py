@@ -42,6 +42,12 @@ class FaultyStore(EventStore):
             n = self._before()
             result = fn(*args, **kwargs)
             self._inc.at_append("after_append", n)
+            if _prepares(fn.__name__, args):
+                inc = self._inc
+                inc.prepares += 1
+                if inc._hit("after_prepare", inc.prepares) and inc._stale():
+                    self._run.counts["stale_prepares"] += 1
+                inc.at_append("after_prepare", inc.prepares)
             return result
         finally:
             with self.idle:
@@ -128,17 +134,19 @@ class FaultyPool:
         await inc.at_call("before_call", n)
         kind = call_kind(method, target)
         if kind == "run":
+            # It left the trainer's own queue (the checker: no lease runs out before this).
+            run.runs_sent.add(_subject_of(body, agent.key))
             inc.runs += 1
             if inc.at_run(inc.runs):
                 return await self._late_run(method, target, headers, body)
-        run.agent_calls[agent.name] += 1
-        keep = run.plan.restarts.get((agent.name, run.agent_calls[agent.name]))
+        run.agent_calls[agent.key] += 1
+        keep = run.plan.restarts.get((agent.key, run.agent_calls[agent.key]))
         if keep is not None:
             agent.restart(keep)
             run.counts["agent_restarts_kept" if keep else "agent_restarts_lost"] += 1
-        run.kind_calls[(agent.name, kind)] += 1
-        fault = run.plan.faults.get((agent.name, kind, run.kind_calls[(agent.name, kind)]))
-        run.per_try[(kind, _subject_of(body, agent.name))] += 1
+        run.kind_calls[(agent.key, kind)] += 1
+        fault = run.plan.faults.get((agent.key, kind, run.kind_calls[(agent.key, kind)]))
+        run.per_try[(kind, _subject_of(body, agent.key))] += 1
         if fault is not None:
             run.counts[f"fault_{fault}"] += 1
         what = f"{method} {target.decode()} (injected)"
@@ -174,7 +182,7 @@ class FaultyPool:
         the successor may have had no reason to), and the agent has restarted on its state directory.
         It is on its way whatever becomes of the process that sent it (no trainer's task carries it)."""
         inc, agent, run = self.inc, self.agent, self.run
-        rid, _, index = _subject_of(body, agent.name).partition("#")
+        rid, _, index = _subject_of(body, agent.key).partition("#")
         key = (rid, int(index)) if index.isdigit() else None
 
         async def arrive() -> Reply:
@@ -215,6 +223,17 @@ class FaultyPool:
         except TimeoutError:
             task.add_done_callback(_consume)
             raise httpx.ReadTimeout("no complete response in time") from None
+
+
+def _prepares(method: str, args: Any) -> bool:
+    """Whether an append (`append(stream, events, ...)` or `append_batch(appends, ...)`) holds a
+    `CheckpointPrepareStarted`."""
+    appends = args[0] if method == "append_batch" else [args[:2]]
+    return any(
+        getattr(e, "type", type(e).__name__) == "CheckpointPrepareStarted"
+        for append in appends
+        for e in append[1]
+    )
 
 
 async def _quietly(call: Coroutine[Any, Any, Reply]) -> None:

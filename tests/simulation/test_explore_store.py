@@ -34,6 +34,12 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     assert c["late_runs_after_retire"] >= 5 and c["fold_reads_broken"] >= 5
     assert all(c[f"fault_{f}"] >= 3 for f in sim.FAULTS), c
     assert c["trainers"] > SLICE * 1.5
+    # The fleet: trainers whose agents share names, a start on another trainer's agent refused, a group
+    # id another trainer reserved refused, tries queued behind a run pool smaller than them.
+    assert c["shared_name_plans"] >= 5 and c["shared_agent_refused"] >= 5, c
+    assert c["group_conflicts"] >= 5 and c["pooled_trainers"] >= 5, c
+    # A stale process held after its CheckpointPrepareStarted until its successor presumed it aborted.
+    assert c["stale_prepares"] >= 5, c
 
 
 def test_the_plan_is_a_pure_function_of_the_seed() -> None:
@@ -43,12 +49,18 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
     plans = [sim.plan_of(s) for s in range(300)]
     assert {len(p.trainers) for p in plans} == {1, 2, 3}
     assert {p.crash.where for p in plans if p.crash} == {
-        "before_append", "after_append", "before_call", "after_call", "before_run",
+        "before_append", "after_append", "before_call", "after_call", "before_run", "after_prepare",
     }  # fmt: skip
-    assert all(p.crash.stale for p in plans if p.crash and p.crash.where == "before_run")
+    assert all(p.crash.stale for p in plans if p.crash and p.crash.where in ("before_run", "after_prepare"))
     assert any(p.fold_break for p in plans)
     assert any(p.crash and p.crash.stale for p in plans) and any(p.outage for p in plans)
     assert {t.checkpoint for p in plans for t in p.trainers} == {"one_call", "split_commit", "split_abort"}
+    assert any(p.names for p in plans) and any(p.intruder for p in plans)
+    assert any(p.collision for p in plans) and {n for p in plans for n in p.pools.values()} == {1, 2}
+    # Without the fleet's draws a plan is what it was before they existed (the regression seeds').
+    bare = sim.plan_of(4242, fleet=False)
+    assert not (bare.names or bare.intruder or bare.collision or bare.pools)
+    assert bare.trainers == sim.plan_of(4242).trainers and bare.faults == sim.plan_of(4242).faults
 
 
 # Seeds that failed before their fix (the interleaving varies, so each failed in some runs, not all):
@@ -82,7 +94,7 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
 #              (fixed: `Journal.load` takes every version from the fold).  Seed 41 failed so too.
 @pytest.mark.parametrize("seed", [5, 29, 70, 11, 41, 54, 250, 562, 615, 674, 1914, 60, 96])
 async def test_seeds_that_found_bugs(seed: int) -> None:
-    violations, _ = await sim.explore_seed(seed)
+    violations, _ = await sim.explore_seed(seed, fleet=False)
     assert not violations
 
 
