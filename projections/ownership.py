@@ -61,17 +61,16 @@ def debts_of(
     owed = ledger.debts.get(agent_name)
     if not owed:
         return []
-    # Copied in one step: a coordinator's journal folds appends in its writer thread (trainer.journal).
     return [
         (key, receipt)
-        for key, receipt in [*owed.items()]
+        for key, receipt in owed.items()
         if (ref := owner_of_try(ledger, receipt.rollout_id)) is not None and ref.trainer_id == trainer_id
     ]
 
 
 def trainer_debts(ledger: LedgerState, trainer_id: str | None) -> dict[str, list[CompletionReceipt]]:
     """Agent name -> the receipts `trainer_id` owes it, for every agent it owes anything."""
-    found = {a: [r for _, r in debts_of(ledger, trainer_id, a)] for a in [*ledger.debts]}
+    found = {a: [r for _, r in debts_of(ledger, trainer_id, a)] for a in ledger.debts}
     return {a: owed for a, owed in found.items() if owed}
 
 
@@ -115,7 +114,7 @@ class Driver:
 
     def owed_agents(self, ledger: LedgerState) -> list[str]:
         """The agents of this trainer with at least one unpaid debt of its own."""
-        return [a for a in [*ledger.debts] if self.debts(ledger, a)]
+        return [a for a in ledger.debts if self.debts(ledger, a)]
 
     def unpaid(self, ledger: LedgerState, agent_names: Iterable[str]) -> dict[str, int]:
         """Agent -> the number of this trainer's debts to it still unpaid in the log."""

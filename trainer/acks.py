@@ -83,9 +83,7 @@ class AckRelay:
         to pay, to its own agent."""
         ledger = self.ctx.journal.ledger
         driver = self.ctx.driver
-        # The agents copied in one step: the journal folds appends in its writer thread.
-        agents = [*ledger.debts]
-        return [a for a in agents if any(k not in self._mismatched for k, _ in driver.debts(ledger, a))]
+        return [a for a in ledger.debts if any(k not in self._mismatched for k, _ in driver.debts(ledger, a))]
 
     async def _run(self) -> None:
         ctx = self.ctx

@@ -672,17 +672,15 @@ class RolloutCoordinator:
         """Other trainers' groups share the log (and the fold) but are never driven or trained here."""
         return group.trainer_id == self.settings.trainer_id
 
-    def _groups(self) -> list[GroupState]:
-        """The ledger's groups, copied in one step: the journal folds appends in its writer thread,
-        which may add a group while a loop over the live dict runs (it raised "dictionary changed size
-        during iteration" with 1,024 tries in flight)."""
-        return [*self.ledger.groups.values()]
-
     def sealed_unclaimed(self) -> list[SealedGroup]:
-        return [_sealed(g) for g in self._groups() if g.status == "sealed" and not g.claims and self.owns(g)]
+        return [
+            _sealed(g)
+            for g in self.ledger.groups.values()
+            if g.status == "sealed" and not g.claims and self.owns(g)
+        ]
 
     def open_groups(self) -> list[str]:
-        return [g.group_id for g in self._groups() if g.status == "open" and self.owns(g)]
+        return [g.group_id for g in self.ledger.groups.values() if g.status == "open" and self.owns(g)]
 
     async def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
         """Sealed, unclaimed groups as they seal.  With `until_idle`, ends once no group is open."""

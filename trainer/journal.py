@@ -21,6 +21,12 @@ If the transaction is refused (a version conflict or any other error), it is rol
 batch is written again one append per transaction, in queue order, so each caller gets its own
 answer and a fence fails exactly the appends it failed before; a build that looked ahead at an
 earlier append of its stream is built again on the log as it then is.
+
+Threads do the I/O, the event loop folds.  The store's calls (appends, reads, decoding what was read)
+run in a worker thread; the rows they hand back are folded into the projections on the event loop,
+between two of its steps, so a coroutine that reads the ledger without awaiting (iterating its groups
+or debts) never sees it change half way, and none has to copy it first.  A fold of the rows in hand
+runs to its end without yielding; a catch-up folds a page at a time (each a prefix of the log).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import random
@@ -52,6 +59,7 @@ from eventstore import (
     WrongExpectedVersion,
 )
 from eventstore.events import Event
+from eventstore.read_ahead import PAGE_SIZE
 from eventstore.records import UNIT_SEPARATOR
 from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
@@ -70,6 +78,9 @@ _EVENT_NS = uuid.UUID("6f1d7c1e-4d0e-4b55-9f0e-2b7a61c0a8d1")
 OUTAGE_BUDGET_S = 30.0
 # Appends written together in one transaction at most (group commit).
 MAX_BATCH = 256
+# Events a catch-up reads (in a thread) and then folds (on the event loop) at a time: the longest
+# the loop is held by one fold is one page's.
+CATCH_UP_PAGE = PAGE_SIZE
 
 
 @dataclass
@@ -110,8 +121,9 @@ class Journal:
         # Set while a batch is being written: its appends' callers may have been cancelled meanwhile,
         # so their futures say nothing about when the write ends (`settle`).
         self._writing: asyncio.Event | None = None
-        # The thread doing an append or a fold keeps running when its awaiting task is cancelled, so
-        # the versions and the fold are guarded by a thread lock, not only by the asyncio one.
+        # The thread doing an append keeps running when its awaiting task is cancelled, so the versions
+        # (and the owner fence) it sets are guarded by a thread lock, not only by the asyncio one.  The
+        # projections are folded on the event loop alone (the module doc): no lock of theirs.
         self._thread_lock = threading.RLock()
         self.changed = asyncio.Condition()
         # Until `load`: the version of every group stream the folds have seen (its last event's), so
@@ -120,22 +132,48 @@ class Journal:
 
     # --- reading --------------------------------------------------------------------------------
 
-    def _catch_up_sync(self) -> None:
-        # The position moves with every event folded, so a read that breaks off half way (the database
-        # went away) resumes after the last event applied instead of folding it twice.
-        with self._thread_lock:
-            folded = self._folded_versions
-            for event in self.store.read_all(self.position):
-                decoded = decode(event)
-                self.ledger_projection.apply(self.ledger, event, decoded)
-                self.checkpoints_projection.apply(self.checkpoints, event, decoded)
-                self.position = event.position
-                if folded is not None and is_group_stream(event.stream_id):
-                    folded[event.stream_id] = event.stream_version
+    def _read_page(self, after: int) -> tuple[list[tuple[RecordedEvent, Event]], Exception | None]:
+        """In a worker thread: the log's next page after `after`, decoded; touches no state of the
+        journal.  An event that cannot be decoded ends the page, its error handed back beside the rows
+        before it (they are folded, then it is raised: the fold stops where the log cannot be read)."""
+        rows: list[tuple[RecordedEvent, Event]] = []
+        # One page: `islice` stops before the reader would ask for the next.
+        for event in itertools.islice(self.store.read_all(after, batch_size=CATCH_UP_PAGE), CATCH_UP_PAGE):
+            try:
+                rows.append((event, decode(event)))
+            except Exception as exc:
+                return rows, exc
+        return rows, None
+
+    def _fold(self, rows: Sequence[tuple[RecordedEvent, Event]]) -> None:
+        """On the event loop: folds `rows` (in log order) into the projections, skipping any the fold
+        holds already (a page read before a write it raced with)."""
+        folded = self._folded_versions
+        for event, decoded in rows:
+            if event.position <= self.position:
+                continue
+            self.ledger_projection.apply(self.ledger, event, decoded)
+            self.checkpoints_projection.apply(self.checkpoints, event, decoded)
+            # The position moves with every event folded, so a read that breaks off half way (the
+            # database went away) resumes after the last event applied instead of folding it twice.
+            self.position = event.position
+            if folded is not None and is_group_stream(event.stream_id):
+                folded[event.stream_id] = event.stream_version
+
+    async def _catch_up(self, what: str) -> None:
+        """Folds what the log holds past the fold's position: pages read in a thread, each ridden out
+        through an outage, each folded on the loop.  The caller holds `_lock`."""
+        while True:
+            rows, error = await self._ride_out(functools.partial(self._read_page, self.position), what)
+            self._fold(rows)
+            if error is not None:
+                raise error
+            if len(rows) < CATCH_UP_PAGE:
+                return
 
     async def catch_up(self) -> None:
         async with self._lock:
-            await self._ride_out(self._catch_up_sync, "reading the log")
+            await self._catch_up("reading the log")
         await self._notify()
 
     async def read(self, fn: Callable[[], _T], what: str) -> _T:
@@ -339,21 +377,16 @@ class Journal:
             if len(ready) == 1
             else f"appending {sum(len(r.events) for r in ready)} event(s) to {len(ready)} streams"
         )
-        state = _BatchState()
         began = time.monotonic()
         try:
             # A retry after the database went away mid-commit names the same versions and the same
             # deterministic event ids: if the first try committed, the retry is a no-op.
-            await self._ride_out(lambda: self._write_sync(ready, state), what)
+            results = await self._ride_out(lambda: self._write_sync(ready), what)
         except (CoordinatorStopped, FencedOff) as exc:
             for request in ready:
                 _fail(request, exc)
             return
         except Exception as exc:
-            if state.committed:  # folding the log failed after the commit: as after one append
-                for request in ready:
-                    _fail(request, exc)
-                return
             if len(ready) == 1:
                 self._settle_alone(ready[0], exc)
                 return
@@ -361,6 +394,13 @@ class Journal:
             # per append, in order, so each caller gets its own answer and a fence stops exactly the
             # appends it stopped when they were written one at a time.
             await self._write_one_by_one(ready)
+            return
+        try:
+            if not self._fold_written(ready, results):
+                await self._catch_up("reading the log after appending")
+        except Exception as exc:  # folding the log failed after the commit: as after one append
+            for request in ready:
+                _fail(request, exc)
             return
         self.appends += len(ready)
         self.batches += 1
@@ -376,20 +416,19 @@ class Journal:
             request.prepared = None
         streams: set[str] = set()
         for i, request in enumerate(ready):
-            state = _BatchState()
             began = time.monotonic()
             try:
                 if callable(request.build) and request.stream in streams:
                     # Built against the appends before it in the batch, which may not have been
                     # written: build again on the log as it now is, as one at a time would have.
-                    await self._ride_out(self._catch_up_sync, "reading the log before a build")
+                    await self._catch_up("reading the log before a build")
                     request.events = list(request.build(self.ledger))
                     if not request.events:
                         _resolve(request, [])
                         continue
                 streams.add(request.stream)
                 await self._ride_out(
-                    functools.partial(self._write_sync, [request], state, fold=False),
+                    functools.partial(self._write_sync, [request]),
                     f"appending {len(request.events)} event(s) to {request.stream!r}",
                 )
             except Exception as exc:
@@ -405,7 +444,7 @@ class Journal:
             written.append(request)
         if written:
             try:
-                await self._ride_out(self._catch_up_sync, "reading the log after appending")
+                await self._catch_up("reading the log after appending")
             except Exception as exc:
                 failed = exc
         for request in written:
@@ -436,7 +475,7 @@ class Journal:
 
         async with self._lock:
             await self._ride_out(write, f"taking the owner epoch of {stream!r}")
-            await self._ride_out(self._catch_up_sync, f"reading the log after taking {stream!r}")
+            await self._catch_up(f"reading the log after taking {stream!r}")
         await self._notify()
 
     def _settle_alone(self, request: _Request, exc: BaseException) -> None:
@@ -457,47 +496,40 @@ class Journal:
                 exc = fenced
         _fail(request, exc)
 
-    def _write_sync(self, batch: list[_Request], state: _BatchState, fold: bool = True) -> None:
-        """One transaction holding every append of `batch` (and their blobs), then one fold."""
+    def _write_sync(self, batch: list[_Request]) -> list[AppendResult]:
+        """In a worker thread: one transaction holding every append of `batch` (and their blobs).
+        The caller folds what it wrote, on the event loop."""
         with self._thread_lock:
-            if not state.committed:
-                chain: dict[str, int] = {}  # a stream's version after the batch's earlier appends to it
-                appends: list[tuple[str, Sequence[NewEvent], int, Fence | None]] = []
-                for request in batch:
-                    if request.prepared is None:
-                        request.prepared = self._prepare_sync(request, chain.get(request.stream))
-                    expected, news = request.prepared
-                    appends.append((request.stream, news, expected, self._fence_of(request.stream, chain)))
-                    chain[request.stream] = (
-                        expected + len(news) if expected >= ExpectedVersion.NO_STREAM else expected
-                    )
-                results = self.store.append_batch(
-                    appends, [blob for r in batch for blob in r.blobs], metadata=self.metadata
+            chain: dict[str, int] = {}  # a stream's version after the batch's earlier appends to it
+            appends: list[tuple[str, Sequence[NewEvent], int, Fence | None]] = []
+            for request in batch:
+                if request.prepared is None:
+                    request.prepared = self._prepare_sync(request, chain.get(request.stream))
+                expected, news = request.prepared
+                appends.append((request.stream, news, expected, self._fence_of(request.stream, chain)))
+                chain[request.stream] = (
+                    expected + len(news) if expected >= ExpectedVersion.NO_STREAM else expected
                 )
-                state.committed = True
-                for request, result in zip(batch, results, strict=True):
-                    self.versions[request.stream] = result.stream_version
-                    if self.owner is not None and request.stream == self.owner.stream_id:
-                        self.owner = Fence(request.stream, result.stream_version)
-                if fold and self._fold_written(batch, results):
-                    return
-            if fold:
-                self._catch_up_sync()
+            results = self.store.append_batch(
+                appends, [blob for r in batch for blob in r.blobs], metadata=self.metadata
+            )
+            for request, result in zip(batch, results, strict=True):
+                self.versions[request.stream] = result.stream_version
+                if self.owner is not None and request.stream == self.owner.stream_id:
+                    self.owner = Fence(request.stream, result.stream_version)
+            return results
 
     def _fold_written(self, batch: list[_Request], results: list[AppendResult]) -> bool:
-        """Folds the rows the batch wrote, as the store handed them back, if they are all the log
-        gained since the last fold (no other writer's row among or before them); else False, and the
-        log is read instead.  Saves reading back and decoding what is in hand."""
+        """On the event loop: folds the rows the batch wrote, as the store handed them back, if they are
+        all the log gained since the last fold (no other writer's row among or before them); else
+        False, and the log is read instead.  Saves reading back and decoding what is in hand."""
         records = [record for result in results for record in result.records]
         if not records or records[0].position != self.position + 1:
             return False
         if len(records) != sum(len(request.events) for request in batch):  # an idempotent append
             return False
         events = [event for request in batch for event in request.events]
-        for record, event in zip(records, events, strict=True):
-            self.ledger_projection.apply(self.ledger, record, event)
-            self.checkpoints_projection.apply(self.checkpoints, record, event)
-            self.position = record.position
+        self._fold(list(zip(records, events, strict=True)))
         return True
 
     def _prepare_sync(self, request: _Request, after: int | None = None) -> tuple[int, list[NewEvent]]:
@@ -533,7 +565,7 @@ class Journal:
 
         async with self._lock:
             await self._ride_out(write, f"taking over {stream!r}")
-            await self._ride_out(self._catch_up_sync, f"reading the log after taking over {stream!r}")
+            await self._catch_up(f"reading the log after taking over {stream!r}")
         await self._notify()
 
     def _stream_moved(self, stream: str) -> WrongExpectedVersion | None:
@@ -628,11 +660,6 @@ class _Request:
     create: bool = False
     # (expected version, events with their ids), fixed on the first try so that retries repeat it.
     prepared: tuple[int, list[NewEvent]] | None = None
-
-
-@dataclass
-class _BatchState:
-    committed: bool = False
 
 
 def _resolve(request: _Request, events: list[Event]) -> None:
