@@ -321,6 +321,7 @@ def simulate(
         target_level=target_level,
         kill_trainer_every_s=kill_trainer_every,
         resources=resources,
+        measure_turns=compare_level is not None,
         seed=seed,
         run_id=resume,
         resume=resume is not None,

@@ -55,6 +55,9 @@ class SimConfig:
     # Start the reference resources server (gym_resources) for the run and have each turn of the
     # agents it starts call these of its resources, comma-separated (None: no tools).
     resources: str | None = None
+    # The agents keep continuations at any level, so that what a level redoes is counted from the
+    # same evidence (set for both runs of `--compare-level`).
+    measure_turns: bool = False
     # Rounds (and failures of each kind) a group may spend.  The default fault mix fails about one
     # prompt-group round in five (5 % environment failures and 1 % hangs over 4 siblings), so 4 rounds
     # dead-lettered a group in about one run of 48 groups in ten; 8 makes that about one in 40,000.
@@ -87,7 +90,7 @@ class SimConfig:
         level turn, that they keep continuations)."""
         # At level turn the agents resume; with trainer kills at any level they keep continuations
         # too, so what a level redoes is counted from the same evidence (their continuation index).
-        keep = self.target_level == "turn" or self.kill_trainer_every_s is not None
+        keep = self.target_level == "turn" or self.kill_trainer_every_s is not None or self.measure_turns
         args = ["--turn-continuation"] if keep else []
         if self.call_seconds is not None:
             args += ["--call-seconds", self.call_seconds]

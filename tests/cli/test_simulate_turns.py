@@ -33,7 +33,7 @@ def test_bad_levels_and_resources_are_one_line_errors(tmp_path: Path) -> None:
 def test_the_compared_run_is_made_of_the_same_options_at_the_other_level() -> None:
     first = _config(
         agents=1, groups=5, siblings=2, mode="sibling", target_level="turn", turns=(3, 6),
-        kill_trainer_every_s=3.0, resources="bank", rollout_timeout_s=None, run_id=None,
+        kill_trainer_every_s=3.0, resources="bank", measure_turns=True, rollout_timeout_s=None, run_id=None,
     )  # fmt: skip
     other = _config(**{**_options(first), "target_level": "sibling"}, run_id=None)
     assert other.run_id != first.run_id and other.agent_state_root != first.agent_state_root
@@ -41,6 +41,7 @@ def test_the_compared_run_is_made_of_the_same_options_at_the_other_level() -> No
         f.name for f in dataclasses.fields(SimConfig) if getattr(first, f.name) != getattr(other, f.name)
     }
     assert differ == {"run_id", "agent_state_root", "target_level"}
+    assert "--turn-continuation" in other.agent_args()  # what the other level redoes is counted too
 
 
 async def test_a_run_whose_turns_call_the_resources_counts_their_side_effects(tmp_path: Path) -> None:
