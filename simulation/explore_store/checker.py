@@ -9,6 +9,9 @@ from typing import Any
 
 from eventstore import open_store
 from participant.evidence import read_evidence
+from projections.ownership import AgentRef
+from protocol.wire import AgentStatus
+from simulation.agent_audit import AgentSeen, audit_agents
 from simulation.explore_store.process import ScheduleRun
 from trainer.core.attempt import RETIRE_POLICY
 
@@ -155,15 +158,38 @@ async def check(run: ScheduleRun) -> list[str]:
         if cid in resumed and any(finished.get((cid, n)) != "resumed" for n in names):
             violations.append(f"CheckpointResumed for {cid} without every participant resumed")
     # No agent left paused or closed; nothing of it still owed.
-    for agent in run.agents.values():
-        reply = await agent.call("GET", b"/status", [(b"host", b"agent")], b"")
-        status = json.loads(reply.body)
-        if status.get("phase") != "idle":
-            violations.append(
-                f"{agent.key} left {status.get('phase')} ({status.get('active_checkpoint_id')})"
-            )
+    seen: dict[AgentRef, AgentSeen] = {}
+    for tp in plan.trainers:
+        for agent_key in tp.agents:
+            agent = run.agents[agent_key]
+            reply = await agent.call("GET", b"/status", [(b"host", b"agent")], b"")
+            status = json.loads(reply.body)
+            if status.get("phase") != "idle":
+                violations.append(
+                    f"{agent.key} left {status.get('phase')} ({status.get('active_checkpoint_id')})"
+                )
+            ref = AgentRef(tp.trainer_id, plan.name_of(agent_key))
+            seen[ref] = AgentSeen(agent.state_dirs[0], AgentStatus.model_validate(status))
+    # The fleet audit (simulation.agent_audit): the log beside each agent's evidence, binding and phase.
+    if url_is_own_log(run):
+        fleet = await asyncio.to_thread(_audit_fleet, run.url, seen)
+        violations += [f"fleet audit: {v}"[:300] for v in fleet[:10]]
     # Every retry bounded.
     for (kind, what), n in run.per_try.items():
         if what and n > MAX_CALLS_PER_TRY:
             violations.append(f"{n} {kind} calls for {what} (bound {MAX_CALLS_PER_TRY})")
     return violations
+
+
+def url_is_own_log(run: ScheduleRun) -> bool:
+    """The fleet audit folds the whole log: a seed's own SQLite file, not a database many seeds share
+    (there another seed's agents, not in this one's fleet, hold tries of the log's groups)."""
+    return run.url.startswith("sqlite")
+
+
+def _audit_fleet(url: str, seen: dict[AgentRef, AgentSeen]) -> list[str]:
+    store = open_store(url)
+    try:
+        return [v.line() for v in audit_agents(store, seen)]
+    finally:
+        store.close()
