@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from eventstore import EventStore
 from projections.audit import audit_log
@@ -16,10 +17,14 @@ from trainer.gym import GymClient
 async def test_a_try_queued_behind_the_run_pool_spends_none_of_its_lease(
     sqlite_store: EventStore, make_agent: MakeAgent
 ) -> None:
-    """A pool of one connection.  The first group's try hangs at the agent for its whole 3 s lease and
+    """A pool of one connection.  The first group's try hangs at the agent for its whole 8 s lease and
     holds the connection; the second group's try (1 s at the agent) waits for it meanwhile, visibly.
-    Its lease starts only once it has the connection, so it finishes well inside it: no try of the
-    second group fails, and its `RunDispatched` comes after the first try's deadline."""
+    Its lease starts only once it has the connection, so it finishes inside it: no try of the second
+    group fails, and its `RunDispatched` comes after the first try's deadline.
+
+    The leases are set by gates, not raced: the lease setting is 0.5 s while the second try is
+    queued (a lease taken and started in the queue runs out there) and 600 s once the test saw it
+    queued (a lease taken with the connection lets the 1 s try finish however loaded the machine)."""
     agent = make_agent("a", turns=(1, 1))
     async with GymClient(agent.url, "a", max_run_connections=1) as client:
         first, second = gid(), gid()
@@ -27,7 +32,11 @@ async def test_a_try_queued_behind_the_run_pool_spends_none_of_its_lease(
         await client.set_faults(
             AttemptFault(rollout_id=rollout_id_of(second, 0), attempt_index=0, delay_s=1.0)
         )
-        coord = coordinator(sqlite_store, {"a": client}, mode="sibling", rollout_timeout_s=3.0)
+        coord = coordinator(sqlite_store, {"a": client}, mode="sibling", rollout_timeout_s=8.0)
+
+        def lease_setting(seconds: float) -> None:
+            coord.ctx.settings = dataclasses.replace(coord.ctx.settings, rollout_timeout_s=seconds)
+
         async with coord:
             await coord.submit(first, PROMPT, "a", 1, PAYLOAD)
 
@@ -36,6 +45,7 @@ async def test_a_try_queued_behind_the_run_pool_spends_none_of_its_lease(
                     await asyncio.sleep(0.02)
 
             await asyncio.wait_for(hung_at_the_agent(), 30)
+            lease_setting(0.5)
             await coord.submit(second, PROMPT, "a", 1, PAYLOAD)
 
             async def queued() -> None:
@@ -43,6 +53,7 @@ async def test_a_try_queued_behind_the_run_pool_spends_none_of_its_lease(
                     await asyncio.sleep(0.02)
 
             await asyncio.wait_for(queued(), 30)
+            lease_setting(600.0)
             assert (await coord.metrics())["coordinator/queued_tries"] == 1.0
             assert rollout_id_of(second, 0) not in await client.debug_runs()
             await coord.wait_idle(60)
