@@ -36,7 +36,9 @@ def run_request(rollout_id: str, attempt_index: int = 0, **task: Any) -> RunRequ
     )
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0, what: str = "") -> None:
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 60.0, what: str = "") -> None:
+    """Polls until `predicate` holds; the bound only guards against waiting for ever (a loaded
+    machine can take seconds for what takes milliseconds alone)."""
     async with asyncio.timeout(timeout_s):
         while not await predicate():
             await asyncio.sleep(0.01)

@@ -42,7 +42,7 @@ async def test_prepare_lists_completed_unacknowledged_then_ready_after_ack(make_
         )
 
         # Adopt during prepare: the stored reply comes back before the admission check, without a rerun.
-        reply = await asyncio.wait_for(c.run(run_request("rD")), 2)
+        reply = await asyncio.wait_for(c.run(run_request("rD")), 30)  # not held for admission
         assert (await c.debug_runs())["rD"] == 1
         receipt = await c.completion_receipt("rD", 0)
         assert receipt.result_digest == reply.digest()
@@ -60,11 +60,14 @@ async def test_prepare_lists_completed_unacknowledged_then_ready_after_ack(make_
 async def test_half_done_group_is_ready_once_the_finished_sibling_is_acked(make_agent: MakeAgent) -> None:
     async with connect(make_agent(turns=(3, 3))) as c:
         await c.run(run_request("p7_g0"))
-        await c.set_faults(AttemptFault(rollout_id="p7_g1", attempt_index=0, delay_s=0.3))
+        # 1 s model calls: the prepare reaches the sibling before its last boundary (2 s after it was
+        # seen running); the prepare returns as soon as it parked, its bound only guards against a
+        # hang (a loaded machine's model call, torch decode included, took 10 s).
+        await c.set_faults(AttemptFault(rollout_id="p7_g1", attempt_index=0, delay_s=1.0))
         sibling = asyncio.create_task(c.run(run_request("p7_g1")))
         await wait_for(lambda: _running(c, 1))
         with pytest.raises(NotReadyError) as not_ready:
-            await c.prepare("ckpt-A", timeout_s=5)
+            await c.prepare("ckpt-A", timeout_s=120)
         s = not_ready.value.status
         assert (s.ready_to_commit, s.running, s.parked, s.completed_unacknowledged) == (False, 0, 1, 1)
         await c.acknowledge([await c.completion_receipt("p7_g0", 0)])
@@ -81,12 +84,12 @@ async def test_park_commit_resume_continues_the_runs(make_agent: MakeAgent) -> N
     agent = make_agent("parker", turns=(3, 3), seed=11)
     ids = [f"p1_g{i}" for i in range(3)]
     async with connect(agent) as c:
-        for rid in ids:
-            await c.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, delay_s=0.3))
+        for rid in ids:  # 1 s calls: the prepare comes before their last boundary (see above)
+            await c.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, delay_s=1.0))
         runs = [asyncio.create_task(c.run(run_request(rid))) for rid in ids]
         await wait_for(lambda: _running(c, 3))
 
-        prepared = await c.prepare("ckpt-A", timeout_s=10)
+        prepared = await c.prepare("ckpt-A", timeout_s=120)  # answers once all three parked
         s = prepared.status
         assert (prepared.phase, s.parked, s.running, s.park_requested, s.ready_to_commit) == (
             "prepared",
@@ -111,7 +114,7 @@ async def test_park_commit_resume_continues_the_runs(make_agent: MakeAgent) -> N
 
         resumed = await c.resume("ckpt-A")
         assert resumed.phase == "idle" and resumed.status.active_checkpoint_id is None
-        replies = await asyncio.wait_for(asyncio.gather(*runs, late), 10)
+        replies = await asyncio.wait_for(asyncio.gather(*runs, late), 120)
 
     # Parking loses nothing: the same episodes, played straight through elsewhere, give the same replies.
     twin = make_agent("twin", turns=(3, 3), seed=11)
@@ -129,20 +132,29 @@ async def test_new_runs_wait_while_admission_is_closed(make_agent: MakeAgent) ->
         status = await c.status()
         assert (status.running, status.ready_to_commit) == (0, True)
         await c.abort("ckpt-A")
-        reply = await asyncio.wait_for(waiting, 5)
+        reply = await asyncio.wait_for(waiting, 60)
         assert reply.rollout_id == "w1"
         assert (await c.debug_runs()) == {"w1": 1}
 
 
 async def test_abort_resumes_parked_and_park_requested_tries(make_agent: MakeAgent) -> None:
     async with connect(make_agent(turns=(3, 3))) as c:
-        await c.set_faults(AttemptFault(rollout_id="slow", attempt_index=0, delay_s=0.3))
+        # 1 s calls: "slow" is seen running 2 s before its last boundary, so the prepare reaches it
+        # in time and it parks at a boundary.
+        await c.set_faults(AttemptFault(rollout_id="slow", attempt_index=0, delay_s=1.0))
         await c.set_faults(AttemptFault(rollout_id="stuck", attempt_index=0, hang=True))
         slow = asyncio.create_task(c.run(run_request("slow")))
         stuck = asyncio.create_task(c.run(run_request("stuck")))
         await wait_for(lambda: _running(c, 2))
-        with pytest.raises(NotReadyError) as not_ready:
-            await c.prepare("ckpt-A", timeout_s=0.5)  # "stuck" never reaches a boundary
+        # "stuck" never reaches a boundary, so every prepare answers not ready.  The gate: prepare
+        # again (the same id: allowed) until "slow" has parked; one 0.5 s prepare was hoped to see it
+        # parked, and a loaded machine's model call took 10 s.
+        async with asyncio.timeout(120):
+            while True:
+                with pytest.raises(NotReadyError) as not_ready:
+                    await c.prepare("ckpt-A", timeout_s=0.5)
+                if not_ready.value.status.parked:
+                    break
         s = not_ready.value.status
         assert (s.parked, s.park_requested) == (1, 1)
         assert s.blocking_attempts == [AttemptRef(rollout_id="stuck", attempt_index=0)]
@@ -151,7 +163,7 @@ async def test_abort_resumes_parked_and_park_requested_tries(make_agent: MakeAge
         aborted = await c.abort("ckpt-A")
         assert aborted.phase == "idle"
         assert (aborted.status.running, aborted.status.parked, aborted.status.park_requested) == (2, 0, 0)
-        await asyncio.wait_for(slow, 5)
+        await asyncio.wait_for(slow, 120)
         assert (await c.retire("stuck", 0)).retired
         with pytest.raises(Exception, match="410"):
             await stuck
@@ -162,11 +174,11 @@ async def test_retire_unblocks_a_prepare(make_agent: MakeAgent) -> None:
         await c.set_faults(AttemptFault(rollout_id="rT", attempt_index=0, hang=True))
         hung = asyncio.create_task(c.run(run_request("rT")))
         await wait_for(lambda: _running(c, 1))
-        prepare = asyncio.create_task(c.prepare("ckpt-A", timeout_s=10))
+        prepare = asyncio.create_task(c.prepare("ckpt-A", timeout_s=120))  # ends at the retire
         await asyncio.sleep(0.2)
         assert not prepare.done()
         assert (await c.retire("rT", 0, checkpoint_id="ckpt-A")).retired
-        ready = await asyncio.wait_for(prepare, 5)
+        ready = await asyncio.wait_for(prepare, 60)
         s = ready.status
         assert (ready.phase, s.ready_to_commit, s.running, s.parked, s.completed_unacknowledged) == (
             "prepared",
@@ -218,7 +230,7 @@ async def test_abort_is_presumed_abort_friendly(make_agent: MakeAgent) -> None:
         with pytest.raises(StaleCheckpointError, match="outcome 'aborted'"):
             await c.prepare("ckpt-A", timeout_s=5)
         # Admission is open again.
-        assert (await asyncio.wait_for(c.run(run_request("after")), 5)).rollout_id == "after"
+        assert (await asyncio.wait_for(c.run(run_request("after")), 60)).rollout_id == "after"
 
 
 async def test_an_abort_of_a_checkpoint_never_seen_is_remembered(make_agent: MakeAgent) -> None:
