@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from eventstore import open_store
 from eventstore.events import GroupClaimedForTraining
+from participant.driver import DRIVER_FILE
 from participant.evidence import EVIDENCE_FILE
 from simulation import explore_store as sim
 
@@ -105,8 +106,8 @@ async def test_seeds_on_postgresql(pg_url: str, seed: int) -> None:
 
 
 async def test_the_checker_fails_a_history_with_a_fault_in_it(tmp_path: Path) -> None:
-    """The checker reads the log and the agents' files: a group trained twice and a try started twice
-    (written behind the coordinator's back) are both reported."""
+    """The checker reads the log and the agents' files: a group trained twice, a try started twice and
+    an agent bound to another trainer (written behind the coordinator's back) are all reported."""
     violations, run = await sim.explore_seed(2, workdir=tmp_path)
     assert not violations
     group = run.plan.trainers[0].groups[0].group_id
@@ -120,10 +121,13 @@ async def test_the_checker_fails_a_history_with_a_fault_in_it(tmp_path: Path) ->
     first = evidence.read_bytes().splitlines(keepends=True)[0]
     with open(evidence, "ab") as f:
         f.write(first)
+    # and the agent bound to a trainer that does not drive it (the fleet audit reads its binding)
+    (agent.state_dirs[0] / DRIVER_FILE).write_text(json.dumps({"trainer_id": "another-trainer"}))
     found = await sim.check(run)
     assert any(f"sealed group {group} trained on 2 times" in v for v in found), found
     assert any("executed 2 times" in v for v in found), found
     assert any(v.startswith("audit:") for v in found), found
+    assert any(v.startswith("fleet audit: one-trainer-per-agent") for v in found), found
 
 
 def test_the_command_explores_and_replays_a_seed() -> None:
