@@ -11,11 +11,13 @@ fires here only if a deadline reads the wall clock.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,7 @@ from eventstore import open_store
 from gym_agent.server import ThreadAgent, serve_in_thread
 from simulation.run import SimConfig, run_simulation
 from tests.hostile.conftest import TOKEN, agent_config
+from trainer.gym import GymClient
 
 JUMPS = (0.0, 3600.0, -3600.0, 86_400.0, -86_400.0, 1e9)
 
@@ -34,6 +37,27 @@ def agents(tmp_path: Path) -> Iterator[dict[str, ThreadAgent]]:
             name: stack.enter_context(serve_in_thread(agent_config(tmp_path, name, token=None)))
             for name in ("clock-a", "clock-b")
         }
+
+
+class HeldUntilPrepared(GymClient):
+    """The gate for a checkpoint inside the run: no `/run` leaves the trainer until a
+    `/checkpoint/prepare` has (or `HOLD_S` passed), so the run cannot end before its first
+    checkpoint started, and nothing is running at the agents when it prepares."""
+
+    HOLD_S = 60.0
+    prepared: asyncio.Event | None = None
+
+    async def _send(self, pool: Any, method: str, path: str, **kwargs: Any) -> Any:
+        gate = HeldUntilPrepared.prepared
+        assert gate is not None, "set HeldUntilPrepared.prepared in the test's loop first"
+        if path == "/run":
+            async with asyncio.timeout(self.HOLD_S):
+                await gate.wait()
+        try:
+            return await super()._send(pool, method, path, **kwargs)
+        finally:
+            if path == "/checkpoint/prepare":
+                gate.set()
 
 
 def _jumpy_clock(real: object) -> object:
@@ -61,7 +85,7 @@ async def test_a_jumping_wall_clock_changes_nothing(
         siblings=4,
         mode="prompt_group",
         faults="drop_reply=0.15",
-        # Often enough that a checkpoint lands inside even a fast run.
+        # A checkpoint inside the run by a gate (HeldUntilPrepared), not by the run outlasting a timer.
         checkpoint_every_s=0.1,
         prepare_timeout_s=10.0,
         rollout_timeout_s=30.0,
@@ -70,7 +94,8 @@ async def test_a_jumping_wall_clock_changes_nothing(
         run_id="clock",
     )
     try:
-        summary = await run_simulation(store, config)
+        HeldUntilPrepared.prepared = asyncio.Event()
+        summary = await run_simulation(store, config, client_factory=HeldUntilPrepared)
     finally:
         monkeypatch.undo()
         store.close()
@@ -95,7 +120,6 @@ async def test_an_agent_whose_clock_ran_a_day_ahead_restarted_with_its_state_los
     from projections.ledger import debt_dropped_by
     from protocol.wire import RunRequest
     from trainer.core.debt import AgentSeen, on_ack
-    from trainer.gym import GymClient
 
     real_ns, real_s = time.time_ns, time.time
     monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 86_400 * 10**9)
