@@ -45,8 +45,11 @@ async def test_every_exported_figure_is_the_logs(store: EventStore, make_agent: 
         await client.set_faults(RateFaults(rates=FaultRates(drop_reply=0.4, fail=0.2), seed=7))
         coord = coordinator(store, {"a": client}, mode="sibling", max_tries=8, rollout_timeout_s=60.0)
         async with coord:
-            for _ in range(3):
-                await coord.submit(gid(), PROMPT, "a", 2, PAYLOAD)
+            # Fixed ids (the log and the agent are this test's own): the seeded faults hit the same
+            # tries in every run (drop_reply on metrics-a_g0, metrics-b_g0/g1, metrics-c_g1; fail on
+            # metrics-b_g0, metrics-c_g1), whatever ids other tests of the process drew before.
+            for name in ("metrics-a", "metrics-b", "metrics-c"):
+                await coord.submit(name, PROMPT, "a", 2, PAYLOAD)
             await coord.wait_idle(240)
             for _ in range(2):
                 assert (await coord.checkpoint(gid("ck"))).committed
