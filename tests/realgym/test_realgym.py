@@ -109,6 +109,36 @@ class HeldUntilPreparedClient(DroppingClient):
                 gate.set()
 
 
+class CheckpointOpensTheGate(RolloutCoordinator):
+    """The real coordinator; its first checkpoint (however it ends) lets the held `/run`s go."""
+
+    started: asyncio.Event | None = None
+
+    async def checkpoint(self, checkpoint_id: str, participants: list[str] | None = None) -> Any:
+        gate = CheckpointOpensTheGate.started
+        assert gate is not None, "set CheckpointOpensTheGate.started in the test's loop first"
+        try:
+            return await super().checkpoint(checkpoint_id, participants)
+        finally:
+            gate.set()
+
+
+class HeldUntilCheckpointedClient(DroppingClient):
+    """The gate for a reduced-mode run that must see a checkpoint: no prepare goes to a plain agent,
+    so no `/run` leaves the trainer until the coordinator's first checkpoint has run (or `HOLD_S`
+    passed), and the run cannot end before it."""
+
+    HOLD_S = 60.0
+
+    async def _send(self, pool: Any, method: str, path: str, **kwargs: Any) -> Any:
+        gate = CheckpointOpensTheGate.started
+        assert gate is not None, "set CheckpointOpensTheGate.started in the test's loop first"
+        if path == "/run":
+            async with asyncio.timeout(self.HOLD_S):
+                await gate.wait()
+        return await super()._send(pool, method, path, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def gym(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealGym]:
     with real_gym(tmp_path_factory.mktemp("realgym"), fail_every=FAIL_EVERY) as running:
@@ -276,6 +306,8 @@ async def test_coordinator_through_the_legacy_agent_environment_server(
 async def test_coordinator_in_reduced_mode_against_the_plain_agent(gym: RealGym, store: EventStore) -> None:
     DroppingClient.dropped = 0
     DroppingClient.posted.clear()
+    # A checkpoint started by a gate, not by a 12-group run outlasting the 1 s checkpoint timer.
+    CheckpointOpensTheGate.started = asyncio.Event()
     config = SimConfig(
         agent_urls={"simple_agent_plain": gym.servers["plain_agent"].url},
         groups=12,
@@ -286,7 +318,9 @@ async def test_coordinator_in_reduced_mode_against_the_plain_agent(gym: RealGym,
         row_fields=NEMO_RL_ROW,
         run_id="rgr",
     )
-    summary = await run_simulation(store, config, client_factory=DroppingClient)
+    summary = await run_simulation(
+        store, config, coordinator_factory=CheckpointOpensTheGate, client_factory=HeldUntilCheckpointedClient
+    )
     assert summary["reduced_mode_agents"] == ["simple_agent_plain"]
     assert summary["groups_sealed"] == 12 and summary["groups_dead_lettered"] == 0, summary
     assert summary["stranded"] == 0 and summary["audit_violations"] == 0, summary
