@@ -51,7 +51,7 @@ class SealOnlyAttempts(Attempts):
 class BaselineCoordinator(RolloutCoordinator):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.tries = SealOnlyAttempts(self.ctx)
+        self.tries = SealOnlyAttempts(self.ctx, self.payloads)
         self.checkpointer.tries = self.tries
 
 

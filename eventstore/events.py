@@ -11,10 +11,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from payloads import PayloadClaim
 from protocol.digests import Digest
 from protocol.ids import AttemptIndex, Identifier, Incarnation
 from protocol.levels import TargetLevel
+from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE
 from protocol.wire import AttemptRef, CompletionReceipt, ContinuationRef, ResumeReport, TryWork
+
+# Media types of the payloads events claim (token records: protocol.token_codec).
+REPLY_MEDIA_TYPE = "application/json"
+LOGPROBS_MEDIA_TYPE = "application/vnd.rollout-ledger.logprobs+float32-le"
 
 Mode = Literal["sibling", "prompt_group"]
 # The retry budgets of a group: infrastructure failures, data failures, and the one budget of v1 groups.
@@ -60,9 +66,10 @@ class PromptRef(Payload):
 class RolloutReceipt(Payload):
     """Built by the trainer from the try's token-capture list (not the agent's CompletionReceipt).
 
-    The token records themselves are stored in the content-addressed blob table
-    under `tokens_digest`, written in the same transaction as the event that
-    carries this receipt, so they outlive the agent's copy after the ACK.
+    The token records themselves are a payload (`tokens`, its claim: store, digest, size, media type),
+    stored before the event that carries this receipt is appended, so they outlive the agent's copy
+    after the ACK.  `tokens_digest` is the claim's digest.  Receipts written before claims have
+    `tokens` None: their records are canonical JSON in the log's blob table (`tokens_claim()`).
     """
 
     rollout_id: Identifier
@@ -74,6 +81,17 @@ class RolloutReceipt(Payload):
     tokens_digest: str
     reward: float
     mask_sample: bool
+    tokens: PayloadClaim | None = None
+
+    @model_validator(mode="after")
+    def _claim_is_of_the_digest(self) -> RolloutReceipt:
+        if self.tokens is not None and self.tokens.digest != self.tokens_digest:
+            raise ValueError("the token records' claim names another digest than tokens_digest")
+        return self
+
+    def tokens_claim(self) -> PayloadClaim:
+        """Where the token records are: the claim, or for older receipts the log's blob table."""
+        return self.tokens or PayloadClaim.legacy(self.tokens_digest, TOKENS_JSON_MEDIA_TYPE)
 
 
 # --- groups and tries -------------------------------------------------------
@@ -149,9 +167,12 @@ class RunDispatched(Event, version=2):
     continue_from: Digest | None = None
 
 
-class RunReplied(Event, version=2):
+class RunReplied(Event, version=3):
     """Version 2 added `failure_kind` (the reply's own, in the Gym's vocabulary); version 1 rows are
-    upcast with none."""
+    upcast with none.  `reply_digest` is the digest the agent's receipt names; `reply` (version 3) the
+    claim of the stored reply (its canonical JSON), None when it was not kept.  Rows written before
+    claims have None: their replies are in the log's blob table, except a masked one's, which was never
+    stored."""
 
     rollout_id: Identifier
     attempt_index: AttemptIndex
@@ -159,6 +180,18 @@ class RunReplied(Event, version=2):
     mask_sample: bool
     reply_digest: str
     failure_kind: str | None = None
+    reply: PayloadClaim | None = None
+
+    @model_validator(mode="after")
+    def _claim_is_of_the_digest(self) -> RunReplied:
+        if self.reply is not None and self.reply.digest != self.reply_digest:
+            raise ValueError("the reply's claim names another digest than reply_digest")
+        return self
+
+    def reply_claim(self) -> PayloadClaim | None:
+        if self.reply is not None:
+            return self.reply
+        return None if self.mask_sample else PayloadClaim.legacy(self.reply_digest, REPLY_MEDIA_TYPE)
 
 
 # `refused`: the agent refused the request itself (HTTP 400, 413, 422): deterministic, so no try of the
@@ -182,13 +215,19 @@ class ReceiptFetched(Event):
     receipt: CompletionReceipt
 
 
-class SiblingHeld(Event):
+class SiblingHeld(Event, version=2):
+    """Version 2's receipt may carry its token records' claim (`RolloutReceipt.tokens`); version 1
+    receipts are upcast with none."""
+
     rollout_id: Identifier
     attempt_index: AttemptIndex
     receipt: RolloutReceipt
 
 
-class SiblingSealed(Event):
+class SiblingSealed(Event, version=2):
+    """Version 2's receipt may carry its token records' claim (`RolloutReceipt.tokens`); version 1
+    receipts are upcast with none."""
+
     rollout_id: Identifier
     attempt_index: AttemptIndex
     reward: float
@@ -430,7 +469,9 @@ class TrainerRestored(Event, version=2):
 # --- workers -----------------------------------------------------------------
 
 
-class LogprobsComputed(Event):
+class LogprobsComputed(Event, version=2):
+    """Version 2 added `logprobs`, the claim of the stored array; version 1 rows are upcast with none."""
+
     rollout_id: Identifier
     attempt_index: AttemptIndex
     policy_version: str
@@ -439,6 +480,18 @@ class LogprobsComputed(Event):
     max_abs_diff: float
     mean_abs_diff: float
     blob_digest: str
+    # The claim of the stored array (float32, little-endian); None in rows written before claims,
+    # whose array is in the log's blob table under `blob_digest`.
+    logprobs: PayloadClaim | None = None
+
+    @model_validator(mode="after")
+    def _claim_is_of_the_digest(self) -> LogprobsComputed:
+        if self.logprobs is not None and self.logprobs.digest != self.blob_digest:
+            raise ValueError("the logprobs' claim names another digest than blob_digest")
+        return self
+
+    def logprobs_claim(self) -> PayloadClaim:
+        return self.logprobs or PayloadClaim.legacy(self.blob_digest, LOGPROBS_MEDIA_TYPE)
 
 
 class LogprobsRefused(Event):

@@ -7,7 +7,8 @@ from sqlalchemy import Engine
 
 # Tables the writer appends to but never changes, and work tables it maintains.
 APPEND_ONLY_TABLES = ("events", "blobs", "projection_checkpoints")
-WORK_TABLES = ("subscriptions", "work_leases")
+# `ledger_payloads`: the writer also deletes there (collection and retention, docs/payloads.md).
+WORK_TABLES = ("subscriptions", "work_leases", "ledger_payloads")
 
 
 def create_roles(

@@ -6,7 +6,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -78,6 +78,8 @@ class EventStore:
         self.recorder = recorder
         # NOTIFY takes a global lock at commit; it is opt-in (see benchmarks/eventstore.py).
         self.notify = notify and recorder.supports_notify
+        # What closes with the store (the payload plane beside the log: eventstore.payload_stores).
+        self._on_close: list[Callable[[], None]] = []
         # Concurrent `append` calls share one statement and one commit (eventstore/group_commit.py).
         self.group_commit = GroupCommit(self._append_each)
 
@@ -334,7 +336,13 @@ class EventStore:
         with self._database_errors(), self._reader.connect() as conn:
             yield conn
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Runs `fn` when the store is closed (before its engines are disposed)."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
+        while self._on_close:
+            self._on_close.pop()()
         self.recorder.close()
         self._writer.dispose()
         self._reader.dispose()

@@ -138,3 +138,24 @@ def _group_reserved_v1(data: dict[str, Any]) -> dict[str, Any]:
 def _group_reserved_v2(data: dict[str, Any]) -> dict[str, Any]:
     """v2 recorded one target level (never lowered, never read): the one asked for is the same."""
     return {**data, "requested_level": data.get("target_level", "sibling")}
+
+
+@upcaster("RunReplied", 2)
+def _run_replied_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 named its reply by digest only (stored in the log's blob table): no claim."""
+    return {**data, "reply": None}
+
+
+def _receipt_without_claim(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 receipts named their token records by digest only (the log's blob table): no claim."""
+    return {**data, "receipt": {**data["receipt"], "tokens": None}}
+
+
+upcaster("SiblingHeld", 1)(_receipt_without_claim)
+upcaster("SiblingSealed", 1)(_receipt_without_claim)
+
+
+@upcaster("LogprobsComputed", 1)
+def _logprobs_computed_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 named its array by digest only (the log's blob table): no claim."""
+    return {**data, "logprobs": None}

@@ -20,7 +20,7 @@ from payloads._errors import PayloadStoreError, PayloadStoreUnavailable
 from payloads._store import PayloadStore, StoredPayload, check_digest
 
 TABLE: Final = "ledger_payloads"
-_CREATE: Final = f"""
+CREATE_TABLE: Final = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
     digest text PRIMARY KEY,
     size bigint NOT NULL,
@@ -48,14 +48,26 @@ def _url(url: str) -> str:
 class PostgresPayloadStore(PayloadStore):
     kind = "postgres"
 
-    def __init__(self, url: str, name: str | None = None, *, pool_size: int = 4) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        name: str | None = None,
+        *,
+        pool_size: int = 4,
+        engine: Engine | None = None,
+    ) -> None:
+        """On the database at `url`, or on an `engine` another part of the process already holds (the
+        log's own, when payloads live beside the events): then `close` leaves it open."""
         super().__init__(name)
-        try:
-            self.engine: Engine = create_engine(
-                _url(url), pool_size=pool_size, pool_pre_ping=True, isolation_level="AUTOCOMMIT"
-            )
-        except Exception as exc:  # a bad URL, a missing driver
-            raise PayloadStoreError(f"payload store {url!r}: {exc}") from None
+        self._owns_engine = engine is None
+        if engine is None:
+            if url is None:
+                raise PayloadStoreError("a PostgreSQL payload store needs a URL or an engine")
+            try:
+                engine = create_engine(_url(url), pool_size=pool_size, pool_pre_ping=True)
+            except Exception as exc:  # a bad URL, a missing driver
+                raise PayloadStoreError(f"payload store {url!r}: {exc}") from None
+        self.engine: Engine = engine
         self._ready = False
         self._ready_lock = threading.Lock()
 
@@ -67,19 +79,30 @@ class PostgresPayloadStore(PayloadStore):
                 return
             try:
                 with raw.cursor() as cur:
-                    cur.execute(_CREATE)
+                    cur.execute(CREATE_TABLE)
+                raw.commit()
             except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-                pass  # another process created it at the same moment
+                raw.rollback()  # another process created it at the same moment
             self._ready = True
 
-    def _run(self, fn: Any, what: str) -> Any:
+    def _run(self, fn: Any, what: str, *, write: bool = False) -> Any:
+        import psycopg
+
         try:
             with self.engine.connect() as conn:
                 raw: Any = conn.connection.dbapi_connection
-                if not self._ready:
+                if write and not self._ready:
                     self._ensure_table(raw)
-                with raw.cursor() as cur:
-                    return fn(cur)
+                try:
+                    with raw.cursor() as cur:
+                        result = fn(cur)
+                except psycopg.errors.UndefinedTable:
+                    raw.rollback()
+                    if write:
+                        raise
+                    return []  # nothing was ever stored here
+                raw.commit()
+                return result
         except OperationalError as exc:
             raise PayloadStoreUnavailable(f"{what}: {_first_line(exc.orig)}") from None
         except DBAPIError as exc:
@@ -100,7 +123,9 @@ class PostgresPayloadStore(PayloadStore):
             return
         digests = [check_digest(d) for d in items]
         contents = [bytes(c) for c in items.values()]
-        self._run(lambda cur: cur.execute(_PUT, (time.time(), digests, contents)), "storing payloads")
+        self._run(
+            lambda cur: cur.execute(_PUT, (time.time(), digests, contents)), "storing payloads", write=True
+        )
 
     def get_many(self, digests: Collection[str]) -> dict[str, bytes]:
         wanted = sorted(set(digests))
@@ -138,7 +163,7 @@ class PostgresPayloadStore(PayloadStore):
                 cur.execute(f"DELETE FROM {TABLE} WHERE digest = ANY(%s)", (chunk,))
                 return int(cur.rowcount)
 
-            removed += self._run(drop, "deleting payloads")
+            removed += self._run(drop, "deleting payloads") or 0
         return removed
 
     def scan(self) -> Iterator[StoredPayload]:
@@ -150,11 +175,12 @@ class PostgresPayloadStore(PayloadStore):
             yield StoredPayload(str(digest), int(size), float(stored_at))
 
     def close(self) -> None:
-        self.engine.dispose()
+        if self._owns_engine:
+            self.engine.dispose()
 
 
 def _first_line(exc: BaseException | None) -> str:
     return str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["TABLE", "PostgresPayloadStore"]
+__all__ = ["CREATE_TABLE", "TABLE", "PostgresPayloadStore"]

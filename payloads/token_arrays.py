@@ -16,6 +16,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from protocol.lineage import LineageError, packed_token_digest
 from protocol.token_codec import (
     ARRAY_FIELDS,
     TOKENS_JSON_MEDIA_TYPE,
@@ -80,6 +81,55 @@ class TokenArrays:
         """Prompt and generated tokens over every record (each call's prompt counted whole)."""
         return sum(s.count for s in self.layout.spans if s.field != "generation_log_probs")
 
+    def full_prompts(self) -> list[npt.NDArray[np.int64]]:
+        """Every record's full prompt (int64), in order: a delta prompt (`prompt_is_delta`) rebuilt
+        from its parent chain, the parent's full sequence then the suffix, each rebuilt sequence
+        checked against its record's `digest`: `protocol.lineage.full_prompts` over arrays (held to
+        it by tests).  `LineageError` names the first record whose chain is broken."""
+        heads = self.layout.records
+        by_id = {h.get("model_call_id"): i for i, h in enumerate(heads)}
+        sequences: dict[int, npt.NDArray[np.int64]] = {}
+
+        def sequence_of(index: int) -> npt.NDArray[np.int64]:
+            call_id = heads[index].get("model_call_id")
+            path: list[int] = []
+            current: int | None = index
+            while current not in sequences:
+                assert current is not None
+                if current in path:
+                    raise LineageError(f"model call {call_id!r}: its parent chain is a cycle")
+                path.append(current)
+                if not heads[current].get("prompt_is_delta"):
+                    break
+                parent = heads[current].get("parent_call_id")
+                current = by_id.get(parent)
+                if current is None:
+                    raise LineageError(
+                        f"model call {call_id!r}: its parent {parent!r} is not among the records"
+                    )
+            for k in reversed(path):
+                head = heads[k]
+                prompt = self.prompt(k).astype(np.int64)
+                if head.get("prompt_is_delta"):
+                    prompt = np.concatenate([sequences[by_id[head.get("parent_call_id")]], prompt])
+                full = np.concatenate([prompt, self.generation(k).astype(np.int64)])
+                digest = head.get("digest")
+                if digest is not None and _digest(full) != digest:
+                    raise LineageError(
+                        f"model call {head.get('model_call_id')!r}: its rebuilt sequence does not match its digest"
+                    )
+                sequences[k] = full
+            return sequences[index]
+
+        prompts = []
+        for r, head in enumerate(heads):
+            if not head.get("prompt_is_delta"):
+                prompts.append(self.prompt(r).astype(np.int64))
+                continue
+            full = sequence_of(r)
+            prompts.append(full[: full.size - self.layout.span(r, "generation_token_ids").count])
+        return prompts
+
     def to_records(self) -> list[dict[str, Any]]:
         """Each record as a dict with Python lists (the slow, lossless way back)."""
         out = []
@@ -89,6 +139,12 @@ class TokenArrays:
                 record[name] = self.array(r, name).tolist()
             out.append(record)
         return out
+
+
+def _digest(ids: npt.NDArray[np.int64]) -> str:
+    if ids.size and int(ids.min()) < 0:
+        raise LineageError("token ids must be in 0..2**64-1")
+    return packed_token_digest(int(ids.size), ids.astype(">u8").tobytes())
 
 
 def decode_arrays(content: bytes | bytearray | memoryview) -> TokenArrays:

@@ -55,6 +55,7 @@ from eventstore.events import (
     SiblingSealed,
     TrainerRestored,
 )
+from payloads import PayloadClaim
 from projections.base import TypedProjection
 from protocol.ids import group_id_of
 from protocol.levels import TargetLevel
@@ -80,6 +81,8 @@ class AttemptState:
     capture_key: str | None = None
     agent_name: str | None = None
     reply_digest: str | None = None
+    # Where the reply is stored (None: not kept; a masked reply of an older log).
+    reply_claim: PayloadClaim | None = None
     reward: float | None = None
     mask_sample: bool | None = None
     # The reply's own `failure_kind` (the Gym's vocabulary), when it named one.
@@ -410,6 +413,7 @@ def _replied(state: LedgerState, ev: RecordedEvent, e: RunReplied) -> None:
     attempt.mask_sample = e.mask_sample
     attempt.failure_kind = e.failure_kind
     attempt.reply_digest = e.reply_digest
+    attempt.reply_claim = e.reply_claim()
     if attempt.status in ("minted", "dispatched", "failed"):
         attempt.status = "replied"
 

@@ -61,16 +61,23 @@ class LineageError(ValueError):
 
 def token_digest(token_ids: Sequence[int]) -> str:
     """The hex digest of an exact token sequence (ValueError for an id outside 0..2**64-1)."""
+    if not token_ids:
+        return packed_token_digest(0, b"")
+    try:
+        packed = array("Q", token_ids)
+    except OverflowError:
+        raise ValueError("token ids must be in 0..2**64-1") from None
+    if sys.byteorder == "little":
+        packed.byteswap()
+    return packed_token_digest(len(token_ids), packed.tobytes())
+
+
+def packed_token_digest(count: int, big_endian_u64: bytes) -> str:
+    """`token_digest` of `count` ids given as big-endian unsigned 64-bit integers (the arrays' way)."""
     hasher = hashlib.sha256(_TOKENS_DOMAIN)
-    if token_ids:
-        try:
-            packed = array("Q", token_ids)
-        except OverflowError:
-            raise ValueError("token ids must be in 0..2**64-1") from None
-        if sys.byteorder == "little":
-            packed.byteswap()
-        hasher.update(bytes([DIGEST_VERSION]) + len(token_ids).to_bytes(8, "big"))
-        hasher.update(packed.tobytes())
+    if count:
+        hasher.update(bytes([DIGEST_VERSION]) + count.to_bytes(8, "big"))
+        hasher.update(big_endian_u64)
     return hasher.hexdigest()
 
 

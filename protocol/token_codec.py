@@ -32,11 +32,14 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from protocol.digests import canonical_bytes
+
+if TYPE_CHECKING:
+    from protocol.wire import TokenEntry
 
 TOKENS_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens.v1"
 TOKENS_JSON_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens+json"
@@ -150,6 +153,16 @@ def encode_records(records: Sequence[dict[str, Any]]) -> bytes:
         arrays.append(id_dtype_of(record["generation_token_ids"]))
         arrays.append(logprob_dtype_of(record["generation_log_probs"]))
     return assemble(heads, arrays)
+
+
+def record_of(entry: TokenEntry) -> dict[str, Any]:
+    """A record as it travels: every field that was set, extras included, nothing added."""
+    return entry.record()
+
+
+def encode_entries(entries: Sequence[TokenEntry]) -> bytes:
+    """The binary form of `TokenEntry` records (the Gym side's `/token_capture`, the trainer's JSON path)."""
+    return encode_records([record_of(e) for e in entries])
 
 
 def read_layout(content: bytes | bytearray | memoryview) -> TokenLayout:
@@ -267,7 +280,9 @@ __all__ = [
     "decode_any",
     "decode_json",
     "decode_records",
+    "encode_entries",
     "encode_json",
     "encode_records",
     "read_layout",
+    "record_of",
 ]

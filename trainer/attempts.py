@@ -12,6 +12,7 @@ import random
 import time
 
 from eventstore.events import (
+    REPLY_MEDIA_TYPE,
     AckOwed,
     AttemptAdopted,
     ContinuationDeclined,
@@ -27,11 +28,13 @@ from eventstore.events import (
     SiblingHeld,
     SiblingSealed,
 )
+from payloads.token_arrays import TokenArrays
 from projections.ledger import AttemptState, GroupState, LedgerState
-from protocol.digests import canonical_json, sha256_digest
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
-from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply, RunRequest, TokenEntry
+from protocol.token_codec import TOKENS_MEDIA_TYPE
+from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply, RunRequest
 from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
 from trainer.errors import NotOwned
@@ -51,6 +54,7 @@ from trainer.gym.errors import (
     ReceiptMismatchError,
     StaleCheckpointError,
 )
+from trainer.payload_io import PayloadIO
 
 FINISHED = AttemptOutcome("finished")
 
@@ -126,8 +130,9 @@ def _failure_kind(exc: BaseException) -> tuple[FailureKind, str]:
 
 
 class Attempts:
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, payloads: PayloadIO) -> None:
         self.ctx = ctx
+        self.payloads = payloads
 
     # --- the whole try -----------------------------------------------------------------------
 
@@ -238,10 +243,10 @@ class Attempts:
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
         rid, n = reply.rollout_id, reply.attempt_index
-        # The reply itself goes to the content-addressed blob table with the seal (its address is the
-        # digest the agent's receipt names, `RunReply.digest()`), so a trainer gets `response` back.
-        reply_blob = canonical_json(reply.payload()).encode()
-        digest = sha256_digest(reply_blob)
+        # The reply itself is a payload, stored before the seal under the digest the agent's receipt
+        # names (`RunReply.digest()`: its canonical JSON), so a trainer gets `response` back.
+        reply_bytes = canonical_bytes(reply.payload())
+        digest = sha256_digest(reply_bytes)
         try:
             receipt = await client.completion_receipt(rid, n)
         except BadResponseError as exc:
@@ -258,6 +263,7 @@ class Attempts:
         try:
             verify_receipt(reply, receipt, digest)
             if reply.masked() and ctx.settings.mask_sample_retries:
+                [reply_claim] = await self.payloads.put([(reply_bytes, REPLY_MEDIA_TYPE)])
                 await self._append(
                     group_id,
                     [
@@ -269,6 +275,7 @@ class Attempts:
                             mask_sample=True,
                             reply_digest=digest,
                             failure_kind=reply.failure_kind,
+                            reply=reply_claim,
                         ),
                         ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
                         AckOwed(agent_name=group.agent_name, receipt=receipt),
@@ -286,8 +293,7 @@ class Attempts:
                 raise _Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            blob = canonical_json([t.record() for t in tokens]).encode()
-            rollout_receipt = build_rollout_receipt(reply, receipt, tokens, blob)
+            rollout_receipt = build_rollout_receipt(reply, receipt, tokens)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
             # nothing strands), but never seal what did not verify.
@@ -302,6 +308,13 @@ class Attempts:
             )
             ctx.ack_wakeup.set()
             return AttemptOutcome("owed", f"unverifiable: {exc}")
+        # Durable before the append that claims them (the seal is the claim check); nothing of them is
+        # kept here once they are stored.
+        tokens_claim, reply_claim = await self.payloads.put(
+            [(bytes(tokens.buffer), TOKENS_MEDIA_TYPE), (reply_bytes, REPLY_MEDIA_TYPE)]
+        )
+        del tokens
+        rollout_receipt = rollout_receipt.model_copy(update={"tokens": tokens_claim})
         head: list[Event] = [
             *adopted_events,
             RunReplied(
@@ -311,6 +324,7 @@ class Attempts:
                 mask_sample=reply.masked(),
                 reply_digest=digest,
                 failure_kind=reply.failure_kind,
+                reply=reply_claim,
             ),
             ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
         ]
@@ -321,7 +335,7 @@ class Attempts:
                 return [*head, AckOwed(agent_name=group.agent_name, receipt=receipt)]
             return [*head, *self.keep_events(current, rollout_receipt, receipt)]
 
-        await ctx.journal.append(group_stream(group_id), build, blobs=[blob, reply_blob])
+        await ctx.journal.append(group_stream(group_id), build)
         ctx.ack_wakeup.set()
         return FINISHED
 
@@ -507,32 +521,31 @@ async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str
     )
 
 
-def build_rollout_receipt(
-    reply: RunReply, receipt: CompletionReceipt, tokens: list[TokenEntry], blob: bytes
-) -> RolloutReceipt:
-    """The sealed record of a try; `blob` is the canonical JSON of `tokens` (what the log stores)."""
+def build_rollout_receipt(reply: RunReply, receipt: CompletionReceipt, tokens: TokenArrays) -> RolloutReceipt:
+    """The sealed record of a try; `tokens` the records in their canonical binary form (what is stored)."""
     key = capture_key(reply.rollout_id, reply.attempt_index)
     if receipt.manifest_capture_key != key:
         raise _Unverifiable(
             f"receipt names capture key {receipt.manifest_capture_key!r}, the try's is {key!r}"
         )
-    if not tokens:
+    if not len(tokens):
         raise _Unverifiable(f"no token records under {key!r}")
-    if any(t.rollout_id != key for t in tokens):
+    if any(r.get("rollout_id") != key for r in tokens.records):
         raise _Unverifiable(f"token records under {key!r} name another capture key")
-    if tokens[-1].model_call_id != receipt.terminal_model_call_id:
+    calls = tokens.model_call_ids
+    if calls[-1] != receipt.terminal_model_call_id:
         raise _Unverifiable(
-            f"last token record is {tokens[-1].model_call_id!r}, the receipt's terminal call is "
+            f"last token record is {calls[-1]!r}, the receipt's terminal call is "
             f"{receipt.terminal_model_call_id!r}"
         )
     return RolloutReceipt(
         rollout_id=reply.rollout_id,
         attempt_index=reply.attempt_index,
         capture_key=key,
-        model_call_ids=[t.model_call_id for t in tokens],
+        model_call_ids=calls,
         terminal_model_call_id=receipt.terminal_model_call_id,
-        token_count=sum(len(t.generation_token_ids) for t in tokens),
-        tokens_digest=sha256_digest(blob),
+        token_count=tokens.token_count,
+        tokens_digest=sha256_digest(bytes(tokens.buffer)),
         reward=reply.reward,
         mask_sample=reply.masked(),
     )

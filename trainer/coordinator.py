@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 from eventstore import EventStore
 from eventstore.events import (
@@ -39,6 +40,9 @@ from eventstore.events import (
     ReplacementMinted,
     TrainerEpochTaken,
 )
+from eventstore.payload_stores import payload_plane
+from payloads import PayloadClaim, PayloadCorrupt, PayloadMissing, PayloadPlane
+from payloads.token_arrays import TokenArrays, decode_payload
 from projections.figures import LogFigures
 from projections.group_core import (
     Budget,
@@ -76,6 +80,7 @@ from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
 from trainer.gym.errors import AgentIdentityError, GymError, TrainerConflictError
 from trainer.journal import OUTAGE_BUDGET_S, Journal
+from trainer.payload_io import PayloadIO
 
 # How long `close()` waits for the agents to answer the release of their binding.
 RELEASE_TIMEOUT_S = 5.0
@@ -83,11 +88,14 @@ RELEASE_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class SealedGroup:
-    """What training consumes: the group and, per sibling, the sealed try, its reward and its reply.
+    """What training consumes: the group and, per sibling, the sealed try, its reward, its reply and
+    its token records.
 
-    `replies` are the agents' `/run` replies (`response`, `reward`, the task fields) read back from the
-    log's blob table under `reply_digests`; `sealed_groups` fills them in, `sealed_unclaimed` does not
-    (it does no I/O).  A try sealed before replies were kept has None there.
+    `replies` are the agents' `/run` replies (`response`, `reward`, the task fields) and `tokens` the
+    token records as arrays (`payloads.token_arrays.TokenArrays`: views of the stored payload, no
+    per-token Python object), both read back from the payload plane by their claims; `sealed_groups`
+    fills them in, `sealed_unclaimed` does not (it does no I/O).  A try sealed before replies were
+    kept has None there.
     """
 
     group_id: str
@@ -97,6 +105,9 @@ class SealedGroup:
     tokens_digests: list[str]
     reply_digests: list[str] = field(default_factory=list)
     replies: list[dict[str, Any] | None] = field(default_factory=list)
+    token_claims: list[PayloadClaim | None] = field(default_factory=list)
+    reply_claims: list[PayloadClaim | None] = field(default_factory=list)
+    tokens: list[TokenArrays | None] = field(default_factory=list)
 
 
 class RolloutCoordinator:
@@ -120,7 +131,10 @@ class RolloutCoordinator:
         ack_policy: RetryPolicy = ACK_POLICY,
         reconcile_every_s: float = 5.0,
         mask_sample_retries: bool = False,
+        payloads: PayloadPlane | None = None,
     ) -> None:
+        """`payloads`: where token records and replies are stored (default: beside the log,
+        `eventstore.payload_stores.payload_plane`)."""
         self.store = store
         self.mode: Mode = mode
         # The run's target level (docs/turns.md); each group's is lowered to what its agent supports.
@@ -141,7 +155,8 @@ class RolloutCoordinator:
         )
         self.journal = Journal(store, outage_budget_s=outage_budget_s)
         self.ctx = Context(self.journal, dict(agents), self.settings)
-        self.tries = Attempts(self.ctx)
+        self.payloads = PayloadIO(payloads or payload_plane(store), outage_budget_s, self._stop_for_good)
+        self.tries = Attempts(self.ctx, self.payloads)
         self.relay = AckRelay(self.ctx)
         self.checkpointer = Checkpointer(self.ctx, self.tries, self.relay)
         self._drivers: dict[str, asyncio.Task[None]] = {}
@@ -448,6 +463,11 @@ class RolloutCoordinator:
             log.info("agent %s runs groups at level %s (asked: %s)", agent_name, level, requested)
         return level
 
+    def _stop_for_good(self, stopped: CoordinatorStopped) -> None:
+        """A payload store gone past the outage budget stops the coordinator as the log's outage does."""
+        if self.journal.stopped is None:
+            self.journal.stopped = stopped
+
     def _drive(self, group_id: str) -> None:
         if group_id not in self._drivers or self._drivers[group_id].done():
             self._drivers[group_id] = asyncio.create_task(self._run_group(group_id), name=f"group:{group_id}")
@@ -689,7 +709,7 @@ class RolloutCoordinator:
             for group in self.sealed_unclaimed():
                 if group.group_id not in seen:
                     seen.add(group.group_id)
-                    yield await self.with_replies(group)
+                    yield await self.with_payloads(group)
             if self.journal.fenced is not None:
                 raise self.journal.fenced
             if self.journal.stopped is not None:
@@ -699,15 +719,17 @@ class RolloutCoordinator:
                 return
             await self.journal.wait_changed(0.5)
 
-    async def with_replies(self, group: SealedGroup) -> SealedGroup:
-        """The group with its siblings' replies read from the log's blob table."""
-        digests = group.reply_digests
-
-        def read() -> list[dict[str, Any] | None]:
-            blobs = self.store.get_blobs([d for d in digests if d])
-            return [json.loads(blobs[d]) if d and d in blobs else None for d in digests]
-
-        return dataclasses.replace(group, replies=await self.journal.read(read, "reading replies"))
+    async def with_payloads(self, group: SealedGroup) -> SealedGroup:
+        """The group with its siblings' replies and token records read by their claims (one read per
+        store for the whole group), checked against them."""
+        claims = [c for c in (*group.reply_claims, *group.token_claims) if c is not None]
+        found = await self.payloads.get_many(claims)
+        replies = [orjson.loads(found[c.digest]) if c is not None else None for c in group.reply_claims]
+        tokens = [
+            decode_payload(bytearray(found[c.digest]), c.media_type) if c is not None else None
+            for c in group.token_claims
+        ]
+        return dataclasses.replace(group, replies=replies, tokens=tokens)
 
     async def claim_for_training(
         self, group_id: str, train_step: int | None = None, *, call_id: str | None = None
@@ -817,10 +839,21 @@ class RolloutCoordinator:
             state = "unknown" if attempt is None else attempt.status
             raise LogprobsMismatch(f"try ({rollout_id}, {attempt_index}) is {state}, not sealed")
         receipt = attempt.rollout_receipt
-        blob = await self.journal.read(
-            lambda: self.store.get_blob(receipt.tokens_digest), "reading token records"
+        claim = receipt.tokens_claim()
+        content: bytes | None
+        try:
+            content = (await self.payloads.get_many([claim]))[claim.digest]
+        except PayloadMissing:
+            content = None  # decide names it
+        except PayloadCorrupt as exc:
+            raise LogprobsMismatch(f"({rollout_id}, {attempt_index}): {exc}") from None
+        decided = own_logprobs.decide(
+            receipt, content, claim.media_type, rollout_id, attempt_index, logprobs, policy_version
         )
-        decided = own_logprobs.decide(receipt, blob, rollout_id, attempt_index, logprobs, policy_version)
+        [decided_claim] = await self.payloads.put([(decided.content, decided.media_type)])
+        decided = dataclasses.replace(
+            decided, event=decided.event.model_copy(update={"logprobs": decided_claim})
+        )
         source = f"trainer:{self.settings.trainer_id or ''}"
         # Idempotent by event id: a write retried after an outage that had committed is a no-op.
         return await self.journal.read(
@@ -877,11 +910,25 @@ def _retired_event(rollout_id: str, attempt_index: int, outcome: AttemptOutcome)
 def _sealed(group: GroupState) -> SealedGroup:
     siblings = sorted(group.siblings.values(), key=lambda s: s.generation_index)
     refs, rewards, digests, replies = [], [], [], []
+    token_claims: list[PayloadClaim | None] = []
+    reply_claims: list[PayloadClaim | None] = []
     for s in siblings:
         index = s.sealed_attempt if s.sealed_attempt is not None else s.current_attempt
         attempt = s.attempts[index]
         refs.append(AttemptRef(rollout_id=s.rollout_id, attempt_index=index))
         rewards.append(float(s.reward if s.reward is not None else 0.0))
-        digests.append(attempt.rollout_receipt.tokens_digest if attempt.rollout_receipt else "")
+        receipt = attempt.rollout_receipt
+        digests.append(receipt.tokens_digest if receipt else "")
         replies.append(attempt.reply_digest or "")
-    return SealedGroup(group.group_id, group.agent_name, refs, rewards, digests, replies)
+        token_claims.append(receipt.tokens_claim() if receipt else None)
+        reply_claims.append(attempt.reply_claim)
+    return SealedGroup(
+        group.group_id,
+        group.agent_name,
+        refs,
+        rewards,
+        digests,
+        replies,
+        token_claims=token_claims,
+        reply_claims=reply_claims,
+    )

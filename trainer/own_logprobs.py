@@ -13,7 +13,6 @@ records logprobs, not when the coordinator is imported.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,13 +35,16 @@ class OwnLogprobs:
 
 def decide(
     receipt: RolloutReceipt,
-    blob: bytes | None,
+    content: bytes | None,
+    media_type: str,
     rollout_id: str,
     attempt_index: int,
     logprobs: Sequence[float],
     policy_version: str,
 ) -> OwnLogprobs:
-    """Checks `logprobs` against the try's token records; `LogprobsMismatch` names the first misfit."""
+    """Checks `logprobs` against the try's token records (`content`, the payload the receipt claims);
+    `LogprobsMismatch` names the first misfit."""
+    import numpy as np
     import torch
 
     from workers.logprobs import (
@@ -53,46 +55,47 @@ def decide(
     )
 
     try:
-        records = verify_token_records(blob, receipt, rollout_id, attempt_index)
+        records = verify_token_records(content, media_type, receipt, rollout_id, attempt_index)
     except TokenRecordError as exc:
         raise LogprobsMismatch(f"({rollout_id}, {attempt_index}): {exc}") from None
-    reference = [v for r in records for v in r.generation_log_probs]
-    values = [float(v) for v in logprobs]
-    if len(values) != len(reference):
+    parts = [records.logprobs(r) for r in range(len(records))]
+    reference = torch.from_numpy(np.concatenate(parts).astype(np.float64) if parts else np.zeros(0))
+    array = torch.as_tensor(np.asarray(logprobs, dtype=np.float64)).float()
+    if array.shape[0] != reference.shape[0]:
         raise LogprobsMismatch(
-            f"({rollout_id}, {attempt_index}): {len(values)} logprobs for {len(reference)} generated tokens"
+            f"({rollout_id}, {attempt_index}): {array.shape[0]} logprobs for {reference.shape[0]} generated tokens"
         )
-    if not all(math.isfinite(v) for v in values):
+    if not bool(torch.isfinite(array).all()):
         raise LogprobsMismatch(f"({rollout_id}, {attempt_index}): a logprob is not finite")
-    if any(v > 0 for v in values):
+    if bool((array > 0).any()):
         raise LogprobsMismatch(f"({rollout_id}, {attempt_index}): a logprob is above 0")
-    array = torch.tensor(values, dtype=torch.float32)
+    values = array
     # The drift is measured on the stored (float32) values, as the worker measures its own.
     stored = array.double()
-    diff = (stored - torch.tensor(reference, dtype=torch.float64)).abs()
+    diff = (stored - reference).abs()
     content = encode_logprobs(array)
     event = LogprobsComputed(
         rollout_id=rollout_id,
         attempt_index=attempt_index,
         policy_version=policy_version,
-        token_count=len(values),
+        token_count=int(values.shape[0]),
         logprob_sum=float(stored.sum().item()),
-        max_abs_diff=float(diff.max().item()) if values else 0.0,
-        mean_abs_diff=float(diff.mean().item()) if values else 0.0,
+        max_abs_diff=float(diff.max().item()) if values.shape[0] else 0.0,
+        mean_abs_diff=float(diff.mean().item()) if values.shape[0] else 0.0,
         blob_digest=sha256_digest(content),
     )
     return OwnLogprobs(event, content, LOGPROBS_MEDIA_TYPE)
 
 
 def write(store: EventStore, decided: OwnLogprobs, source: str) -> bool:
-    """Array and event in one transaction; False when the log already holds this try's result."""
+    """The event, whose claim names the array already stored; False when the log already holds this
+    try's result."""
     from workers.logprobs import result_event_id
 
     event = decided.event
     event_id = result_event_id(event.rollout_id, event.attempt_index, event.policy_version)
     try:
         with store.transaction() as tx:
-            tx.put_blob(decided.content, decided.media_type)
             result = tx.append(
                 logprobs_stream(group_id_of(event.rollout_id)),
                 [NewEvent.of(event, event_id=event_id)],

@@ -18,10 +18,10 @@ runner = CliRunner()
 def test_db_upgrade_then_open(sqlite_url: str) -> None:
     result = runner.invoke(app, ["db", "upgrade", "--db", sqlite_url])
     assert result.exit_code == 0, result.output
-    assert "0007" in result.output
+    assert "0008" in result.output
     open_store(sqlite_url).close()
     result = runner.invoke(app, ["db", "current", "--db", sqlite_url])
-    assert "database: 0007" in result.output
+    assert "database: 0008" in result.output
 
 
 def test_db_upgrade_unreachable_is_a_clear_error() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from protocol.wire import RunRequest
+from protocol.wire import RunRequest, TokenEntry
 from trainer.gym import GymClient
 
 TOKEN = "s3cret-token-for-tests"
@@ -25,6 +25,12 @@ MakeAgent = Callable[..., ThreadAgent]
 def fresh_id(prefix: str = "r") -> str:
     """A rollout id no other test in this session uses (agents are shared)."""
     return f"{prefix}{next(_ids)}"
+
+
+async def token_entries(client: GymClient, key: str) -> list[TokenEntry]:
+    """The try's token records as `TokenEntry` models (the client hands over arrays; tests compare fields)."""
+    arrays = await client.token_capture(key)
+    return [TokenEntry.model_validate(r) for r in arrays.to_records()]
 
 
 def run_request(rollout_id: str, attempt_index: int = 0, **task: Any) -> RunRequest:

@@ -11,7 +11,7 @@ import time
 from gym_agent.durations import Durations
 from protocol.ids import capture_key
 from protocol.wire import FEATURE_GENERATION_CUT
-from tests.gym.conftest import MakeAgent, run_request, wait_for
+from tests.gym.conftest import MakeAgent, run_request, token_entries, wait_for
 from trainer.gym import GymClient
 
 
@@ -45,7 +45,7 @@ async def test_a_checkpoint_cuts_a_model_call_and_the_call_goes_on_from_its_pref
         assert parked["model_calls_done"] == 0
         reply = await asyncio.wait_for(run, 60)
         wall = time.monotonic() - began
-        [entry] = await c.token_capture(capture_key(rid, 0))
+        [entry] = await token_entries(c, capture_key(rid, 0))
         receipt = await c.completion_receipt(rid, 0)
     n = len(prefix["generation_token_ids"])
     assert entry.generation_token_ids[:n] == prefix["generation_token_ids"]
@@ -57,7 +57,7 @@ async def test_a_checkpoint_cuts_a_model_call_and_the_call_goes_on_from_its_pref
     async with GymClient(twin.url, "twin") as t:
         assert FEATURE_GENERATION_CUT not in (await t.capabilities()).features
         straight = await t.run(run_request(rid))
-        [twin_entry] = await t.token_capture(capture_key(rid, 0))
+        [twin_entry] = await token_entries(t, capture_key(rid, 0))
     assert reply == straight
     assert twin_entry.generation_token_ids == entry.generation_token_ids
     assert twin_entry.generation_log_probs == entry.generation_log_probs

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from participant import mount_participant, read_evidence
 from protocol.tokens import token_records_from_reply
 from protocol.wire import ADOPT_ONLY_HEADER, RunRequest, TokenEntry, gym_reply
+from tests.gym.conftest import token_entries
 from trainer.gym import GoneError, GymClient, NotFoundError, verify_receipt
 from trainer.gym.errors import AgentServerError
 from trainer.gym.reduced import REDUCED_GENERATION, NotParticipantError
@@ -122,7 +123,7 @@ async def test_mounted_agent_answers_the_protocol(tmp_path: Path) -> None:
             receipt = await client.completion_receipt("g_g0", 0)
             verify_receipt(reply, receipt)
             assert receipt.execution_generation == participant.generation >= 1
-            tokens = await client.token_capture("g_g0")
+            tokens = await token_entries(client, "g_g0")
             assert (
                 [t.model_call_id for t in tokens]
                 == ["call-1", "call-2"]

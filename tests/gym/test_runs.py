@@ -9,7 +9,7 @@ import pytest
 from gym_agent.server import ThreadAgent
 from protocol.ids import capture_key
 from protocol.wire import AttemptFault, FaultRates, RateFaults
-from tests.gym.conftest import MakeAgent, fresh_id, run_request, wait_for
+from tests.gym.conftest import MakeAgent, fresh_id, run_request, token_entries, wait_for
 from trainer.gym import ConnectionLostError, GoneError, GymClient, NotFoundError, verify_receipt
 
 
@@ -31,7 +31,7 @@ async def test_run_returns_a_reply_with_receipt_and_tokens(client: GymClient) ->
     assert receipt.manifest_capture_key == f"{rid}-a1"
     assert receipt.execution_generation == (await client.status()).execution_generation
 
-    tokens = await client.token_capture(receipt.manifest_capture_key)
+    tokens = await token_entries(client, receipt.manifest_capture_key)
     assert [t.model_call_id for t in tokens] == [f"call-{i + 1}" for i in range(len(tokens))]
     assert receipt.terminal_model_call_id == tokens[-1].model_call_id
     assert reply.response["metadata"]["model_calls"] == len(tokens)
@@ -49,7 +49,7 @@ async def test_same_seed_same_ids_same_episode(make_agent: MakeAgent) -> None:
     for agent in agents:
         async with GymClient(agent.url, agent.config.name) as c:
             reply = await c.run(run_request("p1_g0"))
-            tokens = await c.token_capture("p1_g0")
+            tokens = await token_entries(c, "p1_g0")
             results.append((reply, [(t.prompt_token_ids, t.generation_token_ids) for t in tokens]))
             receipt = await c.completion_receipt("p1_g0", 0)
             assert receipt.result_digest == reply.digest()
@@ -62,7 +62,7 @@ async def test_same_seed_same_ids_same_episode(make_agent: MakeAgent) -> None:
 async def test_siblings_share_the_prompt_but_not_the_samples(client: GymClient) -> None:
     group = fresh_id("p")
     await asyncio.gather(*(client.run(run_request(f"{group}_g{i}", task="same")) for i in range(2)))
-    first = [await client.token_capture(f"{group}_g{i}") for i in range(2)]
+    first = [await token_entries(client, f"{group}_g{i}") for i in range(2)]
     assert first[0][0].prompt_token_ids == first[1][0].prompt_token_ids
     assert first[0][0].generation_token_ids != first[1][0].generation_token_ids
 

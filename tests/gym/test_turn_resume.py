@@ -20,7 +20,7 @@ from gym_agent.config import AgentConfig
 from gym_agent.server import serve_in_thread
 from protocol.ids import capture_key
 from protocol.wire import CONTINUE_FROM_HEADER, ContinuationRef, RunRequest
-from tests.gym.conftest import fresh_id, run_request
+from tests.gym.conftest import fresh_id, run_request, token_entries
 from trainer.gym import GymClient, NotFoundError
 
 TURNS = (5, 5)
@@ -71,10 +71,10 @@ async def test_a_replacement_carries_on_exactly_where_the_lineage_was(tmp_path: 
             replacement = request.model_copy(update={"attempt_index": 1})
             reply = await client.run(replacement, continue_from=offer.digest)
             receipt = await client.completion_receipt(rid, 1)
-            records = await client.token_capture(capture_key(rid, 1))
+            records = await token_entries(client, capture_key(rid, 1))
 
             whole = await ref_client.run(request)  # the lineage played through, uninterrupted
-            whole_records = await ref_client.token_capture(rid)
+            whole_records = await token_entries(ref_client, rid)
 
     assert receipt.resume is not None and receipt.resume.outcome == "resumed"
     assert receipt.resume.turn == offer.turn and receipt.resume.reused_model_calls == offer.model_call_ids
@@ -114,7 +114,7 @@ async def test_after_a_restart_with_the_state_kept_the_replacement_resumes(tmp_p
             assert again.continuation == offer
             await client.run(request.model_copy(update={"attempt_index": 1}), continue_from=offer.digest)
             receipt = await client.completion_receipt(rid, 1)
-            records = await client.token_capture(capture_key(rid, 1))
+            records = await token_entries(client, capture_key(rid, 1))
     assert receipt.resume is not None and receipt.resume.outcome == "resumed"
     assert receipt.resume.reused_model_calls == [r.model_call_id for r in records[: offer.turn]]
     assert receipt.work is not None

@@ -76,6 +76,7 @@ class TestPostgres(PayloadStoreContract):
             raw: Any = conn.connection.dbapi_connection
             with raw.cursor() as cur:
                 cur.execute(f"UPDATE {TABLE} SET content = %s WHERE digest = %s", (content, digest))
+            raw.commit()
 
     def test_a_server_that_is_not_there_is_unavailable(self) -> None:
         store = PostgresPayloadStore("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=2")

@@ -30,11 +30,14 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from eventstore import EventStore, open_store, upgrade_database
-from eventstore.events import PromptRef
+from eventstore.events import PromptRef, RolloutReceipt, RunReplied
+from eventstore.payload_stores import payload_plane
 from gym_agent.config import AgentConfig
 from gym_agent.server import serve_in_thread
 from participant import mount_participant, read_evidence
 from participant.executions import RunSession
+from payloads import PayloadClaim
+from payloads.token_arrays import decode_payload
 from protocol.lineage import (
     assistant_fingerprint,
     conversation_digest,
@@ -181,24 +184,26 @@ def _assert_trainable(gym: RealGym, rollouts: Sequence[dict[str, Any]], name: st
 
 
 def _sealed_rollouts(store: EventStore, run_id: str) -> list[dict[str, Any]]:
-    """Each sealed try of the run: its token records and its reply's response, from the log."""
-    replies: dict[tuple[str, int], str] = {}
+    """Each sealed try of the run: its token records and its reply's response, read by their claims."""
+    plane = payload_plane(store)
+    replies: dict[tuple[str, int], PayloadClaim | None] = {}
     for event in store.read_all(0, types=["RunReplied"]):
         if run_id in event.stream_id:
-            replies[(event.data["rollout_id"], event.data["attempt_index"])] = event.data["reply_digest"]
+            replied = RunReplied.model_validate(event.data)
+            replies[(replied.rollout_id, replied.attempt_index)] = replied.reply_claim()
     rollouts = []
     for event in store.read_all(0, types=["SiblingSealed"]):
         if run_id not in event.stream_id:
             continue
-        receipt = event.data["receipt"]
-        tokens = store.get_blob(receipt["tokens_digest"])
-        reply = store.get_blob(replies[(event.data["rollout_id"], event.data["attempt_index"])])
-        assert tokens is not None and reply is not None
+        receipt = RolloutReceipt.model_validate(event.data["receipt"])
+        claim = receipt.tokens_claim()
+        reply_claim = replies[(receipt.rollout_id, receipt.attempt_index)]
+        assert reply_claim is not None
         rollouts.append(
             {
-                "rollout_id": receipt["capture_key"],
-                "records": json.loads(tokens),
-                "response": json.loads(reply)["response"],
+                "rollout_id": receipt.capture_key,
+                "records": decode_payload(plane.get(claim), claim.media_type).to_records(),
+                "response": json.loads(plane.get(reply_claim))["response"],
             }
         )
     return rollouts
@@ -347,7 +352,7 @@ async def test_reference_agent_token_records_pass_the_real_gym(gym: RealGym, tmp
             for i in range(4):
                 request = RunRequest(rollout_id=f"ref{i}_g0", attempt_index=0, task={"i": i})
                 reply = await client.run(request)
-                records = [t.record() for t in await client.token_capture(f"ref{i}_g0")]
+                records = (await client.token_capture(f"ref{i}_g0")).to_records()
                 rollouts.append({"rollout_id": f"ref{i}_g0", "records": records, "response": reply.response})
     _assert_trainable(gym, rollouts, "reference")
 

@@ -10,15 +10,19 @@ import pytest
 
 from eventstore import EventStore
 from eventstore.events import PromptRef
+from eventstore.payload_stores import payload_plane
+from payloads import LocalDirPayloadStore
+from payloads.token_arrays import decode_arrays
 from protocol.digests import sha256_digest
 from protocol.streams import group_stream, logprobs_stream
-from protocol.wire import AttemptFault, TokenEntry
+from protocol.token_codec import TOKENS_MEDIA_TYPE
+from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer.errors import GroupConflict, LogprobsMismatch
 from trainer.gym import GymClient
 
 
-async def test_sealed_groups_carry_the_replies_from_the_blob_table(
+async def test_sealed_groups_carry_the_replies_and_token_arrays_from_the_payload_plane(
     store: EventStore, make_agent: MakeAgent
 ) -> None:
     agent = make_agent("a")
@@ -36,9 +40,12 @@ async def test_sealed_groups_carry_the_replies_from_the_blob_table(
         assert reply is not None
         assert reply["_ng_rollout_id"] == ref.rollout_id and reply["_ng_attempt_index"] == ref.attempt_index
         assert reply["reward"] == reward and "output" in reply["response"]
-        # Content-addressed: the blob hashes to the digest the seal's RunReplied carries.
-        blob = store.get_blob(digest)
-        assert blob is not None and sha256_digest(blob) == digest and json.loads(blob) == reply
+        # Content-addressed: the stored reply hashes to the digest the seal's RunReplied carries.
+        blob = payload_plane(store).default.get(digest)
+        assert sha256_digest(blob) == digest and json.loads(blob) == reply
+    for tokens, claim in zip(sealed.tokens, sealed.token_claims, strict=True):
+        assert tokens is not None and claim is not None and claim.media_type == TOKENS_MEDIA_TYPE
+        assert tokens.token_count == sum(tokens.generation(r).size for r in range(len(tokens))) > 0
     replied = [e for e in store.read_stream(group_stream(g)) if e.type == "RunReplied"]
     assert sorted(e.data["reply_digest"] for e in replied) == sorted(sealed.reply_digests)
 
@@ -116,9 +123,8 @@ async def test_metrics_is_a_flat_dict_folded_from_the_log(store: EventStore, mak
 
 
 def _generation_logprobs(store: EventStore, tokens_digest: str) -> list[float]:
-    blob = store.get_blob(tokens_digest)
-    assert blob is not None
-    return [v for t in json.loads(blob) for v in TokenEntry.model_validate(t).generation_log_probs]
+    arrays = decode_arrays(payload_plane(store).default.get(tokens_digest))
+    return [float(v) for r in range(len(arrays)) for v in arrays.logprobs(r)]
 
 
 async def test_trainer_logprobs_are_checked_and_recorded_once(
@@ -154,8 +160,8 @@ async def test_trainer_logprobs_are_checked_and_recorded_once(
     assert event.event_id == str(result_event_id(ref.rollout_id, ref.attempt_index, "v1"))
     assert event.data["token_count"] == len(reference)
     assert event.data["max_abs_diff"] == pytest.approx(0.25, abs=1e-5)
-    blob = store.get_blob(event.data["blob_digest"])
-    assert blob is not None
+    assert event.data["logprobs"]["digest"] == event.data["blob_digest"]
+    blob = payload_plane(store).default.get(event.data["blob_digest"])
     assert decode_logprobs(blob).tolist() == pytest.approx(mine, abs=1e-6)
 
 
@@ -179,10 +185,19 @@ async def test_trainer_logprobs_refuse_tampered_token_records(
             attempt = coord.ledger.attempt(ref.rollout_id, ref.attempt_index)
             assert attempt is not None and isinstance(attempt.rollout_receipt, RolloutReceipt)
             receipt = attempt.rollout_receipt
-    blob = store.get_blob(receipt.tokens_digest)
-    assert blob is not None
-    n = receipt.token_count
-    with pytest.raises(LogprobsMismatch, match="hash to"):
-        own_logprobs.decide(receipt, blob + b" ", ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1")
-    with pytest.raises(LogprobsMismatch, match="not in the blob table"):
-        own_logprobs.decide(receipt, None, ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1")
+            n = receipt.token_count
+            local = payload_plane(store).default
+            assert isinstance(local, LocalDirPayloadStore)
+            path = local.path_of(receipt.tokens_digest)
+            blob = path.read_bytes()
+            # The stored records altered under their digest: the read by claim refuses them.
+            path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 0x40]))
+            with pytest.raises(LogprobsMismatch, match="hash to"):
+                await coord.record_logprobs(ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1")
+            path.unlink()
+            with pytest.raises(LogprobsMismatch, match="are not stored"):
+                await coord.record_logprobs(ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1")
+    with pytest.raises(LogprobsMismatch, match="do not decode"):
+        own_logprobs.decide(
+            receipt, blob + b" ", TOKENS_MEDIA_TYPE, ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1"
+        )

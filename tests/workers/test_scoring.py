@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from eventstore.events import RolloutReceipt
+from payloads.token_arrays import TokenArrays, decode_arrays
 from protocol.ids import capture_key
+from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE, TOKENS_MEDIA_TYPE, encode_entries
+from protocol.wire import TokenEntry
 from tests.workers.tries import agent_records, receipt_for, records_blob
 from workers.logprobs import (
     AttemptInput,
@@ -32,7 +35,11 @@ def _inputs(policy: Policy, temperature: float = 1.0) -> tuple[list[AttemptInput
     ):
         blob = records_blob(records)
         checked = verify_token_records(
-            blob, receipt_for(rollout_id, attempt_index, records, blob), rollout_id, attempt_index
+            blob,
+            TOKENS_MEDIA_TYPE,
+            receipt_for(rollout_id, attempt_index, records, blob),
+            rollout_id,
+            attempt_index,
         )
         inputs.append(prepare_attempt(checked, policy, rollout_id, attempt_index, CPU))
         generation.append([v for r in records for v in r.generation_log_probs])
@@ -96,7 +103,16 @@ def no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _call(ids: list[int], prompt_len: int, logprobs: list[float]) -> AttemptInput:
     return AttemptInput(
-        "bad_g0", 0, [CallInput("call-1", torch.tensor(ids, dtype=torch.long), prompt_len, logprobs)]
+        "bad_g0",
+        0,
+        [
+            CallInput(
+                "call-1",
+                torch.tensor(ids, dtype=torch.long),
+                prompt_len,
+                torch.tensor(logprobs, dtype=torch.float64),
+            )
+        ],
     )
 
 
@@ -126,7 +142,18 @@ def _checked(policy: Policy) -> tuple[bytes, RolloutReceipt, list[int]]:
 
 def test_records_that_do_not_match_the_receipt_are_refused(policy: Policy) -> None:
     blob, receipt, _ = _checked(policy)
-    assert len(verify_token_records(blob, receipt, "vr_g0", 1)) == len(receipt.model_call_ids)
+    assert len(verify_token_records(blob, TOKENS_MEDIA_TYPE, receipt, "vr_g0", 1)) == len(
+        receipt.model_call_ids
+    )
+    # The same records in the JSON list older logs hold read the same.
+    records = agent_records(policy, [("vr_g1", 0)], turns=(2, 3))[0]
+    new, old = records_blob(records), records_blob(records, legacy=True)
+    read = [
+        verify_token_records(b, m, receipt_for("vr_g1", 0, records, b), "vr_g1", 0)
+        for b, m in ((new, TOKENS_MEDIA_TYPE), (old, TOKENS_JSON_MEDIA_TYPE))
+    ]
+    assert [TokenEntry.model_validate(r) for r in read[0].to_records()] == records
+    assert [TokenEntry.model_validate(r) for r in read[1].to_records()] == records
     cases = {
         "capture key": receipt.model_copy(update={"capture_key": capture_key("vr_g0", 0)}),
         "model calls": receipt.model_copy(update={"model_call_ids": receipt.model_call_ids[:-1]}),
@@ -135,19 +162,20 @@ def test_records_that_do_not_match_the_receipt_are_refused(policy: Policy) -> No
     }
     for needle, bad in cases.items():
         with pytest.raises(TokenRecordError, match=needle):
-            verify_token_records(blob, bad, "vr_g0", 1)
+            verify_token_records(blob, TOKENS_MEDIA_TYPE, bad, "vr_g0", 1)
     with pytest.raises(TokenRecordError, match="receipt is for try"):
-        verify_token_records(blob, receipt, "vr_g0", 2)
-    with pytest.raises(TokenRecordError, match="hash to"):
-        verify_token_records(blob.replace(b'"call-1"', b'"call-7"'), receipt, "vr_g0", 1)
-    with pytest.raises(TokenRecordError, match="not in the blob table"):
-        verify_token_records(None, receipt, "vr_g0", 1)
+        verify_token_records(blob, TOKENS_MEDIA_TYPE, receipt, "vr_g0", 2)
+    with pytest.raises(TokenRecordError, match="do not decode"):
+        verify_token_records(blob[:-8], TOKENS_MEDIA_TYPE, receipt, "vr_g0", 1)
+    with pytest.raises(TokenRecordError, match="are not stored"):
+        verify_token_records(None, TOKENS_MEDIA_TYPE, receipt, "vr_g0", 1)
     # Records of another try, with a receipt that names them honestly: the capture key still differs.
     other = agent_records(policy, [("vr_g1", 0)])[0]
     other_blob = records_blob(other)
     with pytest.raises(TokenRecordError, match="names capture key 'vr_g1'"):
         verify_token_records(
             other_blob,
+            TOKENS_MEDIA_TYPE,
             receipt_for("vr_g1", 0, other, other_blob).model_copy(
                 update={"rollout_id": "vr_g0", "attempt_index": 1, "capture_key": "vr_g0-a1"}
             ),
@@ -157,18 +185,21 @@ def test_records_that_do_not_match_the_receipt_are_refused(policy: Policy) -> No
 
 
 def test_records_the_policy_cannot_score_are_refused(policy: Policy) -> None:
-    blob, receipt, _ = _checked(policy)
-    records = verify_token_records(blob, receipt, "vr_g0", 1)
-    out_of_vocab = [
+    records = agent_records(policy, [("vr_g0", 1)], turns=(2, 3))[0]
+
+    def arrays(entries: list[TokenEntry]) -> TokenArrays:
+        return decode_arrays(encode_entries(entries))
+
+    out_of_vocab = arrays([
         records[0].model_copy(
             update={"generation_token_ids": [policy.vocab_size] * len(records[0].generation_token_ids)}
         )
-    ]
+    ])  # fmt: skip
     with pytest.raises(TokenRecordError, match="outside the policy's vocabulary"):
         prepare_attempt(out_of_vocab, policy, "vr_g0", 1, CPU)
-    too_long = [records[0].model_copy(update={"prompt_token_ids": [1] * policy.max_seq_len})]
+    too_long = arrays([records[0].model_copy(update={"prompt_token_ids": [1] * policy.max_seq_len})])
     with pytest.raises(TokenRecordError, match="more than the policy's"):
         prepare_attempt(too_long, policy, "vr_g0", 1, CPU)
-    no_prompt = [records[0].model_copy(update={"prompt_token_ids": []})]
+    no_prompt = arrays([records[0].model_copy(update={"prompt_token_ids": []})])
     with pytest.raises(TokenRecordError, match="empty prompt"):
         prepare_attempt(no_prompt, policy, "vr_g0", 1, CPU)

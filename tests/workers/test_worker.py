@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 from cli.main import app
 from eventstore import EventIdConflict, EventStore, NewEvent, open_store
 from eventstore.events import LogprobsComputed, LogprobsRefused
+from eventstore.payload_stores import payload_plane
 from protocol.streams import logprobs_stream
-from tests.workers.tries import SealedTry, Tamper, seal_group, with_receipt
+from tests.workers.tries import SealedTry, Tamper, seal_group, with_receipt, with_tokens_digest
 from workers.logprobs import (
     LOGPROBS_MEDIA_TYPE,
     LogprobWorker,
@@ -49,9 +50,8 @@ def assert_each_once(store: EventStore, tries: list[SealedTry], version: str) ->
     assert counts == Counter({(t.rollout_id, t.attempt_index): 1 for t in tries})
     computed = [e for e in mine if isinstance(e, LogprobsComputed)]
     for event in computed:
-        blob = store.get_blob(event.blob_digest)
-        assert blob is not None, f"{event.rollout_id}: array blob missing"
-        array = decode_logprobs(blob)
+        assert event.logprobs is not None and event.logprobs.media_type == LOGPROBS_MEDIA_TYPE
+        array = decode_logprobs(payload_plane(store).get(event.logprobs_claim()))
         assert array.shape[0] == event.token_count
         assert float(array.double().sum()) == pytest.approx(event.logprob_sum, abs=1e-9)
     return computed
@@ -125,15 +125,8 @@ def test_a_result_that_races_another_workers_is_not_recorded_twice(store: EventS
 
 def _tampered_blob(store: EventStore) -> Tamper:
     def change(t: SealedTry) -> SealedTry:
-        # Another content under the receipt's digest (as if the blob table were edited).
-        with store.transaction() as tx:
-            tx.connection.execute(
-                text(
-                    "INSERT INTO blobs (digest, media_type, content, created_at) VALUES (:d, 'application/json', :c, 0)"
-                ),
-                {"d": t.receipt.tokens_digest, "c": t.blob.replace(b'"call-1"', b'"call-9"')},
-            )
-        return t
+        # Another content under the receipt's digest (as if the payload store were edited).
+        return replace(t, stored=t.blob.replace(b'"call-1"', b'"call-9"'))
 
     return change
 
@@ -150,7 +143,7 @@ def test_bad_token_records_are_refused_and_recorded(store: EventStore, policy: P
             2: lambda t: with_receipt(t, model_call_ids=["call-1", "call-2", "call-3", "call-4"]),
             3: lambda t: with_receipt(t, token_count=t.receipt.token_count + 1),
             4: _tampered_blob(store),
-            5: lambda t: with_receipt(t, tokens_digest=missing),
+            5: lambda t: with_tokens_digest(t, missing),
         },
     )
     stats = LogprobWorker(store, policy, FAST).run(once=True)
@@ -163,7 +156,7 @@ def test_bad_token_records_are_refused_and_recorded(store: EventStore, policy: P
         "wt_g2": "model calls",
         "wt_g3": "generated tokens",
         "wt_g4": "hash to",
-        "wt_g5": "not in the blob table",
+        "wt_g5": "are not stored",
     }
     for rollout_id, needle in expected.items():
         event = events[rollout_id]
@@ -175,12 +168,9 @@ def test_bad_token_records_are_refused_and_recorded(store: EventStore, policy: P
 
 
 def _array_blobs(store: EventStore) -> int:
-    with store.transaction() as tx:
-        return int(
-            tx.connection.execute(
-                text("SELECT COUNT(*) FROM blobs WHERE media_type = :m"), {"m": LOGPROBS_MEDIA_TYPE}
-            ).scalar_one()
-        )
+    """Payloads stored that no seal claims: the logprob arrays."""
+    tokens = {e.data["receipt"]["tokens_digest"] for e in store.read_all(types=["SiblingSealed"])}
+    return sum(p.digest not in tokens for p in payload_plane(store).default.scan())
 
 
 def test_leases_are_per_policy_version(store: EventStore, policy: Policy, other_policy: Policy) -> None:
@@ -222,3 +212,11 @@ def test_cli_drains_and_prints_a_summary(sqlite_url: str, policy: Policy) -> Non
     assert "scored" in again.stdout
     bad = CliRunner().invoke(app, ["worker", "logprobs", "--db", sqlite_url, "--policy", "huge"])
     assert bad.exit_code == 2 and "unknown policy" in bad.output
+
+
+def test_a_log_written_before_claims_is_scored_from_its_blob_table(store: EventStore, policy: Policy) -> None:
+    tries = seal_group(store, policy, "wl", 2, legacy=True)
+    assert all(t.receipt.tokens is None for t in tries)
+    stats = LogprobWorker(store, policy, FAST).run(once=True)
+    assert (stats.scored, stats.refused) == (2, 0)
+    assert_each_once(store, tries, policy.policy_version)

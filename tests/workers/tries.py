@@ -2,8 +2,9 @@
 
 Token records come from `gym_agent.episode.Environment.play`, the reference agent's own episode code
 (same policy, same sampling, same logprob formula), and reach the log the way the trainer stores them:
-the canonical JSON list of `TokenEntry` dumps in the blob table under the receipt's `tokens_digest`,
-in the same transaction as the group's events.  Nothing here depends on the coordinator.
+the binary form as a payload the receipt claims, stored before the group's events; or, with
+`legacy=True`, the way logs written before claims hold them (the canonical JSON list in the log's blob
+table, in the same transaction, a receipt without a claim).  Nothing here depends on the coordinator.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from eventstore.events import (
     RolloutReceipt,
     SiblingSealed,
 )
+from eventstore.payload_stores import payload_plane
 from gym_agent.episode import Environment
 from gym_agent.faults import NO_FAULT
+from payloads import PayloadClaim
 from protocol.digests import canonical_json
 from protocol.ids import capture_key
 from protocol.streams import group_stream
+from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE, TOKENS_MEDIA_TYPE, encode_entries
 from protocol.wire import AttemptRef, RunRequest, TokenEntry
 from workers.policy import Policy
 
@@ -42,15 +46,21 @@ class SealedTry:
     records: list[TokenEntry]
     receipt: RolloutReceipt
     blob: bytes
+    media_type: str = TOKENS_MEDIA_TYPE
+    # What goes into the store under the receipt's digest: the blob, unless a test damaged it (None:
+    # nothing is stored).
+    stored: bytes | None = None
 
     @property
     def generation_log_probs(self) -> list[float]:
         return [v for r in self.records for v in r.generation_log_probs]
 
 
-def records_blob(records: list[TokenEntry]) -> bytes:
-    """Exactly what the trainer stores: canonical JSON of the records' wire dumps."""
-    return canonical_json([r.record() for r in records]).encode()
+def records_blob(records: list[TokenEntry], legacy: bool = False) -> bytes:
+    """Exactly what the trainer stores: the binary form (or, `legacy`, the JSON list older logs hold)."""
+    if legacy:
+        return canonical_json([r.record() for r in records]).encode()
+    return encode_entries(records)
 
 
 def receipt_for(
@@ -111,20 +121,27 @@ def seal_group(
     *,
     tamper: dict[int, Tamper] | None = None,
     temperature: float = 1.0,
+    legacy: bool = False,
 ) -> list[SealedTry]:
-    """Reserves, mints and seals a group in one append, its token records in the same transaction.
+    """Reserves, mints and seals a group in one append, its token records stored first (or, `legacy`,
+    in the log's blob table in the same transaction).
 
     `tamper[i]` rewrites sibling i's records/receipt/blob before anything is written.
     """
+    plane = payload_plane(store)
     ids = [(f"{group_id}_g{i}", 0) for i in range(siblings)]
     made = []
     for (rollout_id, attempt_index), records in zip(
         ids, agent_records(policy, ids, temperature=temperature), strict=True
     ):
-        blob = records_blob(records)
-        sealed = SealedTry(
-            rollout_id, attempt_index, records, receipt_for(rollout_id, attempt_index, records, blob), blob
-        )
+        blob = records_blob(records, legacy)
+        receipt = receipt_for(rollout_id, attempt_index, records, blob)
+        if not legacy:
+            receipt = receipt.model_copy(
+                update={"tokens": PayloadClaim.of(blob, TOKENS_MEDIA_TYPE, plane.default.name)}
+            )
+        media = TOKENS_JSON_MEDIA_TYPE if legacy else TOKENS_MEDIA_TYPE
+        sealed = SealedTry(rollout_id, attempt_index, records, receipt, blob, media)
         made.append(sealed)
     for i, change in (tamper or {}).items():
         made[i] = change(made[i])
@@ -147,12 +164,30 @@ def seal_group(
             group_id=group_id, attempts=[AttemptRef(rollout_id=t.rollout_id, attempt_index=0) for t in made]
         )
     )
+    if not legacy:  # as the trainer does it: the payloads durable before the events that claim them
+        plane.default.put_many(
+            {
+                t.receipt.tokens_digest: t.blob if t.stored is None else t.stored
+                for t in made
+                if t.stored != b""
+            }
+        )
     with store.transaction() as tx:
-        for t in made:
-            tx.put_blob(t.blob)
+        if legacy:
+            for t in made:
+                tx.put_blob(t.blob)
         tx.append(group_stream(group_id), events)
     return made
 
 
 def with_receipt(sealed: SealedTry, **changes: object) -> SealedTry:
     return replace(sealed, receipt=sealed.receipt.model_copy(update=changes))
+
+
+def with_tokens_digest(sealed: SealedTry, digest: str) -> SealedTry:
+    """The receipt claims records under `digest`, where nothing is stored."""
+    receipt = sealed.receipt
+    claim = receipt.tokens.model_copy(update={"digest": digest}) if receipt.tokens is not None else None
+    return replace(
+        sealed, receipt=receipt.model_copy(update={"tokens_digest": digest, "tokens": claim}), stored=b""
+    )

@@ -25,6 +25,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from payloads.token_arrays import TokenArrays, canonical, decode_arrays
 from protocol.errors import (
     CHECKPOINT_CONFLICT,
     GONE,
@@ -34,6 +35,7 @@ from protocol.errors import (
     TRAINER_CONFLICT,
 )
 from protocol.ids import capture_key
+from protocol.token_codec import TOKENS_MEDIA_TYPE, TokenCodecError, encode_entries
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
     CONTINUE_FROM_HEADER,
@@ -85,7 +87,7 @@ from trainer.gym.errors import (
     UnauthorizedError,
 )
 from trainer.gym.reduced import ReducedMode
-from trainer.gym.transport import LeanTransport, Timeouts, origin_of
+from trainer.gym.transport import LeanTransport, Reply, Timeouts, origin_of
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -96,6 +98,9 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # prepare waits server-side up to its own timeout_s; the HTTP call gets this much on top.
 PREPARE_MARGIN_S = 15.0
 _TOKEN_LIST = TypeAdapter(list[TokenEntry])
+_TOKENS_MEDIA = TOKENS_MEDIA_TYPE.encode()
+# The binary form first; JSON from agents that do not speak it.
+_ACCEPT_TOKENS = ((b"Accept", _TOKENS_MEDIA + b", application/json;q=0.5"),)
 _JSON: TypeAdapter[Any] = TypeAdapter(Any)
 _FENCE_ERRORS: dict[str, type[GymError]] = {
     CHECKPOINT_CONFLICT: CheckpointConflictError,
@@ -223,6 +228,22 @@ class GymClient:
         extra_headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> bytes:
         """One call; returns the body of a 200 (for `_parse`), raises a typed error otherwise."""
+        reply = await self._exchange(
+            pool, method, path, body=body, timeout_s=timeout_s, extra_headers=extra_headers
+        )
+        return reply.body
+
+    async def _exchange(
+        self,
+        pool: LeanTransport,
+        method: str,
+        path: str,
+        *,
+        body: BaseModel | None = None,
+        timeout_s: float | None = None,
+        extra_headers: Sequence[tuple[bytes, bytes]] = (),
+    ) -> Reply:
+        """One call; returns a 200 reply whole (headers too), raises a typed error otherwise."""
         what = f"{method} {self.base_url}{path}"
         content = b"" if body is None else body.model_dump_json(by_alias=True).encode()
         headers = [*self._headers, *extra_headers, (b"Content-Length", str(len(content)).encode())]
@@ -242,7 +263,7 @@ class GymClient:
         except httpx.TransportError as exc:
             raise AgentUnavailableError(f"{what}: agent unreachable ({type(exc).__name__}: {exc})") from exc
         if reply.status == 200:
-            return reply.body  # parsed and validated in one pass by `_parse`
+            return reply  # its body parsed and validated in one pass by `_parse`
         try:
             payload = json.loads(reply.body)
         except ValueError:
@@ -455,15 +476,34 @@ class GymClient:
             raise BadResponseError(f"{self.base_url}{path}: receipt names {receipt.attempt}")
         return receipt
 
-    async def token_capture(self, capture_key: str) -> list[TokenEntry]:
+    async def token_capture(self, capture_key: str) -> TokenArrays:
+        """The try's token records in their canonical binary form, as arrays.  An agent that speaks
+        the binary form answers in it (no JSON, no per-token Python object on this side); one that
+        does not answers JSON, converted once here."""
         if self.reduced is not None:
-            return self.reduced.token_capture(capture_key)
+            return decode_arrays(encode_entries(self.reduced.token_capture(capture_key)))
         path = f"/token_capture/{capture_key}"
-        body = await self._send(self._control, "GET", path)
-        entries = self._validated(_TOKEN_LIST.validate_json, "list[TokenEntry]", body, path)
-        if any(e.rollout_id != capture_key for e in entries):
+        reply = await self._exchange(self._control, "GET", path, extra_headers=_ACCEPT_TOKENS)
+        content_type = next((v for k, v in reply.headers if k.lower() == b"content-type"), b"")
+        if content_type.split(b";")[0].strip() == _TOKENS_MEDIA:
+            try:
+                arrays = decode_arrays(canonical(reply.body))
+            except TokenCodecError as exc:
+                raise BadResponseError(f"{self.base_url}{path}: {exc}") from None
+            keys = [r.get("rollout_id") for r in arrays.records]
+            calls = [r.get("model_call_id") for r in arrays.records]
+            if not all(isinstance(c, str) for c in calls):
+                raise BadResponseError(f"{self.base_url}{path}: a token record has no model_call_id")
+        else:
+            entries = self._validated(_TOKEN_LIST.validate_json, "list[TokenEntry]", reply.body, path)
+            keys = [e.rollout_id for e in entries]
+            try:
+                arrays = decode_arrays(encode_entries(entries))
+            except TokenCodecError as exc:
+                raise BadResponseError(f"{self.base_url}{path}: {exc}") from None
+        if any(k != capture_key for k in keys):
             raise BadResponseError(f"{self.base_url}{path}: token records of another capture key")
-        return entries
+        return arrays
 
     async def acknowledge(self, receipts: Sequence[CompletionReceipt]) -> list[AcknowledgeResult]:
         """ONE `/acknowledge` request carrying every receipt; one result per receipt, in order."""

@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import json
 import os
 import tempfile
 import threading
@@ -50,10 +49,12 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eventstore import EventStore, open_store
 from eventstore.events import Mode
+from payloads.token_arrays import decode_payload
 from projections.base import fold
 from projections.checkpoints import CheckpointsProjection, CheckpointState
 from protocol.ids import Identifier
@@ -753,25 +754,20 @@ class LedgerGym:
                         f"group {group.group_id} waited for checkpoint {coord.ctx.active_checkpoint!r} "
                         f"to be decided until the call's budget ({self.config.call_budget_s:g} s) ran out"
                     ) from None
-        store = self.store
-        assert store is not None
 
-        def read() -> dict[str, bytes]:
-            return store.get_blobs(
-                [d for s in record.seals.values() for d in (s.reply_digest, s.tokens_digest) if d]
-            )
-
-        blobs = await coord.journal.read(read, "reading replies and token records")
+        found = await coord.payloads.get_many(
+            [c for s in record.seals.values() for c in (s.reply, s.tokens) if c is not None]
+        )
         out = []
         for gi, rowidx in enumerate(group.rows):
             seal = record.seals[gi]
-            reply, tokens = blobs.get(seal.reply_digest), blobs.get(seal.tokens_digest)
-            if reply is None or tokens is None:
-                raise RowError(f"group {group.group_id}: sibling {gi}'s reply or tokens are not in the log")
-            entries = [TokenEntry.model_validate(t) for t in json.loads(tokens)]
+            if seal.reply is None:
+                raise RowError(f"group {group.group_id}: sibling {gi}'s reply was not kept")
+            arrays = decode_payload(bytearray(found[seal.tokens.digest]), seal.tokens.media_type)
+            entries = [TokenEntry.model_validate(t) for t in arrays.to_records()]
             result = row_result(
                 group.row_dicts[gi],
-                json.loads(reply),
+                orjson.loads(found[seal.reply.digest]),
                 entries,
                 rollout_id=seal.rollout_id,
                 attempt_index=seal.attempt_index,

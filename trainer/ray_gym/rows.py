@@ -21,6 +21,9 @@ retry calls again with the same rows and lands on the same groups (submit is ide
 resumes instead of resubmitting.  The occurrence counts earlier calls with the very same rows whose
 groups were all delivered (or one of which was dead-lettered), so a later epoch over the same
 prompts, or NeMo RL's own retry of a prompt the ledger gave up on, gets groups of its own.
+
+Going back, each sealed sibling's reply and token records are read by the claims its group stream
+holds (`Seal`): the `RunReplied` claim and the seal receipt's `tokens` claim.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from eventstore import RecordedEvent
-from eventstore.events import PromptRef
+from eventstore.events import PromptRef, RolloutReceipt, RunReplied
+from payloads import PayloadClaim
 from protocol.digests import canonical_json, sha256_digest
 from protocol.ids import MAX_ID_LENGTH
 
@@ -83,8 +87,9 @@ class Seal:
 
     rollout_id: str
     attempt_index: int
-    reply_digest: str
-    tokens_digest: str
+    # The reply's claim (None: a masked reply that was not kept) and the token records'.
+    reply: PayloadClaim | None
+    tokens: PayloadClaim
     mask_sample: bool
 
 
@@ -184,16 +189,18 @@ def read_group(group_id: str, events: Iterable[RecordedEvent]) -> GroupRecord:
     """Folds one group stream into what the adapter needs (raw data: claims a restore rolled back
     are listed too)."""
     record = GroupRecord(group_id)
-    replies: dict[tuple[str, int], str] = {}
+    replies: dict[tuple[str, int], PayloadClaim | None] = {}
     for event in events:
         data = event.data
         if event.type == "RunReplied":
-            replies[(data["rollout_id"], data["attempt_index"])] = data["reply_digest"]
+            replies[(data["rollout_id"], data["attempt_index"])] = RunReplied.model_validate(
+                data
+            ).reply_claim()
         elif event.type == "SiblingSealed":
             rid, n = data["rollout_id"], data["attempt_index"]
-            receipt = data["receipt"]
+            receipt = RolloutReceipt.model_validate(data["receipt"])
             record.seals[int(rid.rpartition("_g")[2])] = Seal(
-                rid, n, replies.get((rid, n), ""), receipt["tokens_digest"], bool(receipt["mask_sample"])
+                rid, n, replies.get((rid, n)), receipt.tokens_claim(), receipt.mask_sample
             )
         elif event.type == "GroupSealed":
             record.sealed = True

@@ -4,12 +4,13 @@
     worker = LogprobWorker(open_store(url), load_policy("tiny"), WorkerConfig(batch_tokens=4096))
     worker.run(once=True)
 
-Token records live in the log's blob table (see `workers.logprobs.scoring`); the work queue and its
-leases are the `work_leases` table (see `workers.logprobs.claims`); one transaction per try writes the
-logprob array, the `LogprobsComputed`/`LogprobsRefused` event and the lease's `done` (see
-`workers.logprobs.worker`).
+Token records are payloads the seal claims, read as arrays (see `workers.logprobs.scoring`); the work
+queue and its leases are the `work_leases` table (see `workers.logprobs.claims`); per try, the logprob
+array is stored first, then one transaction writes the `LogprobsComputed`/`LogprobsRefused` event
+claiming it and the lease's `done` (see `workers.logprobs.worker`).
 """
 
+from eventstore.events import LOGPROBS_MEDIA_TYPE
 from workers.logprobs.claims import (
     LOGPROBS_NAMESPACE,
     Claim,
@@ -20,7 +21,6 @@ from workers.logprobs.claims import (
     work_kind,
 )
 from workers.logprobs.scoring import (
-    LOGPROBS_MEDIA_TYPE,
     AttemptInput,
     AttemptScore,
     CallInput,

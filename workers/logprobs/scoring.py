@@ -1,10 +1,11 @@
 """Token records in, policy logprobs out.
 
-Where the token records live: the trainer copies a try's `/token_capture` list into the log's
-content-addressed blob table (canonical JSON of the `TokenEntry` dumps, under `tokens_digest` of the
-try's `RolloutReceipt`) in the same transaction as the event that carries the receipt.  They therefore
-exist exactly when the seal exists and outlive the agent's copy, which the agent deletes after the ACK.
-A worker never talks to an agent.
+Where the token records live: the trainer stores a try's `/token_capture` records as one payload (the
+binary form of `protocol.token_codec`) before it appends the event whose `RolloutReceipt` claims it
+(`tokens`), so they exist whenever the seal exists and outlive the agent's copy, which the agent
+deletes after the ACK.  A worker never talks to an agent: it reads the payload by its claim (checked
+against the digest) and works on views of its arrays; no token becomes a Python object on the way to
+the kernel.
 
 Before anything is scored the records are checked against the receipt (`verify_token_records`); a
 mismatch raises `TokenRecordError`, which the worker records as `LogprobsRefused` instead of scoring.
@@ -18,25 +19,19 @@ on what else shares its launch (the torch fallback is not, so there each try get
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pydantic import TypeAdapter, ValidationError
 
 from eventstore.events import RolloutReceipt
-from protocol.digests import sha256_digest
+from payloads.token_arrays import TokenArrays, decode_payload
 from protocol.ids import capture_key
-from protocol.lineage import LineageError, full_prompts
-from protocol.wire import TokenEntry
+from protocol.lineage import LineageError
+from protocol.token_codec import TokenCodecError
 from workers.kernels import Backend, fused_linear_logprobs, resolve_backend
 from workers.policy import Policy
-
-LOGPROBS_MEDIA_TYPE = "application/vnd.rollout-ledger.logprobs+float32-le"
-_TOKEN_LIST = TypeAdapter(list[TokenEntry])
 
 
 class TokenRecordError(ValueError):
@@ -50,11 +45,11 @@ class CallInput:
     model_call_id: str
     ids: torch.Tensor  # [prompt + generation] int64
     prompt_len: int
-    generation_log_probs: list[float]
+    generation_log_probs: torch.Tensor  # [generation] float64 on the host
 
     @property
     def generated(self) -> int:
-        return len(self.generation_log_probs)
+        return int(self.generation_log_probs.shape[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +92,10 @@ def decode_logprobs(content: bytes) -> torch.Tensor:
 
 
 def verify_token_records(
-    blob: bytes | None, receipt: RolloutReceipt, rollout_id: str, attempt_index: int
-) -> list[TokenEntry]:
-    """The try's token records, parsed, or `TokenRecordError` naming the first mismatch with its receipt."""
+    content: bytes | None, media_type: str, receipt: RolloutReceipt, rollout_id: str, attempt_index: int
+) -> TokenArrays:
+    """The try's token records as arrays, or `TokenRecordError` naming the first mismatch with its
+    receipt.  `content` is the payload as the plane returned it (already checked against its digest)."""
     if (receipt.rollout_id, receipt.attempt_index) != (rollout_id, attempt_index):
         raise TokenRecordError(
             f"receipt is for try ({receipt.rollout_id}, {receipt.attempt_index}), "
@@ -108,26 +104,21 @@ def verify_token_records(
     key = capture_key(rollout_id, attempt_index)
     if receipt.capture_key != key:
         raise TokenRecordError(f"receipt names capture key {receipt.capture_key!r}, the try's is {key!r}")
-    if blob is None:
-        raise TokenRecordError(f"token records {receipt.tokens_digest} are not in the blob table")
-    actual = sha256_digest(blob)
-    if actual != receipt.tokens_digest:
-        raise TokenRecordError(
-            f"token records stored under {receipt.tokens_digest} hash to {actual}: the blob was altered"
-        )
+    if content is None:
+        raise TokenRecordError(f"token records {receipt.tokens_digest} are not stored")
     try:
-        records = _TOKEN_LIST.validate_python(json.loads(blob))
-    except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
-        raise TokenRecordError(f"token records do not parse as a TokenEntry list: {exc}") from None
-    if not records:
+        records = decode_payload(bytearray(content), media_type)
+    except TokenCodecError as exc:
+        raise TokenRecordError(f"token records do not decode: {exc}") from None
+    if not len(records):
         raise TokenRecordError("the token record list is empty")
-    for record in records:
-        if record.rollout_id != key:
+    for record in records.records:
+        if record.get("rollout_id") != key:
             raise TokenRecordError(
-                f"token record of call {record.model_call_id!r} names capture key {record.rollout_id!r}, "
-                f"the try's is {key!r}"
+                f"token record of call {record.get('model_call_id')!r} names capture key "
+                f"{record.get('rollout_id')!r}, the try's is {key!r}"
             )
-    call_ids = [r.model_call_id for r in records]
+    call_ids = records.model_call_ids
     if call_ids != receipt.model_call_ids:
         raise TokenRecordError(
             f"token records hold model calls {call_ids}, the receipt lists {receipt.model_call_ids}"
@@ -137,51 +128,51 @@ def verify_token_records(
             f"last token record is call {call_ids[-1]!r}, the receipt's terminal call is "
             f"{receipt.terminal_model_call_id!r}"
         )
-    count = sum(len(r.generation_token_ids) for r in records)
-    if count != receipt.token_count:
+    if records.token_count != receipt.token_count:
         raise TokenRecordError(
-            f"token records hold {count} generated tokens, the receipt says {receipt.token_count}"
+            f"token records hold {records.token_count} generated tokens, the receipt says {receipt.token_count}"
         )
     return records
 
 
 def prepare_attempt(
-    records: Sequence[TokenEntry], policy: Policy, rollout_id: str, attempt_index: int, device: torch.device
+    records: TokenArrays, policy: Policy, rollout_id: str, attempt_index: int, device: torch.device
 ) -> AttemptInput:
-    """Checks the records against the policy's limits and builds the id tensors."""
+    """Checks the records against the policy's limits and builds the id tensors from the arrays (one
+    concatenation per call; the checks are numpy's reductions)."""
     calls = []
     vocab = policy.vocab_size
     try:
-        prompts = full_prompts(records)  # a delta prompt is rebuilt from its parent chain
+        prompts = records.full_prompts()  # a delta prompt is rebuilt from its parent chain
     except LineageError as exc:
         raise TokenRecordError(str(exc)) from None
-    for record, prompt in zip(records, prompts, strict=True):
-        generation = record.generation_token_ids
-        if not generation:
+    for r, prompt in enumerate(prompts):
+        call_id = records.model_call_ids[r]
+        generation = records.generation(r)
+        if not generation.size:
             continue  # a call that generated nothing has nothing to score
-        if not prompt:
+        if not prompt.size:
+            raise TokenRecordError(f"call {call_id!r} has an empty prompt: its first token has no prefix")
+        if prompt.size + generation.size > policy.max_seq_len:
             raise TokenRecordError(
-                f"call {record.model_call_id!r} has an empty prompt: its first token has no prefix"
-            )
-        if len(prompt) + len(generation) > policy.max_seq_len:
-            raise TokenRecordError(
-                f"call {record.model_call_id!r} spans {len(prompt) + len(generation)} tokens, more than the "
+                f"call {call_id!r} spans {prompt.size + generation.size} tokens, more than the "
                 f"policy's {policy.max_seq_len}"
             )
-        ids = prompt + generation
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
+        ids = np.concatenate([prompt, generation]).astype(np.int64)
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise TokenRecordError(
-                f"call {record.model_call_id!r} has token id {bad[0]} outside the policy's vocabulary 0..{vocab - 1}"
+                f"call {call_id!r} has token id {bad} outside the policy's vocabulary 0..{vocab - 1}"
             )
-        if not all(math.isfinite(v) for v in record.generation_log_probs):
-            raise TokenRecordError(f"call {record.model_call_id!r} has a non-finite generation logprob")
+        logprobs = records.logprobs(r).astype(np.float64)
+        if not np.isfinite(logprobs).all():
+            raise TokenRecordError(f"call {call_id!r} has a non-finite generation logprob")
         calls.append(
             CallInput(
-                model_call_id=record.model_call_id,
-                ids=torch.tensor(ids, dtype=torch.long, device=device),
-                prompt_len=len(prompt),
-                generation_log_probs=list(record.generation_log_probs),
+                model_call_id=call_id,
+                ids=torch.from_numpy(ids).to(device),
+                prompt_len=int(prompt.size),
+                generation_log_probs=torch.from_numpy(logprobs),
             )
         )
     return AttemptInput(rollout_id, attempt_index, calls)
@@ -259,7 +250,7 @@ def score_attempts(
             start = call.prompt_len - 1
             call_rows = hidden[start : start + call.generated]
             call_targets = call.ids[call.prompt_len :]
-            reference = torch.tensor(call.generation_log_probs, dtype=torch.float64)
+            reference = call.generation_log_probs
             check_rows(call_rows, weight, call_targets, reference)
             rows.append(call_rows)
             targets.append(call_targets)

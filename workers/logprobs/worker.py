@@ -1,9 +1,10 @@
 """The logprob worker loop: enqueue seals, claim a batch, score it, append one result per try.
 
-Each try ends in exactly one transaction that writes the logprob array to the blob table, appends the
-`LogprobsComputed` event (or `LogprobsRefused`) to `logprobs-<group_id>` and marks its lease done: all
-or nothing, so a worker killed anywhere leaves either the whole result or none of it, and a row that is
-not done is claimed again when its lease expires.  The event id is derived from (rollout id, try, policy
+Each try ends in one payload put (the logprob array, durable first) and exactly one transaction that
+appends the `LogprobsComputed` event claiming it (or `LogprobsRefused`) to `logprobs-<group_id>` and
+marks its lease done: all or nothing in the log, so a worker killed anywhere leaves either the whole
+result or none of it (at most an unclaimed array, which collection removes), and a row that is not
+done is claimed again when its lease expires.  The event id is derived from (rollout id, try, policy
 version) (`claims.result_event_id`): a second worker that scored the same try anyway (its lease had
 expired) gets the original positions back, or `EventIdConflict` if its numbers differ (another device,
 say), and nothing of its own is written.
@@ -23,14 +24,14 @@ from dataclasses import dataclass, field
 import torch
 
 from eventstore import DatabaseUnavailable, EventIdConflict, EventStore, NewEvent
-from eventstore.events import LogprobsComputed, LogprobsRefused, SiblingSealed
-from protocol.digests import sha256_digest
+from eventstore.events import LOGPROBS_MEDIA_TYPE, LogprobsComputed, LogprobsRefused, SiblingSealed
+from eventstore.payload_stores import payload_plane
+from payloads import PayloadCorrupt, PayloadMissing, PayloadPlane, PayloadStoreUnavailable
 from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.streams import group_of_stream, logprobs_stream
 from workers.kernels import Backend
 from workers.logprobs.claims import Claim, LeaseBoard, QueueCounts, result_event_id, work_key
 from workers.logprobs.scoring import (
-    LOGPROBS_MEDIA_TYPE,
     AttemptInput,
     AttemptScore,
     TokenRecordError,
@@ -123,8 +124,10 @@ class LogprobWorker:
         *,
         worker_id: str | None = None,
         hooks: WorkerHooks | None = None,
+        payloads: PayloadPlane | None = None,
     ) -> None:
         self.store = store
+        self.payloads = payloads or payload_plane(store)
         self.policy = policy
         self.config = config or WorkerConfig()
         self.worker_id = worker_id or default_worker_id()
@@ -165,7 +168,7 @@ class LogprobWorker:
                 self.board.enqueue()
                 processed = self.run_batch()
                 counts = self.board.counts()
-            except DatabaseUnavailable as exc:
+            except (DatabaseUnavailable, PayloadStoreUnavailable) as exc:
                 # Ride out a database restart: what finished is in the log, unfinished claims were
                 # given back (or return at lease expiry), so the next round simply claims again.
                 now = time.monotonic()
@@ -230,12 +233,16 @@ class LogprobWorker:
                 finished.add(claim.work_key)
                 continue
             seal = job.seal
+            tokens = seal.receipt.tokens_claim()
             try:
+                try:
+                    content: bytes | None = self.payloads.get(tokens)
+                except PayloadMissing:
+                    content = None
+                except PayloadCorrupt as exc:
+                    raise TokenRecordError(f"token records stored under {tokens.digest}: {exc}") from None
                 records = verify_token_records(
-                    self.store.get_blob(seal.receipt.tokens_digest),
-                    seal.receipt,
-                    seal.rollout_id,
-                    seal.attempt_index,
+                    content, tokens.media_type, seal.receipt, seal.rollout_id, seal.attempt_index
                 )
                 ready.append(
                     (
@@ -293,12 +300,13 @@ class LogprobWorker:
             reason=reason,
         )
         log.warning("refused (%s, %d): %s", seal.rollout_id, seal.attempt_index, reason)
-        if self._commit(job, event, None):
+        if self._commit(job, event):
             self.stats.refused += 1
             self.stats.refusals.append(f"{seal.rollout_id}/{seal.attempt_index}: {reason}")
 
     def _record(self, job: _Job, score: AttemptScore) -> None:
         content = score.array_bytes()
+        [claim] = self.payloads.put([(content, LOGPROBS_MEDIA_TYPE)])  # durable before the event
         event = LogprobsComputed(
             rollout_id=score.rollout_id,
             attempt_index=score.attempt_index,
@@ -307,21 +315,20 @@ class LogprobWorker:
             logprob_sum=score.logprob_sum,
             max_abs_diff=score.max_abs_diff,
             mean_abs_diff=score.mean_abs_diff,
-            blob_digest=sha256_digest(content),
+            blob_digest=claim.digest,
+            logprobs=claim,
         )
-        if self._commit(job, event, content):
+        if self._commit(job, event):
             self.stats.scored += 1
             self.stats.tokens += score.token_count
             self.stats.max_abs_diff = max(self.stats.max_abs_diff, score.max_abs_diff)
 
-    def _commit(self, job: _Job, event: LogprobsComputed | LogprobsRefused, content: bytes | None) -> bool:
-        """Blob + event + lease done in one transaction; False when another worker's result was there first."""
+    def _commit(self, job: _Job, event: LogprobsComputed | LogprobsRefused) -> bool:
+        """Event + lease done in one transaction; False when another worker's result was there first."""
         seal = job.seal
         event_id = result_event_id(seal.rollout_id, seal.attempt_index, self.policy_version)
         try:
             with self.store.transaction() as tx:
-                if content is not None:
-                    tx.put_blob(content, LOGPROBS_MEDIA_TYPE)
                 result = tx.append(
                     logprobs_stream(job.group_id),
                     [NewEvent.of(event, event_id=event_id)],
