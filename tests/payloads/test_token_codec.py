@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from payloads.token_arrays import canonical, decode_arrays, decode_payload, encode_arrays
+from protocol.lineage import LineageError, full_prompts
 from protocol.token_codec import (
     TOKENS_JSON_MEDIA_TYPE,
     TOKENS_MEDIA_TYPE,
@@ -19,11 +20,13 @@ from protocol.token_codec import (
     assemble,
     decode_json,
     decode_records,
+    encode_entries,
     encode_json,
     encode_records,
     read_layout,
 )
 from protocol.wire import TokenEntry
+from tests.gym.test_token_records import _delta_chain
 
 small_ids = st.lists(st.integers(0, 2**32 - 1), max_size=40)
 wide_ids = st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=10)
@@ -148,3 +151,18 @@ def test_records_without_a_binary_form_are_refused() -> None:
     with pytest.raises(TokenCodecError, match="lacks generation_log_probs"):
         encode_records([{"prompt_token_ids": [1], "generation_token_ids": [2]}])
     assert TOKENS_MEDIA_TYPE.startswith("application/vnd.rollout-ledger.tokens")
+
+
+def test_arrays_rebuild_delta_prompts_exactly_as_the_lineage_reader_does() -> None:
+    c1, c2, c3 = _delta_chain()
+    for records in ([c3, c1, c2], [c1, c2, c3], [c1]):
+        arrays = decode_arrays(encode_entries(records))
+        assert [p.tolist() for p in arrays.full_prompts()] == full_prompts(records)
+    with pytest.raises(LineageError, match=r"'c3'.*parent 'c2' is not among"):
+        decode_arrays(encode_entries([c1, c3])).full_prompts()
+    forged = c2.model_copy(update={"prompt_token_ids": [6, 0]})
+    with pytest.raises(LineageError, match=r"'c2'.*does not match its digest"):
+        decode_arrays(encode_entries([c1, forged, c3])).full_prompts()
+    looped = c1.model_copy(update={"prompt_is_delta": True, "parent_call_id": "c3"})
+    with pytest.raises(LineageError, match="cycle"):
+        decode_arrays(encode_entries([looped, c2, c3])).full_prompts()
