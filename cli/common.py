@@ -64,12 +64,14 @@ def db_url(db: str | None, role: Role = "writer") -> str:
 
 @contextmanager
 def clear_errors() -> Iterator[None]:
-    """A store error ends the command with its message (password masked) and exit status 2."""
+    """A store error (the log's or a payload store's) ends the command with its message (password
+    masked) and exit status 2."""
     from eventstore.errors import EventStoreError
+    from payloads import PayloadStoreError
 
     try:
         yield
-    except EventStoreError as exc:
+    except (EventStoreError, PayloadStoreError) as exc:
         error(str(exc))
         raise typer.Exit(2) from None
 

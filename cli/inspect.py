@@ -238,15 +238,24 @@ def snapshot(
 def audit(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    payloads: Annotated[
+        str | None,
+        typer.Option(
+            "--payloads",
+            help="The payload store the log's writers used (default: $LEDGER_PAYLOADS, else beside the log).",
+        ),
+    ] = None,
 ) -> None:
-    """Replay the whole log and check every invariant of docs/events.md, read every stored payload back
-    against its digest, and run the database's own integrity check; exit status 1 on any violation."""
+    """Replay the whole log and check every invariant of docs/events.md, read back every payload its
+    events claim against its digest, and run the database's own integrity check; exit status 1 on any
+    violation."""
+    from eventstore.payload_stores import payload_plane
     from projections.audit import audit_log
 
-    with _store(db) as store:
+    with _store(db) as store, clear_errors():
         started = time.perf_counter()
         with _progress("audit", store.head(), quiet=as_json) as advance:
-            report = audit_log(store, advance, payloads=True)
+            report = audit_log(store, advance, payload_plane(store, payloads))
         seconds = time.perf_counter() - started
     if as_json:
         typer.echo(json.dumps(report.as_json(), indent=2))
@@ -263,8 +272,8 @@ def audit(
         if report.payloads is not None:
             p = report.payloads
             console.print(
-                f"payloads: {p.checked:,} of {p.named:,} named read back ({p.checked_bytes:,} bytes), "
-                f"{p.missing} missing, {p.corrupt} altered; {p.blobs:,} blobs; {escape(p.database)}"
+                f"payloads: {p.checked:,} of {p.claimed:,} claimed read back ({p.checked_bytes:,} bytes), "
+                f"{p.missing} missing, {p.corrupt} altered; {p.log_blobs:,} log blobs; {escape(p.database)}"
             )
     if not report.ok:
         raise typer.Exit(1)

@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterator, Mapping
 
 from sqlalchemy import text
 
+from eventstore.errors import DatabaseUnavailable, EventStoreError
 from eventstore.store import EventStore
 from payloads import (
     LOG_BLOBS_STORE,
@@ -22,6 +23,7 @@ from payloads import (
     PayloadPlane,
     PayloadStore,
     PayloadStoreError,
+    PayloadStoreUnavailable,
     StoredPayload,
     default_payload_url,
     open_payload_store,
@@ -42,7 +44,12 @@ class BlobTablePayloadStore(PayloadStore):
         raise PayloadStoreError("the log's blob table is read-only: payloads go to the payload store")
 
     def get_many(self, digests: Collection[str]) -> dict[str, bytes]:
-        return self.store.get_blobs(digests)
+        try:
+            return self.store.get_blobs(digests)
+        except DatabaseUnavailable as exc:
+            raise PayloadStoreUnavailable(f"the log's blob table: {exc}") from None
+        except EventStoreError as exc:  # e.g. a damaged database file: the reader says which blobs
+            raise PayloadStoreError(f"the log's blob table: {exc}") from None
 
     def contains(self, digests: Collection[str]) -> set[str]:
         return set(self.store.get_blobs(digests))

@@ -40,11 +40,9 @@ class LocalDirPayloadStore(PayloadStore):
         super().__init__(name)
         self.root = Path(root)
         self.fsync = fsync
+        # Created by the first put, not here: a reader (`ledger audit` of a read-only log) opens a
+        # store that is not there, or not writable, and finds nothing in it.
         self._base = self.root / _ALGORITHM_DIR
-        try:
-            self._base.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _error(exc, f"cannot create payload directory {self._base}") from None
 
     def path_of(self, digest: str) -> Path:
         hex_ = check_digest(digest).partition(":")[2]
@@ -61,6 +59,9 @@ class LocalDirPayloadStore(PayloadStore):
                 except FileNotFoundError:
                     pass
                 if not path.parent.is_dir():
+                    if not self._base.is_dir():
+                        self._base.mkdir(parents=True, exist_ok=True)
+                        touched.update((self.root, self.root.parent))
                     path.parent.mkdir(exist_ok=True)
                     touched.add(self._base)
                 tmp = path.parent / f"{_TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}"
@@ -110,6 +111,8 @@ class LocalDirPayloadStore(PayloadStore):
     def scan(self) -> Iterator[StoredPayload]:
         try:
             shards = sorted(e.path for e in os.scandir(self._base) if e.is_dir())
+        except FileNotFoundError:
+            return  # nothing was ever stored
         except OSError as exc:
             raise _error(exc, f"listing {self._base}") from None
         for shard in shards:
@@ -128,7 +131,9 @@ class LocalDirPayloadStore(PayloadStore):
 
     def leftovers(self, older_than: float) -> list[Path]:
         """Temporary files of puts that never finished (a crash mid-put), last modified before `older_than`."""
-        found = []
+        found: list[Path] = []
+        if not self._base.is_dir():
+            return found
         for shard in self._base.iterdir():
             if shard.is_dir():
                 for path in shard.glob(f"{_TMP_PREFIX}*"):

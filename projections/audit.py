@@ -52,15 +52,17 @@ from eventstore.events import (
     TrainerRestored,
 )
 from eventstore.records import GENESIS_HASH
+from payloads import PayloadPlane
 from projections.base import FAST_DECODERS, ReplayRefused, TypedProjection, decode
 from projections.digest import BLOCK, StoredDigest
 from projections.ledger import debt_dropped_by
 from projections.payload_audit import (
-    DIGESTS_OF,
+    CLAIMS_OF,
     PAYLOAD_RULES,
     PayloadAuditSummary,
     PayloadFacts,
     check_database,
+    check_log_blobs,
     check_payloads,
 )
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
@@ -1066,7 +1068,7 @@ class AuditReport:
     head: int
     rules_checked: list[str]
     violations: list[Violation]
-    # What the payload checks read (`audit_log(..., payloads=True)` only).
+    # What the payload checks read (audit_log only: audit_events sees the events alone).
     payloads: PayloadAuditSummary | None = None
 
     @property
@@ -1092,7 +1094,7 @@ def audit_events(
     payloads: PayloadFacts | None = None,
 ) -> AuditReport:
     """Audits `events` (full rows, position order from 1); stored checkpoint digests are compared on the way.
-    With `payloads`, the digests of the payloads the events name are gathered into it."""
+    With `payloads`, the claims the events carry are gathered into it (audit_log then reads them back)."""
     projection = AuditProjection()
     st = projection.initial()
     rows = RowChecker()
@@ -1139,9 +1141,9 @@ def audit_events(
             if turn_handler is not None:
                 _apply_turns(st, position, decoded, turn_handler)
             _check_acts_by_owner(st, ev, decoded)
-            named = None if payloads is None else DIGESTS_OF.get(decoded.__class__)
-            if named is not None and payloads is not None:
-                payloads.see(position, named(decoded))
+            claimed = None if payloads is None else CLAIMS_OF.get(decoded.__class__)
+            if claimed is not None and payloads is not None:
+                payloads.see(position, claimed(decoded))
         count += 1
         if progress is not None and count % 10_000 == 0:
             progress(10_000)
@@ -1169,16 +1171,17 @@ def audit_events(
 
 
 def audit_log(
-    store: EventStore, progress: Callable[[int], None] | None = None, payloads: bool = False
+    store: EventStore, progress: Callable[[int], None] | None = None, payloads: PayloadPlane | None = None
 ) -> AuditReport:
-    """Replays the whole log through every rule (docs/events.md, Invariants).  With `payloads`
-    (`ledger audit` always), it then reads every blob back against its digest, checks that every
-    digest an event names is stored, and asks the database for its own integrity check."""
-    facts = PayloadFacts() if payloads else None
+    """Replays the whole log through every rule (docs/events.md, Invariants).  With `payloads` (the
+    plane the log's writers used: `eventstore.payload_stores.payload_plane`; `ledger audit` always
+    gives it), it then reads back every payload the events claim and every row of the log's blob
+    table against its digest, and asks the database for its own integrity check."""
+    facts = PayloadFacts() if payloads is not None else None
     report = audit_events(
         store.read_all(), list_checkpoints(store), subscriber_positions(store), progress, facts
     )
-    if facts is None:
+    if payloads is None or facts is None:
         return report
     summary = PayloadAuditSummary()
     found: list[Violation] = []
@@ -1188,7 +1191,8 @@ def audit_log(
         found.append(Violation(rule=rule, positions=shown, message=message))
 
     check_database(store, violate, summary)
-    check_payloads(store, facts, violate, summary)
+    check_payloads(facts, payloads, violate, summary)
+    check_log_blobs(store, facts, violate, summary)
     violations = sorted(
         report.violations + found, key=lambda v: (v.positions[0] if v.positions else 0, v.rule)
     )

@@ -1,26 +1,34 @@
-"""The payloads' share of `ledger audit` (`audit_log(store, payloads=True)`).
+"""The payload plane's share of `ledger audit`.
 
 Three rules (docs/events.md, Invariants):
 
-- `payload-stored`: every payload an event names by digest (a sibling's token records, a kept reply,
-  a logprobs array) is in the log's blob table.
-- `payload-intact`: every blob read back hashes to its digest, named or not.
+- `payload-stored`: every payload an event claims is in the store the claim names.
+- `payload-intact`: every payload read back hashes to its digest and has its claimed size; so does
+  every row of the log's own blob table (older logs), referenced or not.
 - `database-integrity`: the database's own check (SQLite's `PRAGMA integrity_check`; PostgreSQL's
   data-checksum failure count) finds nothing.
 
-The digests are gathered in the auditor's one pass over the log (`PayloadFacts`); the checks then read
-the blobs a batch at a time.
+The claims are gathered in the auditor's one pass over the log (`PayloadFacts`);
+`check_payloads` then reads the payloads back through the plane, a batch at a time, and is the only
+part that touches the payload stores.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from eventstore import EventStore
 from eventstore.errors import EventStoreError
 from eventstore.events import Event, LogprobsComputed, RunReplied, SiblingHeld, SiblingSealed
+from payloads import (
+    LOG_BLOBS_STORE,
+    PayloadClaim,
+    PayloadPlane,
+    PayloadStoreError,
+    PayloadStoreUnavailable,
+)
 from protocol.digests import sha256_digest
 
 PAYLOAD_STORED: Final = "payload-stored"
@@ -28,52 +36,48 @@ PAYLOAD_INTACT: Final = "payload-intact"
 DATABASE_INTEGRITY: Final = "database-integrity"
 PAYLOAD_RULES: Final = (PAYLOAD_STORED, PAYLOAD_INTACT, DATABASE_INTEGRITY)
 
-_BATCH: Final = 256  # blobs per read: bounded memory
+_BATCH: Final = 256  # payloads per read (a sealed group's worth or more; bounded memory)
 _MAX_LISTED: Final = 20
 
 
-def _reply(e: RunReplied) -> tuple[str, ...]:
-    return () if e.mask_sample else (e.reply_digest,)  # a masked reply is never stored
+@dataclass(frozen=True, slots=True)
+class ClaimedPayload:
+    """The first claim of a digest in the log, and where it is."""
 
-
-# The events that name payloads, by class (a lookup per event: the audit's pass is a hot loop).
-DIGESTS_OF: Final[dict[type[Event], Callable[[Any], tuple[str, ...]]]] = {
-    SiblingHeld: lambda e: (e.receipt.tokens_digest,),
-    SiblingSealed: lambda e: (e.receipt.tokens_digest,),
-    RunReplied: _reply,
-    LogprobsComputed: lambda e: (e.blob_digest,),
-}
+    claim: PayloadClaim
+    position: int
 
 
 @dataclass(slots=True)
 class PayloadFacts:
-    named: dict[str, int] = field(default_factory=dict)  # digest -> the first position naming it
+    claimed: dict[str, ClaimedPayload] = field(default_factory=dict)
 
-    def see(self, position: int, digests: tuple[str, ...]) -> None:
-        for digest in digests:
-            self.named.setdefault(digest, position)
+    def see(self, position: int, claims: Iterable[PayloadClaim]) -> None:
+        for claim in claims:
+            if claim.digest not in self.claimed:
+                self.claimed[claim.digest] = ClaimedPayload(claim, position)
 
 
 @dataclass(slots=True)
 class PayloadAuditSummary:
-    """What the payload checks read (printed by `ledger audit`, in its JSON report)."""
+    """What the payload checks saw (printed by `ledger audit`, in its JSON report)."""
 
-    named: int = 0
+    claimed: int = 0
     checked: int = 0
     checked_bytes: int = 0
     missing: int = 0
     corrupt: int = 0
-    blobs: int = 0
+    log_blobs: int = 0
     database: str = ""
 
     def as_json(self) -> dict[str, object]:
         return {
-            "named": self.named,
+            "claimed": self.claimed,
             "checked": self.checked,
             "checked_bytes": self.checked_bytes,
             "missing": self.missing,
             "corrupt": self.corrupt,
-            "blobs": self.blobs,
+            "log_blobs": self.log_blobs,
             "database": self.database,
         }
 
@@ -81,41 +85,112 @@ class PayloadAuditSummary:
 Violate = Callable[[str, list[int], str], None]
 
 
+def _reply(e: RunReplied) -> tuple[PayloadClaim, ...]:
+    reply = e.reply_claim()
+    return () if reply is None else (reply,)
+
+
+# The events that name payloads, by class (a lookup per event: the audit's pass is a hot loop).
+CLAIMS_OF: Final[dict[type[Event], Callable[[Any], tuple[PayloadClaim, ...]]]] = {
+    SiblingHeld: lambda e: (e.receipt.tokens_claim(),),
+    SiblingSealed: lambda e: (e.receipt.tokens_claim(),),
+    RunReplied: _reply,
+    LogprobsComputed: lambda e: (e.logprobs_claim(),),
+}
+
+
+def _batches(items: list[str]) -> Iterator[list[str]]:
+    for start in range(0, len(items), _BATCH):
+        yield items[start : start + _BATCH]
+
+
 def check_payloads(
-    store: EventStore, facts: PayloadFacts, violate: Violate, summary: PayloadAuditSummary
+    facts: PayloadFacts, plane: PayloadPlane, violate: Violate, summary: PayloadAuditSummary
 ) -> None:
-    """Every named digest stored; every blob of the table intact (each read once, in digest order)."""
-    summary.named = len(facts.named)
-    seen: set[str] = set()
-    try:
-        for digest, content in store.iter_blobs(_BATCH):
-            summary.blobs += 1
-            seen.add(digest)
-            actual = sha256_digest(content)
-            if digest in facts.named:
+    """Reads back every claimed payload (a batch per store at a time) and checks it against its claim."""
+    summary.claimed = len(facts.claimed)
+    by_store: dict[str, list[str]] = {}
+    for digest, known in facts.claimed.items():
+        by_store.setdefault(known.claim.store, []).append(digest)
+    missing: list[tuple[int, str]] = []
+    for name, digests in sorted(by_store.items()):
+        store = plane.stores.get(name)
+        if store is None:
+            positions = sorted(facts.claimed[d].position for d in digests)
+            violate(
+                PAYLOAD_STORED,
+                positions[:_MAX_LISTED],
+                f"{len(digests)} payload(s) are claimed in store {name!r}, which the audit was not given "
+                f"(it has {sorted(plane.stores)}): pass it with --payloads",
+            )
+            continue
+        for batch in _batches(sorted(digests)):
+            try:
+                got = store.get_many(batch)
+            except PayloadStoreUnavailable:
+                raise
+            except PayloadStoreError as exc:
+                violate(PAYLOAD_STORED, [facts.claimed[batch[0]].position], f"store {name!r}: {exc}")
+                continue
+            for digest in batch:
+                known = facts.claimed[digest]
+                content = got.get(digest)
+                if content is None:
+                    missing.append((known.position, digest))
+                    continue
                 summary.checked += 1
                 summary.checked_bytes += len(content)
-            if actual != digest:
-                summary.corrupt += 1
-                at = facts.named.get(digest)
-                where = f" named at {at}" if at is not None else ""
-                violate(
-                    PAYLOAD_INTACT,
-                    [at] if at is not None else [],
-                    f"the blob {digest}{where} was altered: its stored bytes hash to {actual}",
-                )
-    except EventStoreError as exc:  # a damaged file: database-integrity says more
-        violate(PAYLOAD_INTACT, [], f"the log's blob table cannot be read whole: {exc}")
-        return
-    missing = sorted((at, d) for d, at in facts.named.items() if d not in seen)
+                actual = sha256_digest(content)
+                size = known.claim.size
+                if actual != digest or (size is not None and size != len(content)):
+                    summary.corrupt += 1
+                    what = (
+                        f"hash to {actual}" if actual != digest else f"are {len(content)} bytes, not {size}"
+                    )
+                    violate(
+                        PAYLOAD_INTACT,
+                        [known.position],
+                        f"the payload {digest} claimed at {known.position} ({known.claim.media_type}, store "
+                        f"{name!r}) was altered: its stored bytes {what}",
+                    )
     if missing:
         summary.missing = len(missing)
-        at, first = missing[0]
+        missing.sort()
+        first_position, first = missing[0]
         violate(
             PAYLOAD_STORED,
             [p for p, _ in missing[:_MAX_LISTED]],
-            f"{len(missing)} payload(s) named by events are not stored, the first {first} (named at {at})",
+            f"{len(missing)} claimed payload(s) are not stored, "
+            f"the first {first} (claimed at {first_position})",
         )
+
+
+def check_log_blobs(
+    store: EventStore, facts: PayloadFacts, violate: Violate, summary: PayloadAuditSummary
+) -> None:
+    """Every row of the log's own blob table against its digest, claimed or not (older logs)."""
+    try:
+        _check_log_blobs(store, facts, violate, summary)
+    except EventStoreError as exc:  # a damaged file: database-integrity says more
+        violate(PAYLOAD_INTACT, [], f"the log's blob table cannot be read whole: {exc}")
+
+
+def _check_log_blobs(
+    store: EventStore, facts: PayloadFacts, violate: Violate, summary: PayloadAuditSummary
+) -> None:
+    for digest, content in store.iter_blobs():
+        summary.log_blobs += 1
+        actual = sha256_digest(content)
+        if actual != digest:
+            known = facts.claimed.get(digest)
+            if known is not None and known.claim.store == LOG_BLOBS_STORE:
+                continue  # check_payloads reports it at the event that claims it
+            summary.corrupt += 1
+            violate(
+                PAYLOAD_INTACT,
+                [known.position] if known is not None else [],
+                f"the log's blob {digest} was altered: its stored bytes hash to {actual}",
+            )
 
 
 def check_database(store: EventStore, violate: Violate, summary: PayloadAuditSummary) -> None:
@@ -126,13 +201,15 @@ def check_database(store: EventStore, violate: Violate, summary: PayloadAuditSum
 
 
 __all__ = [
+    "CLAIMS_OF",
     "DATABASE_INTEGRITY",
-    "DIGESTS_OF",
     "PAYLOAD_INTACT",
     "PAYLOAD_RULES",
     "PAYLOAD_STORED",
+    "ClaimedPayload",
     "PayloadAuditSummary",
     "PayloadFacts",
     "check_database",
+    "check_log_blobs",
     "check_payloads",
 ]

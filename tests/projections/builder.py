@@ -12,6 +12,7 @@ from typing import Any
 
 from eventstore import EventStore
 from eventstore.events import (
+    REPLY_MEDIA_TYPE,
     AckAccepted,
     AckOwed,
     AckRejected,
@@ -41,7 +42,8 @@ from eventstore.events import (
     SiblingSealed,
     TrainerRestored,
 )
-from projections.payload_audit import DIGESTS_OF
+from payloads import LOG_BLOBS_STORE, PayloadPlane
+from projections.payload_audit import CLAIMS_OF
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.ids import capture_key
 from protocol.streams import checkpoint_stream, group_stream, logprobs_stream, trainer_stream
@@ -55,7 +57,7 @@ def group_of(rollout_id: str) -> str:
 
 
 # The payloads the builder's events name, by digest: `LogBuilder.append` stores them in the log's blob
-# table, so that `ledger audit` finds every one.
+# table (where a trainer before claims kept them), so that `ledger audit` finds every one.
 PAYLOADS: dict[str, bytes] = {}
 
 
@@ -111,16 +113,19 @@ def rollout_receipt(
 class LogBuilder:
     """Appends catalogue events; every helper returns the positions it wrote."""
 
-    def __init__(self, store: EventStore, agent: str = AGENT) -> None:
+    def __init__(self, store: EventStore, agent: str = AGENT, payloads: PayloadPlane | None = None) -> None:
+        """With `payloads`, replies are stored through that plane and their events carry the claim (as
+        the trainer writes them); without, they go to the log's blob table (as before claims)."""
         self.store = store
         self.agent = agent
+        self.payloads = payloads
 
     def append(self, stream_id: str, events: Sequence[Event]) -> list[int]:
         for event in events:
-            named = DIGESTS_OF.get(type(event))
-            for digest in named(event) if named is not None else ():
-                if digest in PAYLOADS:
-                    self.store.put_blob(PAYLOADS[digest])
+            claimed = CLAIMS_OF.get(type(event))
+            for claim in claimed(event) if claimed is not None else ():
+                if claim.store == LOG_BLOBS_STORE and claim.digest in PAYLOADS:
+                    self.store.put_blob(PAYLOADS[claim.digest])
         return self.store.append(stream_id, list(events)).positions
 
     def group(self, group_id: str, events: Sequence[Event]) -> list[int]:
@@ -194,6 +199,10 @@ class LogBuilder:
     def reply(
         self, rollout_id: str, attempt_index: int = 0, reward: float = 1.0, mask: bool = False
     ) -> list[int]:
+        digest = digest_of(rollout_id, attempt_index)
+        claim = None
+        if self.payloads is not None:
+            (claim,) = self.payloads.put([(PAYLOADS[digest], REPLY_MEDIA_TYPE)])
         return self.group(
             group_of(rollout_id),
             [
@@ -202,7 +211,8 @@ class LogBuilder:
                     attempt_index=attempt_index,
                     reward=reward,
                     mask_sample=mask,
-                    reply_digest=digest_of(rollout_id, attempt_index),
+                    reply_digest=digest,
+                    reply=claim,
                 )
             ],
         )
