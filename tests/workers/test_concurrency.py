@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -90,6 +90,19 @@ def test_two_workers_on_postgresql_share_the_work(pg_url: str, pg_store: EventSt
     barrier = threading.Barrier(2)
     stats: dict[str, WorkerStats] = {}
     errors: list[BaseException] = []
+    scored_a_batch = {name: threading.Event() for name in ("w0", "w1")}
+
+    def after_batch(name: str) -> Callable[[object], None]:
+        other = "w1" if name == "w0" else "w0"
+
+        def hook(_: object) -> None:
+            # The gate that keeps both in the race whatever the thread scheduling: after its first
+            # batch a worker goes on only once the other has scored one too (a 50 ms pause per batch
+            # was hoped to be enough for the other thread to get a claim in).
+            scored_a_batch[name].set()
+            scored_a_batch[other].wait(timeout=60)
+
+        return hook
 
     def work(name: str) -> None:
         store = open_store(pg_url)
@@ -99,8 +112,7 @@ def test_two_workers_on_postgresql_share_the_work(pg_url: str, pg_store: EventSt
                 load_policy("tiny"),
                 WorkerConfig(claim_size=2, poll_interval_s=0.05, backend="torch"),
                 worker_id=name,
-                # A short pause per batch keeps both in the race whatever the thread scheduling.
-                hooks=WorkerHooks(after_batch=lambda _: time.sleep(0.05)),
+                hooks=WorkerHooks(after_batch=after_batch(name)),
             )
             barrier.wait(timeout=60)
             stats[name] = worker.run(once=True)
