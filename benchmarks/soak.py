@@ -1,12 +1,18 @@
 """Soak: `ledger simulate` on PostgreSQL, many groups, a fault mix, checkpoints every few seconds.
 
-The agents' own work is set to zero (`--zero-work`: no model call, one tiny token record per turn,
-one turn per episode), so what is measured is the hand-off through the log: coordinator, HTTP
-protocol, appends.  `--call-seconds MEAN[:SPREAD]` gives each model call a real duration (drawn per
+The agents' own work is set to zero (`--zero-work`: no model runs; each model call's tokens are drawn
+at its size), so what is measured is the hand-off through the log: coordinator, HTTP protocol,
+appends, payloads.  `--prompt-tokens`, `--gen-tokens` (means the agents draw around) and `--turns`
+(model calls per rollout, each sent the whole conversation so far) set the rollouts' size: the
+default is the tiny case (8 + 2 tokens, one call); `--prompt-tokens 1000 --gen-tokens 8000` is a
+reasoning rollout of 9k tokens.  `--call-seconds MEAN[:SPREAD]` gives each model call a real duration (drawn per
 call; the agents heartbeat through it), to measure what checkpoints cost at real durations: the
 prepare wait, and the model time they threw away.  Reports throughput (sealed rollouts/s, events/s), prepare wait p50/p99, the
 resident memory of the trainer process and of every agent process over time (peak, and the mean of
-the first against the last quarter of the workload: flat or growing), and the auditor's verdict.
+the first against the last quarter of the workload: flat or growing), each process's CPU (trainer,
+each agent, the database), tokens per sealed rollout, the bytes written per sealed rollout to the
+events table and to payload storage, and the auditor's verdict.  `--json FILE` writes it all, with
+the headline figures (HEADLINE) at the top level.
 
     python -m benchmarks.soak                       # 2,000 groups x 8 siblings on a throwaway PostgreSQL
     python -m benchmarks.soak --groups 200          # a quick run
@@ -31,19 +37,24 @@ import statistics
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import text
 
 from eventstore import EventStore, open_store
 from eventstore.backends import mask_url
 from eventstore.testing import PgCluster
 from gym_agent.durations import parse_durations
 from gym_agent.launcher import AgentProcess
+from gym_agent.sizes import check_tokens, parse_turns
+from payloads import PayloadStoreError, default_payload_url, open_payload_store
 from protocol.streams import checkpoint_stream, group_stream
 from simulation.config import derived_rollout_timeout_s
 from simulation.run import SimConfig, run_simulation
@@ -51,6 +62,18 @@ from trainer.eventloop import run_async
 
 DEFAULT_FAULTS = "drop_reply=0.02,fail=0.02,hang=0.005"
 TRAINER = "trainer"
+# The figures `--json` holds at its top level (the issue's goals are stated in them).
+HEADLINE = (
+    "sealed_per_s_sustained",
+    "trainer_cpu_ms_per_rollout",
+    "tokens_per_rollout",
+    "events_bytes_per_rollout",
+    "payload_bytes_per_rollout",
+    "payload_bytes_per_token",
+    "trainer_rss_growth_pct",
+)
+# Token records read back (a seeded sample of sealed rollouts) to count tokens per rollout.
+TOKEN_SAMPLE = 200
 
 
 def rss_kib(pid: int) -> int | None:
@@ -220,13 +243,103 @@ def sustained_rate(times: list[float], low: float = 0.1, high: float = 0.9) -> f
     return (last - first) / span if span > 0 else 0.0
 
 
-async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None = None) -> dict[str, Any]:
-    run_id = f"soak{os.getpid()}x{int(time.time()) % 100000}"
+@dataclass
+class StorageBytes:
+    """What the database and the payload store hold: the events table (its rows, and the relation
+    with its indexes and TOAST), and the payloads (the log's blob table and the payload store)."""
+
+    events_rows: int
+    events_relation: int
+    payloads: int
+    payload_count: int
+
+    def minus(self, before: StorageBytes) -> StorageBytes:
+        return StorageBytes(
+            self.events_rows - before.events_rows,
+            self.events_relation - before.events_relation,
+            self.payloads - before.payloads,
+            self.payload_count - before.payload_count,
+        )
+
+
+def storage_bytes(store: EventStore, payload_url: str | None) -> StorageBytes:
+    """Bytes on PostgreSQL: each events row as stored (`pg_column_size`, compression included), the
+    events relation in all (`pg_total_relation_size`), each payload's length in the blob table and in
+    the payload store (its own listing; none yet if it was never written)."""
+    with store.read_connection() as conn:
+        rows, relation = conn.execute(
+            text(
+                "SELECT coalesce(sum(pg_column_size(e.*)), 0), pg_total_relation_size('events') FROM events e"
+            )
+        ).one()
+        blobs, blob_count = conn.execute(
+            text("SELECT coalesce(sum(octet_length(content)), 0), count(*) FROM blobs")
+        ).one()
+    stored, count = 0, 0
+    if payload_url is not None:
+        try:
+            payloads = open_payload_store(payload_url)
+            try:
+                for item in payloads.scan():
+                    stored, count = stored + item.size, count + 1
+            finally:
+                payloads.close()
+        except PayloadStoreError:
+            pass  # no payload table yet: nothing stored there
+    return StorageBytes(int(rows), int(relation), int(blobs) + stored, int(blob_count) + count)
+
+
+def sealed_tokens(store: EventStore, run_id: str, sample: int = TOKEN_SAMPLE) -> tuple[float, int]:
+    """Mean tokens (every model call's prompt and generation) per sealed rollout of this run, over a
+    seeded sample of at most `sample` of them, read back from their token records; and the sample's
+    size."""
+    import random
+
+    digests = [
+        event.data["receipt"]["tokens_digest"]
+        for event in store.read_all(0, types=["SiblingSealed"])
+        if event.stream_id.startswith(group_stream(run_id))
+    ]
+    chosen = random.Random(0).sample(digests, min(sample, len(digests)))
+    blobs = store.get_blobs(chosen)
+    counts = [
+        sum(len(r["prompt_token_ids"]) + len(r["generation_token_ids"]) for r in orjson.loads(blobs[d]))
+        for d in chosen
+        if d in blobs
+    ]
+    return (statistics.fmean(counts) if counts else 0.0), len(counts)
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures HEADLINE names, from a soak's result."""
+    t, sizes = result["throughput"], result["sizes"]
+    sealed = t["sealed_rollouts"] or 1
+    trainer: dict[str, Any] = next((m for m in result["memory"] if m["process"] == TRAINER), {})
+    tokens = sizes["tokens_per_rollout"]
+    payload = sizes["payload_bytes"] / sealed
+    return {
+        "sealed_per_s_sustained": t["sustained_sealed_rollouts_per_s"],
+        "trainer_cpu_ms_per_rollout": round(1000 * result["cpu_s"].get(TRAINER, 0.0) / sealed, 3),
+        "tokens_per_rollout": round(tokens, 1),
+        "events_bytes_per_rollout": round(sizes["events_bytes"] / sealed, 1),
+        "payload_bytes_per_rollout": round(payload, 1),
+        "payload_bytes_per_token": round(payload / tokens, 3) if tokens else None,
+        "trainer_rss_growth_pct": trainer.get("growth_pct"),
+    }
+
+
+async def soak(
+    store: EventStore, args: argparse.Namespace, pg_data: Path | None = None, payload_url: str | None = None
+) -> dict[str, Any]:
+    run_id = f"soak{uuid.uuid4().hex[:8]}"
     durations = SimConfig(
         call_seconds=args.call_seconds,
         tool_seconds=args.tool_seconds,
         generation_cuts=args.generation_cuts,
-        turns=(1, 1),
+        turns=args.turns,
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+        zero_work=True,
     )
     rollout_timeout = (
         args.rollout_timeout
@@ -237,14 +350,15 @@ async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None
         AgentProcess(
             f"agent-{i}",
             seed=args.seed + i,
-            turns=(1, 1),
+            turns=args.turns,
             delay_s=0.0,
-            extra_args=["--zero-work", "--log-level", "warning", *durations.agent_args()],
+            extra_args=["--log-level", "warning", *durations.agent_args()],
         )
         for i in range(args.agents)
     ]
     await asyncio.gather(*(asyncio.to_thread(a.start) for a in agents))
     pids = {TRAINER: os.getpid(), **{a.name: a.pid for a in agents if a.pid is not None}}
+    stored_before = await asyncio.to_thread(storage_bytes, store, payload_url)
     sampler = MemorySampler(pids, every_s=args.sample_every).start()
     cpu = CpuMeter(pids, pg_data).start()
     done = {"groups": 0, "last_print": 0.0}
@@ -282,7 +396,10 @@ async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None
         park_grace_s=args.park_grace,
         seed=args.seed,
         window_per_agent=args.window,
-        turns=(1, 1),
+        turns=args.turns,
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+        zero_work=True,
         agent_delay_s=0.0,
         run_id=run_id,
     )
@@ -300,11 +417,13 @@ async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None
         profiler.dump_stats(args.profile)
     counts, sealed_at = await asyncio.to_thread(count_run_events, store, run_id)
     waits, aborts = await asyncio.to_thread(checkpoint_waits, store, run_id)
+    stored = (await asyncio.to_thread(storage_bytes, store, payload_url)).minus(stored_before)
+    tokens, token_sample = await asyncio.to_thread(sealed_tokens, store, run_id)
     audit = await asyncio.to_thread(run_audit, store)
     wall = summary["wall_s"] or 1e-9
     sealed = counts.get("SiblingSealed", 0)
     events = sum(counts.values())
-    return {
+    result = {
         "summary": summary,
         "throughput": {
             "wall_s": wall,
@@ -322,7 +441,19 @@ async def soak(store: EventStore, args: argparse.Namespace, pg_data: Path | None
         "audit": audit,
         "memory": [sampler.report(name) for name in pids],
         "cpu_s": cpu.used,
+        "sizes": {
+            "prompt_tokens": args.prompt_tokens,
+            "gen_tokens": args.gen_tokens,
+            "turns": list(args.turns),
+            "tokens_per_rollout": tokens,
+            "token_sample": token_sample,
+            "events_bytes": stored.events_rows,
+            "events_relation_bytes": stored.events_relation,
+            "payload_bytes": stored.payloads,
+            "payloads": stored.payload_count,
+        },
     }
+    return {**headline(result), **result}
 
 
 def run_audit(store: EventStore) -> dict[str, Any]:
@@ -351,6 +482,17 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
     table.add_column("value", justify="right")
     rows: list[tuple[str, Any]] = [
         ("groups x siblings", f"{s['groups']} x {s['siblings']} ({s['mode']}, {s['agents']} agents)"),
+        ("sizes: prompt / generated per call (means), calls per rollout",
+         f"{result['sizes']['prompt_tokens']} / {result['sizes']['gen_tokens']}, "
+         f"{result['sizes']['turns'][0]}:{result['sizes']['turns'][1]}"),
+        ("tokens per sealed rollout (prompt + generated, every call)",
+         f"{result['tokens_per_rollout']} (a sample of {result['sizes']['token_sample']})"),
+        ("events-table bytes per sealed rollout (rows; relation growth)",
+         f"{result['events_bytes_per_rollout']}; "
+         f"{round(result['sizes']['events_relation_bytes'] / max(1, t['sealed_rollouts']))}"),
+        ("payload bytes per sealed rollout (per token)",
+         f"{result['payload_bytes_per_rollout']} ({result['payload_bytes_per_token']})"),
+        ("trainer CPU ms per sealed rollout", result["trainer_cpu_ms_per_rollout"]),
         ("wall time (s)", t["wall_s"]),
         ("sealed rollouts", t["sealed_rollouts"]),
         ("sealed rollouts / s (whole run)", t["sealed_rollouts_per_s"]),
@@ -433,6 +575,29 @@ def _durations(option: str) -> Callable[[str], str]:
     return check
 
 
+def _tokens(option: str) -> Callable[[str], int]:
+    """An argparse type: a token-count mean (gym_agent.sizes), else its one-line error."""
+
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} {text!r} is not a whole number") from None
+        try:
+            return check_tokens(value, option)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return check
+
+
+def _turns(text: str) -> tuple[int, int]:
+    try:
+        return parse_turns(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--groups", type=int, default=2000)
@@ -473,6 +638,24 @@ def main(argv: list[str] | None = None) -> int:
         help="Seconds a try may block a prepare without progress before it is retired (the zero-work "
         "agents' model calls take microseconds; the hang fault's tries never park).",
     )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=_tokens("--prompt-tokens"),
+        default=8,
+        help="The agents' mean prompt tokens (drawn per task within a third of it).",
+    )
+    parser.add_argument(
+        "--gen-tokens",
+        type=_tokens("--gen-tokens"),
+        default=2,
+        help="Their mean tokens generated per model call.",
+    )
+    parser.add_argument(
+        "--turns",
+        type=_turns,
+        default=(1, 1),
+        help="Model calls per rollout, A:B or N (each sent the whole conversation so far; default 1).",
+    )
     parser.add_argument("--window", type=int, default=8, help="Groups open at once per agent.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample-every", type=float, default=0.5, help="Seconds between RSS samples.")
@@ -500,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             url = cluster.url(cluster.create_database("soak"))
         store = open_store(url, migrate_schema=True, pool_size=args.pool_size)
         stack.callback(store.close)
-        result = run_async(soak(store, args, pg_data))
+        result = run_async(soak(store, args, pg_data, default_payload_url(url)))
     render(result, url, console)
     if args.profile:
         stats = pstats.Stats(args.profile)

@@ -26,13 +26,13 @@ from rich.table import Table
 from cli.common import DbOption, clear_errors, console, db_url, err_console, error, require_extra
 from cli.signals import Interrupted, StopRequest, run_until_stopped
 from gym_agent.defaults import TOKEN_ENV
+from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS, check_tokens, parse_turns
 from simulation.config import (
     DEFAULT_FAULTS,
     RUN_ID,
     SimConfig,
     derived_rollout_timeout_s,
     parse_faults,
-    parse_turns,
     run_state_dir,
 )
 
@@ -125,6 +125,29 @@ def simulate(
         str,
         typer.Option("--turns", help="The reference agents' episode length, A:B turns (drawn per lineage)."),
     ] = "1:3",
+    prompt_tokens: Annotated[
+        int,
+        typer.Option(
+            "--prompt-tokens",
+            help="The reference agents' mean prompt tokens (drawn per task within a third of it).",
+        ),
+    ] = DEFAULT_PROMPT_TOKENS,
+    gen_tokens: Annotated[
+        int,
+        typer.Option(
+            "--gen-tokens",
+            help="Their mean tokens generated per model call (every call after the first is sent the "
+            "whole conversation so far).",
+        ),
+    ] = DEFAULT_GEN_TOKENS,
+    zero_work: Annotated[
+        bool,
+        typer.Option(
+            "--zero-work",
+            help="The reference agents run no model: each call's tokens are drawn at its size (real "
+            "sizes beyond what the tiny policy holds).",
+        ),
+    ] = False,
     target_level: Annotated[
         str,
         typer.Option(
@@ -261,6 +284,11 @@ def simulate(
         turn_bounds = parse_turns(turns)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--turns") from None
+    for value, option in ((prompt_tokens, "--prompt-tokens"), (gen_tokens, "--gen-tokens")):
+        try:
+            check_tokens(value, option)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint=option) from None
     try:
         parse_faults(faults)
     except ValueError as exc:
@@ -295,6 +323,16 @@ def simulate(
     if not urls:  # the reference agents are started here
         require_extra("agent", "ledger simulate (it starts reference agents; or give --agent-url)",
                       "uvicorn", "torch")  # fmt: skip
+    if not urls and not zero_work:  # the policy must hold what these sizes draw: refused, not cut
+        from gym_agent.episode import EpisodeTooLong, check_fits
+        from workers.policy import DEFAULT_POLICY_SPEC, parse_policy_spec
+
+        try:
+            check_fits(
+                parse_policy_spec(DEFAULT_POLICY_SPEC).max_seq_len, prompt_tokens, gen_tokens, turn_bounds
+            )
+        except EpisodeTooLong as exc:
+            raise typer.BadParameter(str(exc)) from None
     if use_ray:
         require_extra("ray", "ledger simulate --ray", "ray")
     if metrics_port is not None:
@@ -318,6 +356,9 @@ def simulate(
         generation_cuts=generation_cuts,
         park_grace_s=park_grace,
         turns=turn_bounds,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=gen_tokens,
+        zero_work=zero_work,
         target_level=target_level,
         kill_trainer_every_s=kill_trainer_every,
         resources=resources,

@@ -70,6 +70,8 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         zero_work=config.zero_work,
         call_seconds=config.call_seconds,
         tool_seconds=config.tool_seconds,
+        prompt_tokens=config.prompt_tokens,
+        gen_tokens=config.gen_tokens,
     )
     faults = FaultInjector()
     tools = ToolBelt(config.resources_url, config.resources) if config.resources_url else None

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from gym_agent.defaults import DEFAULT_HOST, TOKEN_ENV
+from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS
 
 app = typer.Typer(no_args_is_help=True, help="The reference Gym agent (checkpoint participant).")
 
@@ -36,6 +37,21 @@ def serve(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the simulated environment.")] = 0,
     turns: Annotated[str, typer.Option(help="Model calls per episode, MIN:MAX (or N).")] = "1:3",
+    prompt_tokens: Annotated[
+        int,
+        typer.Option(
+            "--prompt-tokens",
+            help="Mean tokens of an episode's prompt (drawn per task within a third of it; seeded).",
+        ),
+    ] = DEFAULT_PROMPT_TOKENS,
+    gen_tokens: Annotated[
+        int,
+        typer.Option(
+            "--gen-tokens",
+            help="Mean tokens each model call generates (drawn per call within a third of it). Every "
+            "call after the first is sent the whole conversation so far.",
+        ),
+    ] = DEFAULT_GEN_TOKENS,
     delay_s: Annotated[float, typer.Option("--delay-s", help="Extra seconds held at each model call.")] = 0.0,
     call_seconds: Annotated[
         str | None,
@@ -103,6 +119,7 @@ def serve(
     if stop_with_stdin:
         _stop_when_stdin_ends()
     try:
+        from gym_agent.episode import EpisodeTooLong
         from gym_agent.server import run_server
     except ImportError as exc:  # the reference agent's own extra: uvicorn, and torch for its policy
         typer.echo(
@@ -115,6 +132,7 @@ def serve(
 
     from gym_agent.config import AgentConfig, parse_turns
     from gym_agent.durations import parse_durations
+    from gym_agent.sizes import check_tokens
 
     try:
         config = AgentConfig(
@@ -124,6 +142,8 @@ def serve(
             token=SecretStr(token) if token else None,
             seed=seed,
             turns=parse_turns(turns),
+            prompt_tokens=check_tokens(prompt_tokens, "--prompt-tokens"),
+            gen_tokens=check_tokens(gen_tokens, "--gen-tokens"),
             delay_s=delay_s,
             call_seconds=parse_durations(call_seconds) if call_seconds is not None else None,
             tool_seconds=parse_durations(tool_seconds, "--tool-seconds")
@@ -141,7 +161,11 @@ def serve(
         )
     except (ValueError, ValidationError) as exc:
         raise typer.BadParameter(str(exc)) from None
-    raise typer.Exit(run_server(config))
+    try:
+        status = run_server(config)
+    except EpisodeTooLong as exc:  # the policy cannot hold what these sizes draw: refused, not cut
+        raise typer.BadParameter(str(exc)) from None
+    raise typer.Exit(status)
 
 
 @app.command("resources")

@@ -8,23 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from gym_agent.defaults import DEFAULT_HOST, TOKEN_ENV, cache_home, default_state_dir
 from gym_agent.durations import Durations
+from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS, MAX_TOKENS, parse_turns
 from protocol.ids import Identifier
 from protocol.wire import MAX_BODY_BYTES
 
 # Re-exported: the defaults live in gym_agent.defaults (light enough for `ledger --help`).
 __all__ = ["DEFAULT_HOST", "TOKEN_ENV", "AgentConfig", "cache_home", "default_state_dir", "parse_turns"]
-
-
-def parse_turns(text: str) -> tuple[int, int]:
-    """`"2"` -> (2, 2); `"1:3"` -> (1, 3)."""
-    lo, sep, hi = text.partition(":")
-    try:
-        turns = (int(lo), int(hi) if sep else int(lo))
-    except ValueError:
-        raise ValueError(f"--turns must be MIN:MAX or N, got {text!r}") from None
-    if not 1 <= turns[0] <= turns[1]:
-        raise ValueError(f"--turns needs 1 <= MIN <= MAX, got {text!r}")
-    return turns
 
 
 class AgentConfig(BaseModel):
@@ -37,6 +26,10 @@ class AgentConfig(BaseModel):
     token: SecretStr | None = None
     seed: int = 0
     turns: tuple[int, int] = (1, 3)
+    # Token-count means the agent draws each episode's prompt and each model call's generation around
+    # (gym_agent.sizes); every call after the first is sent the whole conversation so far.
+    prompt_tokens: int = Field(default=DEFAULT_PROMPT_TOKENS, ge=1, le=MAX_TOKENS)
+    gen_tokens: int = Field(default=DEFAULT_GEN_TOKENS, ge=1, le=MAX_TOKENS)
     delay_s: float = Field(default=0.0, ge=0)
     # Each model call's duration (beside delay_s) and each tool's, between two calls (gym_agent.durations).
     call_seconds: Durations | None = None
@@ -44,7 +37,7 @@ class AgentConfig(BaseModel):
     # Cut a model call at a token boundary when a checkpoint parks its try, and go on from there after
     # the resume (gym_agent.decode), instead of making the checkpoint wait for the whole call.
     generation_cuts: bool = False
-    # Benchmarks: skip the model, each model call is a fixed tiny token record (gym_agent.episode).
+    # Benchmarks: skip the model; each model call's tokens are drawn at the sizes above (gym_agent.episode).
     zero_work: bool = False
     # Save a continuation at each turn boundary and resume replacement tries from one (docs/turns.md):
     # declares `turn_continuation`, so groups may run at target level `turn`.

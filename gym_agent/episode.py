@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gym_agent.decode import Cut, Heartbeat, SampleMore, decode
 from gym_agent.durations import Durations
 from gym_agent.faults import ResolvedFault
+from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS, size_range
 from gym_agent.tools import ToolBelt
 from protocol.digests import canonical_json
 from protocol.ids import capture_key
@@ -40,11 +41,9 @@ from protocol.wire import (
 from workers.policy import Policy
 
 MODEL_NAME = "policy"
-PROMPT_LEN = (8, 16)
-NEW_TOKENS = (3, 10)
 OBSERVATION_LEN = (2, 6)
-# Zero-work mode (benchmarks): each model call is two tokens drawn from the episode's rng, no torch call.
-ZERO_WORK_TOKENS = 2
+# Zero-work mode (benchmarks): a model call's tokens are drawn at its size, no model runs; each has
+# this log probability.
 ZERO_WORK_LOGPROB = -1.0
 # The agent's promise (`mount_participant(heartbeat_s=...)`): a live try reports progress at least this
 # often, from inside a model call (waiting for the model thread, or a call's simulated duration) too.
@@ -84,13 +83,48 @@ def episode_seed(agent_seed: int, rollout_id: str, lineage: str, turn: int | Non
 CommitTurn = Callable[[int, dict[str, Any], Sequence[ResourceRevision]], Awaitable[ContinuationRef | None]]
 
 
-def prompt_ids(agent_seed: int, request: RunRequest, vocab_size: int) -> list[int]:
+def draw_ids(seed: int, n: int, vocab_size: int) -> list[int]:
+    """`n` token ids drawn from `seed` (one torch call: a 32,000-token prompt costs about a
+    millisecond, where drawing each from Python's random costs twenty)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids: list[int] = torch.randint(vocab_size, (n,), generator=generator).tolist()
+    return ids
+
+
+def prompt_ids(
+    agent_seed: int, request: RunRequest, vocab_size: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+) -> list[int]:
+    """The task's prompt: its length drawn around `prompt_tokens`, its ids from the task's payload."""
     payload = canonical_json(
         {"responses_create_params": request.responses_create_params, **request.task_fields()}
     )
     digest = hashlib.sha256(f"prompt|{agent_seed}|{payload}".encode()).digest()
-    rng = random.Random(digest)
-    return [rng.randrange(vocab_size) for _ in range(rng.randint(*PROMPT_LEN))]
+    n = random.Random(digest).randint(*size_range(prompt_tokens))
+    return draw_ids(int.from_bytes(digest[:8], "big") >> 1, n, vocab_size)
+
+
+class EpisodeTooLong(ValueError):
+    """The policy cannot hold the longest episode these sizes may draw (the agent refuses to start
+    rather than cut prompts)."""
+
+
+def longest_context(prompt_tokens: int, gen_tokens: int, turns: tuple[int, int]) -> int:
+    """The most tokens an episode's last model call may hold: the longest prompt, every earlier
+    call's longest generation and tool observation, and its own longest generation."""
+    calls = turns[1]
+    generation = size_range(gen_tokens)[1]
+    return size_range(prompt_tokens)[1] + (calls - 1) * (generation + OBSERVATION_LEN[1]) + generation
+
+
+def check_fits(max_seq_len: int, prompt_tokens: int, gen_tokens: int, turns: tuple[int, int]) -> None:
+    """EpisodeTooLong (one line) unless a policy of `max_seq_len` holds the longest episode."""
+    longest = longest_context(prompt_tokens, gen_tokens, turns)
+    if longest > max_seq_len:
+        raise EpisodeTooLong(
+            f"--prompt-tokens {prompt_tokens}, --gen-tokens {gen_tokens} and --turns {turns[0]}:{turns[1]} "
+            f"draw up to {longest:,} tokens of context; the policy holds {max_seq_len}: lower them, "
+            "or run --zero-work"
+        )
 
 
 def episode_reward(generated: list[int], vocab_size: int) -> float:
@@ -133,14 +167,22 @@ class Environment:
         call_seconds: Durations | None = None,
         tool_seconds: Durations | None = None,
         tools: ToolBelt | None = None,
+        prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+        gen_tokens: int = DEFAULT_GEN_TOKENS,
     ) -> None:
+        # Every model call is sent the whole conversation so far, never a cut of it: a policy that
+        # cannot hold the longest episode these sizes draw is refused here (zero work runs no model).
+        if not zero_work:
+            check_fits(policy.max_seq_len, prompt_tokens, gen_tokens, turns)
         self.policy = policy
+        self.prompt_tokens = prompt_tokens
+        self.gen_tokens = gen_tokens
         self.executor = executor
         self.seed = seed
         self.turns = turns
         self.temperature = temperature
         self.delay_s = delay_s
-        # The agent's own work set to zero: no model call, a fixed tiny token record per turn (what a
+        # The agent's own work set to zero: no model call, each call's tokens drawn at its size (what a
         # throughput benchmark of the log needs; the protocol, faults and checkpoints are unchanged).
         self.zero_work = zero_work
         # How long each model call and each tool between two calls takes (drawn per call).
@@ -197,7 +239,11 @@ class Environment:
             state = EpisodeState.model_validate(resumed)
         else:
             n_turns = random.Random(episode_seed(self.seed, request.rollout_id, lineage)).randint(*self.turns)
-            state = EpisodeState(n_turns=n_turns, turns_done=0, context=prompt_ids(self.seed, request, vocab))
+            state = EpisodeState(
+                n_turns=n_turns,
+                turns_done=0,
+                context=prompt_ids(self.seed, request, vocab, self.prompt_tokens),
+            )
         context, output, generated, n_turns = state.context, state.output, state.generated, state.n_turns
         # The conversation each model call is sent (its lineage is stamped from it), and the calls so far.
         conversation = request_input(request.responses_create_params) + list(output)
@@ -215,12 +261,13 @@ class Environment:
             held = self.delay_s + fault.delay_s
             if held > 0:
                 await working(held, heartbeat)
-            max_new = rng.randint(*NEW_TOKENS)
-            prompt = context[-(self.policy.max_seq_len - max_new) :]
-            # Zero work: the call's tokens drawn now from the turn's rng, handed out as they are due.
-            planned = [rng.randrange(vocab) for _ in range(ZERO_WORK_TOKENS)] if generator is None else []
+            max_new = rng.randint(*size_range(self.gen_tokens))
+            # The whole conversation so far (the constructor checked the policy holds it).
+            prompt = context
+            # Zero work: the call's tokens drawn now from the turn's seed, handed out as they are due.
+            planned = draw_ids(seed, max_new, vocab) if generator is None else []
             token_ids, logprobs = await decode(
-                ZERO_WORK_TOKENS if generator is None else max_new,
+                max_new,
                 self.call_seconds.draw(f"call|{self.seed}|{key}|{turn}")
                 if self.call_seconds is not None
                 else 0.0,

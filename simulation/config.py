@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS
+
 if TYPE_CHECKING:  # the wire models (pydantic) are imported when faults are parsed, not by `--help`
     from protocol.wire import FaultRates
 
@@ -39,6 +41,11 @@ class SimConfig:
     # Groups open at once per agent: keeps the agents (one model thread each) responsive.
     window_per_agent: int = 3
     turns: tuple[int, int] = (1, 3)
+    # Token-count means of the reference agents' prompts and of each model call's generation
+    # (gym_agent.sizes), and whether they skip the model (each call's tokens drawn at its size).
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    gen_tokens: int = DEFAULT_GEN_TOKENS
+    zero_work: bool = False
     # The run's target level (docs/turns.md): at `turn` the agents started here keep continuations
     # (--turn-continuation) and replacement tries resume them.
     target_level: str = "sibling"
@@ -86,12 +93,15 @@ class SimConfig:
     stall_timeout_s: float | None = None
 
     def agent_args(self) -> list[str]:
-        """The options of the reference agents a run starts that carry its durations (and, at target
-        level turn, that they keep continuations)."""
+        """The options of the reference agents a run starts that carry its sizes and durations (and,
+        at target level turn, that they keep continuations)."""
         # At level turn the agents resume; with trainer kills at any level they keep continuations
         # too, so what a level redoes is counted from the same evidence (their continuation index).
         keep = self.target_level == "turn" or self.kill_trainer_every_s is not None or self.measure_turns
         args = ["--turn-continuation"] if keep else []
+        args += ["--prompt-tokens", str(self.prompt_tokens), "--gen-tokens", str(self.gen_tokens)]
+        if self.zero_work:
+            args.append("--zero-work")
         if self.call_seconds is not None:
             args += ["--call-seconds", self.call_seconds]
         if self.tool_seconds is not None:
@@ -172,15 +182,3 @@ def derived_rollout_timeout_s(config: SimConfig, floor_s: float) -> float:
     """A rollout timeout for `config`'s durations: twice its longest episode (its model calls queue on
     the agents' model threads and wait out checkpoints too), and at least `floor_s`."""
     return max(floor_s, round(2 * config.episode_s(), 1))
-
-
-def parse_turns(text: str) -> tuple[int, int]:
-    """`A:B` (or `N`): an episode's turns, drawn between A and B; ValueError with a one-line reason."""
-    low, sep, high = text.partition(":")
-    try:
-        bounds = (int(low), int(high if sep else low))
-    except ValueError:
-        raise ValueError(f"--turns {text!r} is not A:B (whole numbers, e.g. 3:6)") from None
-    if not 1 <= bounds[0] <= bounds[1] <= 1000:
-        raise ValueError(f"--turns {text!r}: want 1 <= A <= B <= 1000")
-    return bounds

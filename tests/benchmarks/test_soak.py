@@ -1,0 +1,49 @@
+"""The soak at two sizes on a real PostgreSQL, tiny: its JSON holds the headline figures, and the
+figures that follow from the sizes move with them (speed is what running it measures, not checked)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import soak
+
+
+def run(pg_url: str, tmp_path: Path, name: str, *sizes: str) -> dict[str, Any]:
+    out = tmp_path / f"{name}.json"
+    argv = ["--db", pg_url, "--groups", "6", "--siblings", "2", "--agents", "1", "--faults", ""]
+    argv += ["--checkpoint-every", "0.5", "--sample-every", "0.05", "--json", str(out), *sizes]
+    assert soak.main(argv) == 0  # nothing stranded, no duplicate, the audit clean
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_the_soak_reports_sizes_bytes_cpu_and_memory_that_move_with_the_knobs(
+    pg_url: str, tmp_path: Path
+) -> None:
+    tiny = run(pg_url, tmp_path, "tiny")
+    real = run(pg_url, tmp_path, "real", "--prompt-tokens", "1500", "--gen-tokens", "1000", "--turns", "2")
+    for result in (tiny, real):
+        assert set(soak.HEADLINE) <= set(result), sorted(result)
+        assert result["throughput"]["sealed_rollouts"] == 12
+        assert result["sizes"]["token_sample"] == 12  # every sealed rollout read back
+        for key in ("trainer_cpu_ms_per_rollout", "events_bytes_per_rollout", "payload_bytes_per_rollout"):
+            assert math.isfinite(result[key]) and result[key] > 0, (key, result[key])
+        assert isinstance(result["trainer_rss_growth_pct"], float | int)
+        assert {"trainer", "agent-0"} <= set(result["cpu_s"])
+    # tiny: a prompt of 5-11 and one call of 1-3 tokens
+    assert 6 <= tiny["tokens_per_rollout"] <= 14
+    # two calls: the prompt (1000-2000), the first generation (667-1333), then the second call is
+    # sent all that and an observation, and generates as much again
+    assert 2 * 1000 + 2 * 667 <= real["tokens_per_rollout"] <= 2 * 2000 + 3 * 1333 + 6
+    # Payloads grow with the tokens (random ids over a vocabulary of 512 cannot take under a byte
+    # each in any encoding); the events table does not hold them.
+    assert real["payload_bytes_per_rollout"] >= real["tokens_per_rollout"]
+    assert real["payload_bytes_per_rollout"] > 10 * tiny["payload_bytes_per_rollout"]
+    assert real["events_bytes_per_rollout"] < 0.2 * real["payload_bytes_per_rollout"]
+    per_token = real["payload_bytes_per_rollout"] / real["tokens_per_rollout"]
+    assert real["payload_bytes_per_token"] == pytest.approx(per_token, rel=0.01)
