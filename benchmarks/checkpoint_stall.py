@@ -16,8 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.rollout_sizes import add_size_options, size_settings
 from eventstore import open_store
 from eventstore.events import AckOwed, Event, RolloutReceipt, SiblingHeld
+from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS
 from projections.ledger import GroupState
 from protocol.wire import CompletionReceipt
 from simulation.run import SimConfig, run_simulation
@@ -72,6 +74,7 @@ async def main(args: argparse.Namespace) -> None:
                 prepare_timeout_s=args.prepare_timeout,
                 rollout_timeout_s=args.rollout_timeout,
                 seed=args.seed,
+                **size_settings(args),
             )
             try:
                 summary = await run_simulation(store, config, coordinator_factory=factory)
@@ -101,4 +104,11 @@ if __name__ == "__main__":
     parser.add_argument("--prepare-timeout", type=float, default=5.0)
     parser.add_argument("--rollout-timeout", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
+    add_size_options(
+        parser,
+        prompt_tokens=DEFAULT_PROMPT_TOKENS,
+        gen_tokens=DEFAULT_GEN_TOKENS,
+        turns="1:3",
+        zero_work_option=True,
+    )
     asyncio.run(main(parser.parse_args()))

@@ -16,7 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.rollout_sizes import add_size_options, size_settings
 from eventstore import open_store
+from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS
 from simulation.ray_run import run_ray_simulation
 from simulation.run import SimConfig, run_simulation
 
@@ -34,7 +36,11 @@ async def main(args: argparse.Namespace) -> None:
                 url = f"sqlite:///{Path(tmp) / (name[:8].strip() + '.db')}"
                 store = open_store(url, migrate_schema=True)
                 config = SimConfig(
-                    groups=args.groups, siblings=args.siblings, faults=args.faults, checkpoint_every_s=0
+                    groups=args.groups,
+                    siblings=args.siblings,
+                    faults=args.faults,
+                    checkpoint_every_s=0,
+                    **size_settings(args),
                 )
                 try:
                     if name.startswith("in-process"):
@@ -60,4 +66,11 @@ if __name__ == "__main__":
     parser.add_argument("--groups", type=int, default=48)
     parser.add_argument("--siblings", type=int, default=4)
     parser.add_argument("--faults", default="")
+    add_size_options(
+        parser,
+        prompt_tokens=DEFAULT_PROMPT_TOKENS,
+        gen_tokens=DEFAULT_GEN_TOKENS,
+        turns="1:3",
+        zero_work_option=True,
+    )
     asyncio.run(main(parser.parse_args()))

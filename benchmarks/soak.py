@@ -37,6 +37,7 @@ import statistics
 import sys
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,12 +49,12 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import text
 
+from benchmarks.rollout_sizes import add_size_options
 from eventstore import EventStore, open_store
 from eventstore.backends import mask_url
 from eventstore.testing import PgCluster
 from gym_agent.durations import parse_durations
 from gym_agent.launcher import AgentProcess
-from gym_agent.sizes import check_tokens, parse_turns
 from payloads import PayloadStoreError, default_payload_url, open_payload_store
 from protocol.streams import checkpoint_stream, group_stream
 from simulation.config import derived_rollout_timeout_s
@@ -310,6 +311,20 @@ def sealed_tokens(store: EventStore, run_id: str, sample: int = TOKEN_SAMPLE) ->
     return (statistics.fmean(counts) if counts else 0.0), len(counts)
 
 
+def allocation_growth(snapshots: list[tracemalloc.Snapshot], top: int = 12) -> list[str]:
+    """Where the trainer's live Python allocations grew from the first quarter's end to nine tenths
+    of the workload (`--tracemalloc`): the largest growths, by the stack that allocated them."""
+    if len(snapshots) < 2:
+        return []
+    keep = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
+    first, last = (s.filter_traces(keep) for s in snapshots[:2])
+    lines = []
+    for stat in last.compare_to(first, "traceback")[:top]:
+        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in stat.traceback)
+        lines.append(f"{stat.size_diff / 1024:+.0f} KiB in {stat.count_diff:+d} blocks: {frames}")
+    return lines
+
+
 def headline(result: dict[str, Any]) -> dict[str, Any]:
     """The figures HEADLINE names, from a soak's result."""
     t, sizes = result["throughput"], result["sizes"]
@@ -364,9 +379,15 @@ async def soak(
     done = {"groups": 0, "last_print": 0.0}
     started = time.monotonic()
 
+    snapshots: list[tracemalloc.Snapshot] = []
+
     def progress(finished: int, total: int) -> None:
         done["groups"] = finished
         now = time.monotonic()
+        # After the first quarter, and at nine tenths (not at the end: the drain must not wait on it).
+        due = (total // 4, 9 * total // 10)
+        if tracemalloc.is_tracing() and len(snapshots) < 2 and finished >= due[len(snapshots)]:
+            snapshots.append(tracemalloc.take_snapshot())
         if finished >= total:
             if sampler.phase == "workload":
                 cpu.stop()
@@ -404,6 +425,8 @@ async def soak(
         run_id=run_id,
     )
     profiler = cProfile.Profile() if args.profile else None
+    if args.tracemalloc:
+        tracemalloc.start(args.tracemalloc)
     try:
         if profiler is not None:
             profiler.enable()
@@ -411,6 +434,7 @@ async def soak(
     finally:
         if profiler is not None:
             profiler.disable()
+        tracemalloc.stop()
         sampler.stop()
         await asyncio.gather(*(asyncio.to_thread(a.close) for a in agents))
     if profiler is not None:
@@ -438,6 +462,7 @@ async def soak(
             "prepare_wait_max_s": percentile(waits, 100),
         },
         "checkpoint_aborts": aborts,
+        "allocation_growth": allocation_growth(snapshots),
         "audit": audit,
         "memory": [sampler.report(name) for name in pids],
         "cpu_s": cpu.used,
@@ -554,6 +579,8 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
         per = 1000 * seconds / t["sealed_rollouts"] if t["sealed_rollouts"] else 0.0
         cpu.add_row(name, f"{seconds:.1f}", f"{seconds / t['wall_s']:.2f}", f"{per:.2f}")
     console.print(cpu)
+    for line in result["allocation_growth"]:
+        console.print(f"allocations grew: {line}")
     for line in result["checkpoint_aborts"]:
         console.print(f"[yellow]checkpoint aborted:[/yellow] {line}")
     if s.get("thrown_by_checkpoints_warning"):
@@ -573,29 +600,6 @@ def _durations(option: str) -> Callable[[str], str]:
         return text
 
     return check
-
-
-def _tokens(option: str) -> Callable[[str], int]:
-    """An argparse type: a token-count mean (gym_agent.sizes), else its one-line error."""
-
-    def check(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option} {text!r} is not a whole number") from None
-        try:
-            return check_tokens(value, option)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return check
-
-
-def _turns(text: str) -> tuple[int, int]:
-    try:
-        return parse_turns(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -638,24 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Seconds a try may block a prepare without progress before it is retired (the zero-work "
         "agents' model calls take microseconds; the hang fault's tries never park).",
     )
-    parser.add_argument(
-        "--prompt-tokens",
-        type=_tokens("--prompt-tokens"),
-        default=8,
-        help="The agents' mean prompt tokens (drawn per task within a third of it).",
-    )
-    parser.add_argument(
-        "--gen-tokens",
-        type=_tokens("--gen-tokens"),
-        default=2,
-        help="Their mean tokens generated per model call.",
-    )
-    parser.add_argument(
-        "--turns",
-        type=_turns,
-        default=(1, 1),
-        help="Model calls per rollout, A:B or N (each sent the whole conversation so far; default 1).",
-    )
+    add_size_options(parser, prompt_tokens=8, gen_tokens=2, turns="1")
     parser.add_argument("--window", type=int, default=8, help="Groups open at once per agent.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample-every", type=float, default=0.5, help="Seconds between RSS samples.")
@@ -669,6 +656,14 @@ def main(argv: list[str] | None = None) -> int:
         help="postgresql.conf setting of the throwaway cluster (repeatable), e.g. synchronous_commit=off.",
     )
     parser.add_argument("--profile", default=None, help="Write a cProfile of the trainer process here.")
+    parser.add_argument(
+        "--tracemalloc",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="Trace the trainer's allocations (FRAMES deep) and report where they grew from the first "
+        "quarter's end to nine tenths of the workload (slows the trainer down).",
+    )
     parser.add_argument("--json", dest="as_json", default=None, help="Also write the result as JSON here.")
     args = parser.parse_args(argv)
 

@@ -1,0 +1,216 @@
+"""Token data from the payload store into a NeMo RL row's tensors: GB/s on one core, side by side.
+
+The token records are the reference agent's (zero work, at `--prompt-tokens` / `--gen-tokens` /
+`--turns`), stored once in each form in a payload store (a local directory by default, or
+`--payloads URL`).  Each path is timed over the same rollouts, read back from the store:
+
+- `row, JSON records`: the JSON reference form, parsed into `TokenEntry`s, then NeMo RL's message
+  log built by the adapter's own `message_log` (torch tensors from Python lists).
+- `row, binary records`: the binary form decoded to arrays, turned into `TokenEntry`s, then the same
+  `message_log`.
+- `tensors, binary arrays`: the binary form decoded to views of the payload, each array a tensor over
+  them (`torch.from_numpy`, no copy, no per-token Python object): the floor a row builder reading
+  arrays reaches.
+
+GB/s is the token data a path delivers (the binary form's bytes: 4 per id, 4 per log probability, so
+the same numerator for every path) per second of its work, the store's read included.  One thread
+(torch too).
+
+    python -m benchmarks.token_path                                    # 32,000 + 32,000 tokens
+    python -m benchmarks.token_path --prompt-tokens 1000 --gen-tokens 8000
+    python -m benchmarks.token_path --payloads postgresql+psycopg://...  # PostgreSQL large values
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+
+from benchmarks.rollout_sizes import add_size_options
+from gym_agent.episode import Environment
+from gym_agent.faults import NO_FAULT
+from payloads import PayloadPlane, PayloadStore, open_payload_store
+from payloads.token_arrays import decode_arrays, decode_payload
+from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE, TOKENS_MEDIA_TYPE, encode_json, encode_records
+from protocol.wire import RunRequest, TokenEntry
+from trainer.ray_gym.results import ResultRules, message_log
+from workers.policy import load_policy
+
+PATHS = ("row, JSON records", "row, binary records", "tensors, binary arrays")
+
+
+def agent_records(
+    n: int, prompt_tokens: int, gen_tokens: int, turns: tuple[int, int]
+) -> list[list[TokenEntry]]:
+    """`n` rollouts' token records as the reference agent captures them in zero-work mode."""
+    policy = load_policy("tiny")
+
+    async def noop() -> None:
+        return None
+
+    async def play(env: Environment) -> list[list[TokenEntry]]:
+        out = []
+        for i in range(n):
+            records: list[TokenEntry] = []
+            request = RunRequest(rollout_id=f"b{i}_g0", attempt_index=0, sample_id=f"b{i}")
+            await env.play(request, fault=NO_FAULT, at_boundary=noop, record=records.append)
+            out.append(records)
+        return out
+
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        env = Environment(
+            policy,
+            executor,
+            seed=0,
+            turns=turns,
+            zero_work=True,
+            prompt_tokens=prompt_tokens,
+            gen_tokens=gen_tokens,
+        )
+        return asyncio.run(play(env))
+
+
+def rows_from_json(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
+    return message_log([TokenEntry.model_validate(r) for r in orjson.loads(content)], rules)
+
+
+def rows_from_binary(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
+    arrays = decode_payload(bytearray(content), TOKENS_MEDIA_TYPE)
+    return message_log([TokenEntry.model_validate(r) for r in arrays.to_records()], rules)
+
+
+def tensors_from_arrays(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
+    """Every record's three arrays as tensors over the payload's buffer (a bytearray: writable, so
+    torch shares it instead of warning)."""
+    arrays = decode_arrays(bytearray(content))
+    return [
+        {
+            "prompt": torch.from_numpy(arrays.prompt(r)),
+            "token_ids": torch.from_numpy(arrays.generation(r)),
+            "generation_logprobs": torch.from_numpy(arrays.logprobs(r)),
+        }
+        for r in range(len(arrays))
+    ]
+
+
+Build = Callable[[bytes, ResultRules], list[dict[str, Any]]]
+
+
+def timed(
+    plane: PayloadPlane, claims: Sequence[Any], build: Build, rules: ResultRules, rounds: int
+) -> list[float]:
+    """Seconds per round of reading every claim from the store and building its tensors."""
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for claim in claims:
+            build(plane.get(claim), rules)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def generated_ids(rows: list[dict[str, Any]]) -> list[int]:
+    """The generated token ids of a path's output, in order (every path must give the same)."""
+    return [int(t) for row in rows if "generation_logprobs" in row for t in row["token_ids"].tolist()]
+
+
+def run(
+    store: PayloadStore,
+    *,
+    rollouts: int = 16,
+    prompt_tokens: int = 32000,
+    gen_tokens: int = 32000,
+    turns: tuple[int, int] = (1, 1),
+    rounds: int = 3,
+) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    episodes = agent_records(rollouts, prompt_tokens, gen_tokens, turns)
+    plane = PayloadPlane(store)
+    dumps = [[r.record() for r in e] for e in episodes]
+    json_claims = plane.put([(encode_json(d), TOKENS_JSON_MEDIA_TYPE) for d in dumps])
+    binary_claims = plane.put([(encode_records(d), TOKENS_MEDIA_TYPE) for d in dumps])
+    rules = ResultRules.of({})
+    token_bytes = sum(c.size or 0 for c in binary_claims)
+    tokens = sum(len(r.prompt_token_ids) + len(r.generation_token_ids) for e in episodes for r in e)
+    builders: dict[str, tuple[Build, Sequence[Any]]] = {
+        PATHS[0]: (rows_from_json, json_claims),
+        PATHS[1]: (rows_from_binary, binary_claims),
+        PATHS[2]: (tensors_from_arrays, binary_claims),
+    }
+    # Every path gives the same tokens (checked on the first rollout before anything is timed).
+    first = {
+        name: generated_ids(build(plane.get(claims[0]), rules)) for name, (build, claims) in builders.items()
+    }
+    if len({tuple(ids) for ids in first.values()}) != 1:
+        raise AssertionError(f"the paths disagree on the first rollout's generated tokens: {list(first)}")
+    results: dict[str, Any] = {}
+    for name, (build, claims) in builders.items():
+        best = min(timed(plane, claims, build, rules, rounds))
+        results[name] = {
+            "gb_per_s": round(token_bytes / best / 1e9, 3),
+            "ms_per_rollout": round(1000 * best / rollouts, 3),
+            "mtokens_per_s": round(tokens / best / 1e6, 2),
+        }
+    return {
+        "rollouts": rollouts,
+        "tokens_per_rollout": round(tokens / rollouts, 1),
+        "token_bytes_per_rollout": round(token_bytes / rollouts, 1),
+        "json_bytes_per_rollout": round(sum(c.size or 0 for c in json_claims) / rollouts, 1),
+        "store": store.kind,
+        "paths": results,
+        "first_rollout_generated": len(next(iter(first.values()))),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=16)
+    add_size_options(parser, prompt_tokens=32000, gen_tokens=32000, turns="1")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--payloads", default=None, help="Payload store URL (default: a temporary directory)."
+    )
+    parser.add_argument("--json", dest="as_json", default=None, help="Also write the result as JSON here.")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="token-path-") as tmp:
+        store = open_payload_store(args.payloads or Path(tmp).as_uri())
+        try:
+            result = run(
+                store,
+                rollouts=args.rollouts,
+                prompt_tokens=args.prompt_tokens,
+                gen_tokens=args.gen_tokens,
+                turns=args.turns,
+                rounds=args.rounds,
+            )
+        finally:
+            store.close()
+    print(
+        f"{result['rollouts']} rollouts of {result['tokens_per_rollout']:,.0f} tokens "
+        f"({result['token_bytes_per_rollout'] / 1024:,.0f} KiB binary, "
+        f"{result['json_bytes_per_rollout'] / 1024:,.0f} KiB JSON) from a {result['store']} store, one thread"
+    )
+    print(f"{'path':<26} {'GB/s':>7} {'ms/rollout':>11} {'Mtokens/s':>10}")
+    base = result["paths"][PATHS[0]]["gb_per_s"]
+    for name, r in result["paths"].items():
+        print(
+            f"{name:<26} {r['gb_per_s']:>7.3f} {r['ms_per_rollout']:>11.2f} {r['mtokens_per_s']:>10.2f}"
+            f"   x{r['gb_per_s'] / base:.1f}"
+        )
+    if args.as_json:
+        Path(args.as_json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

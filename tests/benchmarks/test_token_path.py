@@ -1,0 +1,29 @@
+"""The store-to-tensor benchmark, tiny: every path reads the same tokens back from a real payload
+directory (the benchmark refuses to time paths that disagree), and its figures follow from the sizes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from benchmarks import token_path
+from payloads import open_payload_store
+
+
+def test_every_path_gives_the_same_tokens_and_the_bytes_follow_the_sizes(tmp_path: Path) -> None:
+    store = open_payload_store((tmp_path / "payloads").as_uri())
+    try:
+        result = token_path.run(store, rollouts=3, prompt_tokens=300, gen_tokens=200, turns=(2, 2), rounds=1)
+    finally:
+        store.close()
+    assert list(result["paths"]) == list(token_path.PATHS)
+    for figures in result["paths"].values():
+        assert all(math.isfinite(v) and v > 0 for v in figures.values()), figures
+    # two calls: the prompt (200-400) and its generation (133-267), then all that again with an
+    # observation, and a second generation
+    tokens = result["tokens_per_rollout"]
+    assert 2 * 200 + 2 * 133 + 133 <= tokens <= 2 * 400 + 3 * 267 + 6
+    # the binary form: 4 bytes an id, 4 a generated token's log probability, and the records' heads
+    assert result["token_bytes_per_rollout"] >= 4 * tokens
+    assert 133 <= result["first_rollout_generated"] <= 2 * 267
+    assert len(list((tmp_path / "payloads").rglob("*"))) >= 6  # both forms of each rollout stored
