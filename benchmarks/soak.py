@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import text
@@ -52,10 +51,13 @@ from sqlalchemy import text
 from benchmarks.rollout_sizes import add_size_options
 from eventstore import EventStore, open_store
 from eventstore.backends import mask_url
+from eventstore.events import RolloutReceipt
+from eventstore.payload_stores import payload_plane
 from eventstore.testing import PgCluster
 from gym_agent.durations import parse_durations
 from gym_agent.launcher import AgentProcess
 from payloads import PayloadStoreError, default_payload_url, open_payload_store
+from payloads.token_arrays import decode_payload
 from protocol.streams import checkpoint_stream, group_stream
 from simulation.config import derived_rollout_timeout_s
 from simulation.run import SimConfig, run_simulation
@@ -291,23 +293,19 @@ def storage_bytes(store: EventStore, payload_url: str | None) -> StorageBytes:
 
 
 def sealed_tokens(store: EventStore, run_id: str, sample: int = TOKEN_SAMPLE) -> tuple[float, int]:
-    """Mean tokens (every model call's prompt and generation) per sealed rollout of this run, over a
-    seeded sample of at most `sample` of them, read back from their token records; and the sample's
-    size."""
+    """Mean tokens (every model call's prompt, counted whole, and its generation) per sealed rollout
+    of this run, over a seeded sample of at most `sample` of them, read back through the payload
+    plane by their receipts' claims; and the sample's size."""
     import random
 
-    digests = [
-        event.data["receipt"]["tokens_digest"]
+    claims = [
+        RolloutReceipt.model_validate(event.data["receipt"]).tokens_claim()
         for event in store.read_all(0, types=["SiblingSealed"])
         if event.stream_id.startswith(group_stream(run_id))
     ]
-    chosen = random.Random(0).sample(digests, min(sample, len(digests)))
-    blobs = store.get_blobs(chosen)
-    counts = [
-        sum(len(r["prompt_token_ids"]) + len(r["generation_token_ids"]) for r in orjson.loads(blobs[d]))
-        for d in chosen
-        if d in blobs
-    ]
+    chosen = random.Random(0).sample(claims, min(sample, len(claims)))
+    found = payload_plane(store).get_many(chosen)
+    counts = [decode_payload(bytearray(found[c.digest]), c.media_type).total_tokens for c in chosen]
     return (statistics.fmean(counts) if counts else 0.0), len(counts)
 
 

@@ -124,6 +124,11 @@ def generated_ids(rows: list[dict[str, Any]]) -> list[int]:
     return [int(t) for row in rows if "generation_logprobs" in row for t in row["token_ids"].tolist()]
 
 
+def _figure(value: float) -> float:
+    """Four significant digits (a tiny run's GB/s is not rounded to zero)."""
+    return float(f"{value:.4g}")
+
+
 def run(
     store: PayloadStore,
     *,
@@ -157,9 +162,9 @@ def run(
     for name, (build, claims) in builders.items():
         best = min(timed(plane, claims, build, rules, rounds))
         results[name] = {
-            "gb_per_s": round(token_bytes / best / 1e9, 3),
-            "ms_per_rollout": round(1000 * best / rollouts, 3),
-            "mtokens_per_s": round(tokens / best / 1e6, 2),
+            "gb_per_s": _figure(token_bytes / best / 1e9),
+            "ms_per_rollout": _figure(1000 * best / rollouts),
+            "mtokens_per_s": _figure(tokens / best / 1e6),
         }
     return {
         "rollouts": rollouts,
