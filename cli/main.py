@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import db, debt, inspect, projections, simulate, worker
+from cli import db, debt, inspect, payloads, projections, simulate, worker
 from gym_agent.cli import app as gym_app
 
 app = typer.Typer(
@@ -17,6 +17,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(debt.app, name="debt")
 app.add_typer(gym_app, name="gym")
 app.add_typer(worker.app, name="worker")
+app.add_typer(payloads.app, name="payloads")
 app.add_typer(projections.app, name="projections")
 simulate.register(app)
 inspect.register(app)

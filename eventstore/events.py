@@ -494,6 +494,18 @@ class LogprobsComputed(Event, version=2):
         return self.logprobs or PayloadClaim.legacy(self.blob_digest, LOGPROBS_MEDIA_TYPE)
 
 
+# --- payload retention ---------------------------------------------------
+
+
+class PayloadsPruned(Event):
+    """Retention deleted these payloads of groups done for good from `store`, after appending this:
+    a claimed payload this names after its last claim is pruned, not missing (docs/payloads.md)."""
+
+    store: str = Field(min_length=1, max_length=200)
+    groups: list[Identifier] = Field(default_factory=list)
+    digests: list[Digest] = Field(default_factory=list, max_length=2000)
+
+
 class LogprobsRefused(Event):
     """A token record that does not match its receipt is recorded, never scored."""
 

@@ -55,7 +55,8 @@ class LocalDirPayloadStore(PayloadStore):
                 path = self.path_of(digest)
                 try:
                     if path.stat().st_size == len(content):
-                        continue  # content-addressed: already there
+                        os.utime(path)  # content-addressed: already there; its time renewed
+                        continue
                 except FileNotFoundError:
                     pass
                 if not path.parent.is_dir():

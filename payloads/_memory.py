@@ -21,7 +21,8 @@ class InMemoryPayloadStore(PayloadStore):
         now = time.time()
         with self._lock:
             for digest, content in items.items():
-                self._items.setdefault(check_digest(digest), (bytes(content), now))
+                kept = self._items.get(check_digest(digest))
+                self._items[digest] = (kept[0] if kept is not None else bytes(content), now)
 
     def get_many(self, digests: Collection[str]) -> dict[str, bytes]:
         with self._lock:

@@ -32,7 +32,7 @@ ALTER TABLE {TABLE} ALTER COLUMN content SET STORAGE EXTERNAL;
 _PUT: Final = (
     f"INSERT INTO {TABLE} (digest, size, stored_at, content) "
     "SELECT d, octet_length(c), %s, c FROM unnest(%s::text[], %s::bytea[]) AS t(d, c) "
-    "ON CONFLICT (digest) DO NOTHING"
+    "ON CONFLICT (digest) DO UPDATE SET stored_at = EXCLUDED.stored_at"
 )
 _BATCH: Final = 500  # digests per SELECT / DELETE
 

@@ -97,12 +97,17 @@ class S3PayloadStore(PayloadStore):
             key = self.key_of(digest)
             try:
                 obstore.put(self.client, key, content, mode="create", use_multipart=False)
-            except oe.AlreadyExistsError:
-                continue  # content-addressed: the same bytes are there
-            except oe.PreconditionError:
-                continue
+            except (oe.AlreadyExistsError, oe.PreconditionError):
+                self._renew(key, content, digest)  # content-addressed: the same bytes are there
             except Exception as exc:
                 raise _mapped(exc, f"storing payload {digest}") from None
+
+    def _renew(self, key: str, content: bytes, digest: str) -> None:
+        """The same bytes written again: S3 has no cheaper way to renew an object's time."""
+        try:
+            obstore.put(self.client, key, content, use_multipart=False)
+        except Exception as exc:
+            raise _mapped(exc, f"renewing payload {digest}") from None
 
     def get_many(self, digests: Collection[str]) -> dict[str, bytes]:
         found: dict[str, bytes] = {}

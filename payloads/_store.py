@@ -49,7 +49,11 @@ class PayloadStore(ABC):
 
     @abstractmethod
     def put_many(self, items: Mapping[str, bytes]) -> None:
-        """Stores each `digest -> content` (the caller computed the digests); durable on return."""
+        """Stores each `digest -> content` (the caller computed the digests); durable on return.
+
+        A digest already stored keeps its bytes but has its time (`StoredPayload.stored_at`) renewed:
+        collection and retention spare what was put within their grace, counted from the newest put,
+        so bytes put again for an append about to claim them are never deleted from under it."""
 
     @abstractmethod
     def get_many(self, digests: Collection[str]) -> dict[str, bytes]:

@@ -41,6 +41,7 @@ from eventstore.events import (
     GroupReserved,
     GroupSealed,
     GroupTakenOver,
+    PayloadsPruned,
     ReceiptFetched,
     ReplacementMinted,
     RunDispatched,
@@ -1144,6 +1145,8 @@ def audit_events(
             claimed = None if payloads is None else CLAIMS_OF.get(decoded.__class__)
             if claimed is not None and payloads is not None:
                 payloads.see(position, claimed(decoded))
+            elif payloads is not None and isinstance(decoded, PayloadsPruned):
+                payloads.see_pruned(position, decoded.digests)
         count += 1
         if progress is not None and count % 10_000 == 0:
             progress(10_000)

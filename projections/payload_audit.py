@@ -51,11 +51,22 @@ class ClaimedPayload:
 @dataclass(slots=True)
 class PayloadFacts:
     claimed: dict[str, ClaimedPayload] = field(default_factory=dict)
+    last_claimed: dict[str, int] = field(default_factory=dict)  # digest -> its latest claim's position
+    pruned: dict[str, int] = field(default_factory=dict)  # digest -> the PayloadsPruned that named it
 
     def see(self, position: int, claims: Iterable[PayloadClaim]) -> None:
         for claim in claims:
             if claim.digest not in self.claimed:
                 self.claimed[claim.digest] = ClaimedPayload(claim, position)
+            self.last_claimed[claim.digest] = position
+
+    def see_pruned(self, position: int, digests: Iterable[str]) -> None:
+        for digest in digests:
+            self.pruned[digest] = position
+
+    def is_pruned(self, digest: str) -> bool:
+        """Named by retention after its last claim: deleted on purpose, not lost."""
+        return self.pruned.get(digest, -1) > self.last_claimed.get(digest, -1)
 
 
 @dataclass(slots=True)
@@ -63,6 +74,7 @@ class PayloadAuditSummary:
     """What the payload checks saw (printed by `ledger audit`, in its JSON report)."""
 
     claimed: int = 0
+    pruned: int = 0  # claimed payloads retention deleted (not missing)
     checked: int = 0
     checked_bytes: int = 0
     missing: int = 0
@@ -73,6 +85,7 @@ class PayloadAuditSummary:
     def as_json(self) -> dict[str, object]:
         return {
             "claimed": self.claimed,
+            "pruned": self.pruned,
             "checked": self.checked,
             "checked_bytes": self.checked_bytes,
             "missing": self.missing,
@@ -136,7 +149,10 @@ def check_payloads(
                 known = facts.claimed[digest]
                 content = got.get(digest)
                 if content is None:
-                    missing.append((known.position, digest))
+                    if facts.is_pruned(digest):
+                        summary.pruned += 1
+                    else:
+                        missing.append((known.position, digest))
                     continue
                 summary.checked += 1
                 summary.checked_bytes += len(content)

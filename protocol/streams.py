@@ -9,6 +9,8 @@ CHECKPOINT_STREAM_PREFIX: Final = "checkpoint-"
 LOGPROBS_STREAM_PREFIX: Final = "logprobs-"
 # What an operator decided by hand about one agent's debts (`ledger debt drop`); never a trainer's stream.
 OPERATOR_STREAM_PREFIX: Final = "operator-"
+# Payload retention's record of what it deleted (`ledger payloads prune`); never a trainer's stream.
+RETENTION_STREAM: Final = "retention"
 # A trainer's own stream: its owner epochs and restores.  The unnamed trainer's is "trainer".
 TRAINER_STREAM: Final = "trainer"
 

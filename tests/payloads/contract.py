@@ -69,6 +69,19 @@ class PayloadStoreContract:
         assert store.get(digest) == content
         assert (first.digest, first.size) == (second.digest, second.size)
 
+    def age(self, store: PayloadStore, digest: str) -> None:
+        """Makes the stored payload look put an hour ago."""
+        raise NotImplementedError
+
+    def test_a_second_put_renews_the_payloads_time(self, store: PayloadStore) -> None:
+        digest, content = item(b"put again")
+        store.put(digest, content)
+        self.age(store, digest)
+        [before] = list(store.scan())
+        store.put_many({digest: content})
+        [after] = list(store.scan())
+        assert after.stored_at > before.stored_at and store.get(digest) == content
+
     def test_another_instance_sees_what_was_put(self, store: PayloadStore) -> None:
         digest, content = item(bytes(range(256)) * 4096)  # 1 MiB
         store.put(digest, content)

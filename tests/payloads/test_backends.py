@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +36,11 @@ class TestInMemory(PayloadStoreContract):
         assert isinstance(store, InMemoryPayloadStore)
         store.overwrite(digest, content)
 
+    def age(self, store: PayloadStore, digest: str) -> None:
+        assert isinstance(store, InMemoryPayloadStore)
+        content, at = store._items[digest]
+        store._items[digest] = (content, at - 3600)
+
 
 class TestLocalDir(PayloadStoreContract):
     @pytest.fixture(autouse=True)
@@ -49,6 +56,11 @@ class TestLocalDir(PayloadStoreContract):
     def damage(self, store: PayloadStore, digest: str, content: bytes) -> None:
         assert isinstance(store, LocalDirPayloadStore)
         store.path_of(digest).write_bytes(content)
+
+    def age(self, store: PayloadStore, digest: str) -> None:
+        assert isinstance(store, LocalDirPayloadStore)
+        then = time.time() - 3600
+        os.utime(store.path_of(digest), (then, then))
 
     def test_an_unfinished_put_is_never_listed(self, tmp_path: Path) -> None:
         store = LocalDirPayloadStore(self.root)
@@ -76,6 +88,14 @@ class TestPostgres(PayloadStoreContract):
             raw: Any = conn.connection.dbapi_connection
             with raw.cursor() as cur:
                 cur.execute(f"UPDATE {TABLE} SET content = %s WHERE digest = %s", (content, digest))
+            raw.commit()
+
+    def age(self, store: PayloadStore, digest: str) -> None:
+        assert isinstance(store, PostgresPayloadStore)
+        with store.engine.connect() as conn:
+            raw: Any = conn.connection.dbapi_connection
+            with raw.cursor() as cur:
+                cur.execute(f"UPDATE {TABLE} SET stored_at = stored_at - 3600 WHERE digest = %s", (digest,))
             raw.commit()
 
     def test_a_server_that_is_not_there_is_unavailable(self) -> None:
@@ -111,6 +131,10 @@ class TestS3(PayloadStoreContract):
     def damage(self, store: PayloadStore, digest: str, content: bytes) -> None:
         assert isinstance(store, S3PayloadStore)
         obstore.put(store.client, store.key_of(digest), content)  # an unconditional overwrite
+
+    def age(self, store: PayloadStore, digest: str) -> None:
+        # An object's time is the server's to set, to the second (moto's too): let one second pass.
+        time.sleep(1.1)
 
     def test_an_endpoint_that_is_not_there_is_unavailable(self) -> None:
         store = S3PayloadStore("nobucket", endpoint="http://127.0.0.1:1", region="us-east-1")
