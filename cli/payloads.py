@@ -18,7 +18,6 @@ import typer
 from rich.markup import escape
 
 from cli.common import DbOption, clear_errors, console, db_url, err_console
-from projections.retention import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
     from eventstore import EventStore
@@ -38,11 +37,12 @@ PayloadsOption = Annotated[
     ),
 ]
 GraceOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--grace-s",
         min=0.0,
-        help="Spare every payload put within this many seconds (it may be claimed a moment later).",
+        help="Spare every payload put within this many seconds, as it may be claimed a moment later "
+        "(default: projections.retention.DEFAULT_GRACE_S, an hour).",
     ),
 ]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Say what would go; change nothing.")]
@@ -71,7 +71,7 @@ def prune(
     keep_newest: Annotated[
         int, typer.Option("--keep-newest", min=0, help="Keep the payloads of this many newest done groups.")
     ] = 0,
-    grace_s: GraceOption = DEFAULT_GRACE_S,
+    grace_s: GraceOption = None,
     dry_run: DryRunOption = False,
 ) -> None:
     """Delete the payloads of groups done for good (trained and behind a committed checkpoint, or
@@ -80,7 +80,7 @@ def prune(
     from eventstore.errors import WrongExpectedVersion
     from projections.base import ReplayRefused
     from projections.ledger import LedgerState
-    from projections.retention import prune_plan, pruned_events
+    from projections.retention import DEFAULT_GRACE_S, prune_plan, pruned_events
     from projections.runner import rebuild
     from protocol.streams import RETENTION_STREAM
 
@@ -97,7 +97,13 @@ def prune(
             stored = {p.digest: p for p in target.scan()}
             done = {g: a.last_position for g, a in ledger.archived.items()}
             plan = prune_plan(
-                refs, done, stored, target.name, time.time(), grace_s=grace_s, keep_newest=keep_newest
+                refs,
+                done,
+                stored,
+                target.name,
+                time.time(),
+                grace_s=DEFAULT_GRACE_S if grace_s is None else grace_s,
+                keep_newest=keep_newest,
             )
             summary = (
                 f"{len(plan.groups)} done group(s), {len(plan.digests)} payload(s), {plan.bytes:,} bytes "
@@ -133,20 +139,20 @@ def prune(
 def collect(
     db: DbOption = None,
     payloads: PayloadsOption = None,
-    grace_s: GraceOption = DEFAULT_GRACE_S,
+    grace_s: GraceOption = None,
     dry_run: DryRunOption = False,
 ) -> None:
     """Delete the payloads no event needs: put but never claimed (the process died before its append),
     or pruned and left behind by an interrupted prune."""
     from eventstore import open_store
-    from projections.retention import collectable
+    from projections.retention import DEFAULT_GRACE_S, collectable
 
     with clear_errors():
         store = open_store(db_url(db, "writer"))
         try:
             target, refs = _read(store, payloads)
             listed = list(target.scan())
-            digests = collectable(refs, listed, time.time(), grace_s)
+            digests = collectable(refs, listed, time.time(), DEFAULT_GRACE_S if grace_s is None else grace_s)
             size = {p.digest: p.size for p in listed}
             what = f"{len(digests)} of {len(listed)} payload(s), {sum(size[d] for d in digests):,} bytes"
             if dry_run:
