@@ -31,7 +31,7 @@ import os
 import time
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Final, Literal
@@ -247,6 +247,9 @@ class EvidenceLog:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.path = state_dir / EVIDENCE_FILE
         self.generation = generation
+        # The wall clock each record's `at` is read from (shown to people, never judged: records are
+        # judged in file order, so a clock stepped back changes nothing; the exploration steps it back).
+        self.clock: Callable[[], float] = time.time
         self.compactions = 0
         self._compact_min = compact_min_bytes
         self._end_torn_line()
@@ -279,7 +282,7 @@ class EvidenceLog:
                 os.fsync(f.fileno())
 
     def lines(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> bytes:
-        now = time.time()
+        now = self.clock()
         return "".join(
             EvidenceRecord(
                 kind=kind,

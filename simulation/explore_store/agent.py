@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from simulation.explore_store.plan import CallKind
 from simulation.explore_store.process import INCARNATION
 from trainer.gym.transport import Reply
 
+DAY_S = 86_400.0
+
 
 class Agent:
     """One reference agent served in-process: its app is called through httpx's ASGI transport.  A
@@ -24,7 +27,9 @@ class Agent:
     (kept) or on an empty one (lost: the old one is moved aside, its evidence still read by the
     checker), and breaks every call in flight to the old one."""
 
-    def __init__(self, key: str, name: str, base: Path, seed: int, delay_s: float = 0.0) -> None:
+    def __init__(
+        self, key: str, name: str, base: Path, seed: int, delay_s: float = 0.0, clock_back: bool = False
+    ) -> None:
         self.key = key  # unique in the schedule (faults, restarts, its directory)
         self.name = name  # what it and its trainer call it (several trainers' agents may share it)
         self.base = base
@@ -39,12 +44,18 @@ class Agent:
         )
         self.lives = 0
         self.restarts = 0
+        # Its wall clock steps back a day at each restart (the new process's records are dated earlier
+        # than the old one's): nothing may judge by those dates.
+        self.clock_back = clock_back
         self.state_dirs = [base / "state"]
         self._start()
 
     def _start(self) -> None:
         app, registry = create_app(self.config)
         self.registry: ExecutionRegistry = registry
+        if self.clock_back and self.restarts:
+            back = DAY_S * self.restarts
+            registry.evidence.clock = lambda: time.time() - back
         self.transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         self.lives += 1
 

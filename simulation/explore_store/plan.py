@@ -80,6 +80,8 @@ class Plan:
     # trainer -> its run pool (`max_run_connections`), smaller than its tries at once, on agents whose
     # model calls take a while: tries wait for a connection, and no lease may run out in that queue.
     pools: dict[int, int] = field(default_factory=dict)
+    # Agents whose wall clock steps back a day at each of their restarts (their records' times go back).
+    clock_back: frozenset[str] = frozenset()
 
     def name_of(self, key: str) -> str:
         return self.names.get(key, key)
@@ -109,6 +111,7 @@ class Plan:
             "intruder": self.intruder,
             "collision": self.collision,
             "pools": dict(sorted(self.pools.items())),
+            "clock_back": sorted(self.clock_back),
         }
 
 
@@ -116,7 +119,8 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     """The schedule of `seed`: every number drawn from `random.Random(seed)`, nothing else.  `tag` goes
     into every id (trainers, agents, groups, checkpoints), so seeds replayed on one log do not meet.
     `fleet=False` leaves out the draws of several trainers on one fleet (shared names, an intruder, a
-    group id collision, a small run pool, a stale prepare after a presumed abort): the plans as they
+    group id collision, a small run pool, a stale prepare after a presumed abort, agent clocks stepped
+    back at a restart): the plans as they
     were before those existed, so the seeds that found bugs before them replay what found them."""
     rng = random.Random(seed)
     trainers: list[TrainerPlan] = []
@@ -172,6 +176,8 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     )
     if fleet and crash is None and rng.random() < 0.8:
         crash = CrashPoint(rng.randrange(len(trainers)), "after_prepare", 1, True)
+    restarted = sorted({a for a, _ in restarts})
+    clock_back = frozenset(a for a in restarted if rng.random() < 0.5) if fleet else frozenset()
     return Plan(
         seed,
         f"x{seed}{tag}-",
@@ -185,6 +191,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
         intruder,
         collision,
         pools,
+        clock_back,
     )
 
 

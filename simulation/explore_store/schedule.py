@@ -309,7 +309,14 @@ async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
     """Runs `plan` on the log at `url` with its agents' state under `workdir`; returns what happened
     (the checker reads the log and the agents afterwards)."""
     agents = {
-        key: Agent(key, plan.name_of(key), workdir / key, plan.seed, SLOW_CALL_S if t in plan.pools else 0.0)
+        key: Agent(
+            key,
+            plan.name_of(key),
+            workdir / key,
+            plan.seed,
+            SLOW_CALL_S if t in plan.pools else 0.0,
+            key in plan.clock_back,
+        )
         for t, tp in enumerate(plan.trainers)
         for key in tp.agents
     }

@@ -144,6 +144,7 @@ class FaultyPool:
         if keep is not None:
             agent.restart(keep)
             run.counts["agent_restarts_kept" if keep else "agent_restarts_lost"] += 1
+            run.counts["agent_clock_jumps_back"] += agent.clock_back
         run.kind_calls[(agent.key, kind)] += 1
         fault = run.plan.faults.get((agent.key, kind, run.kind_calls[(agent.key, kind)]))
         run.per_try[(kind, _subject_of(body, agent.key))] += 1

@@ -41,6 +41,8 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     assert c["group_conflicts"] >= 5 and c["pooled_trainers"] >= 5, c
     # A stale process held after its CheckpointPrepareStarted until its successor presumed it aborted.
     assert c["stale_prepares"] >= 5, c
+    # Agents whose wall clock stepped back a day at a restart (their new records dated before the old).
+    assert c["agent_clock_jumps_back"] >= 5, c
 
 
 def test_the_plan_is_a_pure_function_of_the_seed() -> None:
@@ -60,7 +62,7 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
     assert any(p.collision for p in plans) and {n for p in plans for n in p.pools.values()} == {1, 2}
     # Without the fleet's draws a plan is what it was before they existed (the regression seeds').
     bare = sim.plan_of(4242, fleet=False)
-    assert not (bare.names or bare.intruder or bare.collision or bare.pools)
+    assert not (bare.names or bare.intruder or bare.collision or bare.pools or bare.clock_back)
     assert bare.trainers == sim.plan_of(4242).trainers and bare.faults == sim.plan_of(4242).faults
 
 
