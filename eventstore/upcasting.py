@@ -147,8 +147,12 @@ def _run_replied_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _receipt_without_claim(data: dict[str, Any]) -> dict[str, Any]:
-    """v1 receipts named their token records by digest only (the log's blob table): no claim."""
-    return {**data, "receipt": {**data["receipt"], "tokens": None}}
+    """v1 receipts named their token records by digest only (the log's blob table): no claim.  A row
+    without a receipt object is left as it is, for its model to refuse by name."""
+    receipt = data.get("receipt")
+    if not isinstance(receipt, dict):
+        return data
+    return {**data, "receipt": {**receipt, "tokens": None}}
 
 
 upcaster("SiblingHeld", 1)(_receipt_without_claim)
