@@ -303,6 +303,23 @@ class Execution:
             self.cut = None
         self.in_call_since = self.last_progress = time.monotonic()
 
+    async def park_at_end(self) -> None:
+        """The end of the run is a boundary too: a try whose last call ends while a checkpoint asks it
+        to park parks here, its reply held (not yet recorded or sent) until the resume or abort.  So
+        a prepare waits for the calls in flight and for nothing else: the results of tries that end
+        meanwhile go to the trainer after the decision, not in a burst it must take in (record and
+        ACK) before the agent can be ready.  Nothing of the try's work is at risk: a retire of a
+        parked try cancels it, as one parked before its last call."""
+        if self.state is not ExecState.PARK_REQUESTED:
+            return
+        now = time.monotonic()
+        self._leave_call(now)
+        self.last_progress = now
+        self.move(ExecEvent.BOUNDARY)
+        self.notify()
+        await self.may_run.wait()
+        self.last_progress = time.monotonic()
+
     def heartbeat(self, generated_tokens: int | None = None) -> None:
         self.last_progress = time.monotonic()
         if generated_tokens is not None:
@@ -513,6 +530,7 @@ class ExecutionRegistry:
             reply = await self.runner(ex.request, ex)
             if (reply.rollout_id, reply.attempt_index) != ex.key:
                 raise ValueError(f"the runner answered for ({reply.rollout_id}, {reply.attempt_index})")
+            await ex.park_at_end()
             ex._leave_call(time.monotonic())
             if not ex.tokens:
                 # A runner that does not capture call by call: read the records off the reply.

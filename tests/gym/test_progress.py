@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from participant.errors import GoneError, NotReadyError
+from participant.errors import GoneError, NotFoundError, NotReadyError
 from participant.executions import ExecutionRegistry, RunSession
 from protocol.wire import RetireRequest, RunReply, RunRequest, TokenEntry
 
@@ -140,3 +140,67 @@ async def test_a_cancelled_try_reports_the_work_it_threw_away(tmp_path: Path) ->
 def test_a_heartbeat_promise_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="heartbeat_s"):
         registry(tmp_path, GatedRunner(), heartbeat_s=0.0)
+
+
+class LastCallRunner:
+    """boundary -> the try's last model call (gated) -> record -> reply: no boundary after the call."""
+
+    def __init__(self) -> None:
+        self.in_call = asyncio.Event()
+        self.finish_call = asyncio.Event()
+
+    async def __call__(self, request: RunRequest, session: RunSession) -> RunReply:
+        await session.at_boundary()
+        self.in_call.set()
+        await self.finish_call.wait()
+        session.record(
+            TokenEntry(
+                rollout_id=request.rollout_id,
+                model_call_id="call-1",
+                model="m",
+                prompt_token_ids=[1],
+                generation_token_ids=list(range(7)),
+                generation_log_probs=[-1.0] * 7,
+                output_items=[{"type": "message"}],
+                token_item_index=0,
+                created_at=0.0,
+            )
+        )
+        return RunReply(
+            rollout_id=request.rollout_id,
+            attempt_index=request.attempt_index,
+            id=f"r-{request.rollout_id}",
+            response={"output": []},
+            reward=1.0,
+        )
+
+
+async def test_a_try_whose_last_call_ends_during_a_prepare_parks_at_its_end_holding_its_reply(
+    tmp_path: Path,
+) -> None:
+    """The end of a run is a boundary: the prepare then waits for the call alone, and has no result to
+    take in (record and ACK) before the agent is ready; the reply goes out after the decision."""
+    runner = LastCallRunner()
+    reg = registry(tmp_path, runner)
+    run = asyncio.create_task(reg.run(RunRequest(rollout_id=KEY, attempt_index=0)))
+    await runner.in_call.wait()
+    await _prepare(reg)  # asked to park inside its last call
+    runner.finish_call.set()
+    prepared = await reg.prepare("ck", timeout_s=5)  # returns once nothing blocks
+    s = prepared.status
+    assert (prepared.phase, s.ready_to_commit, s.parked, s.completed_unacknowledged) == (
+        "prepared",
+        True,
+        1,
+        0,
+    )
+    assert not run.done()  # its reply is held, not recorded, until the decision
+    with pytest.raises(NotFoundError):
+        reg.completion_receipt(KEY, 0)
+    assert (await reg.commit("ck")).phase == "committed_paused"
+    reg.resume("ck")
+    outcome = await asyncio.wait_for(run, 5)
+    assert outcome.live and outcome.reply["id"] == f"r-{KEY}"
+    receipt = reg.completion_receipt(KEY, 0)
+    assert receipt.work is not None and receipt.work.generated_tokens == 7
+    reg.evidence.close()
