@@ -67,7 +67,8 @@ EXEC_TRANSITIONS: Final[dict[ExecState, dict[ExecEvent, ExecState]]] = {
         E.PARK_REQUEST: S.PARK_REQUESTED,
         E.BOUNDARY: S.PARKED,
         E.UNPARK: S.RUNNING,
-        # It finished (or failed) before it reached another boundary.
+        # It failed, or was asked to park while its completion was being recorded (a run whose end
+        # comes while it is asked parks there first: `Execution.park_at_end`).
         E.COMPLETE: S.COMPLETED,
         E.FAIL: S.FAILED,
         E.CANCEL: S.CANCELLED,
