@@ -47,6 +47,8 @@ from trainer.gym.errors import AgentUnavailableError, GymError, NotFoundError, U
 # deadline), a few checkpoints in a row at most.
 CLAIM_WAIT_S = 900.0
 CLAIM_TRIES = 8
+# Claims of the simulated training loop waiting for the log at once.
+CLAIMS_IN_FLIGHT = 32
 
 
 class SimulationError(Exception):
@@ -144,17 +146,52 @@ class CheckpointLoop:
 
 
 async def claim_as_sealed(coord: RolloutCoordinator, claimed: list[str]) -> None:
-    """The training loop: claims each group as it seals, at steps 0, 1, 2, ..., until cancelled."""
-    async for group in coord.sealed_groups(until_idle=False):
-        for tries_left in range(CLAIM_TRIES - 1, -1, -1):
-            try:
-                await coord.claim_for_training(group.group_id, len(claimed))
-                break
-            except ClaimWhilePrepared:
-                # The periodic checkpoint is prepared: the claim goes in after its decision.
-                if not await coord.wait_checkpoint_decided(CLAIM_WAIT_S) or not tries_left:
-                    raise
-        claimed.append(group.group_id)
+    """The training loop: claims each group as it seals, at steps 0, 1, 2, ... in the order they
+    sealed, until cancelled.  Up to CLAIMS_IN_FLIGHT claims wait for the log at once (they go into
+    the journal's batches together): one at a time, a claim's round trip behind the journal's large
+    batches made the loop fall behind the seals of real-sized rollouts, and the backlog outlast the
+    run's end."""
+    slots = asyncio.Semaphore(CLAIMS_IN_FLIGHT)
+    pending: set[asyncio.Task[None]] = set()
+    failed: list[BaseException] = []
+    loop_task = asyncio.current_task()
+
+    async def claim(group_id: str, step: int) -> None:
+        try:
+            for tries_left in range(CLAIM_TRIES - 1, -1, -1):
+                try:
+                    await coord.claim_for_training(group_id, step)
+                    break
+                except ClaimWhilePrepared:
+                    # The periodic checkpoint is prepared: the claim goes in after its decision.
+                    if not await coord.wait_checkpoint_decided(CLAIM_WAIT_S) or not tries_left:
+                        raise
+            claimed.append(group_id)
+        except Exception as exc:
+            failed.append(exc)
+            if loop_task is not None:
+                loop_task.cancel()  # the loop ends with this error (below), not when the next group seals
+        finally:
+            slots.release()
+
+    step = 0
+    try:
+        async for group in coord.sealed_groups(until_idle=False):
+            await slots.acquire()
+            if failed:
+                raise failed[0]
+            task = asyncio.create_task(claim(group.group_id, step), name=f"claim-{group.group_id}")
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            step += 1
+    except asyncio.CancelledError:
+        if failed:
+            raise failed[0] from None
+        raise
+    finally:
+        for task in list(pending):
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def summarize(store: EventStore, run_id: str) -> Counter[str]:
