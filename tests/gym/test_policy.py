@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -61,16 +59,6 @@ def test_sampling_is_deterministic_per_generator_seed() -> None:
     other = policy.sample([1, 2, 3], 10, torch.Generator().manual_seed(4))
     assert one == two
     assert one.token_ids != other.token_ids
-
-
-def test_a_model_call_is_fast_on_cpu() -> None:
-    policy = load_policy()
-    gen = torch.Generator().manual_seed(0)
-    policy.sample(list(range(20)), 8, gen)  # warm-up
-    start = time.perf_counter()
-    for _ in range(10):
-        policy.sample(list(range(20)), 8, gen)
-    assert (time.perf_counter() - start) / 10 < 0.1
 
 
 def test_sample_refuses_bad_input() -> None:
