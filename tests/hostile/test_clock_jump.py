@@ -17,13 +17,13 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from eventstore import open_store
 from gym_agent.server import ThreadAgent, serve_in_thread
 from simulation.run import SimConfig, run_simulation
+from tests.gates import HeldUntilPrepared
 from tests.hostile.conftest import TOKEN, agent_config
 from trainer.gym import GymClient
 
@@ -37,27 +37,6 @@ def agents(tmp_path: Path) -> Iterator[dict[str, ThreadAgent]]:
             name: stack.enter_context(serve_in_thread(agent_config(tmp_path, name, token=None)))
             for name in ("clock-a", "clock-b")
         }
-
-
-class HeldUntilPrepared(GymClient):
-    """The gate for a checkpoint inside the run: no `/run` leaves the trainer until a
-    `/checkpoint/prepare` has (or `HOLD_S` passed), so the run cannot end before its first
-    checkpoint started, and nothing is running at the agents when it prepares."""
-
-    HOLD_S = 60.0
-    prepared: asyncio.Event | None = None
-
-    async def _send(self, pool: Any, method: str, path: str, **kwargs: Any) -> Any:
-        gate = HeldUntilPrepared.prepared
-        assert gate is not None, "set HeldUntilPrepared.prepared in the test's loop first"
-        if path == "/run":
-            async with asyncio.timeout(self.HOLD_S):
-                await gate.wait()
-        try:
-            return await super()._send(pool, method, path, **kwargs)
-        finally:
-            if path == "/checkpoint/prepare":
-                gate.set()
 
 
 def _jumpy_clock(real: object) -> object:

@@ -47,6 +47,7 @@ from protocol.lineage import (
 )
 from protocol.wire import RunReply, RunRequest, TokenEntry, gym_reply
 from simulation.run import SimConfig, run_simulation
+from tests.gates import HeldUntilPrepared
 from tests.gym.test_token_records import CONVERSATIONS, REAL_RECORD, REFUSED, TOKEN_GOLDEN
 from tests.realgym.servers import RealGym, real_gym, serve_app
 from trainer import RolloutCoordinator
@@ -91,25 +92,8 @@ class DroppingClient(GymClient):
         return payload
 
 
-class HeldUntilPreparedClient(DroppingClient):
-    """The gate for a run that must see a checkpoint go through: no `/run` leaves the trainer until a
-    `/checkpoint/prepare` has (or `HOLD_S` passed), so the run cannot end before its first checkpoint
-    starts, and no try is running at the agent when the prepare arrives."""
-
-    HOLD_S = 60.0
-    prepared: asyncio.Event | None = None
-
-    async def _send(self, pool: Any, method: str, path: str, **kwargs: Any) -> Any:
-        gate = HeldUntilPreparedClient.prepared
-        assert gate is not None, "set HeldUntilPreparedClient.prepared in the test's loop first"
-        if path == "/run":
-            async with asyncio.timeout(self.HOLD_S):
-                await gate.wait()
-        try:
-            return await super()._send(pool, method, path, **kwargs)
-        finally:
-            if path == "/checkpoint/prepare":
-                gate.set()
+class HeldUntilPreparedClient(HeldUntilPrepared, DroppingClient):
+    """The gate (tests.gates) in front of the client that loses replies."""
 
 
 class CheckpointOpensTheGate(RolloutCoordinator):
