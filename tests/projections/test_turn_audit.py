@@ -10,6 +10,7 @@ from eventstore.events import (
     ReplacementMinted,
     RunDispatched,
 )
+from participant.continuations import resumed_report
 from projections.audit import AuditReport, audit_log
 from projections.turn_audit import CONTINUATION_AS_COMMITTED, RESUMED_PROMPT, TURN_EXECUTED_TWICE
 from protocol.digests import sha256_digest
@@ -39,17 +40,9 @@ def offer(
 
 
 def report(ref: ContinuationRef) -> ResumeReport:
-    return ResumeReport(
-        continuation=ref.digest,
-        outcome="resumed",
-        source_attempt=ref.source_attempt,
-        lineage=ref.lineage,
-        turn=ref.turn,
-        reused_model_calls=list(ref.model_call_ids),
-        reused_tokens=ref.generated_tokens,
-        restored=[r for r in ref.resources if r.resource_class == "export_restore"],
-        prompt_digest=ref.prompt_digest,
-    )
+    """The agent's report of resuming `ref` (the participant's own construction), its restorable
+    resources restored."""
+    return resumed_report(ref, [r for r in ref.resources if r.resource_class == "export_restore"])
 
 
 def dispatch(log: LogBuilder, n: int, continue_from: str | None, prompt: str = PROMPT) -> None:
