@@ -28,7 +28,7 @@ from eventstore.events import (
     Event,
 )
 from projections.group_core import checkpoint_losses
-from projections.ledger import debt_key
+from projections.ledger import LedgerState, debt_key
 from protocol.retry import RetryState, next_step
 from protocol.streams import checkpoint_stream
 from trainer.acks import AckRelay
@@ -328,11 +328,17 @@ class Checkpointer:
         decided = False
         try:
             cut = await ctx.journal.read(ctx.journal.store.head, "reading the head for the cut")
-            # From here the decision may be in the log even if the append raises: recovery decides.
-            decided = True
-            await ctx.journal.append(
-                checkpoint_stream(checkpoint_id),
-                [
+            refused: dict[str, str] = {}
+
+            def decide(ledger: LedgerState) -> list[Event]:
+                # The prepare checked for unpaid debts, but one may have been recorded since (an agent
+                # restarted after answering prepared, and the reply it had held was adopted): the cut
+                # would hold it unpaid, so the checkpoint aborts instead.  Decided on the fold the
+                # writer has when it builds, which holds every append of this process up to the cut.
+                refused.update(unpaid_at_decision(ctx.driver.unpaid(ledger, names), names))
+                if refused:
+                    return []
+                return [
                     CheckpointCommitted(
                         checkpoint_id=checkpoint_id,
                         participants=names,
@@ -340,8 +346,14 @@ class Checkpointer:
                         prepare_wait_s=prepared.prepare_wait_s,
                         trainer_id=ctx.settings.trainer_id,
                     )
-                ],
-            )
+                ]
+
+            # From here the decision may be in the log even if the append raises: recovery decides.
+            decided = True
+            if not await ctx.journal.append(checkpoint_stream(checkpoint_id), decide):
+                decided = False
+                reason = "; ".join(f"{a}: {r}" for a, r in sorted(refused.items()))
+                return await self._abort(prepared, f"after the prepare: {reason}")
             ends = await self.finish_commit(checkpoint_id, names)
         except FencedOff:
             # Another process owns this trainer now, and its recovery presumed this checkpoint aborted

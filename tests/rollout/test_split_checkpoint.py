@@ -316,3 +316,37 @@ async def test_a_stale_prepare_after_a_presumed_abort_closes_no_agent(
     assert "CheckpointCommitted" not in types(sqlite_store, ck)
     report = audit_log(sqlite_store)
     assert report.ok, report.as_json()["violations"]
+
+
+async def test_a_debt_recorded_after_the_prepare_aborts_the_commit(
+    store: EventStore, make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prepare found no debt, but by the decision the fold holds one to a participant (an agent
+    restarted after answering prepared, and the reply it had held was adopted): the cut would hold it
+    unpaid, so the checkpoint is aborted, not committed, and the agents are let go."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(store, {"a": client}, mode="sibling")
+        async with coord:
+            await coord.submit(gid(), PROMPT, "a", 1, PAYLOAD)
+            await coord.wait_idle(30)
+            ck = gid("ck")
+            await _prepared(coord, ck)
+            driver = type(coord.ctx.driver)
+            real = driver.unpaid
+
+            def unpaid_since(self: Any, ledger: Any, names: list[str]) -> dict[str, int]:
+                return {**real(self, ledger, names), "a": 1}  # the debt the fold now holds
+
+            monkeypatch.setattr(driver, "unpaid", unpaid_since)
+            outcome = await coord.commit_checkpoint(ck)
+            monkeypatch.undo()
+            assert not outcome.committed and outcome.cut_position is None
+            assert outcome.reason.startswith("after the prepare: a: 1 debts still unpaid"), outcome.reason
+            status = await client.status()
+            assert (status.phase, status.active_checkpoint_id) == ("idle", None)
+            assert (await coord.checkpoint(gid("ck"))).committed  # the next one, with no debt, commits
+        seq = types(store, ck)
+        assert (
+            seq[:2] == ["CheckpointPrepareStarted", "CheckpointAborted"] and "CheckpointCommitted" not in seq
+        )
