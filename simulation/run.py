@@ -38,7 +38,7 @@ from simulation.config import DEFAULT_FAULTS, RUN_ID, Fault, SimConfig, parse_fa
 from trainer.checkpoint import CheckpointOutcome
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
-from trainer.errors import ClaimWhilePrepared
+from trainer.errors import ClaimWhilePrepared, CoordinatorStopped
 from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
 from trainer.gym.errors import AgentUnavailableError, GymError, NotFoundError, UnauthorizedError
@@ -168,6 +168,10 @@ async def claim_as_sealed(coord: RolloutCoordinator, claimed: list[str]) -> None
                         raise
             claimed.append(group_id)
         except Exception as exc:
+            if isinstance(exc, CoordinatorStopped) and coord.ctx.stopping and coord.journal.stopped is None:
+                # The run closed its coordinator (its end, or an interrupt) while this claim waited:
+                # the group stays sealed and unclaimed for the resumed run, not a failure of the loop.
+                return
             failed.append(exc)
             if loop_task is not None:
                 loop_task.cancel()  # the loop ends with this error (below), not when the next group seals
