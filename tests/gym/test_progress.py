@@ -18,6 +18,35 @@ from protocol.wire import RetireRequest, RunReply, RunRequest, TokenEntry
 KEY = "p1_g0"
 
 
+def _record_call(request: RunRequest, session: RunSession) -> None:
+    """The one model call's token record: 7 generated tokens (a replacement's record names its try)."""
+    session.record(
+        TokenEntry(
+            rollout_id=f"{request.rollout_id}-a{request.attempt_index}"
+            if request.attempt_index
+            else request.rollout_id,
+            model_call_id="call-1",
+            model="m",
+            prompt_token_ids=[1],
+            generation_token_ids=list(range(7)),
+            generation_log_probs=[-1.0] * 7,
+            output_items=[{"type": "message"}],
+            token_item_index=0,
+            created_at=0.0,
+        )
+    )
+
+
+def _reply(request: RunRequest) -> RunReply:
+    return RunReply(
+        rollout_id=request.rollout_id,
+        attempt_index=request.attempt_index,
+        id=f"r-{request.rollout_id}",
+        response={"output": []},
+        reward=1.0,
+    )
+
+
 class GatedRunner:
     """boundary -> model call (heartbeat of 5 tokens) -> record of 7 tokens -> tool -> boundary -> reply."""
 
@@ -36,31 +65,11 @@ class GatedRunner:
         session.heartbeat(generated_tokens=5)
         self.beaten.set()
         await self.finish_call.wait()
-        session.record(
-            TokenEntry(
-                rollout_id=f"{request.rollout_id}-a{request.attempt_index}"
-                if request.attempt_index
-                else request.rollout_id,
-                model_call_id="call-1",
-                model="m",
-                prompt_token_ids=[1],
-                generation_token_ids=list(range(7)),
-                generation_log_probs=[-1.0] * 7,
-                output_items=[{"type": "message"}],
-                token_item_index=0,
-                created_at=0.0,
-            )
-        )
+        _record_call(request, session)
         self.in_tool.set()
         await self.finish_tool.wait()
         await session.at_boundary()
-        return RunReply(
-            rollout_id=request.rollout_id,
-            attempt_index=request.attempt_index,
-            id=f"r-{request.rollout_id}",
-            response={"output": []},
-            reward=1.0,
-        )
+        return _reply(request)
 
 
 def registry(tmp_path: Path, runner: GatedRunner, heartbeat_s: float | None = 0.5) -> ExecutionRegistry:
@@ -153,26 +162,8 @@ class LastCallRunner:
         await session.at_boundary()
         self.in_call.set()
         await self.finish_call.wait()
-        session.record(
-            TokenEntry(
-                rollout_id=request.rollout_id,
-                model_call_id="call-1",
-                model="m",
-                prompt_token_ids=[1],
-                generation_token_ids=list(range(7)),
-                generation_log_probs=[-1.0] * 7,
-                output_items=[{"type": "message"}],
-                token_item_index=0,
-                created_at=0.0,
-            )
-        )
-        return RunReply(
-            rollout_id=request.rollout_id,
-            attempt_index=request.attempt_index,
-            id=f"r-{request.rollout_id}",
-            response={"output": []},
-            reward=1.0,
-        )
+        _record_call(request, session)
+        return _reply(request)
 
 
 async def test_a_try_whose_last_call_ends_during_a_prepare_parks_at_its_end_holding_its_reply(
