@@ -11,6 +11,8 @@ import pytest
 
 from gym_agent.launcher import free_port
 from protocol.digests import reply_digest
+from protocol.ids import capture_key
+from protocol.token_codec import TOKENS_MEDIA_TYPE, encode_records
 from protocol.wire import ALL_FEATURES, CompletionReceipt, RunReply
 from tests.gym.conftest import fresh_id, run_request
 from trainer.gym import (
@@ -139,3 +141,62 @@ async def test_verify_receipt(client: GymClient) -> None:
     foreign: CompletionReceipt = receipt.model_copy(update={"result_identity": "r-x"})
     with pytest.raises(ReceiptMismatchError, match="result_identity"):
         verify_receipt(reply, foreign)
+
+
+class _Recording:
+    """The client's real control pool, with what each exchange sent and got written down."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.seen: list[tuple[bytes, list[tuple[bytes, bytes]], Reply]] = []
+
+    async def exchange(
+        self, method: str, origin: Origin, target: bytes, headers: Any, body: bytes, timeouts: Timeouts
+    ) -> Reply:
+        reply: Reply = await self.inner.exchange(method, origin, target, headers, body, timeouts)
+        self.seen.append((target, list(headers), reply))
+        return reply
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_token_records_travel_in_the_binary_form(client: GymClient) -> None:
+    """The trainer asks for the binary form with one Accept header, and a real agent answers in it
+    (with two, the agent read the first, JSON, and the trainer parsed and re-encoded every token)."""
+    rid = fresh_id("bin")
+    await client.run(run_request(rid))
+    recording = _Recording(client._control)
+    client._control = recording  # type: ignore[assignment]
+    arrays = await client.token_capture(capture_key(rid, 0))
+    [(_target, headers, reply)] = [s for s in recording.seen if s[0].startswith(b"/token_capture/")]
+    accepts = [v for k, v in headers if k.lower() == b"accept"]
+    assert len(accepts) == 1 and accepts[0].startswith(TOKENS_MEDIA_TYPE.encode())
+    content_type = next(v for k, v in reply.headers if k.lower() == b"content-type")
+    assert content_type == TOKENS_MEDIA_TYPE.encode()
+    assert bytes(arrays.buffer) == reply.body  # what came is what the trainer keeps: no re-encoding
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [({"schema_version": 9}, "schema_version 9"), ({"model_call_id": None}, "model_call_id")],
+)
+async def test_binary_token_records_are_held_to_the_token_entry_rules(
+    change: dict[str, Any], why: str
+) -> None:
+    record = {
+        "rollout_id": "t_g0-a0",
+        "model_call_id": "c1",
+        "prompt_token_ids": [1, 2],
+        "generation_token_ids": [3],
+        "generation_log_probs": [-0.5],
+        **change,
+    }
+    body = encode_records([record])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": TOKENS_MEDIA_TYPE})
+
+    client = _with_transport(GymClient("http://127.0.0.1:9", "a"), handler)
+    with pytest.raises(BadResponseError, match=why):
+        await client.token_capture("t_g0-a0")

@@ -35,7 +35,7 @@ from protocol.errors import (
     TRAINER_CONFLICT,
 )
 from protocol.ids import capture_key
-from protocol.token_codec import TOKENS_MEDIA_TYPE, TokenCodecError, encode_entries
+from protocol.token_codec import ARRAY_FIELDS, TOKENS_MEDIA_TYPE, TokenCodecError, encode_entries
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
     CONTINUE_FROM_HEADER,
@@ -98,6 +98,7 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # prepare waits server-side up to its own timeout_s; the HTTP call gets this much on top.
 PREPARE_MARGIN_S = 15.0
 _TOKEN_LIST = TypeAdapter(list[TokenEntry])
+_NO_ARRAYS: dict[str, list[Any]] = {name: [] for name in ARRAY_FIELDS}
 _TOKENS_MEDIA = TOKENS_MEDIA_TYPE.encode()
 # The binary form first; JSON from agents that do not speak it.
 _ACCEPT_TOKENS = ((b"Accept", _TOKENS_MEDIA + b", application/json;q=0.5"),)
@@ -246,7 +247,10 @@ class GymClient:
         """One call; returns a 200 reply whole (headers too), raises a typed error otherwise."""
         what = f"{method} {self.base_url}{path}"
         content = b"" if body is None else body.model_dump_json(by_alias=True).encode()
-        headers = [*self._headers, *extra_headers, (b"Content-Length", str(len(content)).encode())]
+        # An extra header replaces the base one of its name (an agent reads the first Accept it gets).
+        replaced = {name.lower() for name, _ in extra_headers}
+        headers = [h for h in self._headers if h[0].lower() not in replaced] if replaced else [*self._headers]
+        headers += [*extra_headers, (b"Content-Length", str(len(content)).encode())]
         if body is not None:
             headers.append((b"Content-Type", b"application/json"))
         if timeout_s is not None:
@@ -490,10 +494,15 @@ class GymClient:
                 arrays = decode_arrays(canonical(reply.body))
             except TokenCodecError as exc:
                 raise BadResponseError(f"{self.base_url}{path}: {exc}") from None
+            # Each record's other fields by TokenEntry's own rules, as the JSON form is read (its arrays,
+            # checked by the codec, stand in empty: no per-token Python object).
+            try:
+                _TOKEN_LIST.validate_python([{**r, **_NO_ARRAYS} for r in arrays.records])
+            except ValidationError as exc:
+                raise BadResponseError(
+                    f"{self.base_url} {path}: reply fails list[TokenEntry]: {exc}"
+                ) from None
             keys = [r.get("rollout_id") for r in arrays.records]
-            calls = [r.get("model_call_id") for r in arrays.records]
-            if not all(isinstance(c, str) for c in calls):
-                raise BadResponseError(f"{self.base_url}{path}: a token record has no model_call_id")
         else:
             entries = self._validated(_TOKEN_LIST.validate_json, "list[TokenEntry]", reply.body, path)
             keys = [e.rollout_id for e in entries]
