@@ -529,6 +529,7 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
         ("checkpoints committed / aborted", f"{s['checkpoints_committed']} / {s['checkpoints_aborted']}"),
         ("journal appends / transactions (per s)",
          f"{s['journal_appends']} / {s['journal_batches']} ({s['journal_batches'] / t['wall_s']:.0f}/s)"),
+        ("payload puts / store calls", f"{s['payload_puts']} / {s['payload_store_calls']}"),
         ("prepare wait p50 / p99 / max (s)",
          f"{t['prepare_wait_p50_s']} / {t['prepare_wait_p99_s']} / {t['prepare_wait_max_s']}"),
         ("model time / thrown away by checkpoints (s)",

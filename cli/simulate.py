@@ -635,7 +635,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("agents", ("agent_restarts", "reduced_mode_agents")),
     ("rows", ("rows", "rows_delivered", "rows_delivered_twice")),
     ("the promise", ("stranded", "duplicate_executions", "audit_violations")),
-    ("the log", ("events", "journal_appends", "journal_batches")),
+    ("the log", ("events", "journal_appends", "journal_batches", "payload_puts", "payload_store_calls")),
 )
 
 

@@ -168,6 +168,8 @@ async def _run(
             ),
             journal_appends=int(figures.get("journal/appends", 0)),
             journal_batches=int(figures.get("journal/batches", 0)),
+            payload_puts=int(figures.get("payloads/puts", 0)),
+            payload_store_calls=int(figures.get("payloads/store_calls", 0)),
         ),
     )
     summary.update(

@@ -596,6 +596,8 @@ async def _drive_run(
         ),
         journal_appends=coord.journal.appends,
         journal_batches=coord.journal.batches,
+        payload_puts=coord.payloads.puts,
+        payload_store_calls=coord.payloads.put_calls,
         turns=turns,
         side_effects=effects,
     )
@@ -626,6 +628,8 @@ class RunFacts:
     debts_outstanding: int
     journal_appends: int
     journal_batches: int
+    payload_puts: int = 0
+    payload_store_calls: int = 0
     turns: TurnFigures = field(default_factory=TurnFigures)
     side_effects: SideEffects | None = None
 
@@ -688,6 +692,9 @@ async def summarize_run(
         # Group commit: appends written, and the store transactions (append-lock holds) they took.
         "journal_appends": facts.journal_appends,
         "journal_batches": facts.journal_batches,
+        # The same for payload puts: the puts, and the store calls (thread hops, statements) they took.
+        "payload_puts": facts.payload_puts,
+        "payload_store_calls": facts.payload_store_calls,
     }
 
 

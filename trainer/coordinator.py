@@ -814,6 +814,8 @@ class RolloutCoordinator:
         flat["journal/appends"] = float(self.journal.appends)
         flat["journal/batches"] = float(self.journal.batches)
         flat["journal/appends_per_batch"] = self.journal.appends / batches
+        flat["payloads/puts"] = float(self.payloads.puts)
+        flat["payloads/store_calls"] = float(self.payloads.put_calls)
         flat["coordinator/open_groups"] = float(len(self.open_groups()))
         flat["coordinator/queued_tries"] = float(self.queued_tries())
         return flat

@@ -2,7 +2,10 @@
 event loop and through a store outage within a budget.
 
 A put returns once its payloads are durable; only then does the caller append the events that carry
-their claims (the seal is the claim check).  A store that stays unavailable past the outage budget
+their claims (the seal is the claim check).  Puts are group-committed as the journal's appends are:
+one writer task stores every put queued while the previous store call ran in ONE call of the plane
+(one thread hop, one statement of a PostgreSQL store), then answers each caller with its own claims.
+Eight siblings finishing together cost one round trip to the store, not eight.  A store that stays unavailable past the outage budget
 stops the coordinator as a database outage does (`CoordinatorStopped`): a result it cannot keep is
 not sealed, and the agent still holds it for the next owner.
 """
@@ -13,7 +16,9 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from payloads import PayloadClaim, PayloadPlane, PayloadStoreUnavailable
@@ -22,6 +27,21 @@ from trainer.errors import CoordinatorStopped
 
 log = logging.getLogger("trainer")
 _T = TypeVar("_T")
+
+# One store call takes at most this many queued puts, or this many bytes (the first put whole however
+# large): a burst never becomes one unbounded statement.
+MAX_BATCH_PUTS = 256
+MAX_BATCH_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class _Put:
+    items: Sequence[tuple[bytes, str]]
+    future: asyncio.Future[list[PayloadClaim]]
+
+    @property
+    def size(self) -> int:
+        return sum(len(content) for content, _ in self.items)
 
 
 class PayloadIO:
@@ -40,12 +60,79 @@ class PayloadIO:
         # Payload store calls that failed as unavailable and were retried.
         self.outage_retries = 0
         self.bytes_put = 0
+        # Store calls made for puts, and the puts they carried (puts / calls = the batching).
+        self.put_calls = 0
+        self.puts = 0
+        self._queue: deque[_Put] = deque()
+        self._writer: asyncio.Task[None] | None = None
 
     async def put(self, items: Sequence[tuple[bytes, str]]) -> list[PayloadClaim]:
-        """Stores each `(content, media_type)`; durable on return."""
-        claims = await self._ride_out(lambda: self.plane.put(items), "storing payloads")
+        """Stores each `(content, media_type)`; durable on return.  A caller cancelled while its batch
+        is being stored leaves its payloads stored (unclaimed: `ledger payloads collect` finds them)."""
+        if self.stopped is not None:
+            raise self.stopped
+        if not items:
+            return []
+        request = _Put(items, asyncio.get_running_loop().create_future())
+        self._queue.append(request)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_puts(), name="payload-writer")
+        return await request.future
+
+    async def _write_puts(self) -> None:
+        """The writer: while puts are queued, stores a batch of them (one plane call) at a time."""
+        batch: list[_Put] = []
+        try:
+            while self._queue:
+                batch = self._next_batch()
+                if batch:
+                    await self._store(batch)
+                batch = []
+        except BaseException as exc:  # cancelled (the loop is closing), or a bug: nobody waits for ever
+            for request in [*batch, *self._queue]:
+                if request.future.done():
+                    continue
+                if isinstance(exc, Exception):
+                    request.future.set_exception(exc)
+                else:
+                    request.future.cancel()
+            self._queue.clear()
+            if not isinstance(exc, Exception):
+                raise
+
+    def _next_batch(self) -> list[_Put]:
+        batch: list[_Put] = []
+        size = 0
+        while self._queue and len(batch) < MAX_BATCH_PUTS:
+            request = self._queue[0]
+            if request.future.done():  # its caller was cancelled before it was stored
+                self._queue.popleft()
+                continue
+            if batch and size + request.size > MAX_BATCH_BYTES:
+                break
+            self._queue.popleft()
+            batch.append(request)
+            size += request.size
+        return batch
+
+    async def _store(self, batch: list[_Put]) -> None:
+        items = [item for request in batch for item in request.items]
+        try:
+            claims = await self._ride_out(lambda: self.plane.put(items), "storing payloads")
+        except Exception as exc:  # the batch's one answer is every caller's
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(exc)
+            return
+        self.put_calls += 1
+        self.puts += len(batch)
         self.bytes_put += sum(len(content) for content, _ in items)
-        return claims
+        start = 0
+        for request in batch:
+            end = start + len(request.items)
+            if not request.future.done():
+                request.future.set_result(claims[start:end])
+            start = end
 
     async def get_many(self, claims: Iterable[PayloadClaim]) -> dict[str, bytes]:
         """The checked payload of every claim, by digest (PayloadMissing, PayloadCorrupt)."""

@@ -1,0 +1,103 @@
+"""The trainer's payload puts are group-committed: puts queued while a store call runs go in the next
+call together, each caller gets exactly its own claims, and a failed call fails every put it carried."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+
+import pytest
+
+from payloads import InMemoryPayloadStore, PayloadPlane, PayloadStoreError, PayloadStoreUnavailable
+from trainer.errors import CoordinatorStopped
+from trainer.payload_io import PayloadIO
+
+MEDIA = "application/octet-stream"
+
+
+class GatedStore(InMemoryPayloadStore):
+    """Records every put_many call; the first waits for `release` (set from the test's loop), so the
+    test decides what is queued behind it instead of racing the thread."""
+
+    def __init__(self) -> None:
+        super().__init__("gated")
+        self.calls: list[list[str]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.fail_with: Exception | None = None
+
+    def put_many(self, items: Mapping[str, bytes]) -> None:
+        self.calls.append(list(items))
+        if len(self.calls) == 1:
+            self.entered.set()
+            assert self.release.wait(30), "the test never released the first put"
+        if self.fail_with is not None:
+            raise self.fail_with
+        super().put_many(items)
+
+
+async def _queued_behind_first(store: GatedStore, io: PayloadIO, n: int) -> list[asyncio.Task[list]]:
+    first = asyncio.create_task(io.put([(b"first", MEDIA)]))
+    assert await asyncio.to_thread(store.entered.wait, 30)
+    rest = [asyncio.create_task(io.put([(f"p{i}".encode(), MEDIA), (b"shared", MEDIA)])) for i in range(n)]
+    for _ in range(3):  # every put is queued (none of them can reach the store: the writer is busy)
+        await asyncio.sleep(0)
+    return [first, *rest]
+
+
+async def test_puts_queued_during_a_store_call_go_in_one_call_each_with_its_own_claims() -> None:
+    store = GatedStore()
+    io = PayloadIO(PayloadPlane(store), outage_budget_s=1.0)
+    tasks = await _queued_behind_first(store, io, 8)
+    store.release.set()
+    claims = await asyncio.gather(*tasks)
+    # One call for the first, ONE for the eight queued behind it (without batching: nine calls).
+    assert len(store.calls) == 2
+    assert io.put_calls == 2 and io.puts == 9
+    assert [len(c) for c in claims] == [1, *[2] * 8]
+    plane = PayloadPlane(store)
+    for i, (own, shared) in enumerate(claims[1:]):
+        assert plane.get(own) == f"p{i}".encode()  # the caller's own payload, durable, in its order
+        assert plane.get(shared) == b"shared"
+    assert plane.get(claims[0][0]) == b"first"
+
+
+async def test_a_failed_store_call_fails_every_put_it_carried_and_the_next_put_runs() -> None:
+    store = GatedStore()
+    io = PayloadIO(PayloadPlane(store), outage_budget_s=1.0)
+    store.fail_with = PayloadStoreError("refused")
+    tasks = await _queued_behind_first(store, io, 3)
+    store.release.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, PayloadStoreError) for r in results), results
+    store.fail_with = None
+    [claim] = await io.put([(b"after", MEDIA)])
+    assert PayloadPlane(store).get(claim) == b"after"
+
+
+async def test_a_cancelled_put_is_left_out_of_the_batch_and_the_others_are_answered() -> None:
+    store = GatedStore()
+    io = PayloadIO(PayloadPlane(store), outage_budget_s=1.0)
+    first, *rest = await _queued_behind_first(store, io, 3)
+    rest[1].cancel()
+    store.release.set()
+    await first
+    done = await asyncio.gather(*rest, return_exceptions=True)
+    assert isinstance(done[1], asyncio.CancelledError)
+    assert [len(c) for c in (done[0], done[2])] == [2, 2]
+    assert len(store.calls) == 2 and len(store.calls[1]) == 3  # p0, shared, p2: p1 never sent
+
+
+async def test_an_outage_past_the_budget_stops_every_queued_put() -> None:
+    store = GatedStore()
+    stops: list[CoordinatorStopped] = []
+    io = PayloadIO(PayloadPlane(store), outage_budget_s=0.0, on_stop=stops.append)
+    store.fail_with = PayloadStoreUnavailable("the store is away")
+    tasks = await _queued_behind_first(store, io, 2)
+    store.release.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, CoordinatorStopped) for r in results), results
+    assert len(stops) == 1
+    with pytest.raises(CoordinatorStopped):
+        await io.put([(b"later", MEDIA)])
