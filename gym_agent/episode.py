@@ -11,6 +11,7 @@ their samples.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import random
 import time
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,9 +45,17 @@ from workers.policy import Policy
 
 MODEL_NAME = "policy"
 OBSERVATION_LEN = (2, 6)
-# Zero-work mode (benchmarks): a model call's tokens are drawn at its size, no model runs; each has
-# this log probability.
-ZERO_WORK_LOGPROB = -1.0
+# Zero-work mode (benchmarks): a model call's tokens are drawn at its size, no model runs.  They are
+# drawn to look like a real model's, so that what the log and the payload store measure is honest:
+# ids from a real vocabulary (Qwen2.5's; ids need 18 bits, as a real model's do), by rank-frequency
+# as text has them (Zipf, exponent 1: ids drawn as V**u - 1), and each a float32 log probability of
+# its own (a sampled token's negative log likelihood, exponential with this mean in nats), never one
+# constant a compressor would fold away.
+ZERO_WORK_VOCAB = 151_936
+ZERO_WORK_MEAN_NLL = 0.6
+# The text a token reads as: a piece per id of 1..8 bytes, about 4 on average (what English text
+# averages per token in a modern tokenizer), fixed for a vocabulary.
+PIECE_BYTES = 8
 # The agent's promise (`mount_participant(heartbeat_s=...)`): a live try reports progress at least this
 # often, from inside a model call (waiting for the model thread, or a call's simulated duration) too.
 HEARTBEAT_S = 0.5
@@ -84,23 +95,69 @@ CommitTurn = Callable[[int, dict[str, Any], Sequence[ResourceRevision]], Awaitab
 
 
 def draw_ids(seed: int, n: int, vocab_size: int) -> list[int]:
-    """`n` token ids drawn from `seed` (one torch call: a 32,000-token prompt costs about a
+    """`n` token ids drawn uniformly from `seed` (one torch call: a 32,000-token prompt costs about a
     millisecond, where drawing each from Python's random costs twenty)."""
     generator = torch.Generator().manual_seed(seed)
     ids: list[int] = torch.randint(vocab_size, (n,), generator=generator).tolist()
     return ids
 
 
+def draw_like_text(seed: int, n: int, vocab_size: int) -> tuple[list[int], list[float]]:
+    """Zero work's `n` tokens of a model call from `seed`: ids by rank-frequency (Zipf) and each
+    one's float32 log probability, drawn in two torch calls."""
+    generator = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    ids = (torch.pow(float(vocab_size), u).long() - 1).clamp_(0, vocab_size - 1)
+    nll = torch.empty(n, dtype=torch.float32).exponential_(1 / ZERO_WORK_MEAN_NLL, generator=generator)
+    return ids.tolist(), nll.neg_().tolist()
+
+
+@functools.cache
+def pieces_of(vocab_size: int) -> Pieces:
+    """One piece table per vocabulary in the process (1.2 MB at a real vocabulary's size)."""
+    return Pieces(vocab_size)
+
+
+def as_ids(tokens: Sequence[int]) -> npt.NDArray[np.int64]:
+    return np.fromiter(tokens, dtype=np.int64, count=len(tokens))
+
+
+class Pieces:
+    """Each token id's text, a piece of 1..PIECE_BYTES lower-case letters (the first a space about
+    half the time), drawn once per vocabulary from a fixed seed; a call's text is its pieces joined,
+    gathered as one array (no Python object per token)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        rng = np.random.default_rng(vocab_size)
+        table = rng.integers(ord("a"), ord("z") + 1, size=(vocab_size, PIECE_BYTES), dtype=np.uint8)
+        table[rng.random(vocab_size) < 0.5, 0] = ord(" ")
+        # 1..8 bytes, 4 on average (a binomial around the mean, never empty); the rest of a row is
+        # zero bytes, which the join deletes.
+        lengths = 1 + rng.binomial(PIECE_BYTES - 1, 3 / (PIECE_BYTES - 1), size=vocab_size)
+        table[np.arange(PIECE_BYTES) >= lengths[:, None]] = 0
+        self.table = table
+
+    def text(self, ids: npt.NDArray[np.int64]) -> str:
+        return self.table[ids].tobytes().translate(None, b"\0").decode("ascii")
+
+
 def prompt_ids(
-    agent_seed: int, request: RunRequest, vocab_size: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    agent_seed: int,
+    request: RunRequest,
+    vocab_size: int,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    *,
+    like_text: bool = False,
 ) -> list[int]:
-    """The task's prompt: its length drawn around `prompt_tokens`, its ids from the task's payload."""
+    """The task's prompt: its length drawn around `prompt_tokens`, its ids from the task's payload
+    (uniform, or `like_text` as zero work draws them)."""
     payload = canonical_json(
         {"responses_create_params": request.responses_create_params, **request.task_fields()}
     )
     digest = hashlib.sha256(f"prompt|{agent_seed}|{payload}".encode()).digest()
     n = random.Random(digest).randint(*size_range(prompt_tokens))
-    return draw_ids(int.from_bytes(digest[:8], "big") >> 1, n, vocab_size)
+    seed = int.from_bytes(digest[:8], "big") >> 1
+    return draw_like_text(seed, n, vocab_size)[0] if like_text else draw_ids(seed, n, vocab_size)
 
 
 class EpisodeTooLong(ValueError):
@@ -127,15 +184,14 @@ def check_fits(max_seq_len: int, prompt_tokens: int, gen_tokens: int, turns: tup
         )
 
 
-def episode_reward(generated: list[int], vocab_size: int) -> float:
-    """Share of generated tokens in the lower half of the vocabulary: a pure function of the tokens."""
+def episode_reward(generated: Sequence[int]) -> float:
+    """Share of generated tokens with an even id: a pure function of the tokens (and not a constant
+    under zero work's rank-frequency draw, where a share of the lower half would be), counted as an
+    array."""
     if not generated:
         return 0.0
-    return round(sum(t < vocab_size // 2 for t in generated) / len(generated), 6)
-
-
-def _text(tokens: list[int]) -> str:
-    return " ".join(f"t{t}" for t in tokens)
+    ids = as_ids(generated)
+    return round(float(ids.size - np.count_nonzero(ids & 1)) / ids.size, 6)
 
 
 class EpisodeState(BaseModel):
@@ -185,6 +241,8 @@ class Environment:
         # The agent's own work set to zero: no model call, each call's tokens drawn at its size (what a
         # throughput benchmark of the log needs; the protocol, faults and checkpoints are unchanged).
         self.zero_work = zero_work
+        # The vocabulary its tokens are drawn from: the policy's, or under zero work a real model's.
+        self.vocab_size = ZERO_WORK_VOCAB if zero_work else policy.vocab_size
         # How long each model call and each tool between two calls takes (drawn per call).
         self.call_seconds = call_seconds
         self.tool_seconds = tool_seconds
@@ -193,7 +251,11 @@ class Environment:
         self.tools = tools
 
     def _sampler(
-        self, prompt: list[int], generator: torch.Generator | None, planned: list[int], heartbeat: Heartbeat
+        self,
+        prompt: list[int],
+        generator: torch.Generator | None,
+        planned: tuple[list[int], list[float]],
+        heartbeat: Heartbeat,
     ) -> SampleMore:
         """How one call's decode gets its next tokens: after the prefix, from the same generator (the
         tokens an uncut call samples), or in zero work the planned ones."""
@@ -201,7 +263,8 @@ class Environment:
 
         async def sample_more(prefix: list[int], n: int) -> tuple[list[int], list[float]]:
             if generator is None:
-                return planned[len(prefix) : len(prefix) + n], [ZERO_WORK_LOGPROB] * n
+                ids, logprobs = planned
+                return ids[len(prefix) : len(prefix) + n], logprobs[len(prefix) : len(prefix) + n]
             sample = await beating(
                 loop.run_in_executor(
                     self.executor, self.policy.sample, prompt + prefix, n, generator, self.temperature
@@ -233,7 +296,8 @@ class Environment:
         resumed try's first new call linked to the last reused one."""
         key = capture_key(request.rollout_id, request.attempt_index)
         lineage = lineage or key
-        vocab = self.policy.vocab_size
+        vocab = self.vocab_size
+        pieces = pieces_of(vocab)
 
         if resumed is not None:
             state = EpisodeState.model_validate(resumed)
@@ -242,7 +306,7 @@ class Environment:
             state = EpisodeState(
                 n_turns=n_turns,
                 turns_done=0,
-                context=prompt_ids(self.seed, request, vocab, self.prompt_tokens),
+                context=prompt_ids(self.seed, request, vocab, self.prompt_tokens, like_text=self.zero_work),
             )
         context, output, generated, n_turns = state.context, state.output, state.generated, state.n_turns
         # The conversation each model call is sent (its lineage is stamped from it), and the calls so far.
@@ -265,7 +329,7 @@ class Environment:
             # The whole conversation so far (the constructor checked the policy holds it).
             prompt = context
             # Zero work: the call's tokens drawn now from the turn's seed, handed out as they are due.
-            planned = draw_ids(seed, max_new, vocab) if generator is None else []
+            planned = draw_like_text(seed, max_new, vocab) if generator is None else ([], [])
             token_ids, logprobs = await decode(
                 max_new,
                 self.call_seconds.draw(f"call|{self.seed}|{key}|{turn}")
@@ -281,7 +345,9 @@ class Environment:
                 "id": f"msg-{key}-{turn + 1}",
                 "role": "assistant",
                 "status": "completed",
-                "content": [{"type": "output_text", "text": _text(token_ids), "annotations": []}],
+                "content": [
+                    {"type": "output_text", "text": pieces.text(as_ids(token_ids)), "annotations": []}
+                ],
             }
             entry = TokenEntry(
                 schema_version=TOKEN_SCHEMA_VERSION,
@@ -306,7 +372,11 @@ class Environment:
             context = context + token_ids
             if turn + 1 < n_turns:
                 observation = [rng.randrange(vocab) for _ in range(rng.randint(*OBSERVATION_LEN))]
-                observed = {"type": "function_call_output", "call_id": call_id, "output": _text(observation)}
+                observed = {
+                    "type": "function_call_output",
+                    "call_id": call_id,
+                    "output": pieces.text(as_ids(observation)),
+                }
                 output.append(observed)
                 conversation.append(observed)
                 context = context + observation
@@ -340,7 +410,7 @@ class Environment:
             "output": output,
             "metadata": {"policy_version": self.policy.policy_version, "model_calls": n_turns},
         }
-        reward, mask = episode_reward(generated, vocab), False
+        reward, mask = episode_reward(generated), False
         failure: dict[str, Any] = {}
         if fault.fail:
             response["status"] = "failed"

@@ -3,6 +3,7 @@ conversation sent to each call, and a policy that cannot hold an episode refused
 
 from __future__ import annotations
 
+import array
 import asyncio
 import itertools
 import statistics
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from cli.main import app as ledger_app
 from gym_agent import cli as gym_cli
-from gym_agent.episode import Environment, EpisodeTooLong, check_fits
+from gym_agent.episode import ZERO_WORK_VOCAB, Environment, EpisodeTooLong, check_fits, episode_reward
 from gym_agent.faults import NO_FAULT
 from gym_agent.sizes import parse_turns, size_range
 from protocol.wire import RunRequest, TokenEntry
@@ -58,7 +59,33 @@ def test_zero_work_draws_real_sizes_around_the_means_and_sends_each_call_the_who
             sent = before.prompt_token_ids + before.generation_token_ids
             assert call.prompt_token_ids[: len(sent)] == sent
             assert len(call.prompt_token_ids) > len(sent)
-        assert all(0 <= t < policy.vocab_size for r in episode for t in r.generation_token_ids)
+        assert all(0 <= t < ZERO_WORK_VOCAB for r in episode for t in r.generation_token_ids)
+
+
+def test_zero_work_tokens_look_like_a_real_models() -> None:
+    """What the payload store measures is honest: ids of a real vocabulary by rank-frequency, a float32
+    log probability of each token's own, and about four bytes of text per token."""
+    policy = load_policy("tiny")
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        env = Environment(
+            policy, executor, seed=5, turns=(1, 1), zero_work=True, prompt_tokens=900, gen_tokens=3000
+        )
+        episodes = play(env, 4)
+    records = [r for e in episodes for r in e]
+    ids = [t for r in records for t in (*r.prompt_token_ids, *r.generation_token_ids)]
+    logprobs = [v for r in records for v in r.generation_log_probs]
+    # beyond 16 bits (a real vocabulary), and frequent ids frequent: the low ranks hold most tokens
+    assert max(ids) >= 2**16 and max(ids) < ZERO_WORK_VOCAB
+    assert sum(t < 1000 for t in ids) > len(ids) / 2 and len(set(ids)) > len(ids) / 10
+    assert all(v < 0 for v in logprobs) and len(set(logprobs)) > len(logprobs) * 0.9
+    assert array.array("f", logprobs).tolist() == logprobs  # each exactly a float32, as a server sends
+    assert 0.3 < statistics.fmean(logprobs) * -1 < 1.0
+    texts = [r.output_items[0]["content"][0]["text"] for r in records]
+    per_token = sum(len(t) for t in texts) / sum(len(r.generation_token_ids) for r in records)
+    assert 3.5 < per_token < 4.5, per_token
+    # the reward is a pure function of the tokens, and not a constant under this draw
+    assert episode_reward([2, 4, 5]) == 0.666667
+    assert len({episode_reward(r.generation_token_ids) for r in records}) == len(records)
 
 
 def test_a_policy_that_cannot_hold_the_episode_is_refused_in_one_line_not_cut() -> None:
