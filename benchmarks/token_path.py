@@ -5,9 +5,10 @@ The token records are the reference agent's (zero work, at `--prompt-tokens` / `
 `--payloads URL`).  Each path is timed over the same rollouts, read back from the store:
 
 - `row, JSON records`: the JSON reference form, parsed into `TokenEntry`s, then NeMo RL's message
-  log built by the adapter's own `message_log` (torch tensors from Python lists).
-- `row, binary records`: the binary form decoded to arrays, turned into `TokenEntry`s, then the same
-  `message_log`.
+  log built by the adapter's own `message_log` (which takes them to arrays through the binary form).
+- `row, binary records`: the binary form decoded to arrays (views of the payload), then the same
+  `message_log` over them: what `LedgerGym` does (one vectorised copy per tensor, no per-token
+  Python object).
 - `tensors, binary arrays`: the binary form decoded to views of the payload, each array a tensor over
   them (`torch.from_numpy`, no copy, no per-token Python object): the floor a row builder reading
   arrays reaches.
@@ -85,8 +86,7 @@ def rows_from_json(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
 
 
 def rows_from_binary(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
-    arrays = decode_payload(bytearray(content), TOKENS_MEDIA_TYPE)
-    return message_log([TokenEntry.model_validate(r) for r in arrays.to_records()], rules)
+    return message_log(decode_payload(content, TOKENS_MEDIA_TYPE), rules)
 
 
 def tensors_from_arrays(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:

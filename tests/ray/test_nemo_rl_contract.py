@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from eventstore import EventStore
+from payloads.token_arrays import decode_payload
 from projections.audit import audit_log
+from protocol.token_codec import TOKENS_MEDIA_TYPE, encode_records
 from protocol.wire import TokenEntry
 from tests.ray.conftest import nemo_rows, plain
 from tests.rollout.conftest import MakeAgent
@@ -283,6 +285,46 @@ def test_routed_experts_are_sliced_per_message_for_router_replay() -> None:
     assert routes[2].tolist() == second[3:4].tolist() and routes[3].tolist() == second[4:5].tolist()
     with pytest.raises(ResultDataError, match="routed_experts rows"):
         message_log([_entry("c", [1, 2], [3], _text("a"), _envelope(first[:2]))], ResultRules.of({}))
+
+
+def test_rows_are_built_straight_from_the_stored_arrays() -> None:
+    """`LedgerGym` reads a sealed try's token records as arrays (views of the stored payload) and
+    builds NeMo RL's tensors from them at real sizes: int64 ids and float32 logprobs (a float64 log
+    probability rounded as `torch.tensor` rounds it), each call's user message the prompt tokens not
+    seen before, and no tensor sharing the payload's buffer; the same rows as records built in memory."""
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(0, 151_936, 3000).tolist()
+    first_gen = rng.integers(0, 151_936, 6000).tolist()
+    wide = (-rng.exponential(0.6, 6000)).tolist()  # float64 values: stored as f8
+    second_prompt = prompt + first_gen + [11, 12]
+    second_gen = rng.integers(2**16, 151_936, 5000).tolist()
+    narrow = torch.tensor(-rng.exponential(0.6, 5000), dtype=torch.float32).tolist()  # exact float32: f4
+    entries = [
+        _entry("c1", prompt, first_gen, _text("first")),
+        _entry("c2", second_prompt, second_gen, _text("<think>x</think>")),
+    ]
+    entries[0].generation_log_probs = wide
+    entries[1].generation_log_probs = narrow
+    buffer = bytearray(encode_records([e.record() for e in entries]))
+    arrays = decode_payload(buffer, TOKENS_MEDIA_TYPE)
+    assert [s.dtype for s in arrays.layout.spans] == ["u4", "u4", "f8", "u4", "u4", "f4"]
+    rules = ResultRules.of({})
+    log = message_log(arrays, rules)
+    buffer[:] = bytes(len(buffer))  # the payload's buffer gone: the rows are their own
+    user1, assistant1, user2, assistant2 = log
+    assert user1["token_ids"].dtype == assistant1["token_ids"].dtype == torch.int64
+    assert assistant1["generation_logprobs"].dtype == assistant2["generation_logprobs"].dtype == torch.float32
+    assert user1["token_ids"].tolist() == prompt and assistant1["token_ids"].tolist() == first_gen
+    assert user2["token_ids"].tolist() == [11, 12] and assistant2["token_ids"].tolist() == second_gen
+    assert torch.equal(assistant1["generation_logprobs"], torch.tensor(wide))
+    assert assistant2["generation_logprobs"].tolist() == narrow
+    assert (assistant2["is_invalid_tool_call"], assistant2["has_malformed_thinking"]) == (False, True)
+    from_records = message_log(entries, rules)
+    assert all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+        for a, b in zip(log, from_records, strict=True)
+        for k in a
+    )
 
 
 def test_a_try_nemo_rl_could_not_train_on_is_refused_as_data() -> None:

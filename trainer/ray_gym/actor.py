@@ -59,7 +59,6 @@ from projections.base import fold
 from projections.checkpoints import CheckpointsProjection, CheckpointState
 from protocol.ids import Identifier
 from protocol.streams import group_stream
-from protocol.wire import TokenEntry
 from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
@@ -763,12 +762,11 @@ class LedgerGym:
             seal = record.seals[gi]
             if seal.reply is None:
                 raise RowError(f"group {group.group_id}: sibling {gi}'s reply was not kept")
-            arrays = decode_payload(bytearray(found[seal.tokens.digest]), seal.tokens.media_type)
-            entries = [TokenEntry.model_validate(t) for t in arrays.to_records()]
+            arrays = decode_payload(found[seal.tokens.digest], seal.tokens.media_type)
             result = row_result(
                 group.row_dicts[gi],
                 orjson.loads(found[seal.reply.digest]),
-                entries,
+                arrays,
                 rollout_id=seal.rollout_id,
                 attempt_index=seal.attempt_index,
                 mask_sample=seal.mask_sample,

@@ -14,8 +14,10 @@ NeMo RL's `run_async_nemo_gym_rollout` (`nemo_rl/experience/rollouts.py`) and th
   `reward`; the row's own `_ng_rollout_id` (when NeMo RL set one) is kept, and the ledger's try is
   named beside it (`_ledger_rollout_id`, `_ledger_attempt_index`).
 
-Built from what the log holds: the reply (blob table) and the try's token records (blob table,
-checked against the seal's receipt when they were stored).  The rules are NeMo RL's, restated here
+Built from what the log holds: the reply and the try's token records, read by the seal's claims
+from the payload plane as arrays (`payloads.token_arrays.TokenArrays`, views of the stored payload):
+each message's tensors are made from those arrays in one vectorised copy each (int64 ids, float32
+logprobs, the dtypes NeMo RL's tensors have), never through a Python object per token.  The rules are NeMo RL's, restated here
 from its documented behaviour: a model call with no generated tokens is no turn; turns must extend
 one another; a NaN logprob is refused; a tool-call pattern in the final text marks an invalid tool
 call; a thinking tag in a final answer, or repeated in a reasoning summary, marks malformed thinking.
@@ -24,12 +26,16 @@ call; a thinking tag in a final answer, or repeated in a reasoning summary, mark
 from __future__ import annotations
 
 import base64
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from protocol.lineage import LineageError, full_prompts
+import numpy as np
+import numpy.typing as npt
+
+from payloads.token_arrays import TokenArrays, decode_arrays
+from protocol.lineage import LineageError
+from protocol.token_codec import TokenCodecError, encode_records
 from protocol.wire import TokenEntry
 from trainer.context import log as logger
 from trainer.ray_gym.rows import PER_ROW_KEYS
@@ -133,65 +139,86 @@ def decode_routes(raw: Any, dtype: str) -> Any:
     return tensor
 
 
-def _token_item(entry: TokenEntry) -> dict[str, Any]:
-    items = entry.output_items
+def _token_item(head: Mapping[str, Any]) -> dict[str, Any]:
+    items = head.get("output_items") or []
     if not items:
         return {}
-    index = entry.token_item_index if entry.token_item_index is not None else len(items) - 1
-    return items[index]
+    index = head.get("token_item_index")
+    item = items[index if index is not None else len(items) - 1]
+    return item if isinstance(item, dict) else {}
 
 
-def whole_prompts(tokens: Sequence[TokenEntry]) -> list[list[int]]:
-    """Every call's full prompt, delta prompts rebuilt from their parent chains (`protocol.lineage`);
-    `ResultDataError` naming the call whose chain is broken."""
+Tokens = TokenArrays | Sequence[TokenEntry]
+
+
+def as_arrays(tokens: Tokens) -> TokenArrays:
+    """The try's token records as arrays: as read from the store, or (records built in memory, the
+    tests' and the JSON form's way) through the binary form once.  `ResultDataError` for records
+    that have none (a NaN or infinite logprob)."""
+    if isinstance(tokens, TokenArrays):
+        return tokens
     try:
-        return full_prompts(tokens)
+        return decode_arrays(encode_records([t.record() for t in tokens]))
+    except TokenCodecError as exc:
+        raise ResultDataError(f"token records: {exc}") from None
+
+
+def whole_prompts(tokens: Tokens) -> list[npt.NDArray[np.int64]]:
+    """Every call's full prompt (int64), delta prompts rebuilt from their parent chains
+    (`TokenArrays.full_prompts`); `ResultDataError` naming the call whose chain is broken."""
+    try:
+        return as_arrays(tokens).full_prompts()
     except LineageError as exc:
         raise ResultDataError(str(exc)) from None
 
 
-def message_log(tokens: Sequence[TokenEntry], rules: ResultRules) -> list[dict[str, Any]]:
+def message_log(tokens: Tokens, rules: ResultRules) -> list[dict[str, Any]]:
     """NeMo RL's message log of one try (see the module doc); `ResultDataError` when it has none."""
     import torch
 
+    arrays = as_arrays(tokens)
     log: list[dict[str, Any]] = []
-    seen: list[int] = []
-    for entry, prompt in zip(tokens, whole_prompts(tokens), strict=True):
-        if not entry.generation_token_ids:
+    seen: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
+    for r, prompt in enumerate(whole_prompts(arrays)):
+        head = arrays.records[r]
+        call_id = head.get("model_call_id")
+        if not arrays.layout.span(r, "generation_token_ids").count:
             continue  # no turn: nothing was generated (NeMo RL skips it the same way)
-        generated = list(entry.generation_token_ids)
-        if prompt[: len(seen)] != seen:
+        generated = arrays.generation(r).astype(np.int64)
+        if prompt.size < seen.size or not np.array_equal(prompt[: seen.size], seen):
             raise ResultDataError(
-                f"model call {entry.model_call_id} does not extend the turns before it "
-                f"(its prompt's first {len(seen)} tokens differ): truncated or re-tokenized history"
+                f"model call {call_id} does not extend the turns before it "
+                f"(its prompt's first {seen.size} tokens differ): truncated or re-tokenized history"
             )
-        if any(math.isnan(x) for x in entry.generation_log_probs):
-            raise ResultDataError(f"model call {entry.model_call_id}: generation logprobs contain NaN")
-        start, end = len(seen), len(prompt) + len(generated)
+        logprobs = arrays.logprobs(r)
+        if np.isnan(logprobs).any():
+            raise ResultDataError(f"model call {call_id}: generation logprobs contain NaN")
+        start, end = seen.size, prompt.size + generated.size
         routes = None
-        if entry.routed_experts is not None:
-            routes = decode_routes(entry.routed_experts, rules.routed_experts_dtype)
+        if head.get("routed_experts") is not None:
+            routes = decode_routes(head["routed_experts"], rules.routed_experts_dtype)
             if routes.shape[0] < end:
                 raise ResultDataError(
-                    f"model call {entry.model_call_id}: {routes.shape[0]} routed_experts rows for "
-                    f"{end} tokens"
+                    f"model call {call_id}: {routes.shape[0]} routed_experts rows for {end} tokens"
                 )
-            if log and seen and isinstance(log[-1].get("routed_experts"), torch.Tensor):
+            if log and seen.size and isinstance(log[-1].get("routed_experts"), torch.Tensor):
                 # The last generated token's route is known only from the next call's prefill.
-                log[-1]["routed_experts"][-1] = routes[len(seen) - 1]
+                log[-1]["routed_experts"][-1] = routes[seen.size - 1]
         elif rules.require_routed_experts:
             # NeMo RL fills routeless messages in with its missing-route sentinel; say so once per call.
             logger.warning(
                 "model call %s has no routed_experts (router replay is on): its messages carry no routes",
-                entry.model_call_id,
+                call_id,
             )
-        user: dict[str, Any] = {"role": "user", "content": "", "token_ids": torch.tensor(prompt[start:])}
-        invalid, malformed = flags(_token_item(entry), rules)
+        # Arrays of their own (prompts rebuilt as int64, ids widened to int64, logprobs copied as
+        # float32): the tensors never alias the payload's buffer.
+        user: dict[str, Any] = {"role": "user", "content": "", "token_ids": torch.from_numpy(prompt[start:])}
+        invalid, malformed = flags(_token_item(head), rules)
         assistant: dict[str, Any] = {
             "role": "assistant",
             "content": "",
-            "token_ids": torch.tensor(generated),
-            "generation_logprobs": torch.tensor(list(entry.generation_log_probs)),
+            "token_ids": torch.from_numpy(generated),
+            "generation_logprobs": torch.from_numpy(logprobs.astype(np.float32)),
             "is_invalid_tool_call": invalid,
             "has_malformed_thinking": malformed,
         }
@@ -199,7 +226,7 @@ def message_log(tokens: Sequence[TokenEntry], rules: ResultRules) -> list[dict[s
             user["routed_experts"] = routes[start : len(prompt)]
             assistant["routed_experts"] = routes[len(prompt) : end]
         log += [user, assistant]
-        seen = prompt + generated
+        seen = np.concatenate([prompt, generated])
     if not log:
         raise ResultDataError(
             "the try produced no generated tokens (the prompt may exceed the model's max_model_len, "
@@ -239,19 +266,22 @@ def full_result(
     return full
 
 
-def decode_strings(full: dict[str, Any], tokens: Sequence[TokenEntry], tokenizer: Any) -> None:
+def decode_strings(full: dict[str, Any], tokens: Tokens, tokenizer: Any) -> None:
     """With a tokenizer (NeMo RL passes one): each generating output item gets `prompt_str` and
     `generation_str`, as NeMo RL's actor writes them for its logs."""
-    wholes = [p for e, p in zip(tokens, whole_prompts(tokens), strict=True) if e.generation_token_ids]
-    calls = [e for e in tokens if e.generation_token_ids]
-    if tokenizer is None or not calls or not hasattr(tokenizer, "batch_decode"):
+    if tokenizer is None or not hasattr(tokenizer, "batch_decode"):
         return
-    prompts = tokenizer.batch_decode(wholes)
-    generations = tokenizer.batch_decode([list(e.generation_token_ids) for e in calls])
+    arrays = as_arrays(tokens)
+    calls = [r for r in range(len(arrays)) if arrays.layout.span(r, "generation_token_ids").count]
+    if not calls:
+        return
+    wholes = whole_prompts(arrays)
+    prompts = tokenizer.batch_decode([wholes[r].tolist() for r in calls])
+    generations = tokenizer.batch_decode([arrays.generation(r).tolist() for r in calls])
     output = (full.get("response") or {}).get("output")
     by_id = {item.get("id"): item for item in output or [] if isinstance(item, dict) and item.get("id")}
-    for entry, prompt, generation in zip(calls, prompts, generations, strict=True):
-        item = by_id.get(_token_item(entry).get("id"))
+    for r, prompt, generation in zip(calls, prompts, generations, strict=True):
+        item = by_id.get(_token_item(arrays.records[r]).get("id"))
         if item is not None:
             item["prompt_str"], item["generation_str"] = prompt, generation
 
@@ -259,7 +289,7 @@ def decode_strings(full: dict[str, Any], tokens: Sequence[TokenEntry], tokenizer
 def row_result(
     row: Mapping[str, Any],
     reply: Mapping[str, Any],
-    tokens: Sequence[TokenEntry],
+    tokens: Tokens,
     *,
     rollout_id: str,
     attempt_index: int,
@@ -267,9 +297,10 @@ def row_result(
     rules: ResultRules,
     tokenizer: Any = None,
 ) -> dict[str, Any]:
-    log = message_log(tokens, rules)
+    arrays = as_arrays(tokens)
+    log = message_log(arrays, rules)
     full = full_result(row, reply, rollout_id, attempt_index, mask_sample)
-    decode_strings(full, tokens, tokenizer)
+    decode_strings(full, arrays, tokenizer)
     result: dict[str, Any] = {"message_log": log, "input_message_log": log[:1], "full_result": full}
     if "_ng_rollout_id" in row:
         # NeMo RL's per-row id, where its recovery reads it.
