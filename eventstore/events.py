@@ -394,15 +394,18 @@ class CheckpointPrepareStarted(Event):
     trainer_id: Identifier | None = None
 
 
-class CheckpointCommitted(Event, version=2):
+class CheckpointCommitted(Event, version=3):
     """Version 2 added `trainer_id`: a commit archives only its own trainer's groups (several
-    trainers share one log; another's cut says nothing of where this one may restore to)."""
+    trainers share one log; another's cut says nothing of where this one may restore to).  Version 3
+    added `carried`: per participant, the finished, unACKed tries its prepare carried across the
+    checkpoint (their debts may be unpaid at the cut, and are paid after it); older rows carried none."""
 
     checkpoint_id: Identifier
     participants: list[Identifier]
     cut_position: int = Field(ge=0)
     prepare_wait_s: dict[str, float]
     trainer_id: Identifier | None = None
+    carried: dict[Identifier, list[AttemptRef]] = Field(default_factory=dict)
 
 
 class CheckpointResumed(Event):

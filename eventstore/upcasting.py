@@ -127,6 +127,12 @@ def _checkpoint_committed_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "trainer_id": None}
 
 
+@upcaster("CheckpointCommitted", 2)
+def _checkpoint_committed_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 commits carried no finished try across their checkpoint."""
+    return {**data, "carried": {}}
+
+
 @upcaster("GroupReserved", 1)
 def _group_reserved_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 had one budget, `max_tries`: both failure budgets equal it (so it binds first, as before)."""

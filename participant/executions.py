@@ -61,8 +61,10 @@ from protocol.ids import capture_key, mint_incarnation
 from protocol.tokens import token_records_from_reply
 from protocol.wire import (
     ALL_FEATURES,
+    FEATURE_CARRY_COMPLETED,
     FEATURE_GENERATION_CUT,
     FEATURE_TURN_CONTINUATION,
+    MAX_LIST_ITEMS,
     AcknowledgeRequest,
     AcknowledgeResult,
     AgentStatus,
@@ -451,7 +453,9 @@ class ExecutionRegistry:
 
     def features(self) -> list[str]:
         """What `/capabilities` declares."""
-        extra = [FEATURE_TURN_CONTINUATION] if self.continuations is not None else []
+        extra = [FEATURE_CARRY_COMPLETED]
+        if self.continuations is not None:
+            extra.append(FEATURE_TURN_CONTINUATION)
         if self.generation_cuts:
             extra.append(FEATURE_GENERATION_CUT)
         return [*ALL_FEATURES, *extra]
@@ -852,7 +856,12 @@ class ExecutionRegistry:
     def _phase_response(self) -> PhaseResponse:
         return PhaseResponse(phase=self.phase, status=self.status())
 
-    async def prepare(self, checkpoint_id: str, timeout_s: float) -> PhaseResponse:
+    async def prepare(self, checkpoint_id: str, timeout_s: float, carry: bool = False) -> PhaseResponse:
+        """Parks every running try and answers `prepared` once none runs and nothing finished is
+        unACKed; with `carry`, once none runs: the finished, unACKed tries are named in the answer
+        and kept as they are across the checkpoint (the trainer takes them in after the decision, or
+        its recovery does), so a burst of results that ended just before the prepare does not hold
+        it.  Otherwise `409 not_ready` naming them."""
         self._check_open()
         self._fence_checkpoint("prepare", checkpoint_id)
         if self.active_checkpoint is None:
@@ -874,8 +883,20 @@ class ExecutionRegistry:
         if status.ready_to_commit:
             self._move_phase("prepared")
             return self._phase_response()
+        completed = [e.ref for e in self._in_state(ExecState.COMPLETED)]
+        if (
+            carry
+            and not status.blocking_attempts
+            and not status.parked_without_boundary
+            and len(completed) <= MAX_LIST_ITEMS
+        ):
+            self._move_phase("prepared")
+            log.info(
+                "checkpoint %s: prepared, carrying %d finished unACKed tries", checkpoint_id, len(completed)
+            )
+            return PhaseResponse(phase=self.phase, status=self.status(), carried=completed)
         self._move_phase("not_ready")
-        raise NotReadyError(self.status(), [e.ref for e in self._in_state(ExecState.COMPLETED)])
+        raise NotReadyError(self.status(), completed)
 
     async def commit(self, checkpoint_id: str) -> PhaseResponse:
         self._fence_checkpoint("commit", checkpoint_id)

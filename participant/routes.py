@@ -164,7 +164,7 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
     @app.post("/checkpoint/prepare")
     async def prepare(request: PrepareRequest, trainer: TrainerHeader = None) -> JSONResponse:
         driven_by(trainer)
-        return _json(await reg.prepare(request.checkpoint_id, request.timeout_s))
+        return _json(await reg.prepare(request.checkpoint_id, request.timeout_s, request.carry_completed))
 
     @app.post("/checkpoint/commit")
     async def commit(request: CheckpointRequest, trainer: TrainerHeader = None) -> JSONResponse:

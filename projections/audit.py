@@ -913,6 +913,9 @@ def _committed(st: AuditState, ev: RecordedEvent, e: CheckpointCommitted) -> Non
         for _, owed_at, agent, key in st.payments[first_paid_after:]
         if owed_at <= cut and agent in participants and _owned_by(st, key, owner)
     ]
+    # The finished tries its prepare carried across the checkpoint: their debts may be unpaid at the cut.
+    carried = {_key(r.rollout_id, r.attempt_index) for refs in e.carried.values() for r in refs}
+    owed = [(at, key) for at, key in owed if key not in carried]
     if owed:
         owed.sort()
         names = ", ".join(k for _, k in owed[:5]) + (" …" if len(owed) > 5 else "")

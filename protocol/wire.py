@@ -29,6 +29,10 @@ FEATURE_TURN_CONTINUATION: Final = "turn_continuation"
 # The agent's runner cuts a model call in progress at a durable token boundary when a checkpoint asks
 # its try to park (`RunSession.at_cut`), and continues the call from that prefix after the resume.
 FEATURE_GENERATION_CUT: Final = "generation_cut"
+# The agent answers a prepare that asks it to (`PrepareRequest.carry_completed`) `prepared` as soon as
+# nothing runs, its finished, unACKed tries named in the answer (`PhaseResponse.carried`) and kept
+# across the checkpoint, instead of `409 not_ready` until the trainer has taken each in.
+FEATURE_CARRY_COMPLETED: Final = "carry_completed"
 ALL_FEATURES: Final = (
     FEATURE_CHECKPOINT_PARTICIPATION,
     FEATURE_COMPLETED_RESULT_ACKNOWLEDGEMENT,
@@ -441,6 +445,8 @@ class RetireResponse(WireModel):
 class PrepareRequest(WireModel):
     checkpoint_id: Identifier
     timeout_s: float = Field(default=300.0, gt=0, le=86_400)
+    # Carry the finished, unACKed tries across the checkpoint (FEATURE_CARRY_COMPLETED).
+    carry_completed: bool = False
 
 
 class CheckpointRequest(WireModel):
@@ -497,6 +503,8 @@ class PhaseResponse(WireModel):
 
     phase: Phase
     status: AgentStatus
+    # A prepare that carried finished, unACKed tries (PrepareRequest.carry_completed): which.
+    carried: list[AttemptRef] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
 
 
 class NotReadyResponse(WireModel):

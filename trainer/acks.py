@@ -263,12 +263,13 @@ class AckRelay:
             AckOwed(agent_name=agent_name, receipt=fresh),
         ]
 
-    async def flush(self, agent_name: str, timeout_s: float) -> bool:
-        """Sends until nothing is owed to `agent_name` (in the log); False if the time ran out."""
+    async def flush(self, agent_name: str, timeout_s: float, carried: frozenset[str] = frozenset()) -> bool:
+        """Sends until nothing is owed to `agent_name` (in the log) but the `carried` debts (a
+        checkpoint carries them: they are sent, not waited for); False if the time ran out."""
         deadline = time.monotonic() + timeout_s
         while True:
             owed = self.ctx.driver.debts(self.ctx.journal.ledger, agent_name)
-            if not any(k not in self._mismatched for k, _ in owed):
+            if not any(k not in self._mismatched and k not in carried for k, _ in owed):
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -31,6 +31,7 @@ from projections.group_core import checkpoint_losses
 from projections.ledger import LedgerState, debt_key
 from protocol.retry import RetryState, next_step
 from protocol.streams import checkpoint_stream
+from protocol.wire import AttemptRef
 from trainer.acks import AckRelay
 from trainer.attempts import Attempts, group_id_of
 from trainer.context import Context, RetireFor, log
@@ -53,6 +54,7 @@ from trainer.core.checkpoint import (
     presume_abort,
     resumed_event_due,
     step,
+    uncarried,
     unpaid_at_decision,
 )
 from trainer.errors import CheckpointBusy, CheckpointDecided, FencedOff, UnknownCheckpoint
@@ -76,6 +78,8 @@ class CheckpointOutcome:
     adopted: int = 0
     retired: int = 0
     acked_during_prepare: int = 0
+    # Finished, unACKed tries the agents carried across the checkpoint (paid after the decision).
+    carried: int = 0
     # Participants still being driven to the decision in the background (their step is stuck).
     stuck: list[str] = field(default_factory=list)
     # Participants that showed they lost the checkpoint (the log keeps it committed, not resumed).
@@ -102,6 +106,14 @@ class PreparedCheckpoint:
     adopted: int = 0
     retired: int = 0
     acked_during_prepare: int = 0
+    # Per participant: the finished, unACKed tries its prepare carried (CheckpointCommitted.carried).
+    carried: dict[str, list[AttemptRef]] = field(default_factory=dict)
+
+    def carried_keys(self) -> dict[str, frozenset[str]]:
+        return {
+            a: frozenset(debt_key(r.rollout_id, r.attempt_index) for r in refs)
+            for a, refs in self.carried.items()
+        }
 
     def outcome(
         self,
@@ -119,6 +131,7 @@ class PreparedCheckpoint:
             self.adopted,
             self.retired,
             self.acked_during_prepare,
+            sum(len(refs) for refs in self.carried.values()),
             stuck=sorted(a for a, e in ends.items() if e == "stuck"),
             lost=sorted(a for a, e in ends.items() if e == "lost"),
         )
@@ -139,6 +152,8 @@ class _Prepare:
     adopted: int = 0
     retired: int = 0
     acked: int = 0
+    # Per agent: the finished, unACKed tries it carries across the checkpoint (its prepared answer's).
+    carried: dict[str, list[AttemptRef]] = field(default_factory=dict)
     # Per agent: the blocking tries the last resort may not retire (the prepare waits for them).
     protected: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
@@ -297,23 +312,27 @@ class Checkpointer:
                 for name in names:
                     if name not in state.ready:
                         state.failures.setdefault(name, "prepare deadline passed")
+            prepared = PreparedCheckpoint(
+                checkpoint_id, names, state.ready, state.adopted, state.retired, state.acked, state.carried
+            )
+            carried = prepared.carried_keys()
             if not state.failures:
-                # Every ACK the agents accepted must be in the log before the cut is taken.
+                # Every ACK the agents accepted must be in the log before the cut is taken; a debt
+                # the agent carries may stay unpaid at the cut (paid after the decision).
                 for name in names:
-                    if not await self.relay.flush(name, max(1.0, deadline - time.monotonic())):
+                    if not await self.relay.flush(
+                        name, max(1.0, deadline - time.monotonic()), carried.get(name, frozenset())
+                    ):
                         state.failures[name] = "debts still unpaid in the log at the decision"
             if not state.failures:
                 # A debt the relay keeps owed and no longer sends is unpaid all the same.  Only this
                 # trainer's: another trainer's debt to an agent of the same name is not this cut's.
-                owed = ctx.driver.unpaid(ctx.journal.ledger, names)
+                owed = uncarried(self._debt_keys(ctx.journal.ledger, names), carried)
                 state.failures.update(unpaid_at_decision(owed, names))
         except BaseException:
             await self._presume_abort(checkpoint_id, names)
             self._release()
             raise
-        prepared = PreparedCheckpoint(
-            checkpoint_id, names, state.ready, state.adopted, state.retired, state.acked
-        )
         if state.failures:
             reason = "; ".join(f"{a}: {r}" for a, r in sorted(state.failures.items()))
             return await self._abort(prepared, reason)
@@ -335,7 +354,8 @@ class Checkpointer:
                 # restarted after answering prepared, and the reply it had held was adopted): the cut
                 # would hold it unpaid, so the checkpoint aborts instead.  Decided on the fold the
                 # writer has when it builds, which holds every append of this process up to the cut.
-                refused.update(unpaid_at_decision(ctx.driver.unpaid(ledger, names), names))
+                owed = uncarried(self._debt_keys(ledger, names), prepared.carried_keys())
+                refused.update(unpaid_at_decision(owed, names))
                 if refused:
                     return []
                 return [
@@ -345,6 +365,7 @@ class Checkpointer:
                         cut_position=cut,
                         prepare_wait_s=prepared.prepare_wait_s,
                         trainer_id=ctx.settings.trainer_id,
+                        carried={a: refs for a, refs in sorted(prepared.carried.items()) if refs},
                     )
                 ]
 
@@ -370,6 +391,10 @@ class Checkpointer:
         finally:
             self._release()
         return prepared.outcome("committed", cut, "", ends)
+
+    def _debt_keys(self, ledger: LedgerState, names: list[str]) -> dict[str, list[str]]:
+        """Participant -> the keys of this trainer's debts to it unpaid in the log."""
+        return {a: [k for k, _ in self.ctx.driver.debts(ledger, a)] for a in names}
 
     async def _commit_in_log(self, checkpoint_id: str) -> bool:
         """Whether the log holds this checkpoint's `CheckpointCommitted` (read from the store, not the
@@ -440,8 +465,12 @@ class Checkpointer:
             if until_last_resort > 0:
                 poll = min(poll, until_last_resort)
             try:
-                await client.prepare(checkpoint_id, timeout_s=max(0.05, poll))
+                answer = await client.prepare(
+                    checkpoint_id, timeout_s=max(0.05, poll), carry=ctx.settings.carry_completed
+                )
                 state.ready[name] = round(time.monotonic() - started, 4)
+                if answer.carried:
+                    state.carried[name] = list(answer.carried)
                 return
             except NotReadyError as exc:
                 refused = await self._unblock(checkpoint_id, name, exc, deadline, state)

@@ -38,6 +38,9 @@ class Settings:
     park_grace_s: float = 1.0
     # Tries one rollout may lose to checkpoints' last resort; past it a prepare waits for its try.
     max_checkpoint_retires: int = 1
+    # A prepare asks each agent that can to carry its finished, unACKed tries across the checkpoint
+    # (answer `prepared` once nothing runs) instead of waiting until the trainer has taken them in.
+    carry_completed: bool = True
     # Server-side wait of one prepare call before it answers 409 and the coordinator acts on it.
     prepare_poll_s: float = 0.5
     adopt_timeout_s: float = 60.0

@@ -11,7 +11,7 @@ import pytest
 
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from protocol.wire import AttemptFault, AttemptRef
+from protocol.wire import FEATURE_CARRY_COMPLETED, AttemptFault, AttemptRef
 from tests.gym.conftest import MakeAgent, run_request, wait_for
 from trainer.gym import (
     CheckpointConflictError,
@@ -55,6 +55,33 @@ async def test_prepare_lists_completed_unacknowledged_then_ready_after_ack(make_
         assert (s.ready_to_commit, s.running, s.parked, s.completed_unacknowledged) == (True, 0, 0, 0)
         assert s.active_checkpoint_id == "ckpt-A"
         await c.abort("ckpt-A")
+
+
+async def test_a_prepare_that_carries_finished_tries_answers_prepared_and_keeps_them(
+    make_agent: MakeAgent,
+) -> None:
+    """Asked to carry (FEATURE_CARRY_COMPLETED), a prepare with nothing running answers prepared at
+    once, naming the finished unACKed try; the try stays as it is across commit and resume, and its
+    receipt is still fetched and ACKed after."""
+    async with connect(make_agent()) as c:
+        seen = await c.connect()
+        assert FEATURE_CARRY_COMPLETED in seen.features and c.carries_completed
+        reply = await c.run(run_request("rC"))
+        ready = await c.prepare("ckpt-C", timeout_s=5, carry=True)
+        assert ready.phase == "prepared"
+        assert ready.carried == [AttemptRef(rollout_id="rC", attempt_index=0)]
+        assert (ready.status.completed_unacknowledged, ready.status.ready_to_commit) == (1, False)
+        assert (await c.commit("ckpt-C")).phase == "committed_paused"
+        assert (await c.resume("ckpt-C")).phase == "idle"
+        receipt = await c.completion_receipt("rC", 0)
+        assert receipt.result_digest == reply.digest()
+        [ack] = await c.acknowledge([receipt])
+        assert ack.acknowledged and not ack.idempotent
+        assert (await c.debug_runs())["rC"] == 1
+        # Nothing left to carry: the next prepare names none.
+        again = await c.prepare("ckpt-D", timeout_s=5, carry=True)
+        assert (again.phase, again.carried, again.status.ready_to_commit) == ("prepared", [], True)
+        await c.abort("ckpt-D")
 
 
 async def test_half_done_group_is_ready_once_the_finished_sibling_is_acked(make_agent: MakeAgent) -> None:

@@ -393,7 +393,9 @@ class LogBuilder:
         cut: int | None = None,
         participants: list[str] | None = None,
         trainer: str | None = None,
+        carried: Sequence[tuple[str, int]] = (),
     ) -> list[int]:
+        """`carried`: the finished, unACKed tries (rollout id, attempt) the prepare carried."""
         cut_position = self.store.head() if cut is None else cut
         return self.append(
             checkpoint_stream(checkpoint_id),
@@ -404,6 +406,9 @@ class LogBuilder:
                     cut_position=cut_position,
                     prepare_wait_s={self.agent: 0.25},
                     trainer_id=trainer,
+                    carried={self.agent: [AttemptRef(rollout_id=r, attempt_index=n) for r, n in carried]}
+                    if carried
+                    else {},
                 )
             ],
         )

@@ -315,6 +315,34 @@ def test_checkpoint_clean(store: EventStore, log: LogBuilder) -> None:
     assert only(audit(store), CHECKPOINT_CLEAN) == [[owed, *committed]]
 
 
+def test_a_checkpoint_may_carry_a_finished_try_unpaid_at_its_cut(store: EventStore, log: LogBuilder) -> None:
+    """A debt the commit names as carried is allowed unpaid at the cut; another one still is not."""
+    log.reserve("p", 2)
+    log.mint("p", 2)
+    for i in range(2):
+        log.dispatch(f"p_g{i}")
+        log.reply(f"p_g{i}")
+    log.seal("p_g0")
+    log.seal("p_g1")
+    log.prepare("c1")
+    log.commit("c1", carried=[("p_g0", 0), ("p_g1", 0)])
+    log.ack("p_g0")
+    log.ack("p_g1")
+    assert audit(store).ok
+    log.reserve("q", 2)
+    log.mint("q", 2)
+    for i in range(2):
+        log.dispatch(f"q_g{i}")
+        log.reply(f"q_g{i}")
+    log.seal("q_g0")
+    owed = log.seal("q_g1")[-1]
+    log.prepare("c2")
+    committed = log.commit("c2", carried=[("q_g0", 0)])
+    log.ack("q_g0")
+    log.ack("q_g1")
+    assert only(audit(store), CHECKPOINT_CLEAN) == [[owed, *committed]]
+
+
 def test_checkpoint_of_other_agents_is_clean(store: EventStore, log: LogBuilder) -> None:
     log.reserve("p", 1)
     log.mint("p", 1)

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from eventstore import EventStore
+from projections.audit import audit_log
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer.gym import GymClient, NotReadyError, StaleCheckpointError
@@ -200,28 +201,34 @@ async def test_a_retire_that_overtakes_its_checkpoints_prepare_still_retires(
             await client.abort("ck-race")
 
 
-async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(
-    store: EventStore, make_agent: MakeAgent
-) -> None:
-    """(e) the reply was dropped and the lease is long: prepare's 409 names it, it is adopted, prepare succeeds."""
+async def _checkpoint_meeting_a_finished_try(
+    store: EventStore, make_agent: MakeAgent, carry_completed: bool
+) -> tuple[Any, str]:
+    """A checkpoint that meets a finished try the trainer never heard of (its reply was dropped and
+    its lease is long).  The try's own task would adopt it too; it is held back so the checkpoint is
+    the one to find it.  The gate: the lock is let go only once the agent's prepare answered naming
+    the try, 409 not_ready or prepared carrying it (a fixed sleep let the try's task adopt it first on
+    a loaded machine, and prepare found nothing)."""
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         g = gid()
         await client.set_faults(AttemptFault(rollout_id=f"{g}_g0", attempt_index=0, drop_reply=True))
-        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60)
-        # The try's own task would adopt it too; hold it back so the checkpoint is the one to find it.
-        # The gate: the lock is let go only once the agent's prepare answered 409 naming the try (a
-        # fixed sleep let the try's task adopt it first on a loaded machine, and prepare found nothing).
+        coord = coordinator(
+            store, {"a": client}, mode="sibling", rollout_timeout_s=60, carry_completed=carry_completed
+        )
         named = asyncio.Event()
         prepare = client.prepare
 
-        async def prepare_seen(checkpoint_id: str, timeout_s: float = 300.0) -> Any:
+        async def prepare_seen(checkpoint_id: str, timeout_s: float = 300.0, carry: bool = False) -> Any:
             try:
-                return await prepare(checkpoint_id, timeout_s)
+                answer = await prepare(checkpoint_id, timeout_s, carry)
             except NotReadyError as exc:
                 if any(a.rollout_id == f"{g}_g0" for a in exc.attempts):
                     named.set()
                 raise
+            if any(a.rollout_id == f"{g}_g0" for a in answer.carried):
+                named.set()
+            return answer
 
         client.prepare = prepare_seen  # type: ignore[method-assign]
         coord.ctx.live_attempt(f"{g}_g0", 0)
@@ -234,9 +241,49 @@ async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(
                         await asyncio.sleep(0.01)
                 task = asyncio.create_task(coord.checkpoint(gid("ck")))
                 await asyncio.wait_for(named.wait(), 60)
-            outcome = await task
-            assert outcome.committed, outcome.reason
-            assert outcome.adopted == 1
+                if carry_completed:
+                    # Carried: the checkpoint is decided while the try is still unACKed (its adoption
+                    # waits on this lock), and only then is it taken in.
+                    outcome = await asyncio.wait_for(task, 60)
+            if not carry_completed:
+                outcome = await task
             await _all_done(coord)
-        seq = types(store, f"group-{g}")
-        assert "AttemptAdopted" in seq and "ReplacementMinted" not in seq
+            assert not coord.ledger.debts.get("a")
+        return outcome, g
+
+
+async def test_prepare_adopts_a_finished_try_the_trainer_never_heard_of(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """(e) without carrying: prepare's 409 names the finished try, it is adopted, prepare succeeds."""
+    outcome, g = await _checkpoint_meeting_a_finished_try(store, make_agent, carry_completed=False)
+    assert outcome.committed, outcome.reason
+    assert (outcome.adopted, outcome.carried) == (1, 0)
+    seq = types(store, f"group-{g}")
+    assert "AttemptAdopted" in seq and "ReplacementMinted" not in seq
+
+
+async def test_a_checkpoint_carries_a_finished_try_and_it_is_taken_in_after_the_decision(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """(e) carrying (the default): the agent answers prepared naming the finished, unACKed try, the
+    checkpoint commits without taking it in (nothing waits for its intake), the commit names it, and
+    the try is adopted and ACKed after the decision; the auditor finds the cut clean."""
+    outcome, g = await _checkpoint_meeting_a_finished_try(store, make_agent, carry_completed=True)
+    assert outcome.committed, outcome.reason
+    assert (outcome.adopted, outcome.carried) == (0, 1)
+    committed = next(
+        e
+        for e in store.read_all()
+        if e.type == "CheckpointCommitted" and e.data["checkpoint_id"] == outcome.checkpoint_id
+    )
+    assert committed.data["carried"] == {"a": [{"rollout_id": f"{g}_g0", "attempt_index": 0}]}
+    seq = types(store, f"group-{g}")
+    # Taken in after the decision: the adoption follows the commit in the log.
+    assert "AttemptAdopted" in seq and "ReplacementMinted" not in seq
+    positions = {
+        e.type: e.position for e in store.read_all() if e.type in ("CheckpointCommitted", "AttemptAdopted")
+    }
+    assert positions["AttemptAdopted"] > positions["CheckpointCommitted"]
+    report = audit_log(store)
+    assert not report.violations, report.violations

@@ -39,6 +39,7 @@ from protocol.token_codec import ARRAY_FIELDS, TOKENS_MEDIA_TYPE, TokenCodecErro
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
     CONTINUE_FROM_HEADER,
+    FEATURE_CARRY_COMPLETED,
     FEATURE_CHECKPOINT_PARTICIPATION,
     TRAINER_HEADER,
     AcknowledgeItem,
@@ -456,6 +457,13 @@ class GymClient:
         seen = self.capabilities_seen
         return seen is None or FEATURE_CHECKPOINT_PARTICIPATION in seen.features
 
+    @property
+    def carries_completed(self) -> bool:
+        """Whether the agent declared it can carry finished, unACKed tries across a checkpoint (an
+        agent not asked yet is not asked to: an older one would refuse the field)."""
+        seen = self.capabilities_seen
+        return seen is not None and FEATURE_CARRY_COMPLETED in seen.features
+
     # -- the control pool ------------------------------------------------------------------------------
 
     async def health(self) -> Health:
@@ -544,11 +552,17 @@ class GymClient:
             "/retire",
         )
 
-    async def prepare(self, checkpoint_id: str, timeout_s: float = 300.0) -> PhaseResponse:
-        """Ready: the answer (phase `prepared`). Not ready: raises `NotReadyError` listing the tries to ACK/adopt."""
+    async def prepare(
+        self, checkpoint_id: str, timeout_s: float = 300.0, carry: bool = False
+    ) -> PhaseResponse:
+        """Ready: the answer (phase `prepared`; with `carry`, to an agent that can, the finished
+        unACKed tries it carries in `carried`). Not ready: raises `NotReadyError` listing the tries to
+        ACK/adopt."""
         if self.reduced is not None:
             raise self.reduced.refuse_checkpoint("prepare", checkpoint_id)
-        body = PrepareRequest(checkpoint_id=checkpoint_id, timeout_s=timeout_s)
+        body = PrepareRequest(
+            checkpoint_id=checkpoint_id, timeout_s=timeout_s, carry_completed=carry and self.carries_completed
+        )
         http_timeout = max(self.control_timeout_s, timeout_s + PREPARE_MARGIN_S)
         payload = await self._send(
             self._control,
