@@ -51,7 +51,7 @@ class _Canned:
 
 def _with_transport(client: GymClient, handler: Callable[[httpx.Request], httpx.Response]) -> GymClient:
     # Only the answers are faked here; the behaviour tests all talk to real agents.
-    client._run = client._control = _Canned(handler)  # type: ignore[assignment]
+    client._run = client._control = client._phases = _Canned(handler)  # type: ignore[assignment]
     return client
 
 

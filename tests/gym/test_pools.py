@@ -41,3 +41,29 @@ async def test_control_call_answers_while_the_run_pool_is_full(make_agent: MakeA
         for task in runs[1:]:
             task.cancel()  # the agent's shutdown ends the rest
         await asyncio.gather(*runs[1:], return_exceptions=True)
+
+
+async def test_checkpoint_phase_calls_answer_while_the_control_pool_is_held(make_agent: MakeAgent) -> None:
+    """The phase calls have a pool of their own: with every control call held at a gate (as behind
+    the receipts, token records and ACKs of a burst of results), prepare, commit and resume answer."""
+    agent = make_agent("phases")
+    async with GymClient(agent.url, "phases", control_timeout_s=5) as c:
+        await c.connect()
+        held, release = asyncio.Event(), asyncio.Event()
+        exchange = c._control.exchange
+
+        async def at_the_gate(*args: object, **kwargs: object) -> object:
+            held.set()
+            await release.wait()
+            return await exchange(*args, **kwargs)  # type: ignore[arg-type]
+
+        c._control.exchange = at_the_gate  # type: ignore[method-assign,assignment]
+        status = asyncio.create_task(c.status())
+        await asyncio.wait_for(held.wait(), 10)
+        prepared = await asyncio.wait_for(c.prepare("ck-p", timeout_s=1, carry=True), 10)
+        assert prepared.phase == "prepared"
+        assert (await asyncio.wait_for(c.commit("ck-p"), 10)).phase == "committed_paused"
+        assert (await asyncio.wait_for(c.resume("ck-p"), 10)).phase == "idle"
+        assert not status.done()  # the control call is still held
+        release.set()
+        assert (await asyncio.wait_for(status, 10)).phase == "idle"

@@ -96,6 +96,8 @@ log = logging.getLogger("trainer")
 
 DEFAULT_CONTROL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+# Connections of the checkpoint phase pool (one checkpoint at a time: a prepare, or a commit then resume).
+PHASE_CONNECTIONS = 2
 # prepare waits server-side up to its own timeout_s; the HTTP call gets this much on top.
 PREPARE_MARGIN_S = 15.0
 _TOKEN_LIST = TypeAdapter(list[TokenEntry])
@@ -193,6 +195,9 @@ class GymClient:
         self._run_slots = asyncio.Semaphore(max_run_connections)
         self.runs_waiting = 0
         self._control = LeanTransport(ssl_context=verify, max_connections=max_control_connections)
+        # The checkpoint's phase calls have a pool of their own: a prepare never queues behind the
+        # receipts, token records and ACKs of a burst of results (it holds every agent's admission).
+        self._phases = LeanTransport(ssl_context=verify, max_connections=PHASE_CONNECTIONS)
         # What the agent said it supports (`connect`); `reduced` is set for a plain Gym agent.
         self.capabilities_seen: Capabilities | None = None
         self.reduced: ReducedMode | None = None
@@ -208,6 +213,7 @@ class GymClient:
     async def aclose(self) -> None:
         await self._run.aclose()
         await self._control.aclose()
+        await self._phases.aclose()
 
     async def __aenter__(self) -> GymClient:
         return self
@@ -565,7 +571,7 @@ class GymClient:
         )
         http_timeout = max(self.control_timeout_s, timeout_s + PREPARE_MARGIN_S)
         payload = await self._send(
-            self._control,
+            self._phases,
             "POST",
             "/checkpoint/prepare",
             body=body,
@@ -579,7 +585,7 @@ class GymClient:
             raise self.reduced.refuse_checkpoint(op, checkpoint_id)
         path = f"/checkpoint/{op}"
         payload = await self._send(
-            self._control,
+            self._phases,
             "POST",
             path,
             body=CheckpointRequest(checkpoint_id=checkpoint_id),
