@@ -293,10 +293,10 @@ async def test_a_stale_prepare_after_a_presumed_abort_closes_no_agent(
         reached, release = asyncio.Event(), asyncio.Event()
         real_prepare = client.prepare
 
-        async def gated_prepare(checkpoint_id: str, timeout_s: float = 30.0) -> Any:
+        async def gated_prepare(checkpoint_id: str, timeout_s: float = 30.0, carry: bool = False) -> Any:
             reached.set()
             await release.wait()
-            return await real_prepare(checkpoint_id, timeout_s=timeout_s)
+            return await real_prepare(checkpoint_id, timeout_s=timeout_s, carry=carry)
 
         client.prepare = gated_prepare  # type: ignore[method-assign]
         ck = gid("ck")
@@ -332,13 +332,14 @@ async def test_a_debt_recorded_after_the_prepare_aborts_the_commit(
             await coord.wait_idle(30)
             ck = gid("ck")
             await _prepared(coord, ck)
-            driver = type(coord.ctx.driver)
-            real = driver.unpaid
+            checkpointer = type(coord.checkpointer)
+            real = checkpointer._debt_keys
 
-            def unpaid_since(self: Any, ledger: Any, names: list[str]) -> dict[str, int]:
-                return {**real(self, ledger, names), "a": 1}  # the debt the fold now holds
+            def unpaid_since(self: Any, ledger: Any, names: list[str]) -> dict[str, list[str]]:
+                # The debt the fold now holds (its prepare carried nothing).
+                return {**real(self, ledger, names), "a": [f"{gid()}_g0/0"]}
 
-            monkeypatch.setattr(driver, "unpaid", unpaid_since)
+            monkeypatch.setattr(checkpointer, "_debt_keys", unpaid_since)
             outcome = await coord.commit_checkpoint(ck)
             monkeypatch.undo()
             assert not outcome.committed and outcome.cut_position is None
