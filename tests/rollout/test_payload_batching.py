@@ -11,7 +11,7 @@ import pytest
 
 from payloads import InMemoryPayloadStore, PayloadPlane, PayloadStoreError, PayloadStoreUnavailable
 from trainer.errors import CoordinatorStopped
-from trainer.payload_io import PayloadIO
+from trainer.payload_io import MAX_BATCH_BYTES, PayloadIO
 
 MEDIA = "application/octet-stream"
 
@@ -101,3 +101,24 @@ async def test_an_outage_past_the_budget_stops_every_queued_put() -> None:
     assert len(stops) == 1
     with pytest.raises(CoordinatorStopped):
         await io.put([(b"later", MEDIA)])
+
+
+async def test_a_burst_of_real_sized_payloads_is_stored_in_calls_of_bounded_bytes() -> None:
+    """The trainer's memory holds what one store call carries (copied again on its way to the store):
+    forty 9k-token rollouts' payloads (about 133 KB each) queued at once go in calls of at most
+    MAX_BATCH_BYTES, every caller still answered with its own claims."""
+    store = GatedStore()
+    io = PayloadIO(PayloadPlane(store), outage_budget_s=1.0)
+    first = asyncio.create_task(io.put([(b"first", MEDIA)]))
+    assert await asyncio.to_thread(store.entered.wait, 30)
+    size = 133_000
+    assert 40 * size > MAX_BATCH_BYTES  # without the bound the burst would be one call
+    burst = [asyncio.create_task(io.put([(bytes([i]) * size, MEDIA)])) for i in range(40)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    store.release.set()
+    await first
+    claims = await asyncio.gather(*burst)
+    sizes = [sum(len(store.get(d)) for d in call) for call in store.calls[1:]]
+    assert len(sizes) >= 2 and max(sizes) <= MAX_BATCH_BYTES and sum(sizes) == 40 * size
+    assert all(PayloadPlane(store).get(c) == bytes([i]) * size for i, [c] in enumerate(claims))
