@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,17 +61,22 @@ async def test_a_prepare_that_keeps_failing_aborts_at_its_deadline_naming_the_la
     store: EventStore, tmp_path: Path
 ) -> None:
     """Every /checkpoint/prepare answers garbage: retried with jittered backoff until the prepare
-    deadline leaves no time for another call, then the checkpoint aborts with the reason."""
+    deadline leaves no time for another call, then the checkpoint aborts with the reason, which counts
+    every call the agent answered.  The deadline is the behaviour under test, so it cannot be a gate:
+    it is long enough (3 s) for a second call on a loaded machine (a first answer taking 1 s
+    still leaves two more; with 1 s it left none), and the backoff keeps the calls few."""
     garbage = Rule("/checkpoint/prepare", lambda _p, _b: True, "garbage")
     with serve_hostile(_config(tmp_path), [garbage]) as agent:
         async with GymClient(agent.url, "h") as client:
-            coord = coordinator(store, {"h": client}, mode="sibling", prepare_timeout_s=1.0)
+            coord = coordinator(store, {"h": client}, mode="sibling", prepare_timeout_s=3.0)
             async with coord:
                 outcome = await coord.checkpoint(gid("ck"))
                 assert not outcome.committed
-                assert "prepare deadline" in outcome.reason and "prepare calls failed" in outcome.reason
-                assert "not JSON" in outcome.reason
-                assert garbage.hits >= 2  # retried, not given up at the first failure
+                assert "prepare deadline" in outcome.reason and "not JSON" in outcome.reason
+                calls = re.search(r"\((\d+) prepare calls failed", outcome.reason)
+                assert calls is not None, outcome.reason
+                # Retried, not given up at the first failure; and every answer was counted.
+                assert int(calls.group(1)) == garbage.hits >= 2
             status = await client.status()
             assert status.phase == "idle", status  # the abort reached the agent
 
