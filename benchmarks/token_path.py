@@ -43,29 +43,29 @@ from gym_agent.faults import NO_FAULT
 from payloads import PayloadPlane, PayloadStore, open_payload_store
 from payloads.token_arrays import decode_arrays, decode_payload
 from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE, TOKENS_MEDIA_TYPE, encode_json, encode_records
-from protocol.wire import RunRequest, TokenEntry
+from protocol.wire import RunReply, RunRequest, TokenEntry
 from trainer.ray_gym.results import ResultRules, message_log
 from workers.policy import load_policy
 
 PATHS = ("row, JSON records", "row, binary records", "tensors, binary arrays")
 
 
-def agent_records(
+def agent_episodes(
     n: int, prompt_tokens: int, gen_tokens: int, turns: tuple[int, int]
-) -> list[list[TokenEntry]]:
-    """`n` rollouts' token records as the reference agent captures them in zero-work mode."""
+) -> list[tuple[RunReply, list[TokenEntry]]]:
+    """`n` rollouts' replies and token records as the reference agent makes them in zero-work mode."""
     policy = load_policy("tiny")
 
     async def noop() -> None:
         return None
 
-    async def play(env: Environment) -> list[list[TokenEntry]]:
+    async def play(env: Environment) -> list[tuple[RunReply, list[TokenEntry]]]:
         out = []
         for i in range(n):
             records: list[TokenEntry] = []
             request = RunRequest(rollout_id=f"b{i}_g0", attempt_index=0, sample_id=f"b{i}")
-            await env.play(request, fault=NO_FAULT, at_boundary=noop, record=records.append)
-            out.append(records)
+            reply = await env.play(request, fault=NO_FAULT, at_boundary=noop, record=records.append)
+            out.append((reply, records))
         return out
 
     with ThreadPoolExecutor(max_workers=1) as executor:
@@ -79,6 +79,13 @@ def agent_records(
             gen_tokens=gen_tokens,
         )
         return asyncio.run(play(env))
+
+
+def agent_records(
+    n: int, prompt_tokens: int, gen_tokens: int, turns: tuple[int, int]
+) -> list[list[TokenEntry]]:
+    """`n` rollouts' token records as the reference agent captures them in zero-work mode."""
+    return [records for _, records in agent_episodes(n, prompt_tokens, gen_tokens, turns)]
 
 
 def rows_from_json(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:

@@ -49,8 +49,19 @@ class PayloadPlane:
     def put(self, items: Sequence[tuple[bytes, str]]) -> list[PayloadClaim]:
         """Stores each `(content, media_type)` in the default store; durable on return."""
         claims = [self.claim(content, media_type) for content, media_type in items]
-        self.default.put_many({c.digest: content for c, (content, _) in zip(claims, items, strict=True)})
+        self.put_claimed(list(zip(claims, (content for content, _ in items), strict=True)))
         return claims
+
+    def put_claimed(self, items: Sequence[tuple[PayloadClaim, bytes]]) -> None:
+        """Stores each `(claim, content)`, its claim made by `claim` (so the bytes are hashed once, by
+        whoever needed the digest first); durable on return."""
+        for claim, content in items:
+            if claim.store != self.default.name or claim.size != len(content):
+                raise PayloadStoreError(
+                    f"payload {claim.digest} is claimed for store {claim.store!r} with {claim.size} bytes; "
+                    f"this plane writes to {self.default.name!r} and was given {len(content)} bytes"
+                )
+        self.default.put_many({claim.digest: content for claim, content in items})
 
     def get(self, claim: PayloadClaim) -> bytes:
         """The payload of `claim`, checked; PayloadMissing or PayloadCorrupt."""

@@ -9,6 +9,7 @@ canonical one (the same object when it already is).  numpy is imported here and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -21,6 +22,7 @@ from protocol.token_codec import (
     ARRAY_FIELDS,
     TOKENS_JSON_MEDIA_TYPE,
     TOKENS_MEDIA_TYPE,
+    ArraySpan,
     TokenCodecError,
     TokenLayout,
     assemble,
@@ -147,16 +149,21 @@ def _digest(ids: npt.NDArray[np.int64]) -> str:
     return packed_token_digest(int(ids.size), ids.astype(">u8").tobytes())
 
 
-def decode_arrays(content: bytes | bytearray | memoryview) -> TokenArrays:
-    """The binary payload as views of `content` (pass a bytearray for writable arrays)."""
-    return TokenArrays(read_layout(content), content)
+def decode_arrays(content: bytes | bytearray | memoryview, *, check_canonical: bool = True) -> TokenArrays:
+    """The binary payload as views of `content` (pass a bytearray for writable arrays);
+    `check_canonical=False` for bytes read by a claim and checked against its digest
+    (`read_layout`)."""
+    return TokenArrays(read_layout(content, check_canonical=check_canonical), content)
 
 
-def decode_payload(content: bytes | bytearray, media_type: str) -> TokenArrays:
+def decode_payload(
+    content: bytes | bytearray, media_type: str, *, check_canonical: bool = True
+) -> TokenArrays:
     """Token records stored in either form as arrays: the binary form as views, the JSON reference
-    form (what older logs hold) converted once."""
+    form (what older logs hold) converted once.  `check_canonical=False` for a payload the plane
+    read by its claim (checked against the digest): the binary header is not re-encoded."""
     if media_type == TOKENS_MEDIA_TYPE:
-        return decode_arrays(content)
+        return decode_arrays(content, check_canonical=check_canonical)
     if media_type in (TOKENS_JSON_MEDIA_TYPE, "application/json"):
         return decode_arrays(encode_records(decode_json(bytes(content))))
     raise TokenCodecError(f"token records of media type {media_type!r} have no decoder")
@@ -210,22 +217,56 @@ def encode_arrays(
     return assemble(heads, arrays)
 
 
+def _in_canonical_dtype(arrays: TokenArrays, span: ArraySpan) -> bool:
+    """Whether an array is in the dtype the form's rule gives its values (one vectorised pass; a
+    NaN or infinite logprob is no form at all: TokenCodecError, as the encoders say)."""
+    if span.dtype == "u4":
+        return True  # the narrowest: any values in it are canonical
+    values = arrays.array(span.record, span.field)
+    if span.dtype == "i8":
+        return values.size > 0 and not (int(values.min()) >= 0 and int(values.max()) <= _U4_MAX)
+    # A float64 sum is finite exactly when every value is (float32 values cannot overflow it).
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(values.sum(dtype=np.float64))
+    if not math.isfinite(total) and not np.isfinite(values).all():
+        raise TokenCodecError("a logprob is NaN or infinite")
+    if span.dtype == "f4":
+        return True
+    with np.errstate(over="ignore"):
+        narrow = values.astype("<f4")
+    return values.size > 0 and not np.array_equal(narrow.astype(np.float64), values)
+
+
+def canonical_arrays(content: bytes) -> TokenArrays:
+    """The records of a binary payload as arrays over their canonical form: over `content` itself
+    when it is canonical (its header checked by `read_layout`, each array's dtype by one vectorised
+    pass, nothing re-encoded), else over that form, encoded once.  TokenCodecError when `content`
+    is no binary token payload at all."""
+    arrays = decode_arrays(content)
+    if all(_in_canonical_dtype(arrays, span) for span in arrays.layout.spans):
+        return arrays
+    return decode_arrays(
+        encode_arrays(
+            arrays.records,
+            [arrays.prompt(r) for r in range(len(arrays))],
+            [arrays.generation(r) for r in range(len(arrays))],
+            [arrays.logprobs(r) for r in range(len(arrays))],
+        )
+    )
+
+
 def canonical(content: bytes) -> bytes:
     """`content` if it is the canonical binary form of its records, else that form (TokenCodecError
     when it is no binary token payload at all)."""
-    arrays = decode_arrays(content)
-    again = encode_arrays(
-        arrays.records,
-        [arrays.prompt(r) for r in range(len(arrays))],
-        [arrays.generation(r) for r in range(len(arrays))],
-        [arrays.logprobs(r) for r in range(len(arrays))],
-    )
-    return content if again == content else again
+    buffer = canonical_arrays(content).buffer
+    assert isinstance(buffer, bytes)
+    return buffer
 
 
 __all__ = [
     "TokenArrays",
     "canonical",
+    "canonical_arrays",
     "decode_arrays",
     "decode_payload",
     "encode_arrays",

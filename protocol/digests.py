@@ -77,13 +77,15 @@ def _all_finite(value: Any) -> bool:
     return True
 
 
-def canonical_bytes(value: Any) -> bytes:
-    """Canonical JSON as UTF-8 bytes: exactly `canonical_json(value).encode()`, faster."""
+def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
+    """Canonical JSON as UTF-8 bytes: exactly `canonical_json(value).encode()`, faster.  `finite`:
+    the caller knows `value` holds no NaN or infinity (orjson.loads gave it: it refuses both), so
+    the walk that looks for them is left out."""
     try:
         out = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return _CANONICAL.encode(value).encode()  # json's own answer: its text, or its error
-    if _orjson_float_form(out) or (b"null" in out and not _all_finite(value)):
+    if _orjson_float_form(out) or (not finite and b"null" in out and not _all_finite(value)):
         return _CANONICAL.encode(value).encode()
     return out
 

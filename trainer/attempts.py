@@ -28,9 +28,10 @@ from eventstore.events import (
     SiblingHeld,
     SiblingSealed,
 )
+from payloads import PayloadClaim
 from payloads.token_arrays import TokenArrays
 from projections.ledger import AttemptState, GroupState, LedgerState
-from protocol.digests import canonical_bytes, sha256_digest
+from protocol.digests import canonical_bytes
 from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
 from protocol.token_codec import TOKENS_MEDIA_TYPE
@@ -246,7 +247,9 @@ class Attempts:
         # The reply itself is a payload, stored before the seal under the digest the agent's receipt
         # names (`RunReply.digest()`: its canonical JSON), so a trainer gets `response` back.
         reply_bytes = canonical_bytes(reply.payload())
-        digest = sha256_digest(reply_bytes)
+        # Every payload is hashed once: its claim's digest is the one the receipt and the seal name.
+        reply_claim = self.payloads.claim(reply_bytes, REPLY_MEDIA_TYPE)
+        digest = reply_claim.digest
         try:
             receipt = await client.completion_receipt(rid, n)
         except BadResponseError as exc:
@@ -263,7 +266,7 @@ class Attempts:
         try:
             verify_receipt(reply, receipt, digest)
             if reply.masked() and ctx.settings.mask_sample_retries:
-                [reply_claim] = await self.payloads.put([(reply_bytes, REPLY_MEDIA_TYPE)])
+                await self.payloads.put_claimed([(reply_claim, reply_bytes)])
                 await self._append(
                     group_id,
                     [
@@ -293,7 +296,9 @@ class Attempts:
                 raise _Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            rollout_receipt = build_rollout_receipt(reply, receipt, tokens)
+            tokens_bytes = bytes(tokens.buffer)
+            tokens_claim = self.payloads.claim(tokens_bytes, TOKENS_MEDIA_TYPE)
+            rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
             # nothing strands), but never seal what did not verify.
@@ -310,11 +315,8 @@ class Attempts:
             return AttemptOutcome("owed", f"unverifiable: {exc}")
         # Durable before the append that claims them (the seal is the claim check); nothing of them is
         # kept here once they are stored.
-        tokens_claim, reply_claim = await self.payloads.put(
-            [(bytes(tokens.buffer), TOKENS_MEDIA_TYPE), (reply_bytes, REPLY_MEDIA_TYPE)]
-        )
-        del tokens
-        rollout_receipt = rollout_receipt.model_copy(update={"tokens": tokens_claim})
+        await self.payloads.put_claimed([(tokens_claim, tokens_bytes), (reply_claim, reply_bytes)])
+        del tokens, tokens_bytes
         head: list[Event] = [
             *adopted_events,
             RunReplied(
@@ -521,8 +523,11 @@ async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str
     )
 
 
-def build_rollout_receipt(reply: RunReply, receipt: CompletionReceipt, tokens: TokenArrays) -> RolloutReceipt:
-    """The sealed record of a try; `tokens` the records in their canonical binary form (what is stored)."""
+def build_rollout_receipt(
+    reply: RunReply, receipt: CompletionReceipt, tokens: TokenArrays, tokens_claim: PayloadClaim
+) -> RolloutReceipt:
+    """The sealed record of a try; `tokens` the records in their canonical binary form (what is
+    stored), `tokens_claim` the claim of those bytes."""
     key = capture_key(reply.rollout_id, reply.attempt_index)
     if receipt.manifest_capture_key != key:
         raise _Unverifiable(
@@ -545,7 +550,8 @@ def build_rollout_receipt(reply: RunReply, receipt: CompletionReceipt, tokens: T
         model_call_ids=calls,
         terminal_model_call_id=receipt.terminal_model_call_id,
         token_count=tokens.token_count,
-        tokens_digest=sha256_digest(bytes(tokens.buffer)),
+        tokens_digest=tokens_claim.digest,
+        tokens=tokens_claim,
         reward=reply.reward,
         mask_sample=reply.masked(),
     )

@@ -728,7 +728,9 @@ class RolloutCoordinator:
         found = await self.payloads.get_many(claims)
         replies = [orjson.loads(found[c.digest]) if c is not None else None for c in group.reply_claims]
         tokens = [
-            decode_payload(bytearray(found[c.digest]), c.media_type) if c is not None else None
+            decode_payload(bytearray(found[c.digest]), c.media_type, check_canonical=False)
+            if c is not None
+            else None
             for c in group.token_claims
         ]
         return dataclasses.replace(group, replies=replies, tokens=tokens)

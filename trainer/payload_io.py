@@ -137,6 +137,15 @@ class PayloadIO:
                 request.future.set_result(claims[start:end])
             start = end
 
+    def claim(self, content: bytes, media_type: str) -> PayloadClaim:
+        """The claim `put` would return for `content` (no I/O): hash once, store with `put_claimed`."""
+        return self.plane.claim(content, media_type)
+
+    async def put_claimed(self, items: Sequence[tuple[PayloadClaim, bytes]]) -> None:
+        """Stores each `(claim, content)`, its claim made by `claim`; durable on return."""
+        await self._ride_out(lambda: self.plane.put_claimed(items), "storing payloads")
+        self.bytes_put += sum(len(content) for _, content in items)
+
     async def get_many(self, claims: Iterable[PayloadClaim]) -> dict[str, bytes]:
         """The checked payload of every claim, by digest (PayloadMissing, PayloadCorrupt)."""
         wanted = list(claims)

@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -62,3 +63,17 @@ def test_the_forms_orjson_writes_differently_fall_back(value: Any) -> None:
     assert _ours(value) == _std(value)
     if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
         assert _ours(value) is ValueError
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values)
+def test_a_value_orjson_parsed_is_written_the_same_without_the_nan_walk(value: Any) -> None:
+    """`finite=True` is for what orjson.loads gave (it refuses NaN and infinity): the same bytes."""
+    text = _std(value)
+    if not isinstance(text, bytes):
+        return
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:  # integers past 64 bits: orjson does not read them
+        return
+    assert canonical_bytes(parsed, finite=True) == _STD.encode(parsed).encode()

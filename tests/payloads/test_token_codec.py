@@ -3,6 +3,7 @@ ragged lengths, and the payloads a reader must refuse."""
 
 from __future__ import annotations
 
+import json
 import struct
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from payloads.token_arrays import canonical, decode_arrays, decode_payload, encode_arrays
+from payloads.token_arrays import canonical, canonical_arrays, decode_arrays, decode_payload, encode_arrays
 from protocol.lineage import LineageError, full_prompts
 from protocol.token_codec import (
     TOKENS_JSON_MEDIA_TYPE,
@@ -166,3 +167,53 @@ def test_arrays_rebuild_delta_prompts_exactly_as_the_lineage_reader_does() -> No
     looped = c1.model_copy(update={"prompt_is_delta": True, "parent_call_id": "c3"})
     with pytest.raises(LineageError, match="cycle"):
         decode_arrays(encode_entries([looped, c2, c3])).full_prompts()
+
+
+def _widened(recs: list[dict[str, Any]]) -> bytes:
+    """The records in the widest dtypes (i8 ids, f8 logprobs): a valid form, never the canonical one
+    unless the values need them."""
+    arrays: list[tuple[str, bytes]] = []
+    for r in recs:
+        arrays += [
+            ("i8", np.asarray(r["prompt_token_ids"], dtype="<i8").tobytes()),
+            ("i8", np.asarray(r["generation_token_ids"], dtype="<i8").tobytes()),
+            ("f8", np.asarray(r["generation_log_probs"], dtype="<f8").tobytes()),
+        ]
+    heads = [{k: v for k, v in r.items() if not k.startswith(("prompt_", "generation_"))} for r in recs]
+    return assemble(heads, arrays)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records())
+def test_the_canonical_check_without_re_encoding_agrees_with_the_encoders(recs: list[dict[str, Any]]) -> None:
+    binary = encode_records(recs)
+    assert canonical_arrays(binary).buffer is binary  # canonical: the same bytes, nothing re-encoded
+    wide = _widened(recs)
+    assert canonical(wide) == binary
+    assert (canonical(wide) is wide) == (wide == binary)
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f8"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_logprob_that_is_no_number_has_no_canonical_form(dtype: str, bad: float) -> None:
+    content = assemble(
+        [{}],
+        [("u4", np.array([1], "<u4").tobytes()), ("u4", np.array([2, 3], "<u4").tobytes()),
+         (dtype[1:], np.array([-0.5, bad], dtype).tobytes())],
+    )  # fmt: skip
+    assert decode_arrays(content).logprobs(0).size == 2  # the layout alone is sound
+    with pytest.raises(TokenCodecError, match="NaN or infinite"):
+        canonical(content)
+
+
+def test_a_payload_checked_by_its_digest_is_read_without_re_encoding_its_header() -> None:
+    good = encode_records(
+        [{"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-1.0]}]
+    )
+    (header_len,) = struct.unpack_from("<Q", good, 8)
+    arrays_at = 16 + header_len + -header_len % 8
+    spaced = json.dumps(json.loads(good[16 : 16 + header_len]), sort_keys=True).encode()  # ", " and ": "
+    loose = good[:8] + struct.pack("<Q", len(spaced)) + spaced + bytes(-len(spaced) % 8) + good[arrays_at:]
+    with pytest.raises(TokenCodecError, match="not canonical"):
+        decode_arrays(loose)
+    assert decode_arrays(loose, check_canonical=False).generation(0).tolist() == [3]

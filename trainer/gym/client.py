@@ -25,7 +25,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from payloads.token_arrays import TokenArrays, canonical, decode_arrays
+from payloads.token_arrays import TokenArrays, canonical_arrays, decode_arrays
 from protocol.errors import (
     CHECKPOINT_CONFLICT,
     GONE,
@@ -102,6 +102,16 @@ PHASE_CONNECTIONS = 2
 PREPARE_MARGIN_S = 15.0
 _TOKEN_LIST = TypeAdapter(list[TokenEntry])
 _NO_ARRAYS: dict[str, list[Any]] = {name: [] for name in ARRAY_FIELDS}
+
+
+def binary_token_records(body: bytes) -> TokenArrays:
+    """A `/token_capture` body in the binary form as arrays over its canonical form (the body itself
+    when it is canonical: checked, not re-encoded), each record's other fields held to TokenEntry's
+    rules as the JSON form is (its arrays, checked by the codec, stand in empty: no per-token Python
+    object).  TokenCodecError or pydantic's ValidationError."""
+    arrays = canonical_arrays(body)
+    _TOKEN_LIST.validate_python([{**r, **_NO_ARRAYS} for r in arrays.records])
+    return arrays
 _TOKENS_MEDIA = TOKENS_MEDIA_TYPE.encode()
 # The binary form first; JSON from agents that do not speak it.
 _ACCEPT_TOKENS = ((b"Accept", _TOKENS_MEDIA + b", application/json;q=0.5"),)
@@ -505,13 +515,9 @@ class GymClient:
         content_type = next((v for k, v in reply.headers if k.lower() == b"content-type"), b"")
         if content_type.split(b";")[0].strip() == _TOKENS_MEDIA:
             try:
-                arrays = decode_arrays(canonical(reply.body))
+                arrays = binary_token_records(reply.body)
             except TokenCodecError as exc:
                 raise BadResponseError(f"{self.base_url}{path}: {exc}") from None
-            # Each record's other fields by TokenEntry's own rules, as the JSON form is read (its arrays,
-            # checked by the codec, stand in empty: no per-token Python object).
-            try:
-                _TOKEN_LIST.validate_python([{**r, **_NO_ARRAYS} for r in arrays.records])
             except ValidationError as exc:
                 raise BadResponseError(
                     f"{self.base_url} {path}: reply fails list[TokenEntry]: {exc}"
