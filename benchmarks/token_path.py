@@ -9,9 +9,12 @@ The token records are the reference agent's (zero work, at `--prompt-tokens` / `
 - `row, binary records`: the binary form decoded to arrays (views of the payload), then the same
   `message_log` over them: what `LedgerGym` does (one vectorised copy per tensor, no per-token
   Python object).
-- `tensors, binary arrays`: the binary form decoded to views of the payload, each array a tensor over
-  them (`torch.from_numpy`, no copy, no per-token Python object): the floor a row builder reading
-  arrays reaches.
+- `tensors, header re-checked`: the binary form decoded to views of the payload, each array a
+  tensor over them (`torch.from_numpy`, no copy, no per-token Python object), its header re-encoded
+  and compared on every read.
+- `tensors, binary arrays`: the same without that re-check, as the trainer reads now: the payload
+  was checked against its claim's digest, and the trainer checked it canonical before claiming it.
+  The floor a row builder reading arrays reaches.
 
 GB/s is the token data a path delivers (the binary form's bytes: 4 per id, 4 per log probability, so
 the same numerator for every path) per second of its work, the store's read included.  One thread
@@ -47,7 +50,12 @@ from protocol.wire import RunReply, RunRequest, TokenEntry
 from trainer.ray_gym.results import ResultRules, message_log
 from workers.policy import load_policy
 
-PATHS = ("row, JSON records", "row, binary records", "tensors, binary arrays")
+PATHS = (
+    "row, JSON records",
+    "row, binary records",
+    "tensors, header re-checked",
+    "tensors, binary arrays",
+)
 
 
 def agent_episodes(
@@ -93,13 +101,16 @@ def rows_from_json(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
 
 
 def rows_from_binary(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
-    return message_log(decode_payload(content, TOKENS_MEDIA_TYPE), rules)
+    return message_log(decode_payload(content, TOKENS_MEDIA_TYPE, check_canonical=False), rules)
 
 
-def tensors_from_arrays(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
+def tensors_from_arrays(
+    content: bytes, rules: ResultRules, *, check_canonical: bool = False
+) -> list[dict[str, Any]]:
     """Every record's three arrays as tensors over the payload's buffer (a bytearray: writable, so
-    torch shares it instead of warning)."""
-    arrays = decode_arrays(bytearray(content))
+    torch shares it instead of warning).  The payload was read by its claim and checked against the
+    digest, so its header is not re-encoded (`check_canonical=False`, what the trainer does)."""
+    arrays = decode_arrays(bytearray(content), check_canonical=check_canonical)
     return [
         {
             "prompt": torch.from_numpy(arrays.prompt(r)),
@@ -108,6 +119,11 @@ def tensors_from_arrays(content: bytes, rules: ResultRules) -> list[dict[str, An
         }
         for r in range(len(arrays))
     ]
+
+
+def tensors_header_rechecked(content: bytes, rules: ResultRules) -> list[dict[str, Any]]:
+    """The same, with the header re-encoded and compared on every read (as readers did before)."""
+    return tensors_from_arrays(content, rules, check_canonical=True)
 
 
 Build = Callable[[bytes, ResultRules], list[dict[str, Any]]]
@@ -157,7 +173,8 @@ def run(
     builders: dict[str, tuple[Build, Sequence[Any]]] = {
         PATHS[0]: (rows_from_json, json_claims),
         PATHS[1]: (rows_from_binary, binary_claims),
-        PATHS[2]: (tensors_from_arrays, binary_claims),
+        PATHS[2]: (tensors_header_rechecked, binary_claims),
+        PATHS[3]: (tensors_from_arrays, binary_claims),
     }
     # Every path gives the same tokens (checked on the first rollout before anything is timed).
     first = {
