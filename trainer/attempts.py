@@ -266,7 +266,7 @@ class Attempts:
         try:
             verify_receipt(reply, receipt, digest)
             if reply.masked() and ctx.settings.mask_sample_retries:
-                await self.payloads.put_claimed([(reply_claim, reply_bytes)])
+                await self.payloads.put([(reply_bytes, REPLY_MEDIA_TYPE)], claims=[reply_claim])
                 await self._append(
                     group_id,
                     [
@@ -315,7 +315,10 @@ class Attempts:
             return AttemptOutcome("owed", f"unverifiable: {exc}")
         # Durable before the append that claims them (the seal is the claim check); nothing of them is
         # kept here once they are stored.
-        await self.payloads.put_claimed([(tokens_claim, tokens_bytes), (reply_claim, reply_bytes)])
+        await self.payloads.put(
+            [(tokens_bytes, TOKENS_MEDIA_TYPE), (reply_bytes, REPLY_MEDIA_TYPE)],
+            claims=[tokens_claim, reply_claim],
+        )
         del tokens, tokens_bytes
         head: list[Event] = [
             *adopted_events,

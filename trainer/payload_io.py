@@ -41,6 +41,8 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024
 class _Put:
     items: Sequence[tuple[bytes, str]]
     future: asyncio.Future[list[PayloadClaim]]
+    # The items' claims where the caller made them (`PayloadIO.claim`); else made by the store call.
+    claims: Sequence[PayloadClaim] | None = None
 
     @property
     def size(self) -> int:
@@ -69,14 +71,26 @@ class PayloadIO:
         self._queue: deque[_Put] = deque()
         self._writer: asyncio.Task[None] | None = None
 
-    async def put(self, items: Sequence[tuple[bytes, str]]) -> list[PayloadClaim]:
-        """Stores each `(content, media_type)`; durable on return.  A caller cancelled while its batch
-        is being stored leaves its payloads stored (unclaimed: `ledger payloads collect` finds them)."""
+    async def put(
+        self, items: Sequence[tuple[bytes, str]], claims: Sequence[PayloadClaim] | None = None
+    ) -> list[PayloadClaim]:
+        """Stores each `(content, media_type)`; durable on return.  `claims`: the items' own, made by
+        `claim` (each payload is hashed once); without them the store call makes them.  A caller
+        cancelled while its batch is being stored leaves its payloads stored (unclaimed: `ledger
+        payloads collect` finds them)."""
         if self.stopped is not None:
             raise self.stopped
         if not items:
             return []
-        request = _Put(items, asyncio.get_running_loop().create_future())
+        if claims is not None and (
+            len(claims) != len(items)
+            or any(
+                c.media_type != media_type or c.size != len(content)
+                for c, (content, media_type) in zip(claims, items, strict=False)
+            )
+        ):
+            raise ValueError("put(items, claims): one claim per item, of its media type and size")
+        request = _Put(items, asyncio.get_running_loop().create_future(), claims)
         self._queue.append(request)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_puts(), name="payload-writer")
@@ -120,8 +134,22 @@ class PayloadIO:
 
     async def _store(self, batch: list[_Put]) -> None:
         items = [item for request in batch for item in request.items]
+
+        def store() -> list[PayloadClaim]:
+            made = [
+                claim
+                for request in batch
+                for claim in (
+                    request.claims
+                    if request.claims is not None
+                    else [self.plane.claim(content, media_type) for content, media_type in request.items]
+                )
+            ]
+            self.plane.put_claimed(list(zip(made, (content for content, _ in items), strict=True)))
+            return made
+
         try:
-            claims = await self._ride_out(lambda: self.plane.put(items), "storing payloads")
+            claims = await self._ride_out(store, "storing payloads")
         except Exception as exc:  # the batch's one answer is every caller's
             for request in batch:
                 if not request.future.done():
@@ -138,13 +166,9 @@ class PayloadIO:
             start = end
 
     def claim(self, content: bytes, media_type: str) -> PayloadClaim:
-        """The claim `put` would return for `content` (no I/O): hash once, store with `put_claimed`."""
+        """The claim `put` would return for `content` (no I/O): a caller that needs the digest before
+        the put hashes once, here, and hands the claim to `put(items, claims=...)`."""
         return self.plane.claim(content, media_type)
-
-    async def put_claimed(self, items: Sequence[tuple[PayloadClaim, bytes]]) -> None:
-        """Stores each `(claim, content)`, its claim made by `claim`; durable on return."""
-        await self._ride_out(lambda: self.plane.put_claimed(items), "storing payloads")
-        self.bytes_put += sum(len(content) for _, content in items)
 
     async def get_many(self, claims: Iterable[PayloadClaim]) -> dict[str, bytes]:
         """The checked payload of every claim, by digest (PayloadMissing, PayloadCorrupt)."""

@@ -87,6 +87,9 @@ def test_each_dtype_is_chosen_by_the_values() -> None:
     arrays = decode_arrays(encode_records(recs))
     assert arrays.generation(1).dtype == np.dtype("<i8") and arrays.logprobs(1)[0] == -0.1
     assert (arrays.token_count, arrays.total_tokens) == (2, 5)
+    # past float32's range (packing it as float32 overflows): f8, the value kept exactly
+    [past] = decode_records(encode_records([{**recs[0], "generation_log_probs": [-1e300]}]))
+    assert past["generation_log_probs"] == [-1e300]
 
 
 def test_a_non_canonical_encoding_is_made_canonical() -> None:
@@ -149,6 +152,8 @@ def test_records_without_a_binary_form_are_refused() -> None:
         encode_records(
             [{"prompt_token_ids": [2**64], "generation_token_ids": [], "generation_log_probs": []}]
         )
+    with pytest.raises(TokenCodecError, match="not an integer"):
+        encode_records([{"prompt_token_ids": [1.5], "generation_token_ids": [], "generation_log_probs": []}])
     with pytest.raises(TokenCodecError, match="lacks generation_log_probs"):
         encode_records([{"prompt_token_ids": [1], "generation_token_ids": [2]}])
     assert TOKENS_MEDIA_TYPE.startswith("application/vnd.rollout-ledger.tokens")

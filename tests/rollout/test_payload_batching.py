@@ -122,3 +122,32 @@ async def test_a_burst_of_real_sized_payloads_is_stored_in_calls_of_bounded_byte
     sizes = [sum(len(store.get(d)) for d in call) for call in store.calls[1:]]
     assert len(sizes) >= 2 and max(sizes) <= MAX_BATCH_BYTES and sum(sizes) == 40 * size
     assert all(PayloadPlane(store).get(c) == bytes([i]) * size for i, [c] in enumerate(claims))
+
+
+async def test_a_put_with_the_callers_own_claims_batches_with_the_others_and_is_stored_under_them() -> None:
+    store = GatedStore()
+    io = PayloadIO(PayloadPlane(store), outage_budget_s=1.0)
+    first = asyncio.create_task(io.put([(b"first", MEDIA)]))
+    assert await asyncio.to_thread(store.entered.wait, 30)
+    own = [io.claim(b"tokens", MEDIA), io.claim(b"reply", "application/json")]
+    claimed = asyncio.create_task(io.put([(b"tokens", MEDIA), (b"reply", "application/json")], claims=own))
+    plain = asyncio.create_task(io.put([(b"other", MEDIA)]))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    store.release.set()
+    assert await claimed == own
+    [other] = await plain
+    await first
+    assert len(store.calls) == 2  # the claimed put and the plain one in one call
+    plane = PayloadPlane(store)
+    assert [plane.get(c) for c in own] == [b"tokens", b"reply"] and plane.get(other) == b"other"
+
+
+async def test_claims_that_do_not_describe_their_items_are_refused_before_anything_is_stored() -> None:
+    store = GatedStore()
+    io = PayloadIO(PayloadPlane(store), outage_budget_s=1.0)
+    with pytest.raises(ValueError, match="one claim per item"):
+        await io.put([(b"abc", MEDIA)], claims=[io.claim(b"abcd", MEDIA)])
+    with pytest.raises(ValueError, match="one claim per item"):
+        await io.put([(b"abc", MEDIA)], claims=[io.claim(b"abc", "application/json")])
+    assert store.calls == []

@@ -112,6 +112,8 @@ def binary_token_records(body: bytes) -> TokenArrays:
     arrays = canonical_arrays(body)
     _TOKEN_LIST.validate_python([{**r, **_NO_ARRAYS} for r in arrays.records])
     return arrays
+
+
 _TOKENS_MEDIA = TOKENS_MEDIA_TYPE.encode()
 # The binary form first; JSON from agents that do not speak it.
 _ACCEPT_TOKENS = ((b"Accept", _TOKENS_MEDIA + b", application/json;q=0.5"),)
