@@ -29,9 +29,12 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 );
 ALTER TABLE {TABLE} ALTER COLUMN content SET STORAGE EXTERNAL;
 """
+# The arrays go in psycopg's binary format (`%b`): in text, every payload travels hex-escaped inside
+# an array literal, 2x its size, escaped by the client and parsed by the server (a 145 KB payload:
+# 3.7 ms of client CPU and 4.7 ms of the server's, against 0.2 and 0.8 in binary).
 _PUT: Final = (
     f"INSERT INTO {TABLE} (digest, size, stored_at, content) "
-    "SELECT d, octet_length(c), %s, c FROM unnest(%s::text[], %s::bytea[]) AS t(d, c) "
+    "SELECT d, octet_length(c), %s, c FROM unnest(%b::text[], %b::bytea[]) AS t(d, c) "
     "ON CONFLICT (digest) DO UPDATE SET stored_at = EXCLUDED.stored_at"
 )
 _BATCH: Final = 500  # digests per SELECT / DELETE
@@ -134,7 +137,10 @@ class PostgresPayloadStore(PayloadStore):
             chunk = wanted[i : i + _BATCH]
 
             def read(cur: Any, chunk: list[str] = chunk) -> list[tuple[str, bytes]]:
-                cur.execute(f"SELECT digest, content FROM {TABLE} WHERE digest = ANY(%s)", (chunk,))
+                # Rows in the binary format: the content as it is stored, not hex to decode.
+                cur.execute(
+                    f"SELECT digest, content FROM {TABLE} WHERE digest = ANY(%s)", (chunk,), binary=True
+                )
                 return list(cur.fetchall())
 
             found.update((str(d), bytes(c)) for d, c in self._run(read, "reading payloads"))
