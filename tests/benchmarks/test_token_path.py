@@ -17,6 +17,7 @@ def test_every_path_gives_the_same_tokens_and_the_bytes_follow_the_sizes(tmp_pat
     finally:
         store.close()
     assert list(result["paths"]) == list(token_path.PATHS)
+    assert result["sha256_gb_per_s"] > 0
     for figures in result["paths"].values():
         assert all(math.isfinite(v) and v > 0 for v in figures.values()), figures
     # two calls: the prompt (200-400) and its generation (133-267), then all that again with an
