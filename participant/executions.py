@@ -343,6 +343,9 @@ class RunOutcome:
     # True when this call waited for the try to finish (a live delivery), False for a replay of a
     # reply already stored; the reference agent's drop_reply fault breaks off live deliveries only.
     live: bool
+    # The try's receipt and token records, for an answer that carries them (protocol.completion).
+    receipt: CompletionReceipt | None = None
+    tokens: Sequence[TokenEntry] = ()
 
 
 def _log_write_failure(done: asyncio.Future[None]) -> None:
@@ -517,12 +520,12 @@ class ExecutionRegistry:
 
     async def _join(self, ex: Execution) -> RunOutcome:
         if ex.state is ExecState.COMPLETED and ex.reply is not None:
-            return RunOutcome(reply=ex.reply, live=False)
+            return RunOutcome(reply=ex.reply, live=False, receipt=ex.receipt, tokens=ex.tokens)
         if ex.state in LIVE_STATES:
             await ex.done.wait()
             self._check_open()
             if ex.state is ExecState.COMPLETED and ex.reply is not None:
-                return RunOutcome(reply=ex.reply, live=True)
+                return RunOutcome(reply=ex.reply, live=True, receipt=ex.receipt, tokens=ex.tokens)
         if ex.state is ExecState.FAILED:
             raise ExecutionFailedError(f"try {ex.key} failed inside the agent: {ex.error}")
         raise GoneError(f"try {ex.key} is done for good ({ex.state.value.lower()})")

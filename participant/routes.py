@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from participant.driver import DriverBinding, trainer_of_header
 from participant.errors import AgentError
 from participant.executions import ExecutionRegistry
+from protocol.completion import COMPLETION_MEDIA_TYPE, encode_completion
 from protocol.digests import DIGEST_PATTERN
 from protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_ALLOWED, NOT_FOUND
 from protocol.ids import ID_PATTERN, MAX_ATTEMPT_INDEX, MAX_ID_LENGTH
@@ -129,6 +130,7 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
             str | None, Header(alias=CONTINUE_FROM_HEADER, pattern=DIGEST_PATTERN)
         ] = None,
         trainer: TrainerHeader = None,
+        accept: Annotated[str, Header()] = "application/json",
     ) -> Response:
         driven_by(trainer)
         outcome = await reg.run(request, adopt_only=adopt_only == "1", continue_from=continue_from)
@@ -136,6 +138,14 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
             special = deliver(request, outcome.reply)
             if special is not None:
                 return special
+        if COMPLETION_MEDIA_TYPE in accept and outcome.receipt is not None:
+            # The trainer's own client: the receipt and token records it would fetch next, in this body.
+            frame = encode_completion(
+                orjson.dumps(outcome.reply),
+                orjson.dumps(outcome.receipt.model_dump(mode="json")),
+                encode_entries(outcome.tokens),
+            )
+            return Response(frame, media_type=COMPLETION_MEDIA_TYPE)
         return _OrjsonResponse(outcome.reply)
 
     @app.get("/completion_receipt/{rollout_id:path}/{attempt_index}")

@@ -33,11 +33,15 @@ FEATURE_GENERATION_CUT: Final = "generation_cut"
 # nothing runs, its finished, unACKed tries named in the answer (`PhaseResponse.carried`) and kept
 # across the checkpoint, instead of `409 not_ready` until the trainer has taken each in.
 FEATURE_CARRY_COMPLETED: Final = "carry_completed"
+# A completed try's `/run` answers, when asked by media type, with its receipt and token records in
+# the same body (`protocol.completion`): one exchange per try instead of three.
+FEATURE_COMPLETION_IN_RUN: Final = "completion_in_run"
 ALL_FEATURES: Final = (
     FEATURE_CHECKPOINT_PARTICIPATION,
     FEATURE_COMPLETED_RESULT_ACKNOWLEDGEMENT,
     FEATURE_RETIRE,
     FEATURE_TOKEN_CAPTURE,
+    FEATURE_COMPLETION_IN_RUN,
 )
 
 # Caps that keep one request from exhausting an agent or a trainer.

@@ -39,7 +39,7 @@ from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply,
 from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
 from trainer.errors import NotOwned
-from trainer.gym import GymClient, verify_receipt
+from trainer.gym import Completed, GymClient, verify_receipt
 from trainer.gym.errors import (
     AgentServerError,
     AgentTimeoutError,
@@ -184,10 +184,10 @@ class Attempts:
         # A replacement at target level turn resumes its predecessor's offered continuation.
         resumes = attempt.continues.digest if attempt.continues is not None else None
         task = asyncio.create_task(
-            client.run(request, on_slot=dispatch, continue_from=resumes), name=f"run:{key}"
+            client.run_completed(request, on_slot=dispatch, continue_from=resumes), name=f"run:{key}"
         )
         failure: BaseException | None = None
-        reply: RunReply | None = None
+        reply: Completed | None = None
         try:
             admitted = asyncio.create_task(dispatched.wait())
             try:
@@ -221,7 +221,9 @@ class Attempts:
                 return live.outcome
             if reply is not None:
                 try:
-                    live.outcome = await self.finish(group.group_id, reply, adopted=False)
+                    live.outcome = await self.finish(
+                        group.group_id, reply.reply, adopted=False, carried=reply
+                    )
                     return live.outcome
                 except _FetchFailed as exc:
                     failure = exc
@@ -237,9 +239,17 @@ class Attempts:
     # --- a reply in hand ------------------------------------------------------------------------
 
     async def finish(
-        self, group_id: str, reply: RunReply, *, adopted: bool, expect_incarnation: str | None = None
+        self,
+        group_id: str,
+        reply: RunReply,
+        *,
+        adopted: bool,
+        expect_incarnation: str | None = None,
+        carried: Completed | None = None,
     ) -> AttemptOutcome:
-        """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt."""
+        """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt.
+        `carried`: the `/run` answer, with the receipt and token records if it carried them (then
+        they are not fetched; either is checked exactly as a fetched one)."""
         ctx = self.ctx
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
@@ -251,7 +261,9 @@ class Attempts:
         reply_claim = self.payloads.claim(reply_bytes, REPLY_MEDIA_TYPE)
         digest = reply_claim.digest
         try:
-            receipt = await client.completion_receipt(rid, n)
+            receipt = carried.carried_receipt() if carried is not None else None
+            if receipt is None:
+                receipt = await client.completion_receipt(rid, n)
         except BadResponseError as exc:
             raise _Garbage(f"completion receipt of ({rid}, {n}): {exc}") from exc
         except GymError as exc:
@@ -289,7 +301,9 @@ class Attempts:
                     "owed", f"mask_sample: {reply.failure_reason or 'the environment failed'}"
                 )
             try:
-                tokens = await client.token_capture(receipt.manifest_capture_key)
+                tokens = carried.carried_tokens() if carried is not None else None
+                if tokens is None:
+                    tokens = await client.token_capture(receipt.manifest_capture_key)
             except BadResponseError as exc:
                 # The receipt verified against the reply, so it is the agent's own: owe and ACK it (the
                 # agent's copy is released), but a token list that does not parse is never sealed.

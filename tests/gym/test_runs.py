@@ -156,6 +156,7 @@ async def test_capabilities_and_health(client: GymClient, shared_agent: ThreadAg
         "completed_result_acknowledgement",
         "retire",
         "token_capture",
+        "completion_in_run",
     }
     health = await client.health()
     assert health.execution_generation == shared_agent.generation

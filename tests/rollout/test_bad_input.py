@@ -70,12 +70,27 @@ def _try0(rid: str) -> Any:
     return match
 
 
+class FetchingClient(GymClient):
+    """The trainer's client facing an agent that does not carry the receipt and token records in its
+    `/run` answer (an older participant): it fetches both, each in a call of its own."""
+
+    @property
+    def completion_in_run(self) -> bool:
+        return False
+
+
 async def _play(
-    tmp_path: Path, store: EventStore, rules_for: Any, *, generations: int = 1, **kwargs: Any
+    tmp_path: Path,
+    store: EventStore,
+    rules_for: Any,
+    *,
+    generations: int = 1,
+    client_class: type[GymClient] = GymClient,
+    **kwargs: Any,
 ) -> tuple[str, GymClient, RolloutCoordinator, list[RecordedEvent], int]:
     g = gid("bad")
     with serve_hostile(_config(tmp_path), rules_for(f"{g}_g0")) as agent:
-        async with GymClient(agent.url, "h") as client:
+        async with client_class(agent.url, "h") as client:
             coord = coordinator(store, {"h": client}, mode="sibling", **kwargs)
             async with coord:
                 await coord.submit(g, PROMPT, "h", generations, PAYLOAD)
@@ -148,15 +163,20 @@ def _short_logprobs(tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**t, "generation_log_probs": t["generation_log_probs"][:-1]} for t in tokens]
 
 
+@pytest.mark.parametrize("client_class", [GymClient, FetchingClient], ids=["carried", "fetched"])
 @pytest.mark.parametrize("action", [_other_key, _short_logprobs], ids=["other_capture_key", "lengths_differ"])
 async def test_a_token_list_that_does_not_match_the_receipt_is_never_sealed(
-    sqlite_store: EventStore, tmp_path: Path, action: Action
+    sqlite_store: EventStore, tmp_path: Path, action: Action, client_class: type[GymClient]
 ) -> None:
     _, _, coord, events, unacked = await _play(
-        tmp_path, sqlite_store, lambda rid: [Rule("/token_capture", _try0(rid), action)]
+        tmp_path,
+        sqlite_store,
+        lambda rid: [Rule("/token_capture", _try0(rid), action)],
+        client_class=client_class,
     )
     failed = _of(events, "RunFailed", 0)
     assert [f["kind"] for f in failed] == ["verify"] and "token capture" in failed[0]["reason"]
+    assert "500" not in failed[0]["reason"]  # the lie reached the trainer (not the tamperer failing)
     assert not _of(events, "SiblingSealed", 0)
     assert _of(events, "AckOwed", 0) and _of(events, "AckAccepted", 0)  # the verified receipt releases it
     assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
@@ -188,8 +208,13 @@ async def test_garbage_json_from_run(sqlite_store: EventStore, tmp_path: Path, t
 async def test_an_agent_hanging_up_mid_body_loses_nothing(
     sqlite_store: EventStore, tmp_path: Path, route: str
 ) -> None:
+    # A receipt's own call can break off only where it is fetched on its own: from an agent that does
+    # not carry it in the `/run` answer (a hang-up of that answer is the `/run` case).
     _, _, coord, events, unacked = await _play(
-        tmp_path, sqlite_store, lambda rid: [Rule(route, _try0(rid), "hang_up", 1)]
+        tmp_path,
+        sqlite_store,
+        lambda rid: [Rule(route, _try0(rid), "hang_up", 1)],
+        client_class=GymClient if route == "/run" else FetchingClient,
     )
     failed = _of(events, "RunFailed", 0)
     assert failed[0]["kind"] == ("stream_closed" if route == "/run" else "receipt")

@@ -1,6 +1,6 @@
 """The trainer's side of the Gym agent HTTP contract (docs/protocol.md, The HTTP contract)."""
 
-from trainer.gym.client import GymClient, verify_receipt
+from trainer.gym.client import Completed, GymClient, verify_receipt
 from trainer.gym.errors import (
     AgentIdentityError,
     AgentServerError,
@@ -29,6 +29,7 @@ __all__ = [
     "AgentUnavailableError",
     "BadResponseError",
     "CheckpointConflictError",
+    "Completed",
     "ConnectionLostError",
     "GoneError",
     "GymClient",

@@ -18,6 +18,7 @@ import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote
@@ -26,6 +27,12 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from payloads.token_arrays import TokenArrays, canonical_arrays, decode_arrays
+from protocol.completion import (
+    COMPLETION_MEDIA_TYPE,
+    CompletionFrameError,
+    CompletionParts,
+    decode_completion,
+)
 from protocol.errors import (
     CHECKPOINT_CONFLICT,
     GONE,
@@ -41,6 +48,7 @@ from protocol.wire import (
     CONTINUE_FROM_HEADER,
     FEATURE_CARRY_COMPLETED,
     FEATURE_CHECKPOINT_PARTICIPATION,
+    FEATURE_COMPLETION_IN_RUN,
     TRAINER_HEADER,
     AcknowledgeItem,
     AcknowledgeRequest,
@@ -118,6 +126,9 @@ _TOKENS_MEDIA = TOKENS_MEDIA_TYPE.encode()
 # The binary form first; JSON from agents that do not speak it.
 _ACCEPT_TOKENS = ((b"Accept", _TOKENS_MEDIA + b", application/json;q=0.5"),)
 _JSON: TypeAdapter[Any] = TypeAdapter(Any)
+_COMPLETION_MEDIA = COMPLETION_MEDIA_TYPE.encode()
+# A completed try's receipt and token records in the /run answer; its JSON alone from other agents.
+_ACCEPT_COMPLETION = ((b"Accept", _COMPLETION_MEDIA + b", application/json;q=0.5"),)
 _FENCE_ERRORS: dict[str, type[GymError]] = {
     CHECKPOINT_CONFLICT: CheckpointConflictError,
     INVALID_PHASE: InvalidPhaseError,
@@ -130,6 +141,34 @@ _ADOPT_ONLY = ((ADOPT_ONLY_HEADER.encode(), b"1"),)
 
 def _continue_from(digest: str | None) -> tuple[tuple[bytes, bytes], ...]:
     return () if digest is None else ((CONTINUE_FROM_HEADER.encode(), digest.encode()),)
+
+
+def _media_type(reply: Reply) -> bytes:
+    content_type = next((v for k, v in reply.headers if k.lower() == b"content-type"), b"")
+    return content_type.split(b";")[0].strip()
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """A `/run` answered: the reply, and the try's receipt and token records where the answer carried
+    them, each as its fetch would have answered: the checked value, or the refusal the fetch would have
+    raised (`BadResponseError`); None where the answer did not carry it (fetch it)."""
+
+    reply: RunReply
+    receipt: CompletionReceipt | BadResponseError | None = None
+    tokens: TokenArrays | BadResponseError | None = None
+
+    def carried_receipt(self) -> CompletionReceipt | None:
+        """The carried receipt, None if not carried; raises the refusal of one that failed its check."""
+        if isinstance(self.receipt, BadResponseError):
+            raise self.receipt
+        return self.receipt
+
+    def carried_tokens(self) -> TokenArrays | None:
+        """The carried token records, None if not carried; raises the refusal of ones that failed."""
+        if isinstance(self.tokens, BadResponseError):
+            raise self.tokens
+        return self.tokens
 
 
 @functools.cache
@@ -246,12 +285,12 @@ class GymClient:
         body: BaseModel | None = None,
         timeout_s: float | None = None,
         extra_headers: Sequence[tuple[bytes, bytes]] = (),
-    ) -> bytes:
-        """One call; returns the body of a 200 (for `_parse`), raises a typed error otherwise."""
-        reply = await self._exchange(
+    ) -> Reply:
+        """One call; returns a 200 reply (for `_parse`), raises a typed error otherwise.  Every call
+        of the client but the token fetch goes through here (tests gate and break calls here)."""
+        return await self._exchange(
             pool, method, path, body=body, timeout_s=timeout_s, extra_headers=extra_headers
         )
-        return reply.body
 
     async def _exchange(
         self,
@@ -328,8 +367,8 @@ class GymClient:
             cls = BadResponseError
         raise cls(text, status_code=code, error=error)
 
-    def _parse(self, model: type[M], body: bytes, what: str) -> M:
-        return self._validated(model.model_validate_json, model.__name__, body, what)
+    def _parse(self, model: type[M], reply: Reply, what: str) -> M:
+        return self._validated(model.model_validate_json, model.__name__, reply.body, what)
 
     def _validated(self, validate: Callable[[bytes], T], name: str, body: bytes, what: str) -> T:
         """`validate(body)`: JSON decoding and the wire model in one pass (pydantic's, in Rust)."""
@@ -354,6 +393,27 @@ class GymClient:
         continue_from: str | None = None,
         on_slot: Callable[[], Awaitable[None]] | None = None,
     ) -> RunReply:
+        """`POST /run` (`run_completed`, which see), answered with the reply alone."""
+        done = await self.run_completed(
+            request,
+            timeout_s=timeout_s,
+            adopt_only=adopt_only,
+            continue_from=continue_from,
+            on_slot=on_slot,
+            with_completion=False,
+        )
+        return done.reply
+
+    async def run_completed(
+        self,
+        request: RunRequest,
+        *,
+        timeout_s: float | None = None,
+        adopt_only: bool = False,
+        continue_from: str | None = None,
+        on_slot: Callable[[], Awaitable[None]] | None = None,
+        with_completion: bool = True,
+    ) -> Completed:
         """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it.
 
         `adopt_only`: the agent replays a stored reply or answers 404, and never starts the try.
@@ -365,7 +425,11 @@ class GymClient:
         The call first waits for a connection of the run pool (`max_run_connections`; `runs_waiting`
         counts the calls waiting); `on_slot` is awaited once it holds one, right before the request
         goes out: the trainer records the dispatch and starts the try's lease there, so a try queued in
-        this client spends none of it.  `timeout_s` bounds the wait for a connection too."""
+        this client spends none of it.  `timeout_s` bounds the wait for a connection too.
+
+        `with_completion`: an agent that declares `completion_in_run` is asked (by media type) to
+        answer with the try's receipt and token records too (`protocol.completion`), so the caller need
+        not fetch them; what is missing or unreadable in that answer is left None, to be fetched."""
         await self.connect_quietly()
         self.runs_waiting += 1
         try:
@@ -380,23 +444,30 @@ class GymClient:
         try:
             if on_slot is not None:
                 await on_slot()
-            return await self._run_holding_slot(request, timeout_s, adopt_only, continue_from)
+            return await self._run_holding_slot(
+                request, timeout_s, adopt_only, continue_from, with_completion and self.completion_in_run
+            )
         finally:
             self._run_slots.release()
 
     async def _run_holding_slot(
-        self, request: RunRequest, timeout_s: float | None, adopt_only: bool, continue_from: str | None
-    ) -> RunReply:
+        self,
+        request: RunRequest,
+        timeout_s: float | None,
+        adopt_only: bool,
+        continue_from: str | None,
+        with_completion: bool,
+    ) -> Completed:
         key = (request.rollout_id, request.attempt_index)
         if self.reduced is not None:
             held = self.reduced.replay(*key)
             if held is not None:
-                return held
+                return Completed(held)
             if adopt_only:
                 raise NotFoundError(f"{self.base_url} (reduced mode): no reply held for {key}; not re-run")
             self.reduced.posting(*key)
         try:
-            body = await self._send(
+            answer = await self._send(
                 self._run,
                 "POST",
                 "/run",
@@ -405,12 +476,21 @@ class GymClient:
                 extra_headers=(
                     *(_ADOPT_ONLY if adopt_only else _continue_from(continue_from)),
                     *self._trainer,
+                    *(_ACCEPT_COMPLETION if with_completion else ()),
                 ),
             )
         except GymError as exc:
             if self.reduced is not None:
                 self.reduced.unanswered(*key, f"{type(exc).__name__}: {exc}")
             raise
+        body, receipt, tokens = answer.body, None, None
+        if _media_type(answer) == _COMPLETION_MEDIA:
+            try:
+                parts = decode_completion(body)
+            except CompletionFrameError as exc:
+                raise BadResponseError(f"{self.base_url}/run: {exc}") from None
+            body = parts.reply
+            receipt, tokens = self._completion_parts(parts, *key)
         payload = self._validated(_JSON.validate_json, "JSON", body, "/run")
         try:
             reply = gym_reply(payload, request.rollout_id, request.attempt_index)
@@ -422,8 +502,33 @@ class GymClient:
                 f"instead of ({request.rollout_id}, {request.attempt_index})"
             )
         if self.reduced is not None:
-            return self.reduced.keep(reply)
-        return reply
+            return Completed(self.reduced.keep(reply))
+        return Completed(reply, receipt, tokens)
+
+    def _completion_parts(
+        self, parts: CompletionParts, rollout_id: str, attempt_index: int
+    ) -> tuple[CompletionReceipt | BadResponseError, TokenArrays | BadResponseError | None]:
+        """The receipt and token records a completion frame carries, each checked exactly as
+        `completion_receipt` and `token_capture` check fetched ones (a refusal is kept, to be raised
+        where the fetch would have raised it).  Token records are read against the receipt's key."""
+        where = f"/run ({rollout_id}, {attempt_index}) receipt"
+        try:
+            receipt = self._validated(
+                CompletionReceipt.model_validate_json, "CompletionReceipt", parts.receipt, where
+            )
+        except BadResponseError as exc:
+            return exc, None
+        if receipt.attempt != (rollout_id, attempt_index):
+            return BadResponseError(f"{self.base_url}{where}: receipt names {receipt.attempt}"), None
+        try:
+            tokens: TokenArrays | BadResponseError = self._binary_tokens(
+                parts.tokens,
+                f"/run ({rollout_id}, {attempt_index}) token records",
+                receipt.manifest_capture_key,
+            )
+        except BadResponseError as exc:
+            tokens = exc
+        return receipt, tokens
 
     # -- what the agent supports ------------------------------------------------------------------------
 
@@ -470,6 +575,12 @@ class GymClient:
             pass
 
     @property
+    def completion_in_run(self) -> bool:
+        """True for an agent that declared it answers `/run` with the receipt and token records."""
+        seen = self.capabilities_seen
+        return seen is not None and FEATURE_COMPLETION_IN_RUN in seen.features
+
+    @property
     def checkpoint_participant(self) -> bool:
         """False for an agent known to lack the participant routes: checkpoints cannot include it."""
         seen = self.capabilities_seen
@@ -514,26 +625,28 @@ class GymClient:
             return decode_arrays(encode_entries(self.reduced.token_capture(capture_key)))
         path = f"/token_capture/{capture_key}"
         reply = await self._exchange(self._control, "GET", path, extra_headers=_ACCEPT_TOKENS)
-        content_type = next((v for k, v in reply.headers if k.lower() == b"content-type"), b"")
-        if content_type.split(b";")[0].strip() == _TOKENS_MEDIA:
-            try:
-                arrays = binary_token_records(reply.body)
-            except TokenCodecError as exc:
-                raise BadResponseError(f"{self.base_url}{path}: {exc}") from None
-            except ValidationError as exc:
-                raise BadResponseError(
-                    f"{self.base_url} {path}: reply fails list[TokenEntry]: {exc}"
-                ) from None
-            keys = [r.get("rollout_id") for r in arrays.records]
-        else:
-            entries = self._validated(_TOKEN_LIST.validate_json, "list[TokenEntry]", reply.body, path)
-            keys = [e.rollout_id for e in entries]
-            try:
-                arrays = decode_arrays(encode_entries(entries))
-            except TokenCodecError as exc:
-                raise BadResponseError(f"{self.base_url}{path}: {exc}") from None
-        if any(k != capture_key for k in keys):
+        if _media_type(reply) == _TOKENS_MEDIA:
+            return self._binary_tokens(reply.body, path, capture_key)
+        entries = self._validated(_TOKEN_LIST.validate_json, "list[TokenEntry]", reply.body, path)
+        try:
+            arrays = decode_arrays(encode_entries(entries))
+        except TokenCodecError as exc:
+            raise BadResponseError(f"{self.base_url}{path}: {exc}") from None
+        if any(e.rollout_id != capture_key for e in entries):
             raise BadResponseError(f"{self.base_url}{path}: token records of another capture key")
+        return arrays
+
+    def _binary_tokens(self, body: bytes, where: str, capture_key: str) -> TokenArrays:
+        """Token records in their binary form, as arrays, held to the rules the JSON form is read by;
+        every record of `capture_key`.  (From `/token_capture` or a completion frame.)"""
+        try:
+            arrays = binary_token_records(body)
+        except TokenCodecError as exc:
+            raise BadResponseError(f"{self.base_url}{where}: {exc}") from None
+        except ValidationError as exc:
+            raise BadResponseError(f"{self.base_url} {where}: reply fails list[TokenEntry]: {exc}") from None
+        if any(r.get("rollout_id") != capture_key for r in arrays.records):
+            raise BadResponseError(f"{self.base_url}{where}: token records of another capture key")
         return arrays
 
     async def acknowledge(self, receipts: Sequence[CompletionReceipt]) -> list[AcknowledgeResult]:
