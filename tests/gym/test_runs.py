@@ -157,6 +157,7 @@ async def test_capabilities_and_health(client: GymClient, shared_agent: ThreadAg
         "retire",
         "token_capture",
         "completion_in_run",
+        "carry_completed",
     }
     health = await client.health()
     assert health.execution_generation == shared_agent.generation
