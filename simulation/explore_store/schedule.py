@@ -56,7 +56,7 @@ def _client(agent: Agent, inc: Incarnation, run: ScheduleRun, pool: int | None =
         f"http://{agent.key}.sim", agent.name, control_timeout_s=5.0, max_run_connections=pool or 1024
     )
     faulty = FaultyPool(agent, inc, run)
-    client._run = client._control = faulty  # type: ignore[assignment]
+    client._run = client._control = client._phases = faulty  # type: ignore[assignment]
     return client
 
 
