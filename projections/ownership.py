@@ -16,7 +16,7 @@ writes in the log by the same rule (`projections.audit`, acts-by-owner).  Pure: 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,9 +116,19 @@ class Driver:
         """The agents of this trainer with at least one unpaid debt of its own."""
         return [a for a in ledger.debts if self.debts(ledger, a)]
 
-    def unpaid(self, ledger: LedgerState, agent_names: Iterable[str]) -> dict[str, int]:
-        """Agent -> the number of this trainer's debts to it still unpaid in the log."""
-        return {a: len(self.debts(ledger, a)) for a in agent_names}
+    def unpaid(
+        self,
+        ledger: LedgerState,
+        agent_names: Iterable[str],
+        excluding: Mapping[str, frozenset[str]] | None = None,
+    ) -> dict[str, int]:
+        """Agent -> the number of this trainer's debts to it still unpaid in the log, leaving out the
+        debt keys `excluding` names for that agent (a checkpoint's carried tries)."""
+        left_out = excluding or {}
+        return {
+            a: sum(1 for k, _ in self.debts(ledger, a) if k not in left_out.get(a, frozenset()))
+            for a in agent_names
+        }
 
 
 __all__ = ["Act", "AgentRef", "Driver", "debts_of", "owner_of_group", "owner_of_try", "trainer_debts"]

@@ -54,7 +54,6 @@ from trainer.core.checkpoint import (
     presume_abort,
     resumed_event_due,
     step,
-    uncarried,
     unpaid_at_decision,
 )
 from trainer.errors import CheckpointBusy, CheckpointDecided, FencedOff, UnknownCheckpoint
@@ -327,7 +326,7 @@ class Checkpointer:
             if not state.failures:
                 # A debt the relay keeps owed and no longer sends is unpaid all the same.  Only this
                 # trainer's: another trainer's debt to an agent of the same name is not this cut's.
-                owed = uncarried(self._debt_keys(ctx.journal.ledger, names), carried)
+                owed = ctx.driver.unpaid(ctx.journal.ledger, names, excluding=carried)
                 state.failures.update(unpaid_at_decision(owed, names))
         except BaseException:
             await self._presume_abort(checkpoint_id, names)
@@ -354,7 +353,7 @@ class Checkpointer:
                 # restarted after answering prepared, and the reply it had held was adopted): the cut
                 # would hold it unpaid, so the checkpoint aborts instead.  Decided on the fold the
                 # writer has when it builds, which holds every append of this process up to the cut.
-                owed = uncarried(self._debt_keys(ledger, names), prepared.carried_keys())
+                owed = ctx.driver.unpaid(ledger, names, excluding=prepared.carried_keys())
                 refused.update(unpaid_at_decision(owed, names))
                 if refused:
                     return []
@@ -391,10 +390,6 @@ class Checkpointer:
         finally:
             self._release()
         return prepared.outcome("committed", cut, "", ends)
-
-    def _debt_keys(self, ledger: LedgerState, names: list[str]) -> dict[str, list[str]]:
-        """Participant -> the keys of this trainer's debts to it unpaid in the log."""
-        return {a: [k for k, _ in self.ctx.driver.debts(ledger, a)] for a in names}
 
     async def _commit_in_log(self, checkpoint_id: str) -> bool:
         """Whether the log holds this checkpoint's `CheckpointCommitted` (read from the store, not the

@@ -5,9 +5,10 @@ A put returns once its payloads are durable; only then does the caller append th
 their claims (the seal is the claim check).  Puts are group-committed as the journal's appends are:
 one writer task stores every put queued while the previous store call ran in ONE call of the plane
 (one thread hop, one statement of a PostgreSQL store), then answers each caller with its own claims.
-Eight siblings finishing together cost one round trip to the store, not eight.  A store that stays unavailable past the outage budget
-stops the coordinator as a database outage does (`CoordinatorStopped`): a result it cannot keep is
-not sealed, and the agent still holds it for the next owner.
+Eight siblings finishing together cost one round trip to the store, not eight.  A store that stays
+unavailable past the outage budget stops the coordinator as a database outage does
+(`CoordinatorStopped`): a result it cannot keep is not sealed, and the agent still holds it for the
+next owner.
 """
 
 from __future__ import annotations

@@ -332,14 +332,14 @@ async def test_a_debt_recorded_after_the_prepare_aborts_the_commit(
             await coord.wait_idle(30)
             ck = gid("ck")
             await _prepared(coord, ck)
-            checkpointer = type(coord.checkpointer)
-            real = checkpointer._debt_keys
+            driver = type(coord.ctx.driver)
+            real = driver.unpaid
 
-            def unpaid_since(self: Any, ledger: Any, names: list[str]) -> dict[str, list[str]]:
+            def unpaid_since(self: Any, ledger: Any, names: list[str], **kw: Any) -> dict[str, int]:
                 # The debt the fold now holds (its prepare carried nothing).
-                return {**real(self, ledger, names), "a": [f"{gid()}_g0/0"]}
+                return {**real(self, ledger, names, **kw), "a": 1}
 
-            monkeypatch.setattr(checkpointer, "_debt_keys", unpaid_since)
+            monkeypatch.setattr(driver, "unpaid", unpaid_since)
             outcome = await coord.commit_checkpoint(ck)
             monkeypatch.undo()
             assert not outcome.committed and outcome.cut_position is None

@@ -264,13 +264,6 @@ def unpaid_at_decision(unpaid_debts: dict[str, int], participants: list[str]) ->
     }
 
 
-def uncarried(debts: dict[str, list[str]], carried: dict[str, frozenset[str]]) -> dict[str, int]:
-    """Participant -> its debts (keys) unpaid in the log that its prepare did not carry: a carried
-    try's debt may be unpaid at the cut (the agent keeps the try, finished, across the checkpoint and
-    the trainer pays it after); any other would be unpaid in a cut that says everything is settled."""
-    return {a: sum(1 for k in keys if k not in carried.get(a, frozenset())) for a, keys in debts.items()}
-
-
 def presume_abort(
     checkpoint_id: str, status: str | None, participants: list[str], reason: str
 ) -> list[Event]:
