@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -45,7 +46,25 @@ PROGRESS_LINE_EVERY_S = 5.0
 
 def register(app: typer.Typer) -> None:
     """Adds `ledger simulate` to the `ledger` app."""
-    app.command("simulate")(simulate)
+    app.command("simulate")(_said_if_interrupted(simulate))
+
+
+def _said_if_interrupted(command: Callable[..., None]) -> Callable[..., None]:
+    """Ctrl-C outside the run's own signal handling (while the command imports the trainer, opens the
+    log or starts the agents, before `run_until_stopped` takes the signal over) says so in one line,
+    where typer would exit 130 in silence.  Nothing of the run was submitted by then."""
+
+    @functools.wraps(command)
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except KeyboardInterrupt:
+            resume = kwargs.get("resume")
+            then = f"carry on with: ledger simulate --resume {resume}" if resume else "nothing was submitted"
+            err_console.print(f"interrupted before the run started: {then}", soft_wrap=True, highlight=False)
+            raise typer.Exit(130) from None
+
+    return guarded
 
 
 def simulate(
