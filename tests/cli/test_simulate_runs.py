@@ -104,11 +104,16 @@ async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_
 
     def interrupt_mid_run(decided: int, total: int) -> None:
         # The gate: a group decided, others open, more not yet submitted, and a checkpoint in flight
-        # (the interrupt must decide it).
+        # whose prepare is in the log (the interrupt must decide it; one only begun in this process,
+        # its CheckpointPrepareStarted not yet written, leaves nothing to decide).
         coord = Watched.made[-1]
         submitted = sum(1 for g in [*coord.ledger.groups, *coord.ledger.archived] if g.startswith("first-"))
         seen.append((decided, submitted))
-        if decided >= 1 and coord.open_groups() and submitted < total and coord.ctx.checkpoint_in_flight:
+        preparing = coord.ctx.checkpoint_in_flight and any(
+            c.status == "preparing" and c.checkpoint_id.startswith("first-")
+            for c in coord.ctx.journal.checkpoints.checkpoints.values()
+        )
+        if decided >= 1 and coord.open_groups() and submitted < total and preparing:
             stop.set()
 
     Watched.made.clear()
