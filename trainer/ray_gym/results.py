@@ -17,10 +17,11 @@ NeMo RL's `run_async_nemo_gym_rollout` (`nemo_rl/experience/rollouts.py`) and th
 Built from what the log holds: the reply and the try's token records, read by the seal's claims
 from the payload plane as arrays (`payloads.token_arrays.TokenArrays`, views of the stored payload):
 each message's tensors are made from those arrays in one vectorised copy each (int64 ids, float32
-logprobs, the dtypes NeMo RL's tensors have), never through a Python object per token.  The rules are NeMo RL's, restated here
-from its documented behaviour: a model call with no generated tokens is no turn; turns must extend
-one another; a NaN logprob is refused; a tool-call pattern in the final text marks an invalid tool
-call; a thinking tag in a final answer, or repeated in a reasoning summary, marks malformed thinking.
+logprobs, the dtypes NeMo RL's tensors have), never through a Python object per token.  The rules
+are NeMo RL's, restated here from its documented behaviour: a model call with no generated tokens is
+no turn; turns must extend one another; a NaN logprob is refused; a tool-call pattern in the final
+text marks an invalid tool call; a thinking tag in a final answer, or repeated in a reasoning
+summary, marks malformed thinking.
 """
 
 from __future__ import annotations
