@@ -66,12 +66,18 @@ CONTINUE_FROM_HEADER: Final = "x-ledger-continue-from"
 Phase = Literal["idle", "preparing", "prepared", "committing", "committed_paused"]
 
 
+# The integers orjson writes: signed 64-bit down, unsigned 64-bit up.
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**64 - 1
+
+
 def check_depth(
     value: dict[str, Any], limit: int = MAX_JSON_DEPTH, *, finite: bool = False
 ) -> dict[str, Any]:
     """`value` itself, or ValueError if its JSON nesting is deeper than `limit` (iterative: no recursion)
     or, with `finite`, if it holds a number JSON cannot carry: `NaN`, `Infinity`, or one past a double's
-    range such as `1e999` (which a JSON parser reads as infinity).
+    range such as `1e999` (which a JSON parser reads as infinity), or an integer outside the 64-bit
+    range (orjson, which writes every reply and frame, refuses it; a parser reads it as a float).
 
     Level by level, keeping only the containers of the next level: a reply's long lists of numbers
     (token ids, log-probs) cost one type check per item, nothing pushed or popped."""
@@ -88,6 +94,10 @@ def check_depth(
                 elif finite and isinstance(child, float) and not math.isfinite(child):
                     raise ValueError(
                         f"holds the number {child}, which JSON cannot carry (NaN, infinite or out of range)"
+                    )
+                elif finite and type(child) is int and not _INT_MIN <= child <= _INT_MAX:
+                    raise ValueError(
+                        f"holds an integer of {child.bit_length()} bits, outside the 64-bit range"
                     )
         level = below
         depth += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from protocol.wire import MAX_JSON_DEPTH, check_depth
@@ -38,3 +39,16 @@ def test_scalars_and_wide_lists_add_no_level() -> None:
     assert check_depth(wide, limit=3) is wide
     with pytest.raises(ValueError):
         check_depth(wide, limit=2)  # the lists inside `pairs` are the third level
+
+
+def test_finite_takes_the_64_bit_integers_orjson_writes_and_refuses_one_past_them() -> None:
+    edges = {"low": -(2**63), "high": 2**64 - 1, "deep": [[{"x": 2**63}]]}
+    assert check_depth(edges, finite=True) is edges
+    orjson.dumps(edges)  # what every reply and frame is written with takes them
+    for past in (2**64, -(2**63) - 1, 10**30):
+        row = {"params": [1, {"x": [past]}]}
+        with pytest.raises(ValueError, match="outside the 64-bit range"):
+            check_depth(row, finite=True)
+        with pytest.raises(TypeError):
+            orjson.dumps(row)  # why: the reply echoing it could not be written
+        assert check_depth(row) is row  # without `finite` (a reply's shape) only depth is checked

@@ -81,6 +81,11 @@ CASES: list[tuple[str, str, bytes, int]] = [
      b'"_ng_task_index": -Infinity}', 422),
     ("NaN deep in a row's own field", "/run", b'{"_ng_rollout_id": "nan5", "_ng_attempt_index": 0, '
      b'"agent_ref": {"meta": [[NaN]]}}', 422),
+    # Integers past 64 bits (orjson, which writes every reply, refuses them): refused before anything runs.
+    ("2**90 in the params", "/run", b'{"_ng_rollout_id": "int1", "_ng_attempt_index": 0, '
+     b'"responses_create_params": {"max_output_tokens": 1237940039285380274899124224}}', 422),
+    ("-2**90 deep in a row's own field", "/run", b'{"_ng_rollout_id": "int2", "_ng_attempt_index": 0, '
+     b'"floor": [false, null, -1237940039285380274899124224]}', 422),
     ("100,000-deep nesting", "/run", DEEP, 400),
     ("500-deep nesting in the task", "/run", b'{"_ng_rollout_id": "d500", "_ng_attempt_index": 0, "task": {"x": '
      + b"[" * 500 + b"]" * 500 + b"}}", 422),
