@@ -32,7 +32,7 @@ _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS
 _DIGITS: Final = frozenset(b"0123456789")
 
 
-def _orjson_float_form(out: bytes) -> bool:
+def _float_form_in_text(out: bytes) -> bool:
     """Whether `out` holds text where orjson's floats can differ from json's: a one-digit negative
     exponent (`1e-5`, `1.2e-7`; json writes `e-05`) or a fixed-point small number (`0.00001`).  Found
     anywhere, even inside a string, json writes instead.  Searched with `bytes.find` (C), never a regex
@@ -51,6 +51,52 @@ def _orjson_float_form(out: bytes) -> bool:
             return True
         i = out.find(b"e-", i + 2)
     return False
+
+
+# Below this many bytes the text is searched (a few us); above it the value is walked first.
+_WALK_ABOVE: Final = 4096
+# Bytes of text one node of the walk may stand for: the search costs ~2.5 ns a byte, a node ~0.1 us.
+_BYTES_PER_NODE: Final = 64
+
+
+def _small_floats(value: Any, budget: int) -> bool | None:
+    """Whether `value` holds a float that orjson may write in another form than json (0 < |x| <
+    1e-4: `1e-5` as `0.00001`, `1.5e-7` as `1.5e-7` for json's `1.5e-07`), walking at most `budget`
+    nodes; None (undecided) past the budget or at a type this walk does not know.  Strings cost
+    nothing here however long, which is what makes a large reply's check cheap: the search of the
+    text (`_float_form_in_text`) reads every byte of them."""
+    stack = [value]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return None
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if kind is dict:
+            stack.extend(item.values())  # keys: orjson refuses any but str (json's fallback)
+        elif kind is list or kind is tuple:
+            if len(item) > budget:
+                return None
+            stack.extend(item)
+        elif kind is float:
+            if 0.0 < abs(item) < 1e-4:
+                return True
+        else:  # a float or str subclass, a dataclass, ...: the text decides
+            return None
+    return False
+
+
+def _orjson_float_form(out: bytes, value: Any) -> bool:
+    """Whether orjson's text `out` of `value` may hold a float json writes otherwise: decided by
+    walking `value` (its strings skipped) when `out` is large and the walk is short, else by
+    searching `out` (`_float_form_in_text`).  Either way a True only costs the json encoding."""
+    if len(out) > _WALK_ABOVE:
+        verdict = _small_floats(value, len(out) // _BYTES_PER_NODE)
+        if verdict is not None:
+            return verdict
+    return _float_form_in_text(out)
 
 
 def _all_finite(value: Any) -> bool:
@@ -85,7 +131,7 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
         out = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return _CANONICAL.encode(value).encode()  # json's own answer: its text, or its error
-    if _orjson_float_form(out) or (not finite and b"null" in out and not _all_finite(value)):
+    if _orjson_float_form(out, value) or (not finite and b"null" in out and not _all_finite(value)):
         return _CANONICAL.encode(value).encode()
     return out
 

@@ -77,3 +77,38 @@ def test_a_value_orjson_parsed_is_written_the_same_without_the_nan_walk(value: A
     except orjson.JSONDecodeError:  # integers past 64 bits: orjson does not read them
         return
     assert canonical_bytes(parsed, finite=True) == _STD.encode(parsed).encode()
+
+
+# A value whose text passes `_WALK_ABOVE`: its floats are found by walking it, not by searching it.
+_PAD = "plain words " * 400
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values)
+def test_a_large_value_walked_for_its_floats_gives_the_same_bytes(value: Any) -> None:
+    padded = {"pad": _PAD, "value": value}
+    assert _ours(padded) == _std(padded)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"pad": _PAD, "x": 1e-5},  # found by the walk
+        {"pad": _PAD, "x": [0.5] * 10 + [-6.186164884549407e-05]},
+        {"pad": _PAD, "x": (1.0, 2.5e-7)},
+        {"pad": [_PAD, [1.0] * 100_000, 3e-6]},  # a list past the walk's budget: the text is searched
+        {"pad": _PAD, "x": _PAD + " 1e-5 in text"},  # text alone never falls back when walked
+    ],
+)
+def test_large_values_with_small_floats_fall_back_to_the_standard_library(value: Any) -> None:
+    assert _ours(value) == _std(value)
+
+
+def test_the_walk_decides_small_floats_and_gives_up_past_its_budget() -> None:
+    from protocol.digests import _small_floats
+
+    assert _small_floats({"a": ["text" * 1000, 1, True, None, 0.5]}, 100) is False
+    assert _small_floats({"a": [0.5, {"b": -1e-6}]}, 100) is True
+    assert _small_floats([0.0, -0.0, 1e-4, float("nan"), float("inf")], 100) is False
+    assert _small_floats([1.0] * 200, 100) is None  # past the budget: the text decides
+    assert _small_floats({"a": object()}, 100) is None  # a type orjson may write its own way
