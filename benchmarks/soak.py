@@ -21,7 +21,8 @@ the headline figures (HEADLINE) at the top level.
 
 Memory is read from /proc/<pid>/status (VmRSS), sampled every `--sample-every` seconds by a thread of
 the trainer process; the trainer's samples after the workload (the auditor's full replay) are
-reported apart.
+reported apart.  Ctrl-C or SIGTERM winds the run down, says so in one line (exit status 130 / 143) and
+stops a throwaway cluster.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import threading
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from rich.table import Table
 from sqlalchemy import text
 
 from benchmarks.rollout_sizes import add_size_options
+from cli.signals import Interrupted, StopRequest, run_until_stopped
 from eventstore import EventStore, open_store
 from eventstore.backends import mask_url
 from eventstore.events import RolloutReceipt
@@ -60,8 +62,7 @@ from payloads import PayloadStoreError, default_payload_url, open_payload_store
 from payloads.token_arrays import decode_payload
 from protocol.streams import checkpoint_stream, group_stream
 from simulation.config import derived_rollout_timeout_s
-from simulation.run import SimConfig, run_simulation
-from trainer.eventloop import run_async
+from simulation.run import RunInterrupted, SimConfig, run_simulation
 
 DEFAULT_FAULTS = "drop_reply=0.02,fail=0.02,hang=0.005"
 TRAINER = "trainer"
@@ -345,7 +346,11 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
 
 
 async def soak(
-    store: EventStore, args: argparse.Namespace, pg_data: Path | None = None, payload_url: str | None = None
+    store: EventStore,
+    args: argparse.Namespace,
+    pg_data: Path | None = None,
+    payload_url: str | None = None,
+    stop: asyncio.Event | None = None,
 ) -> dict[str, Any]:
     run_id = f"soak{uuid.uuid4().hex[:8]}"
     durations = SimConfig(
@@ -431,7 +436,7 @@ async def soak(
     try:
         if profiler is not None:
             profiler.enable()
-        summary = await run_simulation(store, config, progress=progress)
+        summary = await run_simulation(store, config, progress=progress, stop=stop)
     finally:
         if profiler is not None:
             profiler.disable()
@@ -680,7 +685,21 @@ def main(argv: list[str] | None = None) -> int:
             url = cluster.url(cluster.create_database("soak"))
         store = open_store(url, migrate_schema=True, pool_size=args.pool_size)
         stack.callback(store.close)
-        result = run_async(soak(store, args, pg_data, default_payload_url(url)))
+        payload_url = default_payload_url(url)
+        # Ctrl-C or SIGTERM (`timeout`, a scheduler) winds the run down like `ledger simulate`'s; the
+        # `with` then stops the throwaway cluster (a SIGTERM used to kill the process and leave it).
+        asked: list[StopRequest] = []
+
+        def run(stop: StopRequest) -> Coroutine[Any, Any, dict[str, Any]]:
+            asked.append(stop)
+            return soak(store, args, pg_data, payload_url, stop)
+
+        try:
+            result = run_until_stopped(run)
+        except (RunInterrupted, Interrupted) as exc:
+            kept = "its database is kept" if args.db else "its throwaway database is removed"
+            print(f"interrupted: the soak stopped before its figures; {kept}", file=sys.stderr)
+            return exc.exit_code if isinstance(exc, Interrupted) else asked[0].exit_code
     render(result, url, console)
     if args.profile:
         stats = pstats.Stats(args.profile)
