@@ -21,6 +21,7 @@ from payloads import (
 )
 from payloads._postgres import TABLE, PostgresPayloadStore
 from payloads._s3 import S3PayloadStore
+from protocol.digests import sha256_digest
 from tests.payloads.contract import PayloadStoreContract
 from tests.payloads.s3_server import make_bucket, moto_s3
 
@@ -97,6 +98,18 @@ class TestPostgres(PayloadStoreContract):
             with raw.cursor() as cur:
                 cur.execute(f"UPDATE {TABLE} SET stored_at = stored_at - 3600 WHERE digest = %s", (digest,))
             raw.commit()
+
+    def test_a_put_past_one_statement_stores_every_payload_with_its_size(self) -> None:
+        store = PostgresPayloadStore(self.url)
+        try:
+            items = {sha256_digest(b"%d" % i): b"%d" % i for i in range(2_345)}  # three statements
+            store.put_many(items)
+            store.put_many(dict(list(items.items())[:10]))  # already there: left as they are
+            assert store.get_many(list(items)) == items
+            sizes = {p.digest: p.size for p in store.scan()}
+            assert all(sizes[d] == len(c) for d, c in items.items())
+        finally:
+            store.close()
 
     def test_a_server_that_is_not_there_is_unavailable(self) -> None:
         store = PostgresPayloadStore("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=2")
