@@ -14,8 +14,9 @@ import asyncio
 import functools
 import hashlib
 import random
+import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -56,6 +57,9 @@ ZERO_WORK_MEAN_NLL = 0.6
 # The text a token reads as: a piece per id of 1..8 bytes, about 4 on average (what English text
 # averages per token in a modern tokenizer), fixed for a vocabulary.
 PIECE_BYTES = 8
+# Zero work draws its tokens once, a pool of this many per vocabulary, and slices a call's from it
+# (`TokenPool`; 512 Ki tokens: about 40 MB of Python ints and floats in each agent process).
+POOL_TOKENS = 1 << 19
 # The agent's promise (`mount_participant(heartbeat_s=...)`): a live try reports progress at least this
 # often, from inside a model call (waiting for the model thread, or a call's simulated duration) too.
 HEARTBEAT_S = 0.5
@@ -118,8 +122,20 @@ def pieces_of(vocab_size: int) -> Pieces:
     return Pieces(vocab_size)
 
 
+@functools.cache
+def pool_of(vocab_size: int) -> TokenPool:
+    """One zero-work pool per vocabulary in the process, drawn on first use."""
+    return TokenPool(vocab_size)
+
+
 def as_ids(tokens: Sequence[int]) -> npt.NDArray[np.int64]:
-    return np.fromiter(tokens, dtype=np.int64, count=len(tokens))
+    """Token ids as an array: packed by `struct` in one C call (twice as fast as `np.fromiter` from a
+    list), in int64 when one is past 32 bits."""
+    n = len(tokens)
+    try:
+        return np.frombuffer(struct.pack(f"<{n}I", *tokens), dtype=np.uint32).astype(np.int64)
+    except struct.error:
+        return np.fromiter(tokens, dtype=np.int64, count=n)
 
 
 class Pieces:
@@ -136,9 +152,55 @@ class Pieces:
         lengths = 1 + rng.binomial(PIECE_BYTES - 1, 3 / (PIECE_BYTES - 1), size=vocab_size)
         table[np.arange(PIECE_BYTES) >= lengths[:, None]] = 0
         self.table = table
+        self.lengths = lengths
 
     def text(self, ids: npt.NDArray[np.int64]) -> str:
         return self.table[ids].tobytes().translate(None, b"\0").decode("ascii")
+
+
+class TokenPool:
+    """Zero work's tokens, drawn once per vocabulary (POOL_TOKENS of them, by `draw_like_text` from a
+    fixed seed: the same statistics) and handed out as windows: a call's `n` tokens are the pool's
+    from an offset its seed draws, wrapping around at the end (ids, logprobs and text as slices, no
+    draw per call).  Every token keeps its own log probability and text; the windows of a call, its
+    prompt and its siblings' calls start apart (a pool of half a million tokens against calls of
+    thousands), so each payload holds no repeat a compressor could fold that a real model's would
+    not."""
+
+    def __init__(self, vocab_size: int, size: int = POOL_TOKENS) -> None:
+        self.size = size
+        self.ids, self.logprobs = draw_like_text(vocab_size, size, vocab_size)
+        ids = np.asarray(self.ids, dtype=np.int64)
+        pieces = pieces_of(vocab_size)
+        self.text_bytes = pieces.table[ids].tobytes().translate(None, b"\0")
+        # Where each token's text starts in `text_bytes` (and the end, at `size`).
+        self.starts = np.concatenate(([0], np.cumsum(pieces.lengths[ids]))).tolist()
+
+    def offset(self, seed: int) -> int:
+        return random.Random(seed).randrange(self.size)
+
+    def _spans(self, start: int, n: int) -> Iterator[tuple[int, int]]:
+        while n > 0:
+            take = min(n, self.size - start)
+            yield start, start + take
+            n -= take
+            start = 0
+
+    def window(self, seed: int, n: int) -> tuple[list[int], list[float], int]:
+        """`n` tokens from the offset `seed` draws: ids, logprobs, and the offset (for `text`)."""
+        start = self.offset(seed)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        for a, b in self._spans(start, n):
+            ids += self.ids[a:b]
+            logprobs += self.logprobs[a:b]
+        return ids, logprobs, start
+
+    def text(self, start: int, n: int) -> str:
+        """The text of the `n` tokens from `start`: `Pieces.text` of their ids, sliced."""
+        return b"".join(
+            self.text_bytes[self.starts[a] : self.starts[b]] for a, b in self._spans(start, n)
+        ).decode("ascii")
 
 
 def prompt_ids(
@@ -157,7 +219,7 @@ def prompt_ids(
     digest = hashlib.sha256(f"prompt|{agent_seed}|{payload}".encode()).digest()
     n = random.Random(digest).randint(*size_range(prompt_tokens))
     seed = int.from_bytes(digest[:8], "big") >> 1
-    return draw_like_text(seed, n, vocab_size)[0] if like_text else draw_ids(seed, n, vocab_size)
+    return pool_of(vocab_size).window(seed, n)[0] if like_text else draw_ids(seed, n, vocab_size)
 
 
 class EpisodeTooLong(ValueError):
@@ -298,7 +360,8 @@ class Environment:
         lineage = lineage or key
         vocab = self.vocab_size
         pieces = pieces_of(vocab)
-
+        pool = pool_of(vocab) if self.zero_work else None
+        start = 0  # where in the pool the call's tokens begin (zero work)
         if resumed is not None:
             state = EpisodeState.model_validate(resumed)
         else:
@@ -328,8 +391,12 @@ class Environment:
             max_new = rng.randint(*size_range(self.gen_tokens))
             # The whole conversation so far (the constructor checked the policy holds it).
             prompt = context
-            # Zero work: the call's tokens drawn now from the turn's seed, handed out as they are due.
-            planned = draw_like_text(seed, max_new, vocab) if generator is None else ([], [])
+            # Zero work: the call's tokens taken now from the pool at the turn's seed, handed out as
+            # they are due.
+            planned: tuple[list[int], list[float]] = ([], [])
+            if pool is not None:
+                pool_ids, pool_logprobs, start = pool.window(seed, max_new)
+                planned = (pool_ids, pool_logprobs)
             token_ids, logprobs = await decode(
                 max_new,
                 self.call_seconds.draw(f"call|{self.seed}|{key}|{turn}")
@@ -340,14 +407,14 @@ class Environment:
                 heartbeat=heartbeat,
                 at_cut=at_cut,
             )
+            # Zero work's ids are the pool's from `start`: their text is sliced, not gathered.
+            text = pool.text(start, len(token_ids)) if pool is not None else pieces.text(as_ids(token_ids))
             item: dict[str, Any] = {
                 "type": "message",
                 "id": f"msg-{key}-{turn + 1}",
                 "role": "assistant",
                 "status": "completed",
-                "content": [
-                    {"type": "output_text", "text": pieces.text(as_ids(token_ids)), "annotations": []}
-                ],
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
             entry = TokenEntry(
                 schema_version=TOKEN_SCHEMA_VERSION,

@@ -14,7 +14,16 @@ from typer.testing import CliRunner
 
 from cli.main import app as ledger_app
 from gym_agent import cli as gym_cli
-from gym_agent.episode import ZERO_WORK_VOCAB, Environment, EpisodeTooLong, check_fits, episode_reward
+from gym_agent.episode import (
+    ZERO_WORK_VOCAB,
+    Environment,
+    EpisodeTooLong,
+    TokenPool,
+    as_ids,
+    check_fits,
+    episode_reward,
+    pieces_of,
+)
 from gym_agent.faults import NO_FAULT
 from gym_agent.sizes import parse_turns, size_range
 from protocol.wire import RunRequest, TokenEntry
@@ -86,6 +95,24 @@ def test_zero_work_tokens_look_like_a_real_models() -> None:
     # the reward is a pure function of the tokens, and not a constant under this draw
     assert episode_reward([2, 4, 5]) == 0.666667
     assert len({episode_reward(r.generation_token_ids) for r in records}) == len(records)
+
+
+def test_zero_work_slices_its_pool_and_each_window_reads_as_its_ids() -> None:
+    """The pool is drawn once and sliced: a window's text is exactly its ids' pieces, also across the
+    pool's end (it wraps) and for a window longer than the pool; a seed gives one window."""
+    pool = TokenPool(ZERO_WORK_VOCAB, size=5000)
+    pieces = pieces_of(ZERO_WORK_VOCAB)
+    for seed, n in ((1, 10), (2, 4000), (3, 4999), (4, 12_345)):
+        ids, logprobs, start = pool.window(seed, n)
+        assert len(ids) == len(logprobs) == n
+        assert (ids, logprobs, start) == pool.window(seed, n)  # seeded
+        assert ids[0] == pool.ids[start] and logprobs[0] == pool.logprobs[start]
+        assert pool.text(start, n) == pieces.text(as_ids(ids))
+        assert pool.text(start, n // 2) == pieces.text(as_ids(ids[: n // 2]))  # a cut call's prefix
+    wrapped, _, start = pool.window(next(s for s in range(100) if pool.offset(s) > 4000), 2000)
+    assert wrapped == pool.ids[start:] + pool.ids[: 2000 - (5000 - start)]
+    # ids past 32 bits are converted as well (a policy's, not the pool's)
+    assert as_ids([2**40, 1]).tolist() == [2**40, 1]
 
 
 def test_a_policy_that_cannot_hold_the_episode_is_refused_in_one_line_not_cut() -> None:
