@@ -46,6 +46,7 @@ TOKENS_JSON_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens+json"
 MAGIC: Final = b"RLTK"
 VERSION: Final = 1
 ARRAY_FIELDS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+_ARRAY_FIELD_SET: Final[set[str]] = set(ARRAY_FIELDS)
 ID_DTYPES: Final = ("u4", "i8")
 LOGPROB_DTYPES: Final = ("f4", "f8")
 ITEM_SIZE: Final = {"u4": 4, "i8": 8, "f4": 4, "f8": 8}
@@ -111,19 +112,23 @@ def id_dtype_of(ids: Sequence[int]) -> tuple[str, bytes]:
 
 def logprob_dtype_of(values: Sequence[float]) -> tuple[str, bytes]:
     """The form's dtype for logprobs (f4 when every value is exactly a float32), and the values in it.
-    Exactly a float32: packing as float32 (round to nearest, as a C cast) and widening back gives the
-    same float64 bits, compared as bytes (no per-value Python comparison)."""
+    Exactly a float32: packing as float32 (round to nearest, as a C cast) and reading back gives the
+    values themselves, compared as one list (C; NaN is refused first, and a float32 keeps the sign of
+    a zero).  The float64 form is packed only when they are not."""
     if not math.isfinite(sum(values, 0.0)) and not all(map(math.isfinite, values)):
         raise TokenCodecError("a logprob is NaN or infinite")
     n = len(values)
-    wide = struct.pack(f"<{n}d", *values)
     try:
         narrow = struct.pack(f"<{n}f", *values)
     except OverflowError:  # past float32's range
-        return "f8", wide
-    if struct.pack(f"<{n}d", *struct.unpack(f"<{n}f", narrow)) == wide:
+        return "f8", struct.pack(f"<{n}d", *values)
+    back = array("f")
+    back.frombytes(narrow)
+    if _SWAP:
+        back.byteswap()
+    if back.tolist() == (values if isinstance(values, list) else list(values)):
         return "f4", narrow
-    return "f8", wide
+    return "f8", struct.pack(f"<{n}d", *values)
 
 
 def assemble(records: list[dict[str, Any]], arrays: list[tuple[str, bytes]]) -> bytes:
@@ -164,8 +169,17 @@ def record_of(entry: TokenEntry) -> dict[str, Any]:
 
 
 def encode_entries(entries: Sequence[TokenEntry]) -> bytes:
-    """The binary form of `TokenEntry` records (the Gym side's `/token_capture`, the trainer's JSON path)."""
-    return encode_records([record_of(e) for e in entries])
+    """The binary form of `TokenEntry` records (the Gym side's `/token_capture`, the trainer's JSON path):
+    `encode_records` of their `record_of`, with each array packed from the entry's own list (a record's
+    dump would copy them first: the arrays are required fields, set in every entry)."""
+    heads: list[dict[str, Any]] = []
+    arrays: list[tuple[str, bytes]] = []
+    for entry in entries:
+        heads.append(entry.model_dump(mode="json", exclude_unset=True, exclude=_ARRAY_FIELD_SET))
+        arrays.append(id_dtype_of(entry.prompt_token_ids))
+        arrays.append(id_dtype_of(entry.generation_token_ids))
+        arrays.append(logprob_dtype_of(entry.generation_log_probs))
+    return assemble(heads, arrays)
 
 
 def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: bool = True) -> TokenLayout:

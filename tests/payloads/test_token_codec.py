@@ -3,6 +3,7 @@ ragged lengths, and the payloads a reader must refuse."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from payloads.token_arrays import canonical, canonical_arrays, decode_arrays, decode_payload, encode_arrays
 from protocol.lineage import LineageError, full_prompts
@@ -75,6 +77,12 @@ def test_both_forms_round_trip_and_both_encoders_write_the_same_bytes(recs: list
     assert again == binary
     assert canonical(binary) is binary
     assert decode_payload(encode_json(recs), TOKENS_JSON_MEDIA_TYPE).to_records() == recs
+    # TokenEntry records (the Gym side) pack their own lists: the bytes of their records as they travel
+    entries = []
+    for record in recs:
+        with contextlib.suppress(ValidationError):
+            entries.append(TokenEntry.model_validate(record))
+    assert encode_entries(entries) == encode_records([e.record() for e in entries])
 
 
 def test_each_dtype_is_chosen_by_the_values() -> None:
