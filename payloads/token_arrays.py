@@ -21,14 +21,16 @@ from protocol.lineage import LineageError, packed_token_digest
 from protocol.token_codec import (
     ARRAY_FIELDS,
     TOKENS_JSON_MEDIA_TYPE,
-    TOKENS_MEDIA_TYPE,
     ArraySpan,
     TokenCodecError,
     TokenLayout,
     assemble,
     decode_json,
     encode_records,
+    media_version,
     read_layout,
+    reply_output_of,
+    resolve_reply_items,
 )
 
 _NUMPY_DTYPES: Final[dict[str, np.dtype[Any]]] = {
@@ -50,6 +52,12 @@ class TokenArrays:
     @property
     def records(self) -> list[dict[str, Any]]:
         return self.layout.records
+
+    @property
+    def resolved(self) -> bool:
+        """Whether every record holds its output items (False: a version 2 payload decoded without
+        its reply, whose referring records hold none; their arrays and other fields are whole)."""
+        return not self.layout.reply_items
 
     def __len__(self) -> int:
         return len(self.layout.records)
@@ -149,21 +157,32 @@ def _digest(ids: npt.NDArray[np.int64]) -> str:
     return packed_token_digest(int(ids.size), ids.astype(">u8").tobytes())
 
 
-def decode_arrays(content: bytes | bytearray | memoryview, *, check_canonical: bool = True) -> TokenArrays:
+def decode_arrays(
+    content: bytes | bytearray | memoryview, *, check_canonical: bool = True, reply: Any = None
+) -> TokenArrays:
     """The binary payload as views of `content` (pass a bytearray for writable arrays);
     `check_canonical=False` for bytes read by a claim and checked against its digest
-    (`read_layout`)."""
-    return TokenArrays(read_layout(content, check_canonical=check_canonical), content)
+    (`read_layout`).  `reply`, the stored reply as JSON, puts a version 2 payload's output items
+    back (`protocol.token_codec.resolve_reply_items`); without it they stay out (`resolved`)."""
+    layout = read_layout(content, check_canonical=check_canonical)
+    if layout.reply_items and reply is not None:
+        layout = resolve_reply_items(layout, reply_output_of(reply))
+    return TokenArrays(layout, content)
 
 
 def decode_payload(
-    content: bytes | bytearray, media_type: str, *, check_canonical: bool = True
+    content: bytes | bytearray, media_type: str, *, check_canonical: bool = True, reply: Any = None
 ) -> TokenArrays:
-    """Token records stored in either form as arrays: the binary form as views, the JSON reference
+    """Token records stored in any form as arrays: the binary forms as views, the JSON reference
     form (what older logs hold) converted once.  `check_canonical=False` for a payload the plane
-    read by its claim (checked against the digest): the binary header is not re-encoded."""
-    if media_type == TOKENS_MEDIA_TYPE:
-        return decode_arrays(content, check_canonical=check_canonical)
+    read by its claim (checked against the digest): the binary header is not re-encoded.  `reply`:
+    the try's stored reply as JSON, for the output items a version 2 payload refers to."""
+    version = media_version(media_type)
+    if version is not None:
+        arrays = decode_arrays(content, check_canonical=check_canonical, reply=reply)
+        if content[4] != version:  # the prefix's version byte (read_layout checked the prefix)
+            raise TokenCodecError(f"a payload of media type {media_type!r} is of form version {content[4]}")
+        return arrays
     if media_type in (TOKENS_JSON_MEDIA_TYPE, "application/json"):
         return decode_arrays(encode_records(decode_json(bytes(content))))
     raise TokenCodecError(f"token records of media type {media_type!r} have no decoder")

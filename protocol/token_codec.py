@@ -20,6 +20,16 @@ Python lists here (the standard library's `struct`, no numpy), the trainer from 
 (`payloads.token_arrays`), each held to the other by tests.  Decoding gives back exactly the fields
 that were set: the form is lossless.
 
+Version 2 (`TOKENS_REPLY_MEDIA_TYPE`) is how the trainer stores a try's records beside its reply: the
+same layout, the header `{"arrays": ..., "records": ..., "reply_items": [...]}` with one entry per
+record, null or `[start, stop]`.  A record with `[start, stop]` holds no `output_items`: they are the
+reply's `response.output[start:stop]`, each item without its token arrays (`protocol.tokens.
+TOKEN_FIELDS`), which `refer_to_reply` checked item for item (canonical JSON) before it left them
+out.  The call's output text is then stored once, in the reply, whose digest the agent's receipt
+names; `resolve_reply_items` puts the items back from the reply, so the records read are the Gym's,
+field for field, and re-encoding them in version 1 gives the bytes the agent sent.  A version 2
+payload refers for at least one record (otherwise its form is version 1).
+
 The JSON reference form (`TOKENS_JSON_MEDIA_TYPE`) is the canonical JSON of the record list, the form
 token records were stored in before the binary one.
 """
@@ -37,14 +47,19 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from protocol.digests import canonical_bytes
+from protocol.tokens import TOKEN_FIELDS
 
 if TYPE_CHECKING:
     from protocol.wire import TokenEntry
 
 TOKENS_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens.v1"
 TOKENS_JSON_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens+json"
+# Version 2: the records' output items are their reply's (stored beside it, by the trainer).
+TOKENS_REPLY_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens.v2"
 MAGIC: Final = b"RLTK"
 VERSION: Final = 1
+REPLY_VERSION: Final = 2
+_MEDIA_VERSION: Final = {TOKENS_MEDIA_TYPE: VERSION, TOKENS_REPLY_MEDIA_TYPE: REPLY_VERSION}
 ARRAY_FIELDS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _ARRAY_FIELD_SET: Final[set[str]] = set(ARRAY_FIELDS)
 ID_DTYPES: Final = ("u4", "i8")
@@ -83,6 +98,13 @@ class TokenLayout:
 
     records: list[dict[str, Any]]
     spans: list[ArraySpan]
+    # Version 2: per record, the run of the reply's output items it refers to (None: its own items);
+    # () once resolved, and in version 1.
+    reply_items: tuple[tuple[int, int] | None, ...] = ()
+
+    @property
+    def version(self) -> int:
+        return REPLY_VERSION if self.reply_items else VERSION
 
     def span(self, record: int, field: str) -> ArraySpan:
         return self.spans[3 * record + ARRAY_FIELDS.index(field)]
@@ -195,8 +217,10 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
     magic, version, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise TokenCodecError("not token records in the binary form (bad magic)")
-    if version != VERSION:
-        raise TokenCodecError(f"token records of form version {version}; this reader knows {VERSION}")
+    if version not in (VERSION, REPLY_VERSION):
+        raise TokenCodecError(
+            f"token records of form version {version}; this reader knows {VERSION} and {REPLY_VERSION}"
+        )
     if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
         raise TokenCodecError(f"a header of {header_len} bytes does not fit the payload")
     raw = bytes(view[_PREFIX.size : _PREFIX.size + header_len])
@@ -204,13 +228,15 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
         header = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise TokenCodecError(f"the header is not JSON: {exc}") from None
-    if not isinstance(header, dict) or set(header) != {"arrays", "records"}:
-        raise TokenCodecError("the header must hold exactly 'arrays' and 'records'")
+    keys = {"arrays", "records"} if version == VERSION else {"arrays", "records", "reply_items"}
+    if not isinstance(header, dict) or set(header) != keys:
+        raise TokenCodecError(f"the header of version {version} must hold exactly {sorted(keys)}")
     records, arrays = header["records"], header["arrays"]
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise TokenCodecError("the header's records must be a list of objects")
     if not isinstance(arrays, list) or len(arrays) != 3 * len(records):
         raise TokenCodecError("the header must describe three arrays per record")
+    reply_items = _reply_items(header["reply_items"], records) if version == REPLY_VERSION else ()
     if check_canonical and canonical_bytes(header, finite=True) != raw:
         raise TokenCodecError("the header is not canonical JSON")
     offset = _PREFIX.size + header_len + _pad(header_len)
@@ -240,7 +266,114 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
             raise TokenCodecError(
                 f"record {r}: generation_token_ids and generation_log_probs differ in length"
             )
-    return TokenLayout(records, spans)
+    return TokenLayout(records, spans, reply_items)
+
+
+def _reply_items(given: Any, records: list[dict[str, Any]]) -> tuple[tuple[int, int] | None, ...]:
+    """A version 2 header's `reply_items`, checked: one per record, null or `[start, stop]` with
+    0 <= start < stop, runs in order and apart, at least one, and no `output_items` of its own in a
+    record that refers."""
+    if not isinstance(given, list) or len(given) != len(records):
+        raise TokenCodecError("reply_items must hold one entry per record")
+    out: list[tuple[int, int] | None] = []
+    after = 0
+    for r, entry in enumerate(given):
+        if entry is None:
+            out.append(None)
+            continue
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or not all(type(v) is int for v in entry)
+            or not after <= entry[0] < entry[1]
+        ):
+            raise TokenCodecError(f"record {r}: reply_items entry {entry!r} is not a run after the last")
+        if "output_items" in records[r]:
+            raise TokenCodecError(f"record {r} refers to its reply's output items and holds its own")
+        out.append((entry[0], entry[1]))
+        after = entry[1]
+    if all(entry is None for entry in out):
+        raise TokenCodecError("a version 2 payload refers to its reply for at least one record")
+    return tuple(out)
+
+
+def _without_arrays(item: Any) -> Any:
+    return {k: v for k, v in item.items() if k not in TOKEN_FIELDS} if isinstance(item, dict) else item
+
+
+def reply_output_of(reply: Any) -> list[Any]:
+    """A reply's `response.output` (a `/run` reply as JSON, the stored reply payload loaded), [] when
+    it has none."""
+    response = reply.get("response") if isinstance(reply, dict) else None
+    output = response.get("output") if isinstance(response, dict) else None
+    return output if isinstance(output, list) else []
+
+
+def refer_to_reply(content: bytes, reply_output: Sequence[Any]) -> tuple[bytes, str]:
+    """Token records in the binary form, version 1 (checked canonical), as the trainer stores them
+    beside their reply, and the media type: each record whose `output_items` are, item for item
+    (canonical JSON), a run of `reply_output` after the previous record's, each item without its token
+    arrays, refers to that run instead (version 2).  `content` itself, version 1, when no record's
+    items are found there.  The arrays are copied as they are (one copy of the bytes)."""
+    layout = read_layout(content, check_canonical=False)
+    if layout.version != VERSION:
+        raise TokenCodecError("only version 1 token records are made to refer to their reply")
+    keys: list[bytes | None] = [None] * len(reply_output)
+    cursor = 0
+    refs: list[list[int] | None] = []
+    heads: list[dict[str, Any]] = []
+    for head in layout.records:
+        items = head.get("output_items")
+        found = None
+        if isinstance(items, list) and items:
+            wanted = [canonical_bytes(item) for item in items]
+            for start in range(cursor, len(reply_output) - len(wanted) + 1):
+                for k in range(start, start + len(wanted)):
+                    if keys[k] is None:
+                        keys[k] = canonical_bytes(_without_arrays(reply_output[k]))
+                if keys[start : start + len(wanted)] == wanted:
+                    found = [start, start + len(wanted)]
+                    cursor = found[1]
+                    break
+        refs.append(found)
+        heads.append(head if found is None else {k: v for k, v in head.items() if k != "output_items"})
+    if all(ref is None for ref in refs):
+        return bytes(content), TOKENS_MEDIA_TYPE
+    header = canonical_bytes(
+        {"arrays": [[s.dtype, s.count] for s in layout.spans], "records": heads, "reply_items": refs}
+    )
+    view = memoryview(content)
+    start = layout.spans[0].offset if layout.spans else len(view)
+    prefix = _PREFIX.pack(MAGIC, REPLY_VERSION, len(header))
+    return b"".join([prefix, header, bytes(_pad(len(header))), view[start:]]), TOKENS_REPLY_MEDIA_TYPE
+
+
+def resolve_reply_items(layout: TokenLayout, reply_output: Sequence[Any]) -> TokenLayout:
+    """A version 2 layout with each referring record's `output_items` put back from its reply's
+    `response.output` (without their token arrays): the records the Gym wrote.  The layout itself in
+    version 1.  TokenCodecError when a run is not in the reply (not the reply the records were stored
+    beside)."""
+    if not layout.reply_items:
+        return layout
+    records = []
+    for r, (head, ref) in enumerate(zip(layout.records, layout.reply_items, strict=True)):
+        if ref is None:
+            records.append(head)
+            continue
+        start, stop = ref
+        run = reply_output[start:stop]
+        if len(run) != stop - start or not all(isinstance(item, dict) for item in run):
+            raise TokenCodecError(
+                f"record {r} refers to output items {start}..{stop - 1} of its reply, which has "
+                f"{len(reply_output)} (not the reply it was stored beside)"
+            )
+        records.append({**head, "output_items": [_without_arrays(item) for item in run]})
+    return TokenLayout(records, layout.spans)
+
+
+def media_version(media_type: str) -> int | None:
+    """The binary form's version a media type names (None: not the binary form)."""
+    return _MEDIA_VERSION.get(media_type)
 
 
 def _values(view: memoryview, span: ArraySpan) -> list[Any]:
@@ -251,9 +384,16 @@ def _values(view: memoryview, span: ArraySpan) -> list[Any]:
     return arr.tolist()
 
 
-def decode_records(content: bytes | bytearray | memoryview) -> list[dict[str, Any]]:
-    """The records of a binary payload as dicts with Python lists (the reference decoder)."""
+def decode_records(
+    content: bytes | bytearray | memoryview, reply_output: Sequence[Any] | None = None
+) -> list[dict[str, Any]]:
+    """The records of a binary payload as dicts with Python lists (the reference decoder); a version
+    2 payload's with `reply_output`, its reply's `response.output` (`reply_output_of`)."""
     layout = read_layout(content)
+    if layout.reply_items:
+        if reply_output is None:
+            raise TokenCodecError("these token records refer to their reply's output items: pass the reply")
+        layout = resolve_reply_items(layout, reply_output)
     view = memoryview(content)
     out = []
     for r, head in enumerate(layout.records):
@@ -279,10 +419,14 @@ def decode_json(content: bytes) -> list[dict[str, Any]]:
     return records
 
 
-def decode_any(content: bytes, media_type: str) -> list[dict[str, Any]]:
-    """The records of a payload in either form, by its media type."""
-    if media_type == TOKENS_MEDIA_TYPE:
-        return decode_records(content)
+def decode_any(content: bytes, media_type: str, reply: Any = None) -> list[dict[str, Any]]:
+    """The records of a payload in either form, by its media type; `reply` (the stored reply, as
+    JSON) for a version 2 payload."""
+    version = media_version(media_type)
+    if version is not None:
+        if _PREFIX.size <= len(content) and content[4] != version:
+            raise TokenCodecError(f"a payload of media type {media_type!r} is of form version {content[4]}")
+        return decode_records(content, None if reply is None else reply_output_of(reply))
     if media_type in (TOKENS_JSON_MEDIA_TYPE, "application/json"):
         return decode_json(content)
     raise TokenCodecError(f"token records of media type {media_type!r} have no decoder")
@@ -291,8 +435,10 @@ def decode_any(content: bytes, media_type: str) -> list[dict[str, Any]]:
 __all__ = [
     "ARRAY_FIELDS",
     "MAGIC",
+    "REPLY_VERSION",
     "TOKENS_JSON_MEDIA_TYPE",
     "TOKENS_MEDIA_TYPE",
+    "TOKENS_REPLY_MEDIA_TYPE",
     "VERSION",
     "ArraySpan",
     "TokenCodecError",
@@ -304,6 +450,10 @@ __all__ = [
     "encode_entries",
     "encode_json",
     "encode_records",
+    "media_version",
     "read_layout",
     "record_of",
+    "refer_to_reply",
+    "reply_output_of",
+    "resolve_reply_items",
 ]

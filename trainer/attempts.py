@@ -34,7 +34,7 @@ from projections.ledger import AttemptState, GroupState, LedgerState
 from protocol.digests import canonical_bytes
 from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
-from protocol.token_codec import TOKENS_MEDIA_TYPE
+from protocol.token_codec import refer_to_reply, reply_output_of
 from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply, RunRequest
 from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
@@ -256,7 +256,8 @@ class Attempts:
         rid, n = reply.rollout_id, reply.attempt_index
         # The reply itself is a payload, stored before the seal under the digest the agent's receipt
         # names (`RunReply.digest()`: its canonical JSON), so a trainer gets `response` back.
-        reply_bytes = canonical_bytes(reply.payload())
+        reply_payload = reply.payload()
+        reply_bytes = canonical_bytes(reply_payload)
         # Every payload is hashed once: its claim's digest is the one the receipt and the seal name.
         reply_claim = self.payloads.claim(reply_bytes, REPLY_MEDIA_TYPE)
         digest = reply_claim.digest
@@ -310,8 +311,10 @@ class Attempts:
                 raise _Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            tokens_bytes = bytes(tokens.buffer)
-            tokens_claim = self.payloads.claim(tokens_bytes, TOKENS_MEDIA_TYPE)
+            # Stored beside the reply: the records' output items (the call's output text) refer to the
+            # reply's, which holds them once (version 2 of the binary form).
+            tokens_bytes, tokens_type = refer_to_reply(bytes(tokens.buffer), reply_output_of(reply_payload))
+            tokens_claim = self.payloads.claim(tokens_bytes, tokens_type)
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
@@ -330,7 +333,7 @@ class Attempts:
         # Durable before the append that claims them (the seal is the claim check); nothing of them is
         # kept here once they are stored.
         await self.payloads.put(
-            [(tokens_bytes, TOKENS_MEDIA_TYPE), (reply_bytes, REPLY_MEDIA_TYPE)],
+            [(tokens_bytes, tokens_type), (reply_bytes, REPLY_MEDIA_TYPE)],
             claims=[tokens_claim, reply_claim],
         )
         del tokens, tokens_bytes

@@ -728,10 +728,10 @@ class RolloutCoordinator:
         found = await self.payloads.get_many(claims)
         replies = [orjson.loads(found[c.digest]) if c is not None else None for c in group.reply_claims]
         tokens = [
-            decode_payload(bytearray(found[c.digest]), c.media_type, check_canonical=False)
+            decode_payload(bytearray(found[c.digest]), c.media_type, check_canonical=False, reply=reply)
             if c is not None
             else None
-            for c in group.token_claims
+            for c, reply in zip(group.token_claims, replies, strict=True)
         ]
         return dataclasses.replace(group, replies=replies, tokens=tokens)
 

@@ -15,7 +15,7 @@ from payloads import LocalDirPayloadStore
 from payloads.token_arrays import decode_arrays
 from protocol.digests import sha256_digest
 from protocol.streams import group_stream, logprobs_stream
-from protocol.token_codec import TOKENS_MEDIA_TYPE
+from protocol.token_codec import TOKENS_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer.errors import GroupConflict, LogprobsMismatch
@@ -43,8 +43,14 @@ async def test_sealed_groups_carry_the_replies_and_token_arrays_from_the_payload
         # Content-addressed: the stored reply hashes to the digest the seal's RunReplied carries.
         blob = payload_plane(store).default.get(digest)
         assert sha256_digest(blob) == digest and json.loads(blob) == reply
-    for tokens, claim in zip(sealed.tokens, sealed.token_claims, strict=True):
-        assert tokens is not None and claim is not None and claim.media_type == TOKENS_MEDIA_TYPE
+    for tokens, claim, reply in zip(sealed.tokens, sealed.token_claims, sealed.replies, strict=True):
+        # Stored beside the reply: the output items (the text) are the reply's, stored once, and
+        # come back in the records read with it.
+        assert tokens is not None and claim is not None and claim.media_type == TOKENS_REPLY_MEDIA_TYPE
+        assert tokens.resolved and reply is not None
+        output = reply["response"]["output"]
+        assert all(h["output_items"] and all(i in output for i in h["output_items"]) for h in tokens.records)
+        assert b"output_text" not in payload_plane(store).default.get(claim.digest)
         assert tokens.token_count == sum(tokens.generation(r).size for r in range(len(tokens))) > 0
     replied = [e for e in store.read_stream(group_stream(g)) if e.type == "RunReplied"]
     assert sorted(e.data["reply_digest"] for e in replied) == sorted(sealed.reply_digests)

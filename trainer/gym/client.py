@@ -118,6 +118,8 @@ def binary_token_records(body: bytes) -> TokenArrays:
     rules as the JSON form is (its arrays, checked by the codec, stand in empty: no per-token Python
     object).  TokenCodecError or pydantic's ValidationError."""
     arrays = canonical_arrays(body)
+    if not arrays.resolved:
+        raise TokenCodecError("token records on the wire hold their own output items (form version 1)")
     _TOKEN_LIST.validate_python([{**r, **_NO_ARRAYS} for r in arrays.records])
     return arrays
 

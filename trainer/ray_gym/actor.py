@@ -762,10 +762,13 @@ class LedgerGym:
             seal = record.seals[gi]
             if seal.reply is None:
                 raise RowError(f"group {group.group_id}: sibling {gi}'s reply was not kept")
-            arrays = decode_payload(found[seal.tokens.digest], seal.tokens.media_type, check_canonical=False)
+            reply = orjson.loads(found[seal.reply.digest])
+            arrays = decode_payload(
+                found[seal.tokens.digest], seal.tokens.media_type, check_canonical=False, reply=reply
+            )
             result = row_result(
                 group.row_dicts[gi],
-                orjson.loads(found[seal.reply.digest]),
+                reply,
                 arrays,
                 rollout_id=seal.rollout_id,
                 attempt_index=seal.attempt_index,

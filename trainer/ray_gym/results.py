@@ -157,6 +157,10 @@ def as_arrays(tokens: Tokens) -> TokenArrays:
     tests' and the JSON form's way) through the binary form once.  `ResultDataError` for records
     that have none (a NaN or infinite logprob)."""
     if isinstance(tokens, TokenArrays):
+        if not tokens.resolved:
+            raise ResultDataError(
+                "the token records refer to their reply's output items and were read without the reply"
+            )
         return tokens
     try:
         return decode_arrays(encode_records([t.record() for t in tokens]))

@@ -1,0 +1,128 @@
+"""Token records stored beside their reply (form version 2): the call's output items refer to the
+reply's instead of being stored twice, and come back field for field."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import orjson
+import pytest
+
+from payloads.token_arrays import decode_arrays, decode_payload
+from protocol.digests import canonical_bytes
+from protocol.token_codec import (
+    TOKENS_MEDIA_TYPE,
+    TOKENS_REPLY_MEDIA_TYPE,
+    TokenCodecError,
+    decode_any,
+    decode_records,
+    encode_entries,
+    encode_records,
+    read_layout,
+    refer_to_reply,
+    reply_output_of,
+)
+from protocol.tokens import token_records_from_reply
+from tests.gym.test_token_records import ANSWER, TOOL_CALL, TOOL_OUTPUT, _carrier, _reply
+
+
+def _stored(reply_payload: dict[str, Any]) -> dict[str, Any]:
+    """The reply as a reader gets it back: its stored canonical JSON, loaded."""
+    parsed: dict[str, Any] = orjson.loads(canonical_bytes(reply_payload))
+    return parsed
+
+
+def _two_calls() -> tuple[bytes, dict[str, Any]]:
+    """A reply whose output items carry the token arrays (a plain Gym agent's), a tool output
+    between its two calls, and the records read off it in the binary form, version 1."""
+    reply = _reply(
+        [
+            _carrier("function_call", [1, 2, 3], [4, 5], **TOOL_CALL),
+            TOOL_OUTPUT,
+            _carrier("message", [1, 2, 3, 4, 5, 9, 9], [6], **ANSWER),
+        ]
+    )
+    return encode_entries(token_records_from_reply(reply, "k", 7.0)), _stored(reply.payload())
+
+
+def test_records_refer_to_their_replys_items_and_come_back_byte_for_byte() -> None:
+    v1, reply = _two_calls()
+    v2, media_type = refer_to_reply(v1, reply_output_of(reply))
+    assert media_type == TOKENS_REPLY_MEDIA_TYPE
+    layout = read_layout(v2)  # canonical: the header check re-encodes it
+    assert layout.reply_items == ((0, 1), (2, 3))  # the tool output between is no model's
+    assert all("output_items" not in head for head in layout.records)
+    assert b"cold" not in v2[: len(v2) - 64] and b"cold" in v1  # the text is the reply's alone
+    assert len(v2) < len(v1)
+    back = decode_any(v2, media_type, reply)
+    assert back == decode_records(v1)
+    assert encode_records(back) == v1  # the agent's bytes, rebuilt
+    arrays = decode_payload(v2, media_type, check_canonical=False, reply=reply)
+    assert arrays.resolved and arrays.records == read_layout(v1).records
+    assert arrays.generation(1).tolist() == [6]
+
+
+def test_items_not_in_the_reply_stay_in_the_record() -> None:
+    v1, reply = _two_calls()
+    # The first call's item differs in the reply (not the items it was recorded with): it keeps its own.
+    reply["response"]["output"][0]["arguments"] = '{"city": "la"}'
+    v2, media_type = refer_to_reply(v1, reply_output_of(reply))
+    layout = read_layout(v2)
+    assert media_type == TOKENS_REPLY_MEDIA_TYPE and layout.reply_items == (None, (2, 3))
+    assert "output_items" in layout.records[0]
+    assert encode_records(decode_any(v2, media_type, reply)) == v1
+    # A reply with none of them: the records stay in version 1, unchanged.
+    assert refer_to_reply(v1, []) == (v1, TOKENS_MEDIA_TYPE)
+    # Equal as Python values is not enough: 1 and 1.0 are two JSON texts.
+    floats = encode_records(
+        [{"prompt_token_ids": [], "generation_token_ids": [], "generation_log_probs": [],
+          "output_items": [{"n": 1}]}]
+    )  # fmt: skip
+    assert refer_to_reply(floats, [{"n": 1.0}]) == (floats, TOKENS_MEDIA_TYPE)
+
+
+def test_records_read_without_their_reply_say_so() -> None:
+    v1, reply = _two_calls()
+    v2, media_type = refer_to_reply(v1, reply_output_of(reply))
+    with pytest.raises(TokenCodecError, match="pass the reply"):
+        decode_any(v2, media_type)
+    arrays = decode_payload(v2, media_type, check_canonical=False)
+    assert not arrays.resolved  # the arrays are whole; the output items are not there
+    assert arrays.token_count == 3 and arrays.model_call_ids == ["call-1", "call-2"]
+    # Another reply (shorter than the runs): refused, naming the record.
+    with pytest.raises(TokenCodecError, match="record 1 refers to output items 2..2"):
+        decode_payload(v2, media_type, reply={"response": {"output": reply["response"]["output"][:2]}})
+    # The media type and the form's version agree, or the payload is refused.
+    with pytest.raises(TokenCodecError, match="form version 2"):
+        decode_payload(v2, TOKENS_MEDIA_TYPE, reply=reply)
+    with pytest.raises(TokenCodecError, match="form version 1"):
+        decode_payload(v1, TOKENS_REPLY_MEDIA_TYPE, reply=reply)
+
+
+def _with_header(v2: bytes, edit: Any) -> bytes:
+    layout = read_layout(v2)
+    header = orjson.loads(v2[16 : 16 + struct.unpack_from("<Q", v2, 8)[0]])
+    edit(header)
+    raw = canonical_bytes(header)
+    start = layout.spans[0].offset
+    return b"".join([v2[:8], struct.pack("<Q", len(raw)), raw, bytes(-len(raw) % 8), v2[start:]])
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda h: h.pop("reply_items"), "must hold exactly"),
+        (lambda h: h.update(reply_items=[None, None]), "at least one record"),
+        (lambda h: h.update(reply_items=[[0, 1]]), "one entry per record"),
+        (lambda h: h.update(reply_items=[[2, 3], [0, 1]]), "not a run after the last"),
+        (lambda h: h.update(reply_items=[[1, 1], None]), "not a run after the last"),
+        (lambda h: h.update(reply_items=[[0, True], None]), "not a run after the last"),
+        (lambda h: h["records"][0].update(output_items=[]), "holds its own"),
+    ],
+)
+def test_a_damaged_reply_header_is_refused_with_its_reason(edit: Any, message: str) -> None:
+    v1, reply = _two_calls()
+    v2, _ = refer_to_reply(v1, reply_output_of(reply))
+    with pytest.raises(TokenCodecError, match=message):
+        decode_arrays(_with_header(v2, edit))
