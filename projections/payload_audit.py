@@ -4,7 +4,9 @@ Three rules (docs/events.md, Invariants):
 
 - `payload-stored`: every payload an event claims is in the store the claim names.
 - `payload-intact`: every payload read back hashes to its digest and has its claimed size; so does
-  every row of the log's own blob table (older logs), referenced or not.
+  every row of the log's own blob table (older logs), referenced or not.  Token records stored
+  beside their reply (form version 2) also read back whole with the reply their try's `RunReplied`
+  claims: every output item they refer to is in it.
 - `database-integrity`: the database's own check (SQLite's `PRAGMA integrity_check`; PostgreSQL's
   data-checksum failure count) finds nothing.
 
@@ -19,6 +21,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import orjson
+
 from eventstore import EventStore
 from eventstore.errors import EventStoreError
 from eventstore.events import Event, LogprobsComputed, RunReplied, SiblingHeld, SiblingSealed
@@ -30,6 +34,7 @@ from payloads import (
     PayloadStoreUnavailable,
 )
 from protocol.digests import sha256_digest
+from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE, TokenCodecError, decode_any
 
 PAYLOAD_STORED: Final = "payload-stored"
 PAYLOAD_INTACT: Final = "payload-intact"
@@ -53,12 +58,26 @@ class PayloadFacts:
     claimed: dict[str, ClaimedPayload] = field(default_factory=dict)
     last_claimed: dict[str, int] = field(default_factory=dict)  # digest -> its latest claim's position
     pruned: dict[str, int] = field(default_factory=dict)  # digest -> the PayloadsPruned that named it
+    # A try's reply claim, and the try of each token records claim stored beside its reply (version 2).
+    replies: dict[tuple[str, int], PayloadClaim] = field(default_factory=dict)
+    beside_reply: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def see(self, position: int, claims: Iterable[PayloadClaim]) -> None:
         for claim in claims:
             if claim.digest not in self.claimed:
                 self.claimed[claim.digest] = ClaimedPayload(claim, position)
             self.last_claimed[claim.digest] = position
+
+    def see_try(self, event: Event) -> None:
+        """Which reply a try's token records are stored beside (RunReplied, SiblingHeld/Sealed)."""
+        if isinstance(event, RunReplied):
+            reply = event.reply_claim()
+            if reply is not None:
+                self.replies[(event.rollout_id, event.attempt_index)] = reply
+        elif isinstance(event, SiblingHeld | SiblingSealed):
+            claim = event.receipt.tokens_claim()
+            if claim.media_type == TOKENS_REPLY_MEDIA_TYPE:
+                self.beside_reply[claim.digest] = (event.receipt.rollout_id, event.receipt.attempt_index)
 
     def see_pruned(self, position: int, digests: Iterable[str]) -> None:
         for digest in digests:
@@ -126,6 +145,7 @@ def check_payloads(
     for digest, known in facts.claimed.items():
         by_store.setdefault(known.claim.store, []).append(digest)
     missing: list[tuple[int, str]] = []
+    intact: set[str] = set()  # read back and matching their claims
     for name, digests in sorted(by_store.items()):
         store = plane.stores.get(name)
         if store is None:
@@ -158,7 +178,9 @@ def check_payloads(
                 summary.checked_bytes += len(content)
                 actual = sha256_digest(content)
                 size = known.claim.size
-                if actual != digest or (size is not None and size != len(content)):
+                if actual == digest and (size is None or size == len(content)):
+                    intact.add(digest)
+                else:
                     summary.corrupt += 1
                     what = (
                         f"hash to {actual}" if actual != digest else f"are {len(content)} bytes, not {size}"
@@ -169,6 +191,7 @@ def check_payloads(
                         f"the payload {digest} claimed at {known.position} ({known.claim.media_type}, store "
                         f"{name!r}) was altered: its stored bytes {what}",
                     )
+    _check_beside_reply(facts, plane, intact, violate)
     if missing:
         summary.missing = len(missing)
         missing.sort()
@@ -179,6 +202,38 @@ def check_payloads(
             f"{len(missing)} claimed payload(s) are not stored, "
             f"the first {first} (claimed at {first_position})",
         )
+
+
+def _check_beside_reply(facts: PayloadFacts, plane: PayloadPlane, intact: set[str], violate: Violate) -> None:
+    """Token records stored beside their reply, each read with it (both intact: a damaged one is
+    reported already): the output items they refer to are the reply's."""
+    pairs = [
+        (digest, reply)
+        for digest, attempt in sorted(facts.beside_reply.items())
+        if digest in intact and (reply := facts.replies.get(attempt)) is not None and reply.digest in intact
+    ]
+    for start in range(0, len(pairs), _BATCH // 2):
+        batch = pairs[start : start + _BATCH // 2]
+        try:
+            got = plane.get_many([facts.claimed[d].claim for d, _ in batch] + [r for _, r in batch])
+        except PayloadStoreUnavailable:
+            raise
+        except PayloadStoreError as exc:  # changed since it was read back: said where it is read
+            violate(
+                PAYLOAD_INTACT, [facts.claimed[batch[0][0]].position], f"token records beside replies: {exc}"
+            )
+            continue
+        for digest, reply in batch:
+            try:
+                decode_any(got[digest], TOKENS_REPLY_MEDIA_TYPE, orjson.loads(got[reply.digest]))
+            except (TokenCodecError, orjson.JSONDecodeError) as exc:
+                known = facts.claimed[digest]
+                violate(
+                    PAYLOAD_INTACT,
+                    [known.position],
+                    f"the token records {digest} claimed at {known.position} do not read back with their "
+                    f"try's reply {reply.digest}: {exc}",
+                )
 
 
 def check_log_blobs(

@@ -91,7 +91,7 @@ def test_records_read_without_their_reply_say_so() -> None:
     assert not arrays.resolved  # the arrays are whole; the output items are not there
     assert arrays.token_count == 3 and arrays.model_call_ids == ["call-1", "call-2"]
     # Another reply (shorter than the runs): refused, naming the record.
-    with pytest.raises(TokenCodecError, match="record 1 refers to output items 2..2"):
+    with pytest.raises(TokenCodecError, match=r"record 1 refers to output items 2\.\.2"):
         decode_payload(v2, media_type, reply={"response": {"output": reply["response"]["output"][:2]}})
     # The media type and the form's version agree, or the payload is refused.
     with pytest.raises(TokenCodecError, match="form version 2"):
@@ -126,3 +126,31 @@ def test_a_damaged_reply_header_is_refused_with_its_reason(edit: Any, message: s
     v2, _ = refer_to_reply(v1, reply_output_of(reply))
     with pytest.raises(TokenCodecError, match=message):
         decode_arrays(_with_header(v2, edit))
+
+
+def test_the_audit_reads_records_back_with_their_trys_reply(tmp_path: Any) -> None:
+    """Both payloads intact, the records paired with another try's reply: payload-intact says so."""
+    from payloads import PayloadPlane, open_payload_store
+    from projections.payload_audit import PAYLOAD_INTACT, PayloadAuditSummary, PayloadFacts, check_payloads
+
+    v1, reply = _two_calls()
+    v2, media_type = refer_to_reply(v1, reply_output_of(reply))
+    plane = PayloadPlane(open_payload_store(tmp_path.as_uri()))
+    other = {"response": {"output": reply["response"]["output"][:1]}}
+    tokens, right, wrong = plane.put(
+        [
+            (v2, media_type),
+            (canonical_bytes(reply), "application/json"),
+            (canonical_bytes(other), "application/json"),
+        ]
+    )
+    found: list[tuple[str, list[int], str]] = []
+    for reply_claim, violations in ((right, 0), (wrong, 1)):
+        facts = PayloadFacts()
+        facts.see(3, [tokens, reply_claim])
+        facts.replies[("k", 0)] = reply_claim
+        facts.beside_reply[tokens.digest] = ("k", 0)
+        found.clear()
+        check_payloads(facts, plane, lambda *v: found.append(v), PayloadAuditSummary())
+        assert len(found) == violations, found
+    assert found[0][:2] == (PAYLOAD_INTACT, [3]) and "do not read back with their try's reply" in found[0][2]

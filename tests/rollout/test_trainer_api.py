@@ -13,6 +13,7 @@ from eventstore.events import PromptRef
 from eventstore.payload_stores import payload_plane
 from payloads import LocalDirPayloadStore
 from payloads.token_arrays import decode_arrays
+from projections.audit import audit_log
 from protocol.digests import sha256_digest
 from protocol.streams import group_stream, logprobs_stream
 from protocol.token_codec import TOKENS_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
@@ -54,6 +55,9 @@ async def test_sealed_groups_carry_the_replies_and_token_arrays_from_the_payload
         assert tokens.token_count == sum(tokens.generation(r).size for r in range(len(tokens))) > 0
     replied = [e for e in store.read_stream(group_stream(g)) if e.type == "RunReplied"]
     assert sorted(e.data["reply_digest"] for e in replied) == sorted(sealed.reply_digests)
+    # `ledger audit` reads each try's records back with its reply.
+    audit = audit_log(store, payloads=payload_plane(store))
+    assert audit.ok, audit.as_json()
 
 
 async def test_submit_is_idempotent_and_refuses_a_different_request(
