@@ -305,6 +305,8 @@ class Environment:
         self.zero_work = zero_work
         # The vocabulary its tokens are drawn from: the policy's, or under zero work a real model's.
         self.vocab_size = ZERO_WORK_VOCAB if zero_work else policy.vocab_size
+        if zero_work:
+            pool_of(self.vocab_size)  # drawn at start (0.1 s), not inside the first try
         # How long each model call and each tool between two calls takes (drawn per call).
         self.call_seconds = call_seconds
         self.tool_seconds = tool_seconds
