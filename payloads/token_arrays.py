@@ -142,6 +142,10 @@ class TokenArrays:
 
     def to_records(self) -> list[dict[str, Any]]:
         """Each record as a dict with Python lists (the slow, lossless way back)."""
+        if not self.resolved:
+            raise TokenCodecError(
+                "these token records refer to their reply's output items: decode them with it"
+            )
         out = []
         for r, head in enumerate(self.layout.records):
             record = dict(head)

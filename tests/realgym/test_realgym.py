@@ -183,11 +183,13 @@ def _sealed_rollouts(store: EventStore, run_id: str) -> list[dict[str, Any]]:
         claim = receipt.tokens_claim()
         reply_claim = replies[(receipt.rollout_id, receipt.attempt_index)]
         assert reply_claim is not None
+        reply = json.loads(plane.get(reply_claim))
         rollouts.append(
             {
                 "rollout_id": receipt.capture_key,
-                "records": decode_payload(plane.get(claim), claim.media_type).to_records(),
-                "response": json.loads(plane.get(reply_claim))["response"],
+                # Stored beside the reply: the records' output items are put back from it.
+                "records": decode_payload(plane.get(claim), claim.media_type, reply=reply).to_records(),
+                "response": reply["response"],
             }
         )
     return rollouts
