@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,3 +30,60 @@ def test_run_async_freezes_the_setup_and_raises_the_young_threshold() -> None:
     done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+_MALLOC_SCRIPT = """
+import ctypes
+import sys
+from trainer.eventloop import MMAP_THRESHOLD, run_async
+
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+
+
+def mapped_for_itself(size):
+    '''Whether a buffer of `size` bytes, alive, is one more mmapped block of its own.'''
+    before = libc.mallinfo2().hblks
+    held = bytearray(size)
+    mapped = libc.mallinfo2().hblks == before + 1
+    del held
+    return mapped
+
+
+def after_a_bigger_one_freed():
+    freed = bytearray(4 << 20)
+    del freed
+    return mapped_for_itself(1 << 20)
+
+
+async def main():
+    return after_a_bigger_one_freed()
+
+
+# glibc's dynamic threshold: freeing the mapped 4 MiB buffer raises it past 4 MiB, so the 1 MiB one
+# then comes from the heap (whose high-water stays resident); pinned, it is mapped for itself.
+assert MMAP_THRESHOLD < 1 << 20
+if sys.argv[1] == "pinned":
+    assert run_async(main()), "the threshold rose"
+else:
+    assert not after_a_bigger_one_freed(), "the threshold did not rise"
+print("ok")
+"""
+
+
+def test_run_async_pins_the_mmap_threshold_so_big_buffers_are_returned() -> None:
+    """Freed, a buffer above the threshold is unmapped: glibc can no longer raise the threshold past
+    the payloads' sizes and keep their bytes in the heap (the trainer's RSS high-water)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    for case in ("dynamic", "pinned"):
+        done = subprocess.run(
+            [sys.executable, "-c", _MALLOC_SCRIPT, case], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "ok"
