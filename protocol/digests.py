@@ -60,11 +60,12 @@ _BYTES_PER_NODE: Final = 64
 
 
 def _small_floats(value: Any, budget: int) -> bool | None:
-    """Whether `value` holds a float that orjson may write in another form than json (0 < |x| <
-    1e-4: `1e-5` as `0.00001`, `1.5e-7` as `1.5e-7` for json's `1.5e-07`), walking at most `budget`
-    nodes; None (undecided) past the budget or at a type this walk does not know.  Strings cost
-    nothing here however long, which is what makes a large reply's check cheap: the search of the
-    text (`_float_form_in_text`) reads every byte of them."""
+    """Whether `value` holds a float that orjson writes in another form than json: 0 < |x| < 1e-4
+    (`1e-5` as `0.00001`, `1.5e-7` as `1.5e-7` for json's `1.5e-07`), or NaN or an infinity (orjson
+    writes `null`, json refuses them); walking at most `budget` nodes; None (undecided) past the
+    budget or at a type this walk does not know.  Strings cost nothing here however long, which is
+    what makes a large reply's check cheap: the searches of the text (`_float_form_in_text`, and
+    `null` for a NaN) read every byte of them."""
     stack = [value]
     while stack:
         budget -= 1
@@ -81,22 +82,24 @@ def _small_floats(value: Any, budget: int) -> bool | None:
                 return None
             stack.extend(item)
         elif kind is float:
-            if 0.0 < abs(item) < 1e-4:
+            if 0.0 < abs(item) < 1e-4 or not math.isfinite(item):
                 return True
         else:  # a float or str subclass, a dataclass, ...: the text decides
             return None
     return False
 
 
-def _orjson_float_form(out: bytes, value: Any) -> bool:
-    """Whether orjson's text `out` of `value` may hold a float json writes otherwise: decided by
-    walking `value` (its strings skipped) when `out` is large and the walk is short, else by
-    searching `out` (`_float_form_in_text`).  Either way a True only costs the json encoding."""
+def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> bool:
+    """Whether orjson's text `out` of `value` may differ from json's (a small float, NaN or an
+    infinity): decided by walking `value` (its strings skipped) when `out` is large and the walk is
+    short, else by searching `out` (`_float_form_in_text`, then `null` for a NaN, which `_all_finite`
+    settles; `finite`: the caller knows there is none).  Either way a True only costs the json
+    encoding."""
     if len(out) > _WALK_ABOVE:
         verdict = _small_floats(value, len(out) // _BYTES_PER_NODE)
         if verdict is not None:
             return verdict
-    return _float_form_in_text(out)
+    return _float_form_in_text(out) or (not finite and b"null" in out and not _all_finite(value))
 
 
 def _all_finite(value: Any) -> bool:
@@ -131,7 +134,7 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
         out = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return _CANONICAL.encode(value).encode()  # json's own answer: its text, or its error
-    if _orjson_float_form(out, value) or (not finite and b"null" in out and not _all_finite(value)):
+    if _json_writes_otherwise(out, value, finite):
         return _CANONICAL.encode(value).encode()
     return out
 

@@ -98,6 +98,8 @@ def test_a_large_value_walked_for_its_floats_gives_the_same_bytes(value: Any) ->
         {"pad": _PAD, "x": (1.0, 2.5e-7)},
         {"pad": [_PAD, [1.0] * 100_000, 3e-6]},  # a list past the walk's budget: the text is searched
         {"pad": _PAD, "x": _PAD + " 1e-5 in text"},  # text alone never falls back when walked
+        {"pad": _PAD, "x": [0.5, float("nan")]},  # found by the walk, no search for null: refused
+        {"pad": _PAD, "x": None, "y": float("inf")},
     ],
 )
 def test_large_values_with_small_floats_fall_back_to_the_standard_library(value: Any) -> None:
@@ -109,6 +111,8 @@ def test_the_walk_decides_small_floats_and_gives_up_past_its_budget() -> None:
 
     assert _small_floats({"a": ["text" * 1000, 1, True, None, 0.5]}, 100) is False
     assert _small_floats({"a": [0.5, {"b": -1e-6}]}, 100) is True
-    assert _small_floats([0.0, -0.0, 1e-4, float("nan"), float("inf")], 100) is False
+    assert _small_floats([0.0, -0.0, 1e-4, 1e300], 100) is False
+    assert _small_floats({"a": ["text" * 1000, float("nan")]}, 100) is True  # json refuses it
+    assert _small_floats([2.0, float("-inf")], 100) is True
     assert _small_floats([1.0] * 200, 100) is None  # past the budget: the text decides
     assert _small_floats({"a": object()}, 100) is None  # a type orjson may write its own way
