@@ -478,6 +478,7 @@ def _run(
     """Runs the workload until it ends or a signal stops it; (summary, the log's URL as shown)."""
     from eventstore import open_store
     from simulation.run import RunInterrupted, RunStalled, SimulationError
+    from trainer.errors import CoordinatorStopped
 
     store = open_store(url, migrate_schema=True)
     exporter = None
@@ -504,6 +505,11 @@ def _run(
         except RunStalled as exc:
             error(str(exc))
             raise typer.Exit(1) from None
+        except CoordinatorStopped as exc:  # the log or the payload store stayed away past its budget
+            error(
+                f"run {config.run_id} stopped: {exc}; carry on with: ledger simulate --resume {config.run_id}"
+            )
+            raise typer.Exit(2) from None
         except SimulationError as exc:
             error(str(exc))
             raise typer.Exit(2) from None

@@ -43,6 +43,11 @@ class LocalDirPayloadStore(PayloadStore):
         # Created by the first put, not here: a reader (`ledger audit` of a read-only log) opens a
         # store that is not there, or not writable, and finds nothing in it.
         self._base = self.root / _ALGORITHM_DIR
+        if self.root.exists() and not self.root.is_dir():
+            raise PayloadStoreError(f"payload store {self.root} is not a directory")
+        # Once this process has seen the directory, its vanishing is a loss to say, never to paper
+        # over by making it again: the payloads claimed from it are gone.
+        self._seen = self._base.is_dir()
 
     def path_of(self, digest: str) -> Path:
         hex_ = check_digest(digest).partition(":")[2]
@@ -61,6 +66,11 @@ class LocalDirPayloadStore(PayloadStore):
                     pass
                 if not path.parent.is_dir():
                     if not self._base.is_dir():
+                        if self._seen:
+                            raise PayloadStoreError(
+                                f"the payload directory {self._base} is gone: the payloads stored in it "
+                                "are lost; nothing more is stored"
+                            )
                         self._base.mkdir(parents=True, exist_ok=True)
                         touched.update((self.root, self.root.parent))
                     path.parent.mkdir(exist_ok=True)
@@ -77,6 +87,7 @@ class LocalDirPayloadStore(PayloadStore):
                     os.close(fd)
                 os.replace(tmp, path)
                 touched.add(path.parent)
+                self._seen = True
             if self.fsync:
                 for directory in touched:
                     _fsync_dir(directory)
@@ -88,8 +99,8 @@ class LocalDirPayloadStore(PayloadStore):
         for digest in digests:
             try:
                 found[digest] = self.path_of(digest).read_bytes()
-            except FileNotFoundError:
-                continue
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                continue  # no payload file under its name (as `contains` says): not stored
             except OSError as exc:
                 raise _error(exc, f"reading payload {digest}") from None
         return found

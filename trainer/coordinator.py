@@ -484,7 +484,8 @@ class RolloutCoordinator:
         except asyncio.CancelledError:
             raise
         except (FencedOff, CoordinatorStopped) as exc:
-            log.error("group %s stops: %s", group_id, exc)
+            if not any(e is exc for e in self.errors):  # one stop, said once, however many groups it ends
+                log.error("group %s stops: %s", group_id, exc)
             self.errors.append(exc)
         except Exception as exc:
             log.exception("group %s failed", group_id)

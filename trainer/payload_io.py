@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from payloads import PayloadClaim, PayloadPlane, PayloadStoreUnavailable
+from payloads import PayloadClaim, PayloadPlane, PayloadStoreError, PayloadStoreUnavailable
 from protocol.retry import RetryPolicy, RetryState, next_step
 from trainer.errors import CoordinatorStopped
 
@@ -150,7 +150,14 @@ class PayloadIO:
             return made
 
         try:
-            claims = await self._ride_out(store, "storing payloads")
+            try:
+                claims = await self._ride_out(store, "storing payloads")
+            except PayloadStoreUnavailable:
+                raise
+            except PayloadStoreError as exc:  # refused for good (not a directory, read-only, too large)
+                raise self._stop(
+                    f"the payload store refused to store payloads: {exc}; the coordinator stopped"
+                ) from exc
         except Exception as exc:  # the batch's one answer is every caller's
             for request in batch:
                 if not request.future.done():
@@ -194,14 +201,20 @@ class PayloadIO:
                     log.warning("the payload store is unavailable while %s; retrying: %s", what, exc)
                 verdict = next_step(policy, failures, now, random.random())
                 if verdict.kind == "give_up":
-                    self.stopped = CoordinatorStopped(
+                    raise self._stop(
                         f"the payload store has been unavailable for more than {self.outage_budget_s:g} s "
                         f"while {what} ({failures.calls} calls); the coordinator stopped: {exc}"
-                    )
-                    if self.on_stop is not None:
-                        self.on_stop(self.stopped)
-                    raise self.stopped from exc
+                    ) from exc
                 await asyncio.sleep(verdict.delay_s)
+
+    def _stop(self, why: str) -> CoordinatorStopped:
+        """Stops for good: every later put and read raises the same `CoordinatorStopped`, and
+        `on_stop` hears it once."""
+        if self.stopped is None:
+            self.stopped = CoordinatorStopped(why)
+            if self.on_stop is not None:
+                self.on_stop(self.stopped)
+        return self.stopped
 
 
 __all__ = ["PayloadIO"]

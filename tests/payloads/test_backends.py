@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from payloads import (
     InMemoryPayloadStore,
     LocalDirPayloadStore,
     PayloadStore,
+    PayloadStoreError,
     PayloadStoreUnavailable,
     open_payload_store,
 )
@@ -70,6 +72,32 @@ class TestLocalDir(PayloadStoreContract):
         (shard / (".tmp-" + "ab" * 32 + ".dead")).write_bytes(b"half")
         assert [p.digest for p in store.scan()] == ["sha256:" + "ab" * 32]
         assert [p.name for p in store.leftovers(older_than=float("inf"))] == [".tmp-" + "ab" * 32 + ".dead"]
+
+    def test_a_root_that_is_a_file_is_refused_at_open(self) -> None:
+        self.root.write_bytes(b"")
+        with pytest.raises(PayloadStoreError, match=f"payload store {self.root} is not a directory"):
+            LocalDirPayloadStore(self.root)
+
+    def test_a_payload_replaced_by_a_directory_is_not_stored_and_the_others_still_read(self) -> None:
+        store = LocalDirPayloadStore(self.root)
+        kept, lost = b"kept", b"lost"
+        store.put_many({sha256_digest(kept): kept, sha256_digest(lost): lost})
+        path = store.path_of(sha256_digest(lost))
+        path.unlink()
+        path.mkdir()
+        assert store.get_many([sha256_digest(kept), sha256_digest(lost)]) == {sha256_digest(kept): kept}
+        assert store.contains([sha256_digest(kept), sha256_digest(lost)]) == {sha256_digest(kept)}
+
+    def test_a_directory_gone_after_a_put_is_refused_never_made_again(self) -> None:
+        store = LocalDirPayloadStore(self.root)
+        store.put(sha256_digest(b"first"), b"first")
+        shutil.rmtree(self.root)
+        with pytest.raises(PayloadStoreError, match="is gone: the payloads stored in it are lost"):
+            store.put(sha256_digest(b"second"), b"second")
+        assert not self.root.exists()
+        # A process that never saw it (a new run) makes it as the first put does.
+        LocalDirPayloadStore(self.root).put(sha256_digest(b"second"), b"second")
+        assert LocalDirPayloadStore(self.root).get(sha256_digest(b"second")) == b"second"
 
 
 class TestPostgres(PayloadStoreContract):
