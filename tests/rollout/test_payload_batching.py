@@ -66,14 +66,37 @@ async def test_puts_queued_during_a_store_call_go_in_one_call_each_with_its_own_
 async def test_a_failed_store_call_fails_every_put_it_carried_and_the_next_put_runs() -> None:
     store = GatedStore()
     io = PayloadIO(PayloadPlane(store), outage_budget_s=1.0)
-    store.fail_with = PayloadStoreError("refused")
+    store.fail_with = RuntimeError("a bug in the store call")
     tasks = await _queued_behind_first(store, io, 3)
     store.release.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert all(isinstance(r, PayloadStoreError) for r in results), results
+    assert all(isinstance(r, RuntimeError) for r in results), results
     store.fail_with = None
     [claim] = await io.put([(b"after", MEDIA)])
     assert PayloadPlane(store).get(claim) == b"after"
+
+
+async def test_a_put_refused_for_good_stops_every_put_once_with_one_reason() -> None:
+    """A store that refuses for good (a path that is not a directory, a read-only one, a file past the
+    size limit, permissions) keeps nothing more: the puts it carried and every later one get the same
+    `CoordinatorStopped` naming the refusal, and `on_stop` hears it once (the coordinator stops)."""
+    store = GatedStore()
+    heard: list[CoordinatorStopped] = []
+    io = PayloadIO(PayloadPlane(store), outage_budget_s=30.0, on_stop=heard.append)
+    store.fail_with = PayloadStoreError("storing payloads under /x: Read-only file system")
+    tasks = await _queued_behind_first(store, io, 3)
+    store.release.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert len(heard) == 1 and all(r is heard[0] for r in results), results
+    assert str(heard[0]) == (
+        "the payload store refused to store payloads: storing payloads under /x: Read-only file system; "
+        "the coordinator stopped"
+    )
+    store.fail_with = None
+    calls = len(store.calls)
+    with pytest.raises(CoordinatorStopped) as later:
+        await io.put([(b"after", MEDIA)])
+    assert later.value is heard[0] and len(store.calls) == calls  # refused without a store call
 
 
 async def test_a_cancelled_put_is_left_out_of_the_batch_and_the_others_are_answered() -> None:
