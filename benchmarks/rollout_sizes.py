@@ -28,6 +28,17 @@ def _tokens(option: str) -> Callable[[str], int]:
     return check
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (rollouts, rounds), else its one-line error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def _turns(text: str) -> tuple[int, int]:
     try:
         return parse_turns(text)

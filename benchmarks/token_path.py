@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -44,11 +45,11 @@ from typing import Any
 import orjson
 import torch
 
-from benchmarks.rollout_sizes import add_size_options
+from benchmarks.rollout_sizes import add_size_options, positive
 from eventstore.events import REPLY_MEDIA_TYPE
 from gym_agent.episode import Environment
 from gym_agent.faults import NO_FAULT
-from payloads import PayloadClaim, PayloadPlane, PayloadStore, open_payload_store
+from payloads import PayloadClaim, PayloadPlane, PayloadStore, PayloadStoreError, open_payload_store
 from payloads.token_arrays import decode_arrays, decode_payload
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import (
@@ -256,27 +257,31 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=16)
+    parser.add_argument("--rollouts", type=positive, default=16)
     add_size_options(parser, prompt_tokens=32000, gen_tokens=32000, turns="1")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=positive, default=3)
     parser.add_argument(
         "--payloads", default=None, help="Payload store URL (default: a temporary directory)."
     )
     parser.add_argument("--json", dest="as_json", default=None, help="Also write the result as JSON here.")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="token-path-") as tmp:
-        store = open_payload_store(args.payloads or Path(tmp).as_uri())
         try:
-            result = run(
-                store,
-                rollouts=args.rollouts,
-                prompt_tokens=args.prompt_tokens,
-                gen_tokens=args.gen_tokens,
-                turns=args.turns,
-                rounds=args.rounds,
-            )
-        finally:
-            store.close()
+            store = open_payload_store(args.payloads or Path(tmp).as_uri())
+            try:
+                result = run(
+                    store,
+                    rollouts=args.rollouts,
+                    prompt_tokens=args.prompt_tokens,
+                    gen_tokens=args.gen_tokens,
+                    turns=args.turns,
+                    rounds=args.rounds,
+                )
+            finally:
+                store.close()
+        except PayloadStoreError as exc:  # a bad --payloads, a store away or refusing: one line
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     print(
         f"{result['rollouts']} rollouts of {result['tokens_per_rollout']:,.0f} tokens "
         f"({result['token_bytes_per_rollout'] / 1024:,.0f} KiB of arrays in "

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from benchmarks import token_path
 from payloads import open_payload_store
 
@@ -29,3 +31,32 @@ def test_every_path_gives_the_same_tokens_and_the_bytes_follow_the_sizes(tmp_pat
     assert result["stored_bytes_per_rollout"] > result["token_bytes_per_rollout"]
     assert 133 <= result["first_rollout_generated"] <= 2 * 267
     assert len(list((tmp_path / "payloads").rglob("*"))) >= 9  # both forms and the reply of each rollout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--payloads", "ftp://x"], "error: unknown payload store URL 'ftp://x'"),
+        (["--rollouts", "0"], "argument --rollouts: 0 is not at least 1"),
+        (["--rounds", "-1"], "argument --rounds: -1 is not at least 1"),
+        (["--rollouts", "many"], "argument --rollouts: 'many' is not a whole number"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(
+    args: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = token_path.main([*args, "--prompt-tokens", "10", "--gen-tokens", "10"])
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and "Traceback" not in err, err
+
+
+def test_a_payload_store_that_is_a_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "a-file"
+    target.write_bytes(b"")
+    assert token_path.main(["--payloads", str(target), "--rollouts", "1", "--rounds", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: payload store {target} is not a directory"]
