@@ -11,6 +11,7 @@ ever.  Credentials come from the usual `AWS_*` environment variables.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Final
@@ -24,6 +25,24 @@ from payloads._errors import PayloadStoreError, PayloadStoreUnavailable
 from payloads._store import PayloadStore, StoredPayload, check_digest
 
 _ALGORITHM_DIR: Final = "sha256"
+# Where the client finds credentials besides the instance metadata service (which only the cloud's own
+# S3 answers for): keys given in the URL's query, or the environment.
+_CREDENTIAL_OPTIONS: Final = frozenset(
+    {
+        "aws_access_key_id",
+        "access_key_id",
+        "aws_skip_signature",
+        "skip_signature",
+        "aws_web_identity_token_file",
+    }
+)
+_CREDENTIAL_ENV: Final = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SKIP_SIGNATURE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
 REQUEST_TIMEOUT_S: Final = 30.0
 MAX_RETRIES: Final = 4
 RETRY_TIMEOUT_S: Final = 60.0
@@ -53,6 +72,15 @@ class S3PayloadStore(PayloadStore):
         self.prefix = prefix.strip("/")
         config: dict[str, Any] = dict(options or {})
         if endpoint:
+            if not any(k.lower() in _CREDENTIAL_OPTIONS for k in config) and not any(
+                os.environ.get(v) for v in _CREDENTIAL_ENV
+            ):
+                # Else the client would ask the cloud's instance metadata service (off this host) for
+                # credentials an S3-compatible server never accepts, and retry its refusal as an outage.
+                raise PayloadStoreError(
+                    f"payload store s3://{bucket}/{self.prefix} at {endpoint} has no credentials: set "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or skip_signature=true in the URL)"
+                )
             config["endpoint"] = endpoint
         if region:
             config["region"] = region

@@ -42,3 +42,19 @@ def test_the_public_names_are_what_the_package_exports() -> None:
     names = {n for n in dir(payloads) if not n.startswith("_")}
     # Submodules imported elsewhere (payloads.token_arrays) are attributes too, not exports.
     assert set(payloads.__all__) == {n for n in names if not isinstance(getattr(payloads, n), ModuleType)}
+
+
+def test_an_s3_endpoint_without_credentials_is_refused_at_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Else the client asks the cloud's instance metadata service (off this host) and retries its
+    refusal as an outage for the whole budget."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SKIP_SIGNATURE", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", raising=False)
+    monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", raising=False)
+    url = "s3://bucket/runs?endpoint=http://127.0.0.1:9&region=us-east-1"
+    with pytest.raises(PayloadStoreError, match=r"s3://bucket/runs at http://127.0.0.1:9 has no credentials"):
+        open_payload_store(url)
+    assert open_payload_store(url + "&skip_signature=true").kind == "s3"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    assert open_payload_store(url).kind == "s3"
