@@ -33,6 +33,7 @@ from gym_agent.tools import ToolBelt
 from protocol.digests import canonical_json
 from protocol.ids import capture_key
 from protocol.lineage import link_call
+from protocol.token_codec import with_arrays
 from protocol.tokens import request_input
 from protocol.wire import (
     TOKEN_SCHEMA_VERSION,
@@ -58,7 +59,8 @@ ZERO_WORK_MEAN_NLL = 0.6
 # averages per token in a modern tokenizer), fixed for a vocabulary.
 PIECE_BYTES = 8
 # Zero work draws its tokens once, a pool of this many per vocabulary, and slices a call's from it
-# (`TokenPool`; 512 Ki tokens: about 40 MB of Python ints and floats in each agent process).
+# (`TokenPool`; 512 Ki tokens: about 40 MB of Python ints and floats in each agent process, and 4 MB
+# of the same as arrays).
 POOL_TOKENS = 1 << 19
 # The agent's promise (`mount_participant(heartbeat_s=...)`): a live try reports progress at least this
 # often, from inside a model call (waiting for the model thread, or a call's simulated duration) too.
@@ -165,12 +167,17 @@ class TokenPool:
     draw per call).  Every token keeps its own log probability and text; the windows of a call, its
     prompt and its siblings' calls start apart (a pool of half a million tokens against calls of
     thousands), so each payload holds no repeat a compressor could fold that a real model's would
-    not."""
+    not.  The pool is kept twice, as lists (a record's fields) and as uint32 / float32 arrays of the
+    same values (`arrays`: what its token records are encoded and digested from, no Python number
+    packed per token)."""
 
     def __init__(self, vocab_size: int, size: int = POOL_TOKENS) -> None:
         self.size = size
         self.ids, self.logprobs = draw_like_text(vocab_size, size, vocab_size)
-        ids = np.asarray(self.ids, dtype=np.int64)
+        self.id_array = np.asarray(self.ids, dtype=np.uint32)
+        # Each logprob was drawn as a float32: the array holds exactly the list's values.
+        self.logprob_array = np.asarray(self.logprobs, dtype=np.float32)
+        ids = self.id_array.astype(np.int64)
         pieces = pieces_of(vocab_size)
         self.text_bytes = pieces.table[ids].tobytes().translate(None, b"\0")
         # Where each token's text starts in `text_bytes` (and the end, at `size`).
@@ -189,12 +196,24 @@ class TokenPool:
     def window(self, seed: int, n: int) -> tuple[list[int], list[float], int]:
         """`n` tokens from the offset `seed` draws: ids, logprobs, and the offset (for `text`)."""
         start = self.offset(seed)
+        if start + n <= self.size:  # one slice, no copy into a list of the window's own
+            return self.ids[start : start + n], self.logprobs[start : start + n], start
         ids: list[int] = []
         logprobs: list[float] = []
         for a, b in self._spans(start, n):
             ids += self.ids[a:b]
             logprobs += self.logprobs[a:b]
         return ids, logprobs, start
+
+    def arrays(self, start: int, n: int) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.float32]]:
+        """The ids and logprobs of the `n` tokens from `start` as arrays (views unless they wrap)."""
+        if start + n <= self.size:
+            return self.id_array[start : start + n], self.logprob_array[start : start + n]
+        spans = list(self._spans(start, n))
+        return (
+            np.concatenate([self.id_array[a:b] for a, b in spans]),
+            np.concatenate([self.logprob_array[a:b] for a, b in spans]),
+        )
 
     def text(self, start: int, n: int) -> str:
         """The text of the `n` tokens from `start`: `Pieces.text` of their ids, sliced."""
@@ -213,13 +232,18 @@ def prompt_ids(
 ) -> list[int]:
     """The task's prompt: its length drawn around `prompt_tokens`, its ids from the task's payload
     (uniform, or `like_text` as zero work draws them)."""
+    seed, n = prompt_draw(agent_seed, request, prompt_tokens)
+    return pool_of(vocab_size).window(seed, n)[0] if like_text else draw_ids(seed, n, vocab_size)
+
+
+def prompt_draw(agent_seed: int, request: RunRequest, prompt_tokens: int) -> tuple[int, int]:
+    """The seed and length of the task's prompt, from its payload (what `prompt_ids` draws from)."""
     payload = canonical_json(
         {"responses_create_params": request.responses_create_params, **request.task_fields()}
     )
     digest = hashlib.sha256(f"prompt|{agent_seed}|{payload}".encode()).digest()
     n = random.Random(digest).randint(*size_range(prompt_tokens))
-    seed = int.from_bytes(digest[:8], "big") >> 1
-    return pool_of(vocab_size).window(seed, n)[0] if like_text else draw_ids(seed, n, vocab_size)
+    return int.from_bytes(digest[:8], "big") >> 1, n
 
 
 class EpisodeTooLong(ValueError):
@@ -246,13 +270,13 @@ def check_fits(max_seq_len: int, prompt_tokens: int, gen_tokens: int, turns: tup
         )
 
 
-def episode_reward(generated: Sequence[int]) -> float:
+def episode_reward(generated: Sequence[int] | npt.NDArray[np.uint32]) -> float:
     """Share of generated tokens with an even id: a pure function of the tokens (and not a constant
     under zero work's rank-frequency draw, where a share of the lower half would be), counted as an
-    array."""
-    if not generated:
+    array (given as one, or packed from the list)."""
+    if len(generated) == 0:
         return 0.0
-    ids = as_ids(generated)
+    ids = generated if isinstance(generated, np.ndarray) else as_ids(generated)
     return round(float(ids.size - np.count_nonzero(ids & 1)) / ids.size, 6)
 
 
@@ -328,6 +352,8 @@ class Environment:
         async def sample_more(prefix: list[int], n: int) -> tuple[list[int], list[float]]:
             if generator is None:
                 ids, logprobs = planned
+                if not prefix and n == len(ids):  # the whole call at once (no cut): the planned lists
+                    return ids, logprobs
                 return ids[len(prefix) : len(prefix) + n], logprobs[len(prefix) : len(prefix) + n]
             sample = await beating(
                 loop.run_in_executor(
@@ -364,14 +390,25 @@ class Environment:
         pieces = pieces_of(vocab)
         pool = pool_of(vocab) if self.zero_work else None
         start = 0  # where in the pool the call's tokens begin (zero work)
+        # Zero work: the prompt's ids as an array while the context is the prompt alone, and every
+        # generated token's (its records are encoded from these; None: from the lists).
+        prompt_array: npt.NDArray[np.uint32] | None = None
+        generated_arrays: list[npt.NDArray[np.uint32]] | None = None
         if resumed is not None:
             state = EpisodeState.model_validate(resumed)
         else:
             n_turns = random.Random(episode_seed(self.seed, request.rollout_id, lineage)).randint(*self.turns)
-            state = EpisodeState(
-                n_turns=n_turns,
-                turns_done=0,
-                context=prompt_ids(self.seed, request, vocab, self.prompt_tokens, like_text=self.zero_work),
+            if pool is not None:
+                prompt_seed, prompt_len = prompt_draw(self.seed, request, self.prompt_tokens)
+                first, _, prompt_start = pool.window(prompt_seed, prompt_len)
+                prompt_array = pool.arrays(prompt_start, prompt_len)[0]
+                generated_arrays = []
+            else:
+                first = prompt_ids(self.seed, request, vocab, self.prompt_tokens)
+            # Not validated again (the prompt's thousands of ids); every field given (pydantic's
+            # construct inspects a default factory's signature each call).
+            state = EpisodeState.model_construct(
+                n_turns=n_turns, turns_done=0, context=first, output=[], generated=[]
             )
         context, output, generated, n_turns = state.context, state.output, state.generated, state.n_turns
         # The conversation each model call is sent (its lineage is stamped from it), and the calls so far.
@@ -418,7 +455,10 @@ class Environment:
                 "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
-            entry = TokenEntry(
+            # Built here, field by field, of values of the right types: not validated again (a
+            # record's 17,000 numbers at 9k tokens), and nothing left to its defaults but what a
+            # validated one leaves.
+            entry = TokenEntry.model_construct(
                 schema_version=TOKEN_SCHEMA_VERSION,
                 rollout_id=key,
                 model_call_id=call_id,
@@ -433,6 +473,17 @@ class Environment:
                 response_id=f"resp-{key}" if turn + 1 == n_turns else f"resp-{key}-{turn + 1}",
                 created_at=time.time(),
             )
+            if pool is not None:
+                generation_ids, generation_logprobs = pool.arrays(start, len(token_ids))
+                entry = with_arrays(
+                    entry,
+                    # Later calls are sent more than the prompt: their prompts packed from the lists.
+                    prompt_array.data if prompt_array is not None and turn == 0 else None,
+                    generation_ids.data,
+                    generation_logprobs.data,
+                )
+                if generated_arrays is not None:
+                    generated_arrays.append(generation_ids)
             recorded.append(link_call(entry, list(conversation), recorded))
             record(recorded[-1])
             conversation.append(item)
@@ -479,7 +530,10 @@ class Environment:
             "output": output,
             "metadata": {"policy_version": self.policy.policy_version, "model_calls": n_turns},
         }
-        reward, mask = episode_reward(generated), False
+        reward = episode_reward(
+            np.concatenate(generated_arrays) if generated_arrays is not None else generated
+        )
+        mask = False
         failure: dict[str, Any] = {}
         if fault.fail:
             response["status"] = "failed"

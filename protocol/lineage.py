@@ -72,7 +72,16 @@ def token_digest(token_ids: Sequence[int]) -> str:
     return packed_token_digest(len(token_ids), packed.tobytes())
 
 
-def packed_token_digest(count: int, big_endian_u64: bytes) -> str:
+def u4_token_digest(count: int, little_endian_u32: bytes) -> str:
+    """`token_digest` of `count` ids given as little-endian unsigned 32-bit integers (the binary
+    form's u4 arrays): each widened to big-endian 64 bits by byte slices, no Python int per id."""
+    wide = bytearray(8 * count)
+    for byte in range(4):
+        wide[7 - byte :: 8] = little_endian_u32[byte::4]
+    return packed_token_digest(count, wide)
+
+
+def packed_token_digest(count: int, big_endian_u64: bytes | bytearray) -> str:
     """`token_digest` of `count` ids given as big-endian unsigned 64-bit integers (the arrays' way)."""
     hasher = hashlib.sha256(_TOKENS_DOMAIN)
     if count:
@@ -259,12 +268,23 @@ def link_call(
     whose request context the new request starts with (the latest call whose sequence the prompt
     extends, when the request is unknown); the parent is resolved only when the call's prompt tokens
     start with the parent's full sequence.  `response_id` and every field not named here are kept."""
-    prompt, generation = list(record.prompt_token_ids), list(record.generation_token_ids)
-    sequence = prompt + generation
+    prompt, generation = record.prompt_token_ids, record.generation_token_ids
+    cum_len = len(prompt) + len(generation)
+    # The sequence's digest from the arrays `token_codec.with_arrays` packed beside the lists (both
+    # u4), or from the lists.
+    packed_prompt, packed_generation, _ = record.packed_arrays()
+    if (
+        packed_prompt is not None
+        and packed_generation is not None
+        and packed_prompt[0] == "u4" == packed_generation[0]
+    ):
+        digest = u4_token_digest(cum_len, packed_prompt[1] + packed_generation[1])
+    else:
+        digest = token_digest([*prompt, *generation])
     stamp: dict[str, Any] = {
         "schema_version": record.schema_version,
-        "cum_len": len(sequence),
-        "digest": token_digest(sequence),
+        "cum_len": cum_len,
+        "digest": digest,
         "prompt_is_delta": False,
         # Set explicitly, so the record as written carries every field the consumer reads.
         "response_id": record.response_id,

@@ -50,6 +50,8 @@ from protocol.digests import canonical_bytes
 from protocol.tokens import TOKEN_FIELDS
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from protocol.wire import TokenEntry
 
 TOKENS_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens.v1"
@@ -73,6 +75,9 @@ _TYPECODES: Final = {"u4": "I", "i8": "q", "f4": "f", "f8": "d"}
 for _code, _size in (("I", 4), ("q", 8), ("f", 4), ("d", 8)):
     assert array(_code).itemsize == _size, f"array typecode {_code} is not {_size} bytes here"
 _SWAP: Final = sys.byteorder != "little"
+# A float32's high byte (little-endian) is 0x7f or 0xff only when its exponent may be all ones (NaN,
+# infinity) or it is within a factor 2 of the largest float32: every other byte value, deleted.
+_NOT_HIGH: Final = bytes(b for b in range(256) if b & 0x7F != 0x7F)
 
 
 class TokenCodecError(ValueError):
@@ -185,6 +190,58 @@ def encode_records(records: Sequence[dict[str, Any]]) -> bytes:
     return assemble(heads, arrays)
 
 
+def _buffer_of(values: Buffer, formats: tuple[str, ...], count: int, name: str) -> bytes:
+    view = memoryview(values)
+    if view.format not in formats or view.itemsize != 4 or view.ndim != 1:
+        raise TokenCodecError(f"{name} given as a buffer of format {view.format!r}, not {formats[0]!r}")
+    if len(view) != count:
+        raise TokenCodecError(f"{name}: {len(view)} values in the buffer, {count} in the record")
+    return view.tobytes()
+
+
+def with_arrays(
+    entry: TokenEntry,
+    prompt_token_ids: Buffer | None = None,
+    generation_token_ids: Buffer | None = None,
+    generation_log_probs: Buffer | None = None,
+) -> TokenEntry:
+    """`entry`, holding the arrays its writer keeps its tokens in (zero work's pool): ids as a buffer of
+    uint32 (format "I", e.g. a numpy uint32 array), logprobs of float32 ("f"), each with exactly the
+    values of the entry's own list, in order (the writer's promise: they are not compared).  Their
+    dtypes are the ones the form chooses for those values (u4, f4; a NaN or infinity is refused), so
+    `encode_entries` copies their bytes instead of packing the lists, with the same bytes.  One left
+    None is packed from its list as before; on a big-endian machine none are kept."""
+    from protocol.wire import PackedArrays
+
+    if _SWAP:
+        return entry
+    arrays: list[tuple[str, bytes] | None] = [None, None, None]
+    if prompt_token_ids is not None:
+        data = _buffer_of(
+            prompt_token_ids, ("I", "<I", "=I"), len(entry.prompt_token_ids), "prompt_token_ids"
+        )
+        arrays[0] = ("u4", data)
+    if generation_token_ids is not None:
+        count = len(entry.generation_token_ids)
+        arrays[1] = ("u4", _buffer_of(generation_token_ids, ("I", "<I", "=I"), count, "generation_token_ids"))
+    if generation_log_probs is not None:
+        count = len(entry.generation_log_probs)
+        data = _buffer_of(generation_log_probs, ("f", "<f", "=f"), count, "generation_log_probs")
+        # Finite unless a high byte says it may not be (then each value is looked at).
+        if data[3::4].translate(None, _NOT_HIGH) and not all(map(math.isfinite, _floats(data))):
+            raise TokenCodecError("a logprob is NaN or infinite")
+        arrays[2] = ("f4", data)
+    lists = (entry.prompt_token_ids, entry.generation_token_ids, entry.generation_log_probs)
+    entry._packed = PackedArrays(lists, (arrays[0], arrays[1], arrays[2]))
+    return entry
+
+
+def _floats(data: bytes) -> list[float]:
+    values = array("f")
+    values.frombytes(data)
+    return values.tolist()
+
+
 def record_of(entry: TokenEntry) -> dict[str, Any]:
     """A record as it travels: every field that was set, extras included, nothing added."""
     return entry.record()
@@ -193,14 +250,16 @@ def record_of(entry: TokenEntry) -> dict[str, Any]:
 def encode_entries(entries: Sequence[TokenEntry]) -> bytes:
     """The binary form of `TokenEntry` records (the Gym side's `/token_capture`, the trainer's JSON path):
     `encode_records` of their `record_of`, with each array packed from the entry's own list (a record's
-    dump would copy them first: the arrays are required fields, set in every entry)."""
+    dump would copy them first: the arrays are required fields, set in every entry), or copied as
+    `with_arrays` packed it beside that list."""
     heads: list[dict[str, Any]] = []
     arrays: list[tuple[str, bytes]] = []
     for entry in entries:
         heads.append(entry.model_dump(mode="json", exclude_unset=True, exclude=_ARRAY_FIELD_SET))
-        arrays.append(id_dtype_of(entry.prompt_token_ids))
-        arrays.append(id_dtype_of(entry.generation_token_ids))
-        arrays.append(logprob_dtype_of(entry.generation_log_probs))
+        prompt, generation, logprobs = entry.packed_arrays()
+        arrays.append(prompt or id_dtype_of(entry.prompt_token_ids))
+        arrays.append(generation or id_dtype_of(entry.generation_token_ids))
+        arrays.append(logprobs or logprob_dtype_of(entry.generation_log_probs))
     return assemble(heads, arrays)
 
 
@@ -456,4 +515,5 @@ __all__ = [
     "refer_to_reply",
     "reply_output_of",
     "resolve_reply_items",
+    "with_arrays",
 ]

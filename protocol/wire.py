@@ -7,9 +7,10 @@ import these models; nothing else defines a wire shape.  `docs/protocol.md` desc
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from protocol.digests import Digest, canonical_json, reply_digest, sha256_digest
 from protocol.errors import NOT_READY
@@ -337,6 +338,26 @@ TOKEN_SCHEMA_VERSION: Final = 1
 # The request-time verdict on a model call's parent: no model-authored history (root), a verified
 # earlier call (resolved, `parent_call_id` names it), or history no recorded call accounts for.
 ParentResolution = Literal["root", "resolved", "unresolved"]
+# One token array in the binary form (`protocol.token_codec`): its dtype and little-endian bytes.
+PackedArray = tuple[str, bytes]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PackedArrays:
+    """A record's three token arrays already in the binary form (`protocol.token_codec.with_arrays`
+    makes them, by the form's dtype rules; None: that one is packed from its list), kept beside the
+    lists they hold the values of.  They count only while the record's lists are those very lists
+    (`lists`, by identity: a copy that replaces one drops them), and they never make two records
+    differ: a record is its fields, these are a cache of three of them."""
+
+    lists: tuple[object, object, object]
+    arrays: tuple[PackedArray | None, PackedArray | None, PackedArray | None]
+
+    def __eq__(self, other: object) -> bool:
+        return other is None or isinstance(other, PackedArrays)
+
+    def __hash__(self) -> int:
+        return 0
 
 
 class TokenEntry(BaseModel):
@@ -383,6 +404,8 @@ class TokenEntry(BaseModel):
     prompt_is_delta: bool = False
     prefix_requested: bool = False
     prefix_supplied: bool = False
+    # The arrays in the binary form, when the writer held them as arrays (`packed_arrays`).
+    _packed: PackedArrays | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _consistent(self) -> TokenEntry:
@@ -409,6 +432,22 @@ class TokenEntry(BaseModel):
     def record(self) -> dict[str, Any]:
         """The record as it travels and is stored: every field that was set, extras included."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+    def packed_arrays(self) -> tuple[PackedArray | None, PackedArray | None, PackedArray | None]:
+        """`prompt_token_ids`, `generation_token_ids` and `generation_log_probs` in the binary form as
+        `protocol.token_codec.with_arrays` packed them beside these very lists; (None, None, None)
+        when it did not (or a copy replaced a list since)."""
+        packed = self._packed
+        if packed is None:
+            return (None, None, None)
+        prompt, generation, logprobs = packed.lists
+        if (
+            prompt is not self.prompt_token_ids
+            or generation is not self.generation_token_ids
+            or logprobs is not self.generation_log_probs
+        ):
+            return (None, None, None)
+        return packed.arrays
 
 
 class AcknowledgeItem(WireModel):

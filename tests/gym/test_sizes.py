@@ -26,6 +26,8 @@ from gym_agent.episode import (
 )
 from gym_agent.faults import NO_FAULT
 from gym_agent.sizes import parse_turns, size_range
+from protocol.lineage import token_digest
+from protocol.token_codec import encode_entries, encode_records
 from protocol.wire import RunRequest, TokenEntry
 from workers.policy import load_policy
 
@@ -155,3 +157,33 @@ def test_one_definition_of_the_sizes() -> None:
     assert parse_turns("4") == (4, 4) and parse_turns("1:3") == (1, 3)
     with pytest.raises(ValueError, match="is not A:B"):
         parse_turns("x")
+
+
+def test_zero_work_records_are_encoded_from_the_pools_arrays_with_their_lists_bytes() -> None:
+    """Zero work hands its records' arrays over as the pool holds them (the first call's prompt, every
+    generation): the frame and the lineage digests are those of the records' own lists, field for
+    field, also past the pool's end and for later calls (whose prompts are packed from the lists)."""
+    policy = load_policy("tiny")
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        env = Environment(
+            policy, executor, seed=7, turns=(2, 3), zero_work=True, prompt_tokens=900, gen_tokens=700
+        )
+        episodes = play(env, 6)
+    # the arrays are the lists' values, also where a window wraps around the pool's end
+    small = TokenPool(ZERO_WORK_VOCAB, size=1000)
+    for seed, n in ((11, 2500), (12, 10)):
+        ids, logprobs, start = small.window(seed, n)
+        window_ids, window_logprobs = small.arrays(start, n)
+        assert window_ids.tolist() == ids and window_logprobs.tolist() == logprobs
+    for episode in episodes:
+        packed = [r.packed_arrays() for r in episode]
+        assert packed[0][0] is not None and all(p[0] is None for p in packed[1:])
+        assert all(p[1] is not None and p[2] is not None for p in packed)
+        as_records = [TokenEntry.model_validate(r.record()) for r in episode]
+        assert (
+            encode_entries(episode)
+            == encode_entries(as_records)
+            == encode_records([r.record() for r in episode])
+        )
+        for r in episode:
+            assert r.digest == token_digest(r.prompt_token_ids + r.generation_token_ids)

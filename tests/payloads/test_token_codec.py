@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from payloads.token_arrays import canonical, canonical_arrays, decode_arrays, decode_payload, encode_arrays
-from protocol.lineage import LineageError, full_prompts
+from protocol.lineage import LineageError, full_prompts, link_call, token_digest
 from protocol.token_codec import (
     TOKENS_JSON_MEDIA_TYPE,
     TOKENS_MEDIA_TYPE,
@@ -27,6 +27,7 @@ from protocol.token_codec import (
     encode_json,
     encode_records,
     read_layout,
+    with_arrays,
 )
 from protocol.wire import TokenEntry
 from tests.gym.test_token_records import _delta_chain
@@ -230,3 +231,62 @@ def test_a_payload_checked_by_its_digest_is_read_without_re_encoding_its_header(
     with pytest.raises(TokenCodecError, match="not canonical"):
         decode_arrays(loose)
     assert decode_arrays(loose, check_canonical=False).generation(0).tolist() == [3]
+
+
+u32_ids = st.lists(st.integers(0, 2**32 - 1), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(u32_ids, f32_values.flatmap(lambda lps: st.tuples(st.just(lps), st.lists(
+    st.integers(0, 2**32 - 1), min_size=len(lps), max_size=len(lps)))), st.booleans())  # fmt: skip
+def test_a_record_encoded_from_its_arrays_gives_the_bytes_and_digest_of_its_lists(
+    prompt: list[int], generation: tuple[list[float], list[int]], all_three: bool
+) -> None:
+    """`with_arrays` (zero work's pool): the arrays beside the lists give the very bytes the lists
+    give, and the same lineage digest; one left out is packed from its list."""
+    lps, gen = generation
+    entry = TokenEntry(
+        rollout_id="g1_g0", model_call_id="call-1", prompt_token_ids=prompt,
+        generation_token_ids=gen, generation_log_probs=lps, output_items=[{"type": "message"}],
+    )  # fmt: skip
+    plain = encode_entries([entry])
+    packed = with_arrays(
+        entry.model_copy(),
+        np.asarray(prompt, dtype=np.uint32) if all_three else None,
+        np.asarray(gen, dtype=np.uint32),
+        np.asarray(lps, dtype=np.float32),
+    )
+    assert packed.packed_arrays()[0] is None or all_three
+    assert packed.packed_arrays()[1] is not None and packed == entry  # a cache, not a field
+    assert encode_entries([packed]) == plain == encode_records([entry.record()])
+    assert (
+        link_call(packed, None, []).digest == link_call(entry, None, []).digest == token_digest(prompt + gen)
+    )
+
+
+def test_arrays_count_only_beside_their_own_lists_and_are_checked() -> None:
+    entry = TokenEntry(
+        rollout_id="g1_g0", model_call_id="call-1", prompt_token_ids=[1, 2],
+        generation_token_ids=[3, 4], generation_log_probs=[-0.5, -0.25],
+    )  # fmt: skip
+    packed = with_arrays(
+        entry, np.array([1, 2], np.uint32), np.array([3, 4], np.uint32), np.array([-0.5, -0.25], np.float32)
+    )
+    assert all(a is not None for a in packed.packed_arrays())
+    # a copy that replaces a list drops them (its bytes are its lists'), one that keeps them keeps them
+    other = packed.model_copy(update={"generation_token_ids": [5, 6]})
+    assert other.packed_arrays() == (None, None, None)
+    assert decode_records(encode_entries([other]))[0]["generation_token_ids"] == [5, 6]
+    assert packed.model_copy(update={"model": "m"}).packed_arrays() == packed.packed_arrays()
+    fresh = TokenEntry.model_validate(entry.record())
+    with pytest.raises(TokenCodecError, match="given as a buffer of format"):
+        with_arrays(fresh, np.array([1, 2], np.int64))
+    with pytest.raises(TokenCodecError, match="3 values in the buffer, 2 in the record"):
+        with_arrays(fresh, None, np.array([3, 4, 5], np.uint32))
+    for bad in (np.nan, np.inf, -np.inf):
+        with pytest.raises(TokenCodecError, match="NaN or infinite"):
+            with_arrays(fresh, None, None, np.array([-0.5, bad], np.float32))
+    # a high byte of 0x7f / 0xff that is finite (within a factor 2 of float32's largest): kept
+    big = np.array([3.0e38, -3.0e38], np.float32)
+    wide = TokenEntry.model_validate({**entry.record(), "generation_log_probs": big.tolist()})
+    assert encode_entries([with_arrays(wide, None, None, big)]) == encode_entries([wide])
