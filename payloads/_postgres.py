@@ -47,6 +47,9 @@ def _put_statement(rows: int) -> str:
 
 
 _BATCH: Final = 500  # digests per SELECT / DELETE
+# Seconds a connection attempt may take (libpq's `connect_timeout`): a host that never answers is an
+# outage to ride out, not a wait for ever.
+CONNECT_TIMEOUT_S: Final = 10
 
 
 def _url(url: str) -> str:
@@ -76,7 +79,15 @@ class PostgresPayloadStore(PayloadStore):
             if url is None:
                 raise PayloadStoreError("a PostgreSQL payload store needs a URL or an engine")
             try:
-                engine = create_engine(_url(url), pool_size=pool_size, pool_pre_ping=True)
+                engine = create_engine(
+                    _url(url),
+                    pool_size=pool_size,
+                    pool_pre_ping=True,
+                    connect_args={
+                        "connect_timeout": CONNECT_TIMEOUT_S,
+                        "application_name": "ledger-payloads",
+                    },
+                )
             except Exception as exc:  # a bad URL, a missing driver
                 raise PayloadStoreError(f"payload store {url!r}: {exc}") from None
         self.engine: Engine = engine
@@ -103,18 +114,24 @@ class PostgresPayloadStore(PayloadStore):
         try:
             with self.engine.connect() as conn:
                 raw: Any = conn.connection.dbapi_connection
-                if write and not self._ready:
-                    self._ensure_table(raw)
                 try:
-                    with raw.cursor() as cur:
-                        result = fn(cur)
-                except psycopg.errors.UndefinedTable:
-                    raw.rollback()
-                    if write:
-                        raise
-                    return []  # nothing was ever stored here
-                raw.commit()
-                return result
+                    if write and not self._ready:
+                        self._ensure_table(raw)
+                    try:
+                        with raw.cursor() as cur:
+                            result = fn(cur)
+                    except psycopg.errors.UndefinedTable:
+                        raw.rollback()
+                        if write:
+                            raise
+                        return []  # nothing was ever stored here
+                    raw.commit()
+                    return result
+                except (psycopg.OperationalError, psycopg.InterfaceError):
+                    # A session the server dropped is discarded, never reset back into the pool (the
+                    # pool's reset would fail again and log a traceback for it).
+                    conn.invalidate()
+                    raise
         except OperationalError as exc:
             raise PayloadStoreUnavailable(f"{what}: {_first_line(exc.orig)}") from None
         except DBAPIError as exc:
