@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from cli.common import DbOption, clear_errors, console, db_url, err_console
+from cli.common import DbOption, clear_errors, console, db_url, err_console, error, mask_url
 
 if TYPE_CHECKING:
     from eventstore import EventStore
@@ -135,12 +135,42 @@ def prune(
             store.close()
 
 
+def _named_store(store: EventStore, payloads: str | None) -> str | None:
+    """The store `--payloads` or `$LEDGER_PAYLOADS` names when it is not the one beside the log (a
+    directory beside a SQLite file, a PostgreSQL log's own database), else None."""
+    import os
+    from pathlib import Path
+    from urllib.parse import unquote, urlsplit
+
+    from payloads import PAYLOADS_ENV, payload_url_beside
+
+    named = payloads or os.environ.get(PAYLOADS_ENV)
+    if not named:
+        return None
+
+    def where(url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme in ("", "file"):
+            return str(Path(unquote(parts.path) if parts.scheme else url).resolve())
+        return url
+
+    return None if where(named) == where(payload_url_beside(store.url)) else named
+
+
 @app.command("collect")
 def collect(
     db: DbOption = None,
     payloads: PayloadsOption = None,
     grace_s: GraceOption = None,
     dry_run: DryRunOption = False,
+    only_this_log: Annotated[
+        bool,
+        typer.Option(
+            "--only-this-log",
+            help="The store named is written by this log's processes alone (needed when it is not the "
+            "store beside the log: another log's payloads would look unclaimed).",
+        ),
+    ] = False,
 ) -> None:
     """Delete the payloads no event needs: put but never claimed (the process died before its append),
     or pruned and left behind by an interrupted prune."""
@@ -150,6 +180,14 @@ def collect(
     with clear_errors():
         store = open_store(db_url(db, "writer"))
         try:
+            named = _named_store(store, payloads)
+            if named is not None and not only_this_log and not dry_run:
+                error(
+                    f"payload store {mask_url(named)} is not the one beside this log: another log's payloads "
+                    "in it would look unclaimed and be deleted; nothing was deleted. Pass --only-this-log if "
+                    "this log's processes alone write to it"
+                )
+                raise typer.Exit(2)
             target, refs = _read(store, payloads)
             listed = list(target.scan())
             digests = collectable(refs, listed, time.time(), DEFAULT_GRACE_S if grace_s is None else grace_s)

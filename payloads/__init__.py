@@ -10,7 +10,7 @@ from payloads._claim import LOG_BLOBS_STORE, PayloadClaim
 from payloads._errors import PayloadCorrupt, PayloadMissing, PayloadStoreError, PayloadStoreUnavailable
 from payloads._local import LocalDirPayloadStore
 from payloads._memory import InMemoryPayloadStore
-from payloads._open import PAYLOADS_ENV, default_payload_url, open_payload_store
+from payloads._open import PAYLOADS_ENV, default_payload_url, open_payload_store, payload_url_beside
 from payloads._plane import PayloadPlane, verify
 from payloads._store import PayloadStore, StoredPayload, check_digest
 
@@ -30,5 +30,6 @@ __all__ = [
     "check_digest",
     "default_payload_url",
     "open_payload_store",
+    "payload_url_beside",
     "verify",
 ]

@@ -51,9 +51,11 @@ def open_payload_store(url: str, name: str | None = None) -> PayloadStore:
 
 def default_payload_url(log_url: str) -> str:
     """The payload store beside the log at `log_url`, unless `LEDGER_PAYLOADS` names one."""
-    configured = os.environ.get(PAYLOADS_ENV)
-    if configured:
-        return configured
+    return os.environ.get(PAYLOADS_ENV) or payload_url_beside(log_url)
+
+
+def payload_url_beside(log_url: str) -> str:
+    """The payload store beside the log at `log_url`, whatever `LEDGER_PAYLOADS` says."""
     parts = urlsplit(log_url)
     if parts.scheme.startswith("sqlite"):
         path = unquote(parts.path)[1:] if parts.path.startswith("/") else unquote(parts.path)
@@ -63,4 +65,4 @@ def default_payload_url(log_url: str) -> str:
     return log_url
 
 
-__all__ = ["PAYLOADS_ENV", "default_payload_url", "open_payload_store"]
+__all__ = ["PAYLOADS_ENV", "default_payload_url", "open_payload_store", "payload_url_beside"]

@@ -4,8 +4,11 @@ grace is touched."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,3 +197,48 @@ def test_the_fold_reads_claims_from_group_and_logprobs_streams(store: EventStore
     refs = fold_refs(store.read_all())
     assert set(refs.by_group) == {"old", "mid", "new"} and not refs.ungrouped
     assert set(reply_digests(store, "new")) < refs.by_group["new"]
+
+
+def test_collect_on_a_store_not_beside_the_log_wants_only_this_log(tmp_path: Path, url: str) -> None:
+    """Two logs writing to one store (`$LEDGER_PAYLOADS` set for both): the other log's payloads look
+    unclaimed to this one.  `collect` on a store that is not the one beside the log deletes nothing and
+    says why in one line, unless told the log's processes alone write to it; the store beside the log,
+    named or not, needs no such word.  Real subprocesses of the CLI."""
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    upgrade_database(other)
+    shared = LocalDirPayloadStore(tmp_path / "shared")
+    theirs = b'{"claimed": "by the other log"}'
+    digest = "sha256:" + hashlib.sha256(theirs).hexdigest()
+    shared.put(digest, theirs)
+    age(shared, [digest], 7200)
+
+    def collect(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", "payloads", "collect", "--db", url, "--grace-s", "0", *args],
+            env={
+                **{k: v for k, v in os.environ.items() if k != "LEDGER_PAYLOADS"},
+                "COLUMNS": "200",
+                **(env or {}),
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    for refused in (
+        collect(env={"LEDGER_PAYLOADS": shared.root.as_uri()}),
+        collect("--payloads", str(shared.root)),
+    ):
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        [line] = refused.stderr.splitlines()
+        assert line.startswith("error: payload store ") and "nothing was deleted" in line, line
+        assert "--only-this-log" in line and "Traceback" not in refused.stdout
+        assert shared.contains([digest]) == {digest}
+    dry = collect("--payloads", str(shared.root), "--dry-run")
+    assert dry.returncode == 0 and "would collect 1 of 1" in " ".join(dry.stdout.split()), dry.stderr
+    beside = collect("--payloads", (tmp_path / "ledger.db.payloads").as_uri())
+    assert beside.returncode == 0 and "collected 0 of 0" in " ".join(beside.stdout.split()), beside.stderr
+    told = collect("--payloads", str(shared.root), "--only-this-log")
+    assert told.returncode == 0 and "collected 1 of 1" in " ".join(told.stdout.split()), told.stderr
+    assert not shared.contains([digest])
