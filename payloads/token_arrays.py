@@ -260,7 +260,7 @@ def _in_canonical_dtype(arrays: TokenArrays, span: ArraySpan) -> bool:
     return values.size > 0 and not np.array_equal(narrow.astype(np.float64), values)
 
 
-def canonical_arrays(content: bytes) -> TokenArrays:
+def canonical_arrays(content: bytes | memoryview) -> TokenArrays:
     """The records of a binary payload as arrays over their canonical form: over `content` itself
     when it is canonical (its header checked by `read_layout`, each array's dtype by one vectorised
     pass, nothing re-encoded), else over that form, encoded once.  TokenCodecError when `content`

@@ -38,7 +38,9 @@ class CompletionFrameError(ValueError):
 class CompletionParts:
     reply: bytes
     receipt: bytes
-    tokens: bytes
+    # A view of the frame, not a copy: the largest part, read in place and copied once, into what
+    # the trainer stores.
+    tokens: memoryview
 
 
 def encode_completion(reply: bytes, receipt: bytes, tokens: bytes) -> bytes:
@@ -64,7 +66,7 @@ def decode_completion(body: bytes) -> CompletionParts:
     return CompletionParts(
         reply=bytes(view[start : start + reply_len]),
         receipt=bytes(view[start + reply_len : tokens_at]),
-        tokens=bytes(view[tokens_at:]),
+        tokens=view[tokens_at:],
     )
 
 

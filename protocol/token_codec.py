@@ -368,13 +368,17 @@ def reply_output_of(reply: Any) -> list[Any]:
     return output if isinstance(output, list) else []
 
 
-def refer_to_reply(content: bytes, reply_output: Sequence[Any]) -> tuple[bytes, str]:
+def refer_to_reply(
+    content: bytes | memoryview, reply_output: Sequence[Any], *, layout: TokenLayout | None = None
+) -> tuple[bytes, str]:
     """Token records in the binary form, version 1 (checked canonical), as the trainer stores them
     beside their reply, and the media type: each record whose `output_items` are, item for item
     (canonical JSON), a run of `reply_output` after the previous record's, each item without its token
     arrays, refers to that run instead (version 2).  `content` itself, version 1, when no record's
-    items are found there.  The arrays are copied as they are (one copy of the bytes)."""
-    layout = read_layout(content, check_canonical=False)
+    items are found there.  The arrays are copied as they are (one copy of the bytes).  `layout`:
+    `content`'s own as `read_layout` read it (the trainer's intake has), so it is not read again."""
+    if layout is None:
+        layout = read_layout(content, check_canonical=False)
     if layout.version != VERSION:
         raise TokenCodecError("only version 1 token records are made to refer to their reply")
     keys: list[bytes | None] = [None] * len(reply_output)

@@ -313,7 +313,9 @@ class Attempts:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             # Stored beside the reply: the records' output items (the call's output text) refer to the
             # reply's, which holds them once (version 2 of the binary form).
-            tokens_bytes, tokens_type = refer_to_reply(bytes(tokens.buffer), reply_output_of(reply_payload))
+            tokens_bytes, tokens_type = refer_to_reply(
+                memoryview(tokens.buffer), reply_output_of(reply_payload), layout=tokens.layout
+            )
             tokens_claim = self.payloads.claim(tokens_bytes, tokens_type)
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
         except (ReceiptMismatchError, _Unverifiable) as exc:

@@ -724,12 +724,13 @@ class RolloutCoordinator:
 
     async def with_payloads(self, group: SealedGroup) -> SealedGroup:
         """The group with its siblings' replies and token records read by their claims (one read per
-        store for the whole group), checked against them."""
+        store for the whole group), checked against them; the arrays are read-only views of the bytes
+        read (not copied)."""
         claims = [c for c in (*group.reply_claims, *group.token_claims) if c is not None]
         found = await self.payloads.get_many(claims)
         replies = [orjson.loads(found[c.digest]) if c is not None else None for c in group.reply_claims]
         tokens = [
-            decode_payload(bytearray(found[c.digest]), c.media_type, check_canonical=False, reply=reply)
+            decode_payload(found[c.digest], c.media_type, check_canonical=False, reply=reply)
             if c is not None
             else None
             for c, reply in zip(group.token_claims, replies, strict=True)

@@ -112,7 +112,7 @@ _TOKEN_LIST = TypeAdapter(list[TokenEntry])
 _NO_ARRAYS: dict[str, list[Any]] = {name: [] for name in ARRAY_FIELDS}
 
 
-def binary_token_records(body: bytes) -> TokenArrays:
+def binary_token_records(body: bytes | memoryview) -> TokenArrays:
     """A `/token_capture` body in the binary form as arrays over its canonical form (the body itself
     when it is canonical: checked, not re-encoded), each record's other fields held to TokenEntry's
     rules as the JSON form is (its arrays, checked by the codec, stand in empty: no per-token Python
@@ -638,7 +638,7 @@ class GymClient:
             raise BadResponseError(f"{self.base_url}{path}: token records of another capture key")
         return arrays
 
-    def _binary_tokens(self, body: bytes, where: str, capture_key: str) -> TokenArrays:
+    def _binary_tokens(self, body: bytes | memoryview, where: str, capture_key: str) -> TokenArrays:
         """Token records in their binary form, as arrays, held to the rules the JSON form is read by;
         every record of `capture_key`.  (From `/token_capture` or a completion frame.)"""
         try:
