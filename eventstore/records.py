@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,28 @@ def new_event_ids(n: int) -> list[str]:
         f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-{h[i + 12 : i + 16]}-{h[i + 16 : i + 20]}-{h[i + 20 : i + 32]}"
         for i in range(0, 32 * n, 32)
     ]
+
+
+def uuid5_text(namespace: bytes, name: str) -> str:
+    """`str(uuid.uuid5(uuid.UUID(bytes=namespace), name))` without building the UUID objects (2 us of
+    its 3: `UUID.__init__`'s checks, then `__str__`)."""
+    raw = bytearray(hashlib.sha1(namespace + name.encode()).digest()[:16])
+    raw[6] = raw[6] & 0x0F | 0x50  # version 5
+    raw[8] = raw[8] & 0x3F | 0x80  # the RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+# A UUID as `str(uuid.UUID(...))` writes it: a chosen id in this form is stored as it is, unparsed.
+_UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def canonical_uuid(text: str) -> str:
+    """`text` as `str(uuid.UUID(text))` writes it; ValueError when it is no UUID.  Text already in
+    that form is returned as it is (a match, not a parse: 0.3 us instead of 1.5)."""
+    if _UUID_TEXT.fullmatch(text):
+        return text
+    return str(uuid.UUID(text))
 
 
 class ExpectedVersion(IntEnum):
@@ -83,6 +106,7 @@ class NewEvent:
     """An event to append, untyped: `type` and `data` as they will be stored."""
 
     type: str
+    # Left empty where `validated_json` is given: the store writes that text and never reads the dict.
     data: dict[str, Any]
     event_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)

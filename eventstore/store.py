@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from eventstore.records import (
     NewEvent,
     RecordedEvent,
     canonical,
+    canonical_uuid,
     decode_events,
     new_event_ids,
 )
@@ -522,7 +522,7 @@ def _prepare(
         raise InvalidEvent(f"metadata is not JSON-serialisable: {exc}") from None
     if event.event_id is not None:
         try:
-            event_id = str(uuid.UUID(str(event.event_id)))
+            event_id = canonical_uuid(str(event.event_id))
         except ValueError:
             raise InvalidEvent(f"event id {event.event_id!r} is not a UUID") from None
     else:

@@ -60,7 +60,7 @@ from eventstore import (
 )
 from eventstore.events import Event
 from eventstore.read_ahead import PAGE_SIZE
-from eventstore.records import UNIT_SEPARATOR
+from eventstore.records import UNIT_SEPARATOR, uuid5_text
 from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState, lookahead
@@ -640,8 +640,8 @@ def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent
     ).hexdigest()
     return NewEvent(
         type=type_,
-        data=event.model_dump(mode="json"),
-        event_id=str(uuid.uuid5(_EVENT_NS, digest)),
+        data={},  # the store writes `validated_json` and never reads the dict (a dump cost 2-5 us)
+        event_id=uuid5_text(_EVENT_NS.bytes, digest),
         schema_version=event.schema_version,
         validated_json=text,
     )

@@ -23,7 +23,7 @@ from eventstore import (
     upgrade_database,
 )
 from eventstore.events import AttemptMinted, GroupAbandoned, GroupReserved, PromptRef, RunFailed
-from eventstore.records import GENESIS_HASH, Fence, chain_hash, new_event_ids
+from eventstore.records import GENESIS_HASH, Fence, canonical_uuid, chain_hash, new_event_ids, uuid5_text
 
 TAMPER = """UPDATE events SET data = '{"rollout_id":"p1_g7","generation_index":7,"attempt_index":0}' WHERE position = 2"""
 
@@ -482,6 +482,31 @@ def test_new_event_ids_are_distinct_version_4_uuids() -> None:
         parsed = uuid.UUID(text_id)
         assert str(parsed) == text_id and parsed.version == 4 and parsed.variant == uuid.RFC_4122
     assert new_event_ids(0) == []
+
+
+def test_uuid5_text_is_the_standard_librarys_uuid5() -> None:
+    namespace = uuid.UUID("6f1d7c1e-4d0e-4b55-9f0e-2b7a61c0a8d1")
+    for name in ("", "a", "ab" * 32, "take-over/é/group-1", "\x1f" * 70):
+        assert uuid5_text(namespace.bytes, name) == str(uuid.uuid5(namespace, name))
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["0b4f5c1e-2d3a-5b6c-8d7e-9f0a1b2c3d4e", "0B4F5C1E-2D3A-5B6C-8D7E-9F0A1B2C3D4E",
+     "{0b4f5c1e-2d3a-5b6c-8d7e-9f0a1b2c3d4e}", "urn:uuid:0b4f5c1e-2d3a-5b6c-8d7e-9f0a1b2c3d4e",
+     "0b4f5c1e2d3a5b6c8d7e9f0a1b2c3d4e"],
+)  # fmt: skip
+def test_a_chosen_event_id_is_stored_as_the_standard_library_writes_it(given: str) -> None:
+    assert canonical_uuid(given) == str(uuid.UUID(given))
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["", "not-a-uuid", "0b4f5c1e-2d3a-5b6c-8d7e-9f0a1b2c3d4", "0b4f5c1e-2d3a-5b6c-8d7e-9f0a1b2c3d4e\n"],
+)
+def test_a_chosen_event_id_that_is_no_uuid_is_refused(given: str) -> None:
+    with pytest.raises(ValueError):
+        canonical_uuid(given)
 
 
 def test_a_forked_childs_appends_name_the_child() -> None:
