@@ -12,9 +12,11 @@ import os
 import threading
 import weakref
 from collections.abc import Collection, Iterator, Mapping
+from urllib.parse import urlsplit
 
 from sqlalchemy import text
 
+from eventstore.backends import mask_url
 from eventstore.errors import DatabaseUnavailable, EventStoreError
 from eventstore.store import EventStore
 from payloads import (
@@ -27,6 +29,7 @@ from payloads import (
     StoredPayload,
     default_payload_url,
     open_payload_store,
+    payload_url_beside,
 )
 from payloads._postgres import PostgresPayloadStore
 
@@ -68,7 +71,14 @@ def payload_store_for(store: EventStore, url: str | None = None) -> PayloadStore
     """The store payloads of `store`'s log are written to (see the module doc)."""
     if url is None and not os.environ.get(PAYLOADS_ENV) and store._writer.dialect.name == "postgresql":
         return PostgresPayloadStore(engine=store._writer)  # the log's own database and connections
-    return open_payload_store(url or default_payload_url(store.url))
+    chosen = url or default_payload_url(store.url)
+    if urlsplit(chosen).scheme.lower() == "memory" and payload_url_beside(store.url) != "memory://":
+        # Claims in a log that outlives the process to payloads that do not: every one lost at exit.
+        raise PayloadStoreError(
+            f"payload store {chosen!r} keeps nothing past this process, and the log {mask_url(store.url)} "
+            "does: name a directory, a PostgreSQL database or an S3 bucket"
+        )
+    return open_payload_store(chosen)
 
 
 _planes: weakref.WeakKeyDictionary[EventStore, dict[str | None, PayloadPlane]] = weakref.WeakKeyDictionary()

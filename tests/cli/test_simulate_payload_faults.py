@@ -25,7 +25,7 @@ GROUPS = 20
 RUN = ["--groups", "3", "--siblings", "2", "--checkpoint-every", "0", "--faults", ""]
 
 
-def _ledger(tmp_path: Path, store: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _ledger(tmp_path: Path, store: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LEDGER_PAYLOADS": str(store), "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *args],
@@ -160,3 +160,18 @@ def _has_rows(engine: Engine) -> bool:
             return bool(conn.execute(text(f"SELECT EXISTS (SELECT 1 FROM {TABLE})")).scalar())
     except ProgrammingError:  # the table is made by the first put
         return False
+
+
+def test_a_memory_store_beside_a_log_on_disk_is_one_line_before_anything_is_submitted(tmp_path: Path) -> None:
+    """The run would pass and every payload its log claims would be gone at exit."""
+    db = f"sqlite:///{tmp_path / 'ledger.db'}"
+    result = _ledger(tmp_path, "memory://", "simulate", "--db", db, *RUN)
+    assert result.returncode == 2, result.stderr
+    [line] = _errors(result.stderr)
+    assert line.startswith("error: payload store 'memory://' keeps nothing past this process"), line
+    assert "Traceback" not in result.stderr
+    log = open_store(db)
+    try:
+        assert list(log.read_all()) == []
+    finally:
+        log.close()
