@@ -49,7 +49,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import text
 
-from benchmarks.rollout_sizes import add_size_options
+from benchmarks.rollout_sizes import add_size_options, positive
 from cli.signals import Interrupted, StopRequest, run_until_stopped
 from eventstore import EventStore, open_store
 from eventstore.backends import mask_url
@@ -63,6 +63,7 @@ from payloads.token_arrays import decode_payload
 from protocol.streams import checkpoint_stream, group_stream
 from simulation.config import derived_rollout_timeout_s
 from simulation.run import RunInterrupted, SimConfig, run_simulation
+from trainer.errors import CoordinatorStopped
 
 DEFAULT_FAULTS = "drop_reply=0.02,fail=0.02,hang=0.005"
 TRAINER = "trainer"
@@ -611,9 +612,9 @@ def _durations(option: str) -> Callable[[str], str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--groups", type=int, default=2000)
-    parser.add_argument("--siblings", type=int, default=8)
-    parser.add_argument("--agents", type=int, default=2)
+    parser.add_argument("--groups", type=positive, default=2000)
+    parser.add_argument("--siblings", type=positive, default=8)
+    parser.add_argument("--agents", type=positive, default=2)
     parser.add_argument("--mode", choices=("sibling", "prompt_group"), default="prompt_group")
     parser.add_argument("--faults", default=DEFAULT_FAULTS)
     parser.add_argument("--checkpoint-every", type=float, default=3.0)
@@ -650,11 +651,11 @@ def main(argv: list[str] | None = None) -> int:
         "agents' model calls take microseconds; the hang fault's tries never park).",
     )
     add_size_options(parser, prompt_tokens=8, gen_tokens=2, turns="1")
-    parser.add_argument("--window", type=int, default=8, help="Groups open at once per agent.")
+    parser.add_argument("--window", type=positive, default=8, help="Groups open at once per agent.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample-every", type=float, default=0.5, help="Seconds between RSS samples.")
     parser.add_argument("--db", default=None, help="PostgreSQL URL (default: a throwaway cluster).")
-    parser.add_argument("--pool-size", type=int, default=5)
+    parser.add_argument("--pool-size", type=positive, default=5)
     parser.add_argument(
         "--pg-setting",
         action="append",
@@ -696,6 +697,12 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             result = run_until_stopped(run)
+        except (
+            PayloadStoreError,
+            CoordinatorStopped,
+        ) as exc:  # a bad $LEDGER_PAYLOADS, a store gone: one line
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         except (RunInterrupted, Interrupted) as exc:
             kept = "its database is kept" if args.db else "its throwaway database is removed"
             print(f"interrupted: the soak stopped before its figures; {kept}", file=sys.stderr)

@@ -47,3 +47,20 @@ def test_the_soak_reports_sizes_bytes_cpu_and_memory_that_move_with_the_knobs(
     assert real["events_bytes_per_rollout"] < 0.2 * real["payload_bytes_per_rollout"]
     per_token = real["payload_bytes_per_rollout"] / real["tokens_per_rollout"]
     assert real["payload_bytes_per_token"] == pytest.approx(per_token, rel=0.01)
+
+
+@pytest.mark.parametrize("option", ["--groups", "--siblings", "--agents", "--window", "--pool-size"])
+def test_a_count_below_one_is_refused_in_one_line(option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        soak.main([option, "0"])
+    assert refused.value.code == 2
+    assert f"argument {option}: 0 is not at least 1" in capsys.readouterr().err
+
+
+def test_a_payload_store_it_cannot_use_is_one_line(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LEDGER_PAYLOADS", "ftp://x")
+    assert soak.main(["--db", pg_url, "--groups", "1", "--siblings", "1", "--faults", ""]) == 2
+    err = capsys.readouterr().err
+    assert "error: unknown payload store URL 'ftp://x'" in err and "Traceback" not in err, err
