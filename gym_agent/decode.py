@@ -52,8 +52,11 @@ async def decode(
         due = total if spent >= seconds else min(total, int(total * spent / seconds))
         if due > len(ids):
             more, more_logprobs = await sample_more(ids, due - len(ids))
-            ids += more
-            logprobs += more_logprobs
+            if ids:
+                ids += more
+                logprobs += more_logprobs
+            else:  # the call's first tokens: their lists are the call's own (9,000 items not copied)
+                ids, logprobs = more, more_logprobs
         if len(ids) >= total:
             return ids, logprobs
         if at_cut is not None:
