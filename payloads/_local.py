@@ -38,7 +38,7 @@ class LocalDirPayloadStore(PayloadStore):
 
     def __init__(self, root: str | os.PathLike[str], name: str | None = None, *, fsync: bool = True) -> None:
         super().__init__(name)
-        self.root = Path(root)
+        self.root = Path(root).absolute()  # a relative path is the working directory's at open
         self.fsync = fsync
         # Created by the first put, not here: a reader (`ledger audit` of a read-only log) opens a
         # store that is not there, or not writable, and finds nothing in it.
@@ -48,6 +48,10 @@ class LocalDirPayloadStore(PayloadStore):
         # Once this process has seen the directory, its vanishing is a loss to say, never to paper
         # over by making it again: the payloads claimed from it are gone.
         self._seen = self._base.is_dir()
+
+    @property
+    def where(self) -> str:
+        return str(self.root)
 
     def path_of(self, digest: str) -> Path:
         hex_ = check_digest(digest).partition(":")[2]

@@ -94,6 +94,10 @@ class PostgresPayloadStore(PayloadStore):
         self._ready = False
         self._ready_lock = threading.Lock()
 
+    @property
+    def where(self) -> str:
+        return f"{TABLE} in {self.engine.url.render_as_string(hide_password=True)}"
+
     def _ensure_table(self, raw: Any) -> None:
         import psycopg
 

@@ -116,6 +116,10 @@ class S3PayloadStore(PayloadStore):
         region = query.pop("region", None)
         return cls(parts.netloc, parts.path, name, endpoint=endpoint, region=region, options=query)
 
+    @property
+    def where(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
     @staticmethod
     def key_of(digest: str) -> str:
         return f"{_ALGORITHM_DIR}/{check_digest(digest).partition(':')[2]}"

@@ -74,6 +74,11 @@ class PayloadStore(ABC):
     def close(self) -> None:  # noqa: B027 (most backends hold nothing to release)
         """Releases connections or clients the store holds."""
 
+    @property
+    def where(self) -> str:
+        """Where the payloads are, for a message (a directory, a bucket, a database; no password)."""
+        return self.name
+
     def put(self, digest: str, content: bytes) -> None:
         self.put_many({digest: content})
 

@@ -145,6 +145,7 @@ def check_payloads(
     for digest, known in facts.claimed.items():
         by_store.setdefault(known.claim.store, []).append(digest)
     missing: list[tuple[int, str]] = []
+    looked: list[str] = []  # where the missing ones were looked for
     intact: set[str] = set()  # read back and matching their claims
     for name, digests in sorted(by_store.items()):
         store = plane.stores.get(name)
@@ -173,6 +174,8 @@ def check_payloads(
                         summary.pruned += 1
                     else:
                         missing.append((known.position, digest))
+                        if f"{name!r} ({store.where})" not in looked:
+                            looked.append(f"{name!r} ({store.where})")
                     continue
                 summary.checked += 1
                 summary.checked_bytes += len(content)
@@ -199,7 +202,7 @@ def check_payloads(
         violate(
             PAYLOAD_STORED,
             [p for p, _ in missing[:_MAX_LISTED]],
-            f"{len(missing)} claimed payload(s) are not stored, "
+            f"{len(missing)} claimed payload(s) are not stored in store {', '.join(looked)}, "
             f"the first {first} (claimed at {first_position})",
         )
 

@@ -3,6 +3,7 @@ names stored, every row of the log's blob table intact, and the database's own i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -163,3 +164,10 @@ def test_ledger_audit_reads_the_payloads_and_says_so_in_one_line(tmp_path: Path)
     result = runner.invoke(app, ["audit", "--db", url, "--payloads", (tmp_path / "elsewhere").as_uri()])
     assert result.exit_code == 1 and "4 claimed payload(s) are not stored" in " ".join(result.output.split())
     assert not (tmp_path / "elsewhere").exists()  # a reader creates nothing
+    # A relative path is the working directory's, and the violation says where it looked.
+    with contextlib.chdir(tmp_path):
+        result = runner.invoke(app, ["audit", "--db", url, "--payloads", "relative/dir"])
+    said = "".join(result.output.split())
+    assert result.exit_code == 1 and f"arenotstoredinstore'local'({tmp_path}/relative/dir)" in said, (
+        result.output
+    )
