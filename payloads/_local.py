@@ -9,6 +9,7 @@ temporary file, which `scan` ignores and collection removes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import uuid
@@ -82,14 +83,21 @@ class LocalDirPayloadStore(PayloadStore):
                 tmp = path.parent / f"{_TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 try:
-                    view = memoryview(content)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    if self.fsync:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, path)
+                    try:
+                        view = memoryview(content)
+                        while view:
+                            view = view[os.write(fd, view) :]
+                        if self.fsync:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    os.replace(tmp, path)
+                except OSError:
+                    # A put that failed (a full disk, a file past the size limit) leaves no part of
+                    # itself behind: every retry within the outage budget would leave another.
+                    with contextlib.suppress(OSError):
+                        tmp.unlink()
+                    raise
                 touched.add(path.parent)
                 self._seen = True
             if self.fsync:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -181,3 +183,30 @@ class TestS3(PayloadStoreContract):
         store = S3PayloadStore("nobucket", endpoint="http://127.0.0.1:1", region="us-east-1")
         with pytest.raises(PayloadStoreUnavailable):
             store.put("sha256:" + "0" * 64, b"x")
+
+
+def test_a_put_past_the_file_size_limit_is_refused_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """`ulimit -f` (EFBIG) in a real subprocess: refused for good, in one line, and no part-written
+    temporary file is left (a full disk, retried within the outage budget, left one per try)."""
+    script = (
+        "import resource, sys\n"
+        "from payloads import LocalDirPayloadStore, PayloadStoreError, PayloadStoreUnavailable\n"
+        "from protocol.digests import sha256_digest\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "content = bytes(64 * 1024)\n"
+        "try:\n"
+        "    LocalDirPayloadStore(sys.argv[1]).put(sha256_digest(content), content)\n"
+        "except PayloadStoreUnavailable as exc:\n"
+        "    print('unavailable:', exc)\n"
+        "except PayloadStoreError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    root = tmp_path / "payloads"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"refused: storing payloads under {root}: File too large"], (
+        done.stdout
+    )
+    assert [p.name for p in root.rglob("*") if p.is_file()] == []
