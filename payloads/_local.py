@@ -145,8 +145,8 @@ class LocalDirPayloadStore(PayloadStore):
             except FileNotFoundError:
                 continue
             for entry in entries:
-                if entry.name.startswith(_TMP_PREFIX):
-                    continue
+                if entry.name.startswith(_TMP_PREFIX) or not entry.is_file():
+                    continue  # a put in progress, or no payload file (as `contains` says)
                 try:
                     st = entry.stat()
                 except FileNotFoundError:

@@ -35,6 +35,10 @@ def open_payload_store(url: str, name: str | None = None) -> PayloadStore:
         path = unquote(parts.path) if scheme == "file" else url
         if not path:
             raise PayloadStoreError(f"payload store URL {url!r} names no directory")
+        if scheme == "file" and parts.netloc not in ("", "localhost"):
+            raise PayloadStoreError(
+                f"payload store URL {url!r} names the host {parts.netloc!r}: a directory here is file:///DIR"
+            )
         return LocalDirPayloadStore(path, name)
     if scheme.startswith("postgresql") or scheme == "postgres":
         from payloads._postgres import PostgresPayloadStore

@@ -89,6 +89,7 @@ class TestLocalDir(PayloadStoreContract):
         path.mkdir()
         assert store.get_many([sha256_digest(kept), sha256_digest(lost)]) == {sha256_digest(kept): kept}
         assert store.contains([sha256_digest(kept), sha256_digest(lost)]) == {sha256_digest(kept)}
+        assert [p.digest for p in store.scan()] == [sha256_digest(kept)]  # collection never takes it
 
     def test_a_directory_gone_after_a_put_is_refused_never_made_again(self) -> None:
         store = LocalDirPayloadStore(self.root)

@@ -25,6 +25,10 @@ def test_each_url_scheme_opens_its_backend(tmp_path: Path) -> None:
     assert isinstance(open_payload_store(str(tmp_path / "q")), LocalDirPayloadStore)
     with pytest.raises(PayloadStoreError, match="unknown payload store URL 'ftp://x'"):
         open_payload_store("ftp://x")
+    # A host in a file URL is never this machine's directory (the path was used, the host dropped).
+    with pytest.raises(PayloadStoreError, match=r"names the host 'nas': a directory here is file:///DIR"):
+        open_payload_store("file://nas/srv/payloads")
+    assert isinstance(open_payload_store(f"file://localhost{tmp_path / 'r'}"), LocalDirPayloadStore)
 
 
 def test_the_default_store_sits_beside_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
