@@ -193,7 +193,7 @@ class RecordedEvent(NamedTuple):
             raise UnknownSchemaVersion(f"position {self.position}: {exc}") from None
         except ValidationError as exc:
             raise InvalidEvent(
-                f"position {self.position}: {self.type} payload does not validate: {exc}"
+                f"position {self.position}: {self.type} payload does not validate: {_one_line(exc)}"
             ) from exc
         except ValueError as exc:  # malformed JSON text
             raise InvalidEvent(
@@ -271,6 +271,13 @@ def decode_in_bulk(events: Sequence[RecordedEvent]) -> list[Event]:
 
 
 # Builds a RecordedEvent from a driver row without a Python frame per row (replay's hot path).
+def _one_line(exc: ValidationError) -> str:
+    """What pydantic refused, field by field on one line (its own text spans several, with a link)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}" for err in exc.errors()
+    )
+
+
 from_row: Callable[[Sequence[Any]], RecordedEvent] = partial(tuple.__new__, RecordedEvent)
 
 

@@ -94,3 +94,16 @@ def test_appending_random_payloads_writes_all_or_nothing(
         assert last.decode() == EVENT_TYPES[type_].model_validate(data)
     assert store.verify_chain() is None
     store.close()
+
+
+def test_a_tampered_claim_is_refused_in_one_line_naming_each_field() -> None:
+    from eventstore.events import SiblingSealed
+
+    claim = {"store": "local", "digest": "sha256:zz", "size": -1, "media_type": "application/json"}
+    data = {"rollout_id": "p1_g0", "attempt_index": 0, "reward": 1.0, "receipt": {"tokens": claim}}
+    with pytest.raises(InvalidEvent) as refused:
+        row("SiblingSealed", SiblingSealed.schema_version, json.dumps(data)).decode()
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith("position 1: SiblingSealed payload does not validate: ")
+    assert "receipt.tokens.digest: String should match pattern" in said
+    assert "receipt.tokens.size: Input should be greater than or equal to 0" in said
