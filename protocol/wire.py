@@ -7,6 +7,7 @@ import these models; nothing else defines a wire shape.  `docs/protocol.md` desc
 from __future__ import annotations
 
 import math
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal
 
@@ -391,7 +392,9 @@ class TokenEntry(BaseModel):
     output_items: list[dict[str, Any]] = Field(default_factory=list)
     token_item_index: int | None = None
     response_id: str | None = None
-    created_at: float = 0.0
+    # Finite: the Gym's own model would take "INF" (lax str -> float), but no JSON can carry the
+    # infinity back (pydantic writes it null, which its reader refuses), so it is refused here.
+    created_at: float = Field(default=0.0, allow_inf_nan=False)
     parent_call_id: str | None = None
     cum_len: int | None = None
     digest: str | None = None
@@ -436,17 +439,19 @@ class TokenEntry(BaseModel):
     def packed_arrays(self) -> tuple[PackedArray | None, PackedArray | None, PackedArray | None]:
         """`prompt_token_ids`, `generation_token_ids` and `generation_log_probs` in the binary form as
         `protocol.token_codec.with_arrays` packed them beside these very lists; (None, None, None)
-        when it did not (or a copy replaced a list since)."""
+        when it did not, or a copy replaced a list since, or a list grew or shrank in place (each
+        array is 4 bytes a value: a list changed so cannot be given its old bytes)."""
         packed = self._packed
         if packed is None:
             return (None, None, None)
-        prompt, generation, logprobs = packed.lists
-        if (
-            prompt is not self.prompt_token_ids
-            or generation is not self.generation_token_ids
-            or logprobs is not self.generation_log_probs
-        ):
-            return (None, None, None)
+        lists: tuple[Sized, Sized, Sized] = (
+            self.prompt_token_ids,
+            self.generation_token_ids,
+            self.generation_log_probs,
+        )
+        for kept, now, array in zip(packed.lists, lists, packed.arrays, strict=True):
+            if kept is not now or (array is not None and len(array[1]) != 4 * len(now)):
+                return (None, None, None)
         return packed.arrays
 
 

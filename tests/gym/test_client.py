@@ -179,7 +179,12 @@ async def test_token_records_travel_in_the_binary_form(client: GymClient) -> Non
 
 @pytest.mark.parametrize(
     ("change", "why"),
-    [({"schema_version": 9}, "schema_version 9"), ({"model_call_id": None}, "model_call_id")],
+    [
+        ({"schema_version": 9}, "schema_version 9"),
+        ({"model_call_id": None}, "model_call_id"),
+        # a string a float field would coerce to an infinity no JSON can write back
+        ({"created_at": "INF"}, "created_at"),
+    ],
 )
 async def test_binary_token_records_are_held_to_the_token_entry_rules(
     change: dict[str, Any], why: str

@@ -86,6 +86,16 @@ def test_both_forms_round_trip_and_both_encoders_write_the_same_bytes(recs: list
     assert encode_entries(entries) == encode_records([e.record() for e in entries])
 
 
+@pytest.mark.parametrize("created_at", ["INF", "-Infinity", "nan", float("inf")])
+def test_a_record_whose_created_at_is_not_finite_is_refused_as_a_record(created_at: Any) -> None:
+    """The header is canonical JSON, which has no infinity: such a record is refused when it is
+    read as a TokenEntry (a ValidationError its readers report), never a ValueError at encode."""
+    record = {"rollout_id": "g1_g0", "model_call_id": "c1", "prompt_token_ids": [1],
+              "generation_token_ids": [], "generation_log_probs": [], "created_at": created_at}  # fmt: skip
+    with pytest.raises(ValidationError, match="created_at"):
+        TokenEntry.model_validate(record)
+
+
 def test_each_dtype_is_chosen_by_the_values() -> None:
     recs = [
         {"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-0.5]},
@@ -278,6 +288,15 @@ def test_arrays_count_only_beside_their_own_lists_and_are_checked() -> None:
     assert other.packed_arrays() == (None, None, None)
     assert decode_records(encode_entries([other]))[0]["generation_token_ids"] == [5, 6]
     assert packed.model_copy(update={"model": "m"}).packed_arrays() == packed.packed_arrays()
+    # a list grown in place is the same list with other values: its old bytes are not given for it
+    grown = with_arrays(
+        TokenEntry.model_validate(entry.record()), np.array([1, 2], np.uint32), np.array([3, 4], np.uint32),
+        np.array([-0.5, -0.25], np.float32),
+    )  # fmt: skip
+    grown.generation_token_ids.append(7)
+    grown.generation_log_probs.append(-1.0)
+    assert grown.packed_arrays() == (None, None, None)
+    assert decode_records(encode_entries([grown]))[0]["generation_token_ids"] == [3, 4, 7]
     fresh = TokenEntry.model_validate(entry.record())
     with pytest.raises(TokenCodecError, match="given as a buffer of format"):
         with_arrays(fresh, np.array([1, 2], np.int64))
