@@ -21,6 +21,7 @@ from gym_agent.server import ThreadAgent, serve_in_thread
 from projections.runner import rebuild
 from simulation.run import RunInterrupted, RunStalled, SimConfig, run_simulation
 from trainer import RolloutCoordinator
+from trainer.checkpoint import CheckpointOutcome
 from trainer.gym import GymClient
 
 # Far above what any of these runs takes; reached only if a run waits for ever (the fault under test).
@@ -87,6 +88,28 @@ class Watched(RolloutCoordinator):
         Watched.made.append(self)
 
 
+class HeldAtPrepare(Watched):
+    """The real coordinator, whose first checkpoint taken once a group is decided stops at its
+    prepared point (CheckpointPrepareStarted in the log, every agent prepared, nothing decided) and
+    stays there until the run is interrupted: the gate the interrupt test waits for, reached however
+    fast the run goes."""
+
+    held: str | None = None
+
+    async def checkpoint(
+        self, checkpoint_id: str, participants: list[str] | None = None
+    ) -> CheckpointOutcome:
+        decided = any(g.status != "open" for g in self.ledger.groups.values()) or bool(self.ledger.archived)
+        if self.held is not None or not decided:
+            return await super().checkpoint(checkpoint_id, participants)
+        prepared = await self.prepare_checkpoint(checkpoint_id, participants)
+        if isinstance(prepared, CheckpointOutcome):  # aborted at a prepare: the next one is held
+            return prepared
+        self.held = checkpoint_id
+        await asyncio.Event().wait()  # until the interrupt cancels the checkpoint loop
+        raise AssertionError("unreachable")
+
+
 def run_groups(store: EventStore, run_id: str) -> dict[str, str]:
     """Every group of the run in the log, and its status."""
     ledger = rebuild(store).state("ledger")
@@ -107,13 +130,19 @@ async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_
         # whose prepare is in the log (the interrupt must decide it; one only begun in this process,
         # its CheckpointPrepareStarted not yet written, leaves nothing to decide).
         coord = Watched.made[-1]
+        assert isinstance(coord, HeldAtPrepare)
         submitted = sum(1 for g in [*coord.ledger.groups, *coord.ledger.archived] if g.startswith("first-"))
         seen.append((decided, submitted))
         preparing = coord.ctx.checkpoint_in_flight and any(
             c.status == "preparing" and c.checkpoint_id.startswith("first-")
             for c in coord.ctx.journal.checkpoints.checkpoints.values()
         )
-        if decided >= 1 and coord.open_groups() and submitted < total and preparing:
+        if coord.held is not None:
+            assert decided >= 1 and coord.open_groups() and submitted < total and preparing, (
+                decided,
+                submitted,
+                coord.open_groups(),
+            )
             stop.set()
 
     Watched.made.clear()
@@ -122,7 +151,7 @@ async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_
             await run_simulation(
                 store,
                 config(agents, "first", GROUPS, window_per_agent=2),
-                coordinator_factory=Watched,
+                coordinator_factory=HeldAtPrepare,
                 progress=interrupt_mid_run,
                 stop=stop,
             )

@@ -89,11 +89,11 @@ async def test_a_damaged_payload_is_refused_in_one_line_and_the_log_is_untouched
     assert claim.digest in report.violations[0].message
 
 
+# The size column is PostgreSQL's alone (a local directory's size is the file's own): one backend.
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 async def test_a_size_column_that_lies_changes_no_read(store: EventStore, make_agent: MakeAgent) -> None:
     """PostgreSQL's `size` column is the listing's (collection, retention), never the read's: a read
     is held to the claim's size and digest by the bytes themselves."""
-    if store._writer.dialect.name != "postgresql":
-        pytest.skip("the size column is PostgreSQL's")
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         coord = coordinator(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
