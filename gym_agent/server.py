@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import socket
@@ -19,6 +18,7 @@ from starlette.types import ASGIApp
 from gym_agent.app import create_app
 from gym_agent.config import AgentConfig
 from participant import ExecutionRegistry
+from protocol.collector import tune_gc
 from protocol.logsafety import install_log_masking
 
 log = logging.getLogger("gym_agent")
@@ -57,23 +57,6 @@ def build_server(config: AgentConfig) -> AgentServer:
         registry.incarnation,
     )
     return AgentServer(uv_config, registry)
-
-
-# Allocations (minus deallocations) between two collections of the youngest generation (Python's
-# default is 700): a try at 9k tokens holds lists of 17,000 numbers, which every collection that
-# reaches them walks item by item.
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def tune_gc() -> None:
-    """What starting built (modules, the app, zero work's pool) lives as long as the process: frozen out
-    of the collector's generations, so a full collection walks only what the tries allocate; and the
-    youngest generation collected every `GC_YOUNG_THRESHOLD` allocations (the older generations'
-    ratios left as they are)."""
-    gc.collect()
-    gc.freeze()
-    _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
 
 
 def run_server(config: AgentConfig) -> int:

@@ -6,11 +6,12 @@ CPU per sealed rollout fell from 1.83-1.87 ms to 1.60-1.75 ms.  The agents (uvic
 uvloop when it is installed.
 
 `run_async` also sets the process's cyclic garbage collector for a trainer's work
-(`tune_gc`): what is alive when the loop starts (modules, classes, the process's setup) is frozen out
-of every later collection, and the first generation is collected every 10,000 allocations instead of
-every 700.  A trainer makes little cyclic garbage (a 200-group soak collects a few thousand objects
-in all) while its full collections walked every object of the process: measured in the soak at 9k
-tokens, the collector's CPU 0.53 s -> 0.16 s (gc callbacks), 0.1-0.2 ms per sealed rollout.
+(`protocol.collector.tune_gc`, the agent's setting too): what is alive when the loop starts (modules,
+classes, the process's setup) is frozen out of every later collection, and the first generation is
+collected every 10,000 allocations instead of every 700.  A trainer makes little cyclic garbage (a
+200-group soak collects a few thousand objects in all) while its full collections walked every
+object of the process: measured in the soak at 9k tokens, the collector's CPU 0.53 s -> 0.16 s (gc
+callbacks), 0.1-0.2 ms per sealed rollout.
 
 It also pins glibc's mmap threshold (`tune_malloc`): a buffer of `MMAP_THRESHOLD` bytes or more
 (a reply, a token record, a payload batch) is mapped for itself and returned to the system when
@@ -24,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import gc
 import os
 import platform
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
+
+from protocol.collector import tune_gc
 
 _T = TypeVar("_T")
 
@@ -39,18 +41,6 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:  # not on every platform: asyncio's own loop does the same, more slowly
         return None
     return uvloop.new_event_loop
-
-
-# Allocations (minus deallocations) between two collections of the youngest generation.
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def tune_gc() -> None:
-    """Freezes what is alive now out of later collections and collects the youngest generation
-    every `GC_YOUNG_THRESHOLD` allocations (the older generations' ratios are left as they are)."""
-    gc.freeze()
-    _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
 
 
 # Bytes from which glibc maps an allocation for itself (and unmaps it when freed); mallopt's own.

@@ -8,7 +8,8 @@ import sys
 
 _SCRIPT = """
 import gc
-from trainer.eventloop import GC_YOUNG_THRESHOLD, run_async
+from protocol.collector import GC_YOUNG_THRESHOLD
+from trainer.eventloop import run_async
 
 before = gc.get_threshold()
 setup = [object() for _ in range(3)]  # alive before the loop starts: frozen with the rest

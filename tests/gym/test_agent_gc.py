@@ -1,5 +1,6 @@
-"""`gym_agent.server.tune_gc`, what `run_server` sets the collector to before it serves, in a process
-of its own (the collector is the process's)."""
+"""`protocol.collector.tune_gc`, what the agent's `run_server` sets the collector to before it serves
+(the trainer's `run_async` too: tests/core/test_trainer_gc.py), in a process of its own (the collector
+is the process's)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import sys
 
 _SCRIPT = """
 import gc
-from gym_agent.server import GC_YOUNG_THRESHOLD, tune_gc
+import gym_agent.server
+from protocol.collector import GC_YOUNG_THRESHOLD, tune_gc
+
+assert gym_agent.server.tune_gc is tune_gc  # run_server's own
 
 before = gc.get_threshold()
 setup = [object() for _ in range(3)]  # alive before the agent serves: frozen with the rest
