@@ -20,6 +20,7 @@ import numpy.typing as npt
 from protocol.lineage import LineageError, packed_token_digest
 from protocol.token_codec import (
     ARRAY_FIELDS,
+    NON_FINITE_LOGPROB,
     TOKENS_JSON_MEDIA_TYPE,
     ArraySpan,
     TokenCodecError,
@@ -212,7 +213,7 @@ def _logprobs(values: npt.ArrayLike) -> tuple[str, bytes]:
     if arr.dtype.kind != "f":
         arr = arr.astype(np.float64)
     if not np.isfinite(arr).all():
-        raise TokenCodecError("a logprob is NaN or infinite")
+        raise TokenCodecError(NON_FINITE_LOGPROB)
     with np.errstate(over="ignore"):  # a value past float32's range becomes inf, hence f8
         narrow = arr.astype("<f4")
     if arr.dtype.itemsize <= 4 or np.array_equal(narrow.astype(np.float64), arr):
@@ -252,7 +253,7 @@ def _in_canonical_dtype(arrays: TokenArrays, span: ArraySpan) -> bool:
     with np.errstate(over="ignore", invalid="ignore"):
         total = float(values.sum(dtype=np.float64))
     if not math.isfinite(total) and not np.isfinite(values).all():
-        raise TokenCodecError("a logprob is NaN or infinite")
+        raise TokenCodecError(NON_FINITE_LOGPROB)
     if span.dtype == "f4":
         return True
     with np.errstate(over="ignore"):

@@ -84,6 +84,17 @@ class TokenCodecError(ValueError):
     """Bytes that are not token records in the binary form, or records that have no binary form."""
 
 
+# The one message for the one rule every logprob keeps (lists, buffers and numpy arrays alike).
+NON_FINITE_LOGPROB: Final = "a logprob is NaN or infinite"
+
+
+def refuse_non_finite(values: Sequence[float]) -> None:
+    """TokenCodecError unless every logprob is finite: their sum is, in C, whenever each is (a sum
+    past a double's range is the one case where each value is looked at)."""
+    if not math.isfinite(sum(values, 0.0)) and not all(map(math.isfinite, values)):
+        raise TokenCodecError(NON_FINITE_LOGPROB)
+
+
 @dataclass(frozen=True, slots=True)
 class ArraySpan:
     record: int
@@ -142,8 +153,7 @@ def logprob_dtype_of(values: Sequence[float]) -> tuple[str, bytes]:
     Exactly a float32: packing as float32 (round to nearest, as a C cast) and reading back gives the
     values themselves, compared as one list (C; NaN is refused first, and a float32 keeps the sign of
     a zero).  The float64 form is packed only when they are not."""
-    if not math.isfinite(sum(values, 0.0)) and not all(map(math.isfinite, values)):
-        raise TokenCodecError("a logprob is NaN or infinite")
+    refuse_non_finite(values)
     n = len(values)
     try:
         narrow = struct.pack(f"<{n}f", *values)
@@ -190,6 +200,10 @@ def encode_records(records: Sequence[dict[str, Any]]) -> bytes:
     return assemble(heads, arrays)
 
 
+# The buffer formats `with_arrays` takes for each dtype it keeps (native order on a little-endian machine).
+_BUFFER_FORMATS: Final = {"u4": ("I", "<I", "=I"), "f4": ("f", "<f", "=f")}
+
+
 def _buffer_of(values: Buffer, formats: tuple[str, ...], count: int, name: str) -> bytes:
     view = memoryview(values)
     if view.format not in formats or view.itemsize != 4 or view.ndim != 1:
@@ -215,24 +229,23 @@ def with_arrays(
 
     if _SWAP:
         return entry
+    lists: tuple[Sequence[float], ...] = (
+        entry.prompt_token_ids,
+        entry.generation_token_ids,
+        entry.generation_log_probs,
+    )
+    given = (prompt_token_ids, generation_token_ids, generation_log_probs)
     arrays: list[tuple[str, bytes] | None] = [None, None, None]
-    if prompt_token_ids is not None:
-        data = _buffer_of(
-            prompt_token_ids, ("I", "<I", "=I"), len(entry.prompt_token_ids), "prompt_token_ids"
-        )
-        arrays[0] = ("u4", data)
-    if generation_token_ids is not None:
-        count = len(entry.generation_token_ids)
-        arrays[1] = ("u4", _buffer_of(generation_token_ids, ("I", "<I", "=I"), count, "generation_token_ids"))
-    if generation_log_probs is not None:
-        count = len(entry.generation_log_probs)
-        data = _buffer_of(generation_log_probs, ("f", "<f", "=f"), count, "generation_log_probs")
+    for i, (name, values, buffer) in enumerate(zip(ARRAY_FIELDS, lists, given, strict=True)):
+        if buffer is None:
+            continue
+        dtype = "f4" if name == "generation_log_probs" else "u4"
+        data = _buffer_of(buffer, _BUFFER_FORMATS[dtype], len(values), name)
         # Finite unless a high byte says it may not be (then each value is looked at).
-        if data[3::4].translate(None, _NOT_HIGH) and not all(map(math.isfinite, _floats(data))):
-            raise TokenCodecError("a logprob is NaN or infinite")
-        arrays[2] = ("f4", data)
-    lists = (entry.prompt_token_ids, entry.generation_token_ids, entry.generation_log_probs)
-    entry._packed = PackedArrays(lists, (arrays[0], arrays[1], arrays[2]))
+        if dtype == "f4" and data[3::4].translate(None, _NOT_HIGH):
+            refuse_non_finite(_floats(data))
+        arrays[i] = (dtype, data)
+    entry._packed = PackedArrays((lists[0], lists[1], lists[2]), (arrays[0], arrays[1], arrays[2]))
     return entry
 
 

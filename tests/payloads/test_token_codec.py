@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from payloads.token_arrays import canonical, canonical_arrays, decode_arrays, decode_payload, encode_arrays
 from protocol.lineage import LineageError, full_prompts, link_call, token_digest
 from protocol.token_codec import (
+    NON_FINITE_LOGPROB,
     TOKENS_JSON_MEDIA_TYPE,
     TOKENS_MEDIA_TYPE,
     TokenCodecError,
@@ -309,3 +310,26 @@ def test_arrays_count_only_beside_their_own_lists_and_are_checked() -> None:
     big = np.array([3.0e38, -3.0e38], np.float32)
     wide = TokenEntry.model_validate({**entry.record(), "generation_log_probs": big.tolist()})
     assert encode_entries([with_arrays(wide, None, None, big)]) == encode_entries([wide])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_every_encoder_refuses_a_logprob_that_is_no_number_in_the_one_message(bad: float) -> None:
+    """One rule, one message, whatever the logprobs come as: lists, a float32 buffer beside them
+    (zero work's pool), numpy arrays, or a payload's own array."""
+    entry = TokenEntry(
+        rollout_id="g1_g0", model_call_id="call-1", prompt_token_ids=[1],
+        generation_token_ids=[2, 3], generation_log_probs=[-0.5, bad],
+    )  # fmt: skip
+    f4, f8 = np.array([-0.5, bad], "<f4"), np.array([-0.5, bad], "<f8")
+    ids = ("u4", np.array([1], "<u4").tobytes()), ("u4", np.array([2, 3], "<u4").tobytes())
+    refusals = [
+        lambda: encode_records([entry.record()]),
+        lambda: encode_entries([entry]),
+        lambda: with_arrays(entry.model_copy(), None, None, f4),
+        lambda: encode_arrays([{}], [[1]], [[2, 3]], [f8]),
+        lambda: canonical_arrays(assemble([{}], [*ids, ("f8", f8.tobytes())])),
+    ]
+    for refused in refusals:
+        with pytest.raises(TokenCodecError) as caught:
+            refused()
+        assert str(caught.value) == NON_FINITE_LOGPROB
