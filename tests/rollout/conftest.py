@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AsyncExitStack, ExitStack
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from eventstore import EventStore, open_store
 from eventstore.events import PromptRef
 from gym_agent.config import AgentConfig
 from gym_agent.server import ThreadAgent, serve_in_thread
-from trainer import RolloutCoordinator
+from trainer import RolloutCoordinator, SealedGroup
 from trainer.gym import GymClient
 
 _ids = itertools.count()
@@ -81,3 +81,21 @@ def coordinator(store: EventStore, agents: dict[str, GymClient], **kwargs: Any) 
     kwargs.setdefault("rollout_timeout_s", 10.0)
     kwargs.setdefault("prepare_timeout_s", 20.0)
     return RolloutCoordinator(store, agents, **kwargs)
+
+
+@asynccontextmanager
+async def one_sealed_group(
+    store: EventStore, make_agent: MakeAgent, mode: str, tries: int, *, settle: bool = True
+) -> AsyncIterator[tuple[RolloutCoordinator, SealedGroup]]:
+    """One agent "a", a coordinator on `store` (a minute a try), one group of `tries` submitted and
+    sealed; open while the caller reads or damages what it stored.  `settle`: idle first (every
+    payload put and every event appended), else as soon as the seal is read."""
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(store, {"a": client}, mode=mode, rollout_timeout_s=60.0)
+        async with coord:
+            await coord.submit(gid(), PROMPT, "a", tries, PAYLOAD)
+            [sealed] = [s async for s in coord.sealed_groups()]
+            if settle:
+                await coord.wait_idle(120)
+            yield coord, sealed

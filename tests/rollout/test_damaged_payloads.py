@@ -15,8 +15,7 @@ from eventstore.payload_stores import payload_plane
 from payloads import LocalDirPayloadStore, PayloadCorrupt, PayloadMissing, PayloadStore
 from payloads._postgres import TABLE, PostgresPayloadStore
 from projections.audit import audit_log
-from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
-from trainer.gym import GymClient
+from tests.rollout.conftest import MakeAgent, one_sealed_group
 
 
 def _sql(target: PayloadStore, statement: str, **params: object) -> None:
@@ -64,26 +63,19 @@ async def test_a_damaged_payload_is_refused_in_one_line_and_the_log_is_untouched
     says: str,
     rule: str,
 ) -> None:
-    agent = make_agent("a")
-    async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
-        async with coord:
-            g = gid()
-            await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
-            [sealed] = [s async for s in coord.sealed_groups()]
-            await coord.wait_idle(120)
-            target = payload_plane(store).default
-            claim = sealed.token_claims[1]
-            assert claim is not None
-            damage(target, claim.digest, target.get(claim.digest))
-            before = [(e.position, e.event_id) for e in store.read_all()]
-            with pytest.raises(refused) as caught:
-                await coord.with_payloads(sealed)
-            message = str(caught.value)
-            assert claim.digest in message and says in message and "\n" not in message, message
-            assert [(e.position, e.event_id) for e in store.read_all()] == before
-            # The group is still there to be read once the payload is put back; nothing was claimed.
-            assert [s.group_id for s in coord.sealed_unclaimed()] == [g]
+    async with one_sealed_group(store, make_agent, "prompt_group", 2) as (coord, sealed):
+        target = payload_plane(store).default
+        claim = sealed.token_claims[1]
+        assert claim is not None
+        damage(target, claim.digest, target.get(claim.digest))
+        before = [(e.position, e.event_id) for e in store.read_all()]
+        with pytest.raises(refused) as caught:
+            await coord.with_payloads(sealed)
+        message = str(caught.value)
+        assert claim.digest in message and says in message and "\n" not in message, message
+        assert [(e.position, e.event_id) for e in store.read_all()] == before
+        # The group is still there to be read once the payload is put back; nothing was claimed.
+        assert [s.group_id for s in coord.sealed_unclaimed()] == [sealed.group_id]
     report = audit_log(store, payloads=payload_plane(store))
     assert [v.rule for v in report.violations] == [rule], report.as_json()
     assert claim.digest in report.violations[0].message
@@ -94,19 +86,13 @@ async def test_a_damaged_payload_is_refused_in_one_line_and_the_log_is_untouched
 async def test_a_size_column_that_lies_changes_no_read(store: EventStore, make_agent: MakeAgent) -> None:
     """PostgreSQL's `size` column is the listing's (collection, retention), never the read's: a read
     is held to the claim's size and digest by the bytes themselves."""
-    agent = make_agent("a")
-    async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
-        async with coord:
-            await coord.submit(gid(), PROMPT, "a", 1, PAYLOAD)
-            [sealed] = [s async for s in coord.sealed_groups()]
-            await coord.wait_idle(120)
-            target = payload_plane(store).default
-            claim = sealed.token_claims[0]
-            assert claim is not None
-            _sql(target, f"UPDATE {TABLE} SET size = size + 1000 WHERE digest = :d", d=claim.digest)
-            again = await coord.with_payloads(sealed)
-            first, second = sealed.tokens[0], again.tokens[0]
-            assert first is not None and second is not None and again.replies == sealed.replies
-            assert second.records == first.records and second.token_count == first.token_count > 0
+    async with one_sealed_group(store, make_agent, "prompt_group", 1) as (coord, sealed):
+        target = payload_plane(store).default
+        claim = sealed.token_claims[0]
+        assert claim is not None
+        _sql(target, f"UPDATE {TABLE} SET size = size + 1000 WHERE digest = :d", d=claim.digest)
+        again = await coord.with_payloads(sealed)
+        first, second = sealed.tokens[0], again.tokens[0]
+        assert first is not None and second is not None and again.replies == sealed.replies
+        assert second.records == first.records and second.token_count == first.token_count > 0
     assert audit_log(store, payloads=payload_plane(store)).ok

@@ -18,7 +18,7 @@ from protocol.digests import sha256_digest
 from protocol.streams import group_stream, logprobs_stream
 from protocol.token_codec import TOKENS_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
 from protocol.wire import AttemptFault
-from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
+from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid, one_sealed_group
 from trainer.errors import GroupConflict, LogprobsMismatch
 from trainer.gym import GymClient
 
@@ -26,14 +26,8 @@ from trainer.gym import GymClient
 async def test_sealed_groups_carry_the_replies_and_token_arrays_from_the_payload_plane(
     store: EventStore, make_agent: MakeAgent
 ) -> None:
-    agent = make_agent("a")
-    async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="prompt_group", rollout_timeout_s=60.0)
-        async with coord:
-            g = gid()
-            await coord.submit(g, PROMPT, "a", 3, PAYLOAD)
-            [sealed] = [s async for s in coord.sealed_groups()]
-            await coord.wait_idle(120)
+    async with one_sealed_group(store, make_agent, "prompt_group", 3) as (_, sealed):
+        pass
     assert len(sealed.replies) == 3
     for ref, reply, digest, reward in zip(
         sealed.attempts, sealed.replies, sealed.reply_digests, sealed.rewards, strict=True
@@ -53,7 +47,7 @@ async def test_sealed_groups_carry_the_replies_and_token_arrays_from_the_payload
         assert all(h["output_items"] and all(i in output for i in h["output_items"]) for h in tokens.records)
         assert b"output_text" not in payload_plane(store).default.get(claim.digest)
         assert tokens.token_count == sum(tokens.generation(r).size for r in range(len(tokens))) > 0
-    replied = [e for e in store.read_stream(group_stream(g)) if e.type == "RunReplied"]
+    replied = [e for e in store.read_stream(group_stream(sealed.group_id)) if e.type == "RunReplied"]
     assert sorted(e.data["reply_digest"] for e in replied) == sorted(sealed.reply_digests)
     # `ledger audit` reads each try's records back with its reply.
     audit = audit_log(store, payloads=payload_plane(store))
@@ -143,29 +137,23 @@ async def test_trainer_logprobs_are_checked_and_recorded_once(
     pytest.importorskip("torch")
     from workers.logprobs import decode_logprobs, result_event_id
 
-    agent = make_agent("a")
-    async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60.0)
-        async with coord:
-            g = gid()
-            await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
-            [sealed] = [s async for s in coord.sealed_groups()]
-            ref = sealed.attempts[0]
-            reference = _generation_logprobs(store, sealed.tokens_digests[0])
-            mine = [v - 0.25 for v in reference]
-            with pytest.raises(LogprobsMismatch, match="logprobs for"):
-                await coord.record_logprobs(ref.rollout_id, ref.attempt_index, mine[:-1], "v1")
-            with pytest.raises(LogprobsMismatch, match="not finite"):
-                await coord.record_logprobs(ref.rollout_id, ref.attempt_index, [math.nan] * len(mine), "v1")
-            with pytest.raises(LogprobsMismatch, match="not sealed"):
-                await coord.record_logprobs(ref.rollout_id, ref.attempt_index + 1, mine, "v1")
-            assert await coord.record_logprobs(ref.rollout_id, ref.attempt_index, mine, "v1")
-            # The same result again is a no-op; other numbers for the same try and version are refused.
-            assert not await coord.record_logprobs(ref.rollout_id, ref.attempt_index, mine, "v1")
-            with pytest.raises(LogprobsMismatch, match="another result"):
-                await coord.record_logprobs(ref.rollout_id, ref.attempt_index, reference, "v1")
-            await coord.wait_idle(120)
-    [event] = list(store.read_stream(logprobs_stream(g)))
+    async with one_sealed_group(store, make_agent, "sibling", 1, settle=False) as (coord, sealed):
+        ref = sealed.attempts[0]
+        reference = _generation_logprobs(store, sealed.tokens_digests[0])
+        mine = [v - 0.25 for v in reference]
+        with pytest.raises(LogprobsMismatch, match="logprobs for"):
+            await coord.record_logprobs(ref.rollout_id, ref.attempt_index, mine[:-1], "v1")
+        with pytest.raises(LogprobsMismatch, match="not finite"):
+            await coord.record_logprobs(ref.rollout_id, ref.attempt_index, [math.nan] * len(mine), "v1")
+        with pytest.raises(LogprobsMismatch, match="not sealed"):
+            await coord.record_logprobs(ref.rollout_id, ref.attempt_index + 1, mine, "v1")
+        assert await coord.record_logprobs(ref.rollout_id, ref.attempt_index, mine, "v1")
+        # The same result again is a no-op; other numbers for the same try and version are refused.
+        assert not await coord.record_logprobs(ref.rollout_id, ref.attempt_index, mine, "v1")
+        with pytest.raises(LogprobsMismatch, match="another result"):
+            await coord.record_logprobs(ref.rollout_id, ref.attempt_index, reference, "v1")
+        await coord.wait_idle(120)
+    [event] = list(store.read_stream(logprobs_stream(sealed.group_id)))
     assert event.type == "LogprobsComputed"
     assert event.event_id == str(result_event_id(ref.rollout_id, ref.attempt_index, "v1"))
     assert event.data["token_count"] == len(reference)
@@ -183,30 +171,23 @@ async def test_trainer_logprobs_refuse_tampered_token_records(
     from trainer import own_logprobs
 
     store = sqlite_store
-    agent = make_agent("a")
-    async with GymClient(agent.url, "a") as client:
-        coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60.0)
-        async with coord:
-            g = gid()
-            await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
-            [sealed] = [s async for s in coord.sealed_groups()]
-            await coord.wait_idle(120)
-            ref = sealed.attempts[0]
-            attempt = coord.ledger.attempt(ref.rollout_id, ref.attempt_index)
-            assert attempt is not None and isinstance(attempt.rollout_receipt, RolloutReceipt)
-            receipt = attempt.rollout_receipt
-            n = receipt.token_count
-            local = payload_plane(store).default
-            assert isinstance(local, LocalDirPayloadStore)
-            path = local.path_of(receipt.tokens_digest)
-            blob = path.read_bytes()
-            # The stored records altered under their digest: the read by claim refuses them.
-            path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 0x40]))
-            with pytest.raises(LogprobsMismatch, match="hash to"):
-                await coord.record_logprobs(ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1")
-            path.unlink()
-            with pytest.raises(LogprobsMismatch, match="are not stored"):
-                await coord.record_logprobs(ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1")
+    async with one_sealed_group(store, make_agent, "sibling", 1) as (coord, sealed):
+        ref = sealed.attempts[0]
+        attempt = coord.ledger.attempt(ref.rollout_id, ref.attempt_index)
+        assert attempt is not None and isinstance(attempt.rollout_receipt, RolloutReceipt)
+        receipt = attempt.rollout_receipt
+        n = receipt.token_count
+        local = payload_plane(store).default
+        assert isinstance(local, LocalDirPayloadStore)
+        path = local.path_of(receipt.tokens_digest)
+        blob = path.read_bytes()
+        # The stored records altered under their digest: the read by claim refuses them.
+        path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 0x40]))
+        with pytest.raises(LogprobsMismatch, match="hash to"):
+            await coord.record_logprobs(ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1")
+        path.unlink()
+        with pytest.raises(LogprobsMismatch, match="are not stored"):
+            await coord.record_logprobs(ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1")
     with pytest.raises(LogprobsMismatch, match="do not decode"):
         own_logprobs.decide(
             receipt, blob + b" ", TOKENS_MEDIA_TYPE, ref.rollout_id, ref.attempt_index, [-1.0] * n, "v1"
