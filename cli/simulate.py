@@ -479,6 +479,7 @@ def _run(
     from eventstore import open_store
     from simulation.run import RunInterrupted, RunStalled, SimulationError
     from trainer.errors import CoordinatorStopped
+    from trainer.stops import said_by_caller
 
     store = open_store(url, migrate_schema=True)
     exporter = None
@@ -488,9 +489,10 @@ def _run(
 
             exporter = serve_metrics(store, metrics_port, "trainer")
         try:
-            summary = run_until_stopped(
-                lambda stop: _drive(store, url, config, use_ray, ray_kill_after, quiet, stop)
-            )
+            with said_by_caller():  # a CoordinatorStopped is the one `error:` line below, not a log line too
+                summary = run_until_stopped(
+                    lambda stop: _drive(store, url, config, use_ray, ray_kill_after, quiet, stop)
+                )
         except RunInterrupted as exc:
             err_console.print(escape(exc.line()), soft_wrap=True, highlight=False)
             raise typer.Exit(130 if exc.signum is None else 128 + exc.signum) from None

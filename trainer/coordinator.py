@@ -81,6 +81,7 @@ from trainer.gym import GymClient
 from trainer.gym.errors import AgentIdentityError, GymError, TrainerConflictError
 from trainer.journal import OUTAGE_BUDGET_S, Journal
 from trainer.payload_io import PayloadIO
+from trainer.stops import log_stop
 
 # How long `close()` waits for the agents to answer the release of their binding.
 RELEASE_TIMEOUT_S = 5.0
@@ -248,7 +249,7 @@ class RolloutCoordinator:
                         continue
                     await self.checkpointer.reconcile(name, client)
                 except (FencedOff, CoordinatorStopped) as exc:
-                    log.error("reconciliation stops: %s", exc)
+                    log_stop("reconciliation", exc)
                     return
                 except Exception:
                     log.exception(
@@ -485,7 +486,7 @@ class RolloutCoordinator:
             raise
         except (FencedOff, CoordinatorStopped) as exc:
             if not any(e is exc for e in self.errors):  # one stop, said once, however many groups it ends
-                log.error("group %s stops: %s", group_id, exc)
+                log_stop(f"group {group_id}", exc)
             self.errors.append(exc)
         except Exception as exc:
             log.exception("group %s failed", group_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,17 +26,48 @@ GROUPS = 20
 RUN = ["--groups", "3", "--siblings", "2", "--checkpoint-every", "0", "--faults", ""]
 
 
+def _command(store: Path | str, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The `ledger` command line and its environment, its payloads in `store`."""
+    return [sys.executable, "-m", "cli.main", *args], {
+        **os.environ,
+        "LEDGER_PAYLOADS": str(store),
+        "COLUMNS": "200",
+    }
+
+
 def _ledger(tmp_path: Path, store: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LEDGER_PAYLOADS": str(store), "COLUMNS": "200"}
+    argv, env = _command(store, *args)
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_BOUND_S,
-        check=False,
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_BOUND_S, check=False
     )
+
+
+def _resume_finishes(
+    tmp_path: Path, store: Path | str, db: str, run_id: str, run: list[str], groups: int
+) -> None:
+    """`--resume` of the stopped run seals every group, none stranded or run twice, and the audit
+    reads every payload the log claims back."""
+    resumed = _ledger(tmp_path, store, "simulate", "--db", db, "--resume", run_id, "--json", *run)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert (summary["groups_sealed"], summary["stranded"], summary["duplicate_executions"]) == (groups, 0, 0)
+    audit = _ledger(tmp_path, store, "audit", "--db", db, "--json")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert json.loads(audit.stdout)["payloads"]["missing"] == 0
+
+
+# The run's progress, a line every few seconds on a stderr that is not a terminal.
+PROGRESS = re.compile(r"groups \d+/\d+ decided \(\d+ s\)")
+
+
+def _stopped_in_one_line(returncode: int, stderr: str) -> tuple[str, str]:
+    """A run the coordinator's stop ended: exit status 2, and on stderr, besides the progress lines,
+    one `error:` line naming the run to `--resume` (the trainer's own log line of the stop left out);
+    (that line, the run id)."""
+    assert returncode == 2, stderr
+    [line] = [text for text in stderr.splitlines() if not PROGRESS.fullmatch(text)]
+    assert line.startswith("error: run ") and "; carry on with: ledger simulate --resume " in line, stderr
+    return line, line.rsplit("--resume ", 1)[1]
 
 
 def _errors(stderr: str) -> list[str]:
@@ -60,27 +92,18 @@ def test_a_store_that_refuses_every_put_stops_the_run_in_one_line_and_resume_fin
     (store / "sha256").write_bytes(b"")  # where the store's shards go: every put is refused for good
     db = f"sqlite:///{tmp_path / 'ledger.db'}"
     stopped = _ledger(tmp_path, store, "simulate", "--db", db, *RUN)
-    assert stopped.returncode == 2, stopped.stderr
-    assert "Traceback" not in stopped.stderr + stopped.stdout
-    [line] = _errors(stopped.stderr)
+    assert "Traceback" not in stopped.stdout
+    line, run_id = _stopped_in_one_line(stopped.returncode, stopped.stderr)
     assert "the payload store refused to store payloads" in line and "Not a directory" in line, line
-    run_id = line.rsplit("--resume ", 1)[1]
     log = open_store(db)
     try:
         types = {e.type for e in log.read_all()}
     finally:
         log.close()
     assert "SiblingSealed" not in types and "SiblingHeld" not in types  # nothing claims what was not kept
-    # The trainer's log says once why it stopped, not once per group.
-    assert sum("stops:" in text for text in stopped.stderr.splitlines()) == 1, stopped.stderr
 
     (store / "sha256").unlink()
-    resumed = _ledger(tmp_path, store, "simulate", "--db", db, "--resume", run_id, "--json", *RUN)
-    assert resumed.returncode == 0, resumed.stderr
-    summary = json.loads(resumed.stdout)
-    assert (summary["groups_sealed"], summary["stranded"], summary["duplicate_executions"]) == (3, 0, 0)
-    audit = _ledger(tmp_path, store, "audit", "--db", db, "--json")
-    assert audit.returncode == 0, audit.stdout + audit.stderr
+    _resume_finishes(tmp_path, store, db, run_id, RUN, 3)
 
 
 def test_a_payload_database_stopped_mid_run_stops_it_in_one_line_and_resume_finishes_it(
@@ -93,15 +116,10 @@ def test_a_payload_database_stopped_mid_run_stops_it_in_one_line_and_resume_fini
     with PgCluster() as cluster:
         payload_url = cluster.url(cluster.create_database("payloads"))
         db = f"sqlite:///{tmp_path / 'ledger.db'}"
-        env = {**os.environ, "LEDGER_PAYLOADS": payload_url, "COLUMNS": "200"}
         args = ["--groups", str(GROUPS), "--siblings", "2", "--checkpoint-every", "0", "--faults", ""]
+        argv, env = _command(payload_url, "simulate", "--db", db, *args)
         run = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "simulate", "--db", db, *args],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         try:
             engine = create_engine(payload_url)
@@ -118,40 +136,11 @@ def test_a_payload_database_stopped_mid_run_stops_it_in_one_line_and_resume_fini
             if run.poll() is None:
                 run.kill()
                 run.wait()
-        assert run.returncode == 2, stderr
-        assert "Traceback" not in stderr
-        [line] = _errors(stderr)
+        line, run_id = _stopped_in_one_line(run.returncode, stderr)
         assert "the payload store has been unavailable for more than 30 s" in line, line
-        run_id = line.rsplit("--resume ", 1)[1]
 
         cluster.pg_ctl("start")
-        resumed = subprocess.run(
-            [sys.executable, "-m", "cli.main", "simulate", "--db", db, "--resume", run_id, "--json", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_BOUND_S,
-            check=False,
-        )
-        assert resumed.returncode == 0, resumed.stderr
-        summary = json.loads(resumed.stdout)
-        assert (summary["groups_sealed"], summary["stranded"], summary["duplicate_executions"]) == (
-            GROUPS,
-            0,
-            0,
-        )
-        audit = subprocess.run(
-            [sys.executable, "-m", "cli.main", "audit", "--db", db, "--json"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_BOUND_S,
-            check=False,
-        )
-        assert audit.returncode == 0, audit.stdout + audit.stderr
-        assert json.loads(audit.stdout)["payloads"]["missing"] == 0
+        _resume_finishes(tmp_path, payload_url, db, run_id, args, GROUPS)
 
 
 def _has_rows(engine: Engine) -> bool:
