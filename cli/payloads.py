@@ -46,6 +46,14 @@ GraceOption = Annotated[
     ),
 ]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Say what would go; change nothing.")]
+OnlyThisLogOption = Annotated[
+    bool,
+    typer.Option(
+        "--only-this-log",
+        help="The store named is written by this log's processes alone (needed when it is not the "
+        "store beside the log: another log's payloads would be deleted with this one's).",
+    ),
+]
 # Digests per delete call: bounded requests and memory.
 _DELETE_BATCH = 500
 
@@ -73,6 +81,7 @@ def prune(
     ] = 0,
     grace_s: GraceOption = None,
     dry_run: DryRunOption = False,
+    only_this_log: OnlyThisLogOption = False,
 ) -> None:
     """Delete the payloads of groups done for good (trained and behind a committed checkpoint, or
     dead-lettered; every debt paid), recording them in the log first as `PayloadsPruned`."""
@@ -87,6 +96,9 @@ def prune(
     with clear_errors():
         store = open_store(db_url(db, "writer"))
         try:
+            # Content-addressed: a payload of this log's done groups is another log's too when their
+            # bytes are the same, and its claim there would be left without it.
+            _refuse_a_shared_store(store, payloads, only_this_log or dry_run, "this log prunes")
             seen = store.stream_version(RETENTION_STREAM)
             try:
                 ledger: LedgerState = rebuild(store).state("ledger")
@@ -157,20 +169,27 @@ def _named_store(store: EventStore, payloads: str | None) -> str | None:
     return None if where(named) == where(payload_url_beside(store.url)) else named
 
 
+def _refuse_a_shared_store(store: EventStore, payloads: str | None, allowed: bool, because: str) -> None:
+    """Ends the command (exit status 2, nothing deleted) when the store named is not the one beside
+    the log and the caller did not say this log alone writes there: another log's payloads it holds
+    would be deleted, as those that `because`."""
+    named = _named_store(store, payloads)
+    if named is not None and not allowed:
+        error(
+            f"payload store {mask_url(named)} is not the one beside this log: another log's payloads in it "
+            f"would be deleted with those that {because}; nothing was deleted. Pass --only-this-log if "
+            "this log's processes alone write to it"
+        )
+        raise typer.Exit(2)
+
+
 @app.command("collect")
 def collect(
     db: DbOption = None,
     payloads: PayloadsOption = None,
     grace_s: GraceOption = None,
     dry_run: DryRunOption = False,
-    only_this_log: Annotated[
-        bool,
-        typer.Option(
-            "--only-this-log",
-            help="The store named is written by this log's processes alone (needed when it is not the "
-            "store beside the log: another log's payloads would look unclaimed).",
-        ),
-    ] = False,
+    only_this_log: OnlyThisLogOption = False,
 ) -> None:
     """Delete the payloads no event needs: put but never claimed (the process died before its append),
     or pruned and left behind by an interrupted prune."""
@@ -180,14 +199,7 @@ def collect(
     with clear_errors():
         store = open_store(db_url(db, "writer"))
         try:
-            named = _named_store(store, payloads)
-            if named is not None and not only_this_log and not dry_run:
-                error(
-                    f"payload store {mask_url(named)} is not the one beside this log: another log's payloads "
-                    "in it would look unclaimed and be deleted; nothing was deleted. Pass --only-this-log if "
-                    "this log's processes alone write to it"
-                )
-                raise typer.Exit(2)
+            _refuse_a_shared_store(store, payloads, only_this_log or dry_run, "look unclaimed to this log")
             target, refs = _read(store, payloads)
             listed = list(target.scan())
             digests = collectable(refs, listed, time.time(), DEFAULT_GRACE_S if grace_s is None else grace_s)

@@ -199,6 +199,33 @@ def test_the_fold_reads_claims_from_group_and_logprobs_streams(store: EventStore
     assert set(reply_digests(store, "new")) < refs.by_group["new"]
 
 
+def payloads_cli(
+    command: str, url: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`ledger payloads COMMAND --db URL --grace-s 0 ARGS` in a subprocess of its own, with no
+    `$LEDGER_PAYLOADS` but what `env` sets."""
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "payloads", command, "--db", url, "--grace-s", "0", *args],
+        env={
+            **{k: v for k, v in os.environ.items() if k != "LEDGER_PAYLOADS"},
+            "COLUMNS": "200",
+            **(env or {}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def assert_refused_for_a_shared_store(refused: subprocess.CompletedProcess[str]) -> None:
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [line] = refused.stderr.splitlines()
+    assert line.startswith("error: payload store ") and "is not the one beside this log" in line, line
+    assert "nothing was deleted" in line and "--only-this-log" in line, line
+    assert "Traceback" not in refused.stdout + refused.stderr
+
+
 def test_collect_on_a_store_not_beside_the_log_wants_only_this_log(tmp_path: Path, url: str) -> None:
     """Two logs writing to one store (`$LEDGER_PAYLOADS` set for both): the other log's payloads look
     unclaimed to this one.  `collect` on a store that is not the one beside the log deletes nothing and
@@ -213,27 +240,13 @@ def test_collect_on_a_store_not_beside_the_log_wants_only_this_log(tmp_path: Pat
     age(shared, [digest], 7200)
 
     def collect(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cli.main", "payloads", "collect", "--db", url, "--grace-s", "0", *args],
-            env={
-                **{k: v for k, v in os.environ.items() if k != "LEDGER_PAYLOADS"},
-                "COLUMNS": "200",
-                **(env or {}),
-            },
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return payloads_cli("collect", url, *args, env=env)
 
     for refused in (
         collect(env={"LEDGER_PAYLOADS": shared.root.as_uri()}),
         collect("--payloads", str(shared.root)),
     ):
-        assert refused.returncode == 2, refused.stdout + refused.stderr
-        [line] = refused.stderr.splitlines()
-        assert line.startswith("error: payload store ") and "nothing was deleted" in line, line
-        assert "--only-this-log" in line and "Traceback" not in refused.stdout
+        assert_refused_for_a_shared_store(refused)
         assert shared.contains([digest]) == {digest}
     dry = collect("--payloads", str(shared.root), "--dry-run")
     assert dry.returncode == 0 and "would collect 1 of 1" in " ".join(dry.stdout.split()), dry.stderr
@@ -242,3 +255,34 @@ def test_collect_on_a_store_not_beside_the_log_wants_only_this_log(tmp_path: Pat
     told = collect("--payloads", str(shared.root), "--only-this-log")
     assert told.returncode == 0 and "collected 1 of 1" in " ".join(told.stdout.split()), told.stderr
     assert not shared.contains([digest])
+
+
+def test_prune_on_a_store_not_beside_the_log_wants_only_this_log(
+    tmp_path: Path, store: EventStore, url: str
+) -> None:
+    """Content-addressed: a done group's payload in a store another log writes to may be the other
+    log's too (the same bytes), and pruning it would leave that log's claim without it.  `prune` on a
+    store that is not the one beside the log records and deletes nothing, in one line, unless told the
+    log's processes alone write to it (a dry run says what would go).  Real subprocesses of the CLI."""
+    shared = tmp_path / "shared"
+    log = LogBuilder(store, payloads=payload_plane(store, str(shared)))
+    log.clean_sibling_group("old", step=1)
+    log.checkpoint("c1")
+    log.checkpoint("c2")
+    assert set(rebuild(store).state("ledger").archived) == {"old"}
+    old = reply_digests(store, "old")
+    target = LocalDirPayloadStore(shared)
+    assert target.contains(old) == set(old)
+
+    for refused in (
+        payloads_cli("prune", url, env={"LEDGER_PAYLOADS": shared.as_uri()}),
+        payloads_cli("prune", url, "--payloads", str(shared)),
+    ):
+        assert_refused_for_a_shared_store(refused)
+        assert target.contains(old) == set(old)
+        assert store.stream_version(RETENTION_STREAM) == -1  # nothing recorded as pruned either
+    dry = payloads_cli("prune", url, "--payloads", str(shared), "--dry-run")
+    assert dry.returncode == 0 and "would prune 1 done group(s)" in " ".join(dry.stdout.split()), dry.stderr
+    told = payloads_cli("prune", url, "--payloads", str(shared), "--only-this-log")
+    assert told.returncode == 0 and "pruned 1 done group(s)" in " ".join(told.stdout.split()), told.stderr
+    assert not target.contains(old) and store.stream_version(RETENTION_STREAM) == 0
