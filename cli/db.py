@@ -25,13 +25,16 @@ def upgrade(db: DbOption = None) -> None:
 @app.command()
 def current(db: DbOption = None) -> None:
     """Print the database's migration revision and the head this code expects."""
-    from eventstore import migrate
+    from eventstore import check_reachable, migrate
     from eventstore.backends import create_engines
 
     with clear_errors():
         url = db_url(db)
         engine = create_engines(url, pool_size=1, read_only=True)[1]  # never creates a missing file
-        revision = migrate.current_revision(engine)
+        try:
+            revision = check_reachable(url, engine)
+        finally:
+            engine.dispose()
     console.print(f"database: {revision or '(no schema)'}   head: {migrate.head_revision()}")
 
 

@@ -14,6 +14,7 @@ from eventstore.errors import (
     AppendOnlyViolation,
     AppendOutcomeUnknown,
     BadDatabaseUrl,
+    DatabaseRefused,
     DatabaseUnavailable,
     EventIdConflict,
     EventStoreError,
@@ -25,6 +26,7 @@ from eventstore.errors import (
     UnknownMigrationHead,
     UnknownSchemaVersion,
     WrongExpectedVersion,
+    connection_failed,
 )
 from eventstore.events import EVENT_TYPES, Event
 from eventstore.records import AppendResult, ExpectedVersion, Fence, NewEvent, RecordedEvent, decode_events
@@ -38,6 +40,7 @@ __all__ = [
     "AppendResult",
     "BadDatabaseUrl",
     "ChainBreak",
+    "DatabaseRefused",
     "DatabaseUnavailable",
     "Event",
     "EventIdConflict",
@@ -57,6 +60,7 @@ __all__ = [
     "UnknownMigrationHead",
     "UnknownSchemaVersion",
     "WrongExpectedVersion",
+    "check_reachable",
     "decode_events",
     "open_store",
     "upgrade_database",
@@ -68,13 +72,11 @@ def upgrade_database(url: str | None = None) -> str:
     resolved = resolve_url(url)
     writer, reader = create_engines(resolved, pool_size=1)
     try:
-        _check_reachable(resolved, reader)
+        check_reachable(resolved, reader)
         migrate.upgrade(writer)
         return migrate.head_revision()
     except DBAPIError as exc:
-        raise DatabaseUnavailable(
-            f"database {mask_url(resolved)}: {' '.join(str(exc.orig).split())}"
-        ) from None
+        raise connection_failed(mask_url(resolved), " ".join(str(exc.orig).split()), "failed") from None
     finally:
         writer.dispose()
         reader.dispose()
@@ -100,7 +102,7 @@ def open_store(
         raise ValueError("a read-only store cannot migrate its schema")
     writer, reader = create_engines(resolved, pool_size=pool_size, read_only=read_only)
     try:
-        current = _check_reachable(resolved, reader)
+        current = check_reachable(resolved, reader)
         head = migrate.head_revision()
         if current != head and migrate_schema and (current is None or current in migrate.known_revisions()):
             migrate.upgrade(writer)
@@ -118,10 +120,11 @@ def open_store(
     return EventStore(resolved, writer, reader, recorder_for(resolved, notify), notify=notify)
 
 
-def _check_reachable(url: str, reader: object) -> str | None:
+def check_reachable(url: str, reader: object) -> str | None:
+    """The database's migration revision (None: no ledger schema), read over `reader`; a connection
+    that fails is one line, `DatabaseRefused` or `DatabaseUnavailable` (`connection_failed`)."""
     try:
         return migrate.current_revision(reader)  # type: ignore[arg-type]
     except DBAPIError as exc:
         # One line: libpq's messages run over several.
-        reason = " ".join(str(exc.orig).split())
-        raise DatabaseUnavailable(f"database {mask_url(url)} unavailable: {reason}") from None
+        raise connection_failed(mask_url(url), " ".join(str(exc.orig).split())) from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from protocol.connections import refused_for_good
+
 
 class EventStoreError(Exception):
     """Base of every error raised by the store."""
@@ -44,7 +46,13 @@ class InvalidEvent(EventStoreError):
 
 
 class DatabaseUnavailable(EventStoreError):
-    pass
+    """The database cannot be reached now (down, restarting, unreachable): worth retrying within a budget."""
+
+
+class DatabaseRefused(EventStoreError):
+    """The database answered and refused this connection (a wrong password, no such role or database,
+    no pg_hba.conf entry): the next try would be refused the same way, so nothing retries it
+    (`protocol.connections.refused_for_good`)."""
 
 
 class StoreBusy(DatabaseUnavailable):
@@ -75,3 +83,12 @@ class AppendOnlyViolation(EventStoreError):
 
 def _name(expected: int) -> str:
     return {-2: "any version", -1: "no stream"}.get(expected, f"version {expected}")
+
+
+def connection_failed(url: str, reason: str, unavailable: str = "unavailable") -> EventStoreError:
+    """The error for a database that failed this process's connection with `reason` (one line):
+    `DatabaseRefused` when the server refused it for good, else `DatabaseUnavailable`, saying
+    `database URL {unavailable}: REASON` (`url` shown masked)."""
+    if refused_for_good(reason):
+        return DatabaseRefused(f"database {url} refused the connection (not retried): {reason}")
+    return DatabaseUnavailable(f"database {url} {unavailable}: {reason}")

@@ -23,6 +23,7 @@ from eventstore.errors import (
     InvalidEvent,
     UnknownEventType,
     UnknownSchemaVersion,
+    connection_failed,
 )
 from eventstore.events import EVENT_TYPES, Event
 from eventstore.group_commit import GroupCommit
@@ -41,6 +42,7 @@ from eventstore.records import (
     decode_events,
     new_event_ids,
 )
+from protocol.connections import first_line
 
 if TYPE_CHECKING:
     from eventstore.subscription import Subscription
@@ -259,7 +261,7 @@ class EventStore:
                 try:
                     found = [str(r[0]) for r in conn.execute(text("PRAGMA integrity_check")).all()]
                 except DBAPIError as exc:  # a file damaged enough that the check itself cannot run
-                    return False, f"SQLite integrity_check: {_first_line(exc.orig)}"
+                    return False, f"SQLite integrity_check: {first_line(exc.orig)}"
                 if found == ["ok"]:
                     return True, "SQLite integrity_check: ok"
                 shown = "; ".join(found[:5]) + (f" (and {len(found) - 5} more)" if len(found) > 5 else "")
@@ -364,23 +366,23 @@ class EventStore:
         except OperationalError as exc:
             if "append-only" in str(exc.orig):
                 raise AppendOnlyViolation(str(exc.orig)) from None
-            raise DatabaseUnavailable(f"database {self.url} unavailable: {_first_line(exc.orig)}") from None
+            raise connection_failed(self.url, first_line(exc.orig)) from None
         except DBAPIError as exc:
             if "append-only" in str(exc.orig):
                 raise AppendOnlyViolation(str(exc.orig)) from None
             if exc.connection_invalidated:
-                raise DatabaseUnavailable(f"database {self.url} went away: {_first_line(exc.orig)}") from None
-            raise EventStoreError(f"database error, nothing was written: {_first_line(exc.orig)}") from None
+                raise DatabaseUnavailable(f"database {self.url} went away: {first_line(exc.orig)}") from None
+            raise EventStoreError(f"database error, nothing was written: {first_line(exc.orig)}") from None
         except Exception as exc:  # raised by the driver itself on the raw read and append paths
             dbapi = self._reader.dialect.dbapi
             if dbapi is not None and isinstance(exc, dbapi.Error) and "append-only" in str(exc):
-                raise AppendOnlyViolation(_first_line(exc)) from None
+                raise AppendOnlyViolation(first_line(exc)) from None
             if dbapi is not None and isinstance(exc, dbapi.IntegrityError):
-                raise EventStoreError(f"integrity error, nothing was written: {_first_line(exc)}") from None
+                raise EventStoreError(f"integrity error, nothing was written: {first_line(exc)}") from None
             if dbapi is not None and isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
-                raise DatabaseUnavailable(f"database {self.url} unavailable: {_first_line(exc)}") from None
+                raise connection_failed(self.url, first_line(exc)) from None
             if dbapi is not None and isinstance(exc, dbapi.Error):
-                raise EventStoreError(f"database error: {_first_line(exc)}") from None
+                raise EventStoreError(f"database error: {first_line(exc)}") from None
             raise
 
 
@@ -528,7 +530,3 @@ def _prepare(
     else:
         event_id = new_id
     return RenderedEvent(event_id, event.event_id is not None, event.type, version, data, meta)
-
-
-def _first_line(exc: BaseException | None) -> str:
-    return str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else type(exc).__name__

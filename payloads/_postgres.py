@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from payloads._errors import PayloadStoreError, PayloadStoreUnavailable
 from payloads._store import PayloadStore, StoredPayload, check_digest
+from protocol.connections import first_line, refused_for_good
 
 TABLE: Final = "ledger_payloads"
 CREATE_TABLE: Final = f"""
@@ -137,18 +138,18 @@ class PostgresPayloadStore(PayloadStore):
                     conn.invalidate()
                     raise
         except OperationalError as exc:
-            raise PayloadStoreUnavailable(f"{what}: {_first_line(exc.orig)}") from None
+            raise _failed(what, first_line(exc.orig)) from None
         except DBAPIError as exc:
             if exc.connection_invalidated:
-                raise PayloadStoreUnavailable(f"{what}: {_first_line(exc.orig)}") from None
-            raise PayloadStoreError(f"{what}: {_first_line(exc.orig)}") from None
+                raise PayloadStoreUnavailable(f"{what}: {first_line(exc.orig)}") from None
+            raise PayloadStoreError(f"{what}: {first_line(exc.orig)}") from None
         except Exception as exc:
             import psycopg
 
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-                raise PayloadStoreUnavailable(f"{what}: {_first_line(exc)}") from None
+                raise _failed(what, first_line(exc)) from None
             if isinstance(exc, psycopg.Error):
-                raise PayloadStoreError(f"{what}: {_first_line(exc)}") from None
+                raise PayloadStoreError(f"{what}: {first_line(exc)}") from None
             raise
 
     def put_many(self, items: Mapping[str, bytes]) -> None:
@@ -222,8 +223,12 @@ class PostgresPayloadStore(PayloadStore):
             self.engine.dispose()
 
 
-def _first_line(exc: BaseException | None) -> str:
-    return str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else type(exc).__name__
+def _failed(what: str, reason: str) -> PayloadStoreError:
+    """A connection or session that failed: an outage to ride out (`PayloadStoreUnavailable`), or, when
+    the server refused this connection itself (a wrong password, no such database), refused for good."""
+    if refused_for_good(reason):
+        return PayloadStoreError(f"{what}: the database refused the connection (not retried): {reason}")
+    return PayloadStoreUnavailable(f"{what}: {reason}")
 
 
 __all__ = ["CREATE_TABLE", "TABLE", "PostgresPayloadStore"]

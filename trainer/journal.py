@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 from eventstore import (
     AppendResult,
+    DatabaseRefused,
     DatabaseUnavailable,
     EventStore,
     ExpectedVersion,
@@ -184,7 +185,8 @@ class Journal:
         """Runs `fn` in a thread, retrying `DatabaseUnavailable` for up to `outage_budget_s`.
 
         Past the budget the journal stops for good (`CoordinatorStopped`): a coordinator that cannot
-        record its decisions must not make any; its debts stay in the log for the next one.
+        record its decisions must not make any; its debts stay in the log for the next one.  A
+        connection the database refused (`DatabaseRefused`) stops it at the first try.
         """
         if self.stopped is not None:
             raise self.stopped
@@ -195,6 +197,13 @@ class Journal:
                 if failures.calls:
                     log.warning("the log is reachable again after %d retries while %s", failures.calls, what)
                 return result
+            except DatabaseRefused as exc:
+                # A wrong password or a database gone (dropped): no outage, so no budget to wait out.
+                self.stopped = CoordinatorStopped(
+                    f"the log refused the connection while {what}; the coordinator stopped (nothing it "
+                    f"decided is lost: recover from the log once the connection is mended): {exc}"
+                )
+                raise self.stopped from exc
             except DatabaseUnavailable as exc:
                 self.outage_retries += 1
                 now = time.monotonic()

@@ -421,3 +421,31 @@ async def test_a_database_gone_for_too_long_stops_the_coordinator_and_recovery_p
                     again.close()
     finally:
         store.close()
+
+
+async def test_a_log_database_dropped_mid_run_stops_the_coordinator_at_once_not_after_its_budget(
+    own_cluster: PgCluster, tmp_path: Path
+) -> None:
+    """Dropped, the database refuses every new connection ("does not exist"): no outage to ride out.
+    The budget is far longer than the wait allowed, so only a stop at the first refusal passes.  The
+    log and its payload table are one database: whichever of them meets the refusal first says it."""
+    name = own_cluster.create_database()
+    url = own_cluster.url(name)
+    upgrade_database(url)
+    store = open_store(url)
+    try:
+        with serve_hostile(_config(tmp_path, delay_s=0.1), []) as agent:
+            async with GymClient(agent.url, "h") as client:
+                coord = coordinator(store, {"h": client}, mode="sibling", outage_budget_s=600.0)
+                await coord.start()
+                await coord.submit(gid("dropped"), PROMPT, "h", 3, PAYLOAD)
+                await asyncio.to_thread(own_cluster.drop_database, name)  # FORCE: its sessions end too
+                try:
+                    with pytest.raises(CoordinatorStopped, match=r"refused the connection") as caught:
+                        await coord.wait_idle(60)
+                    assert f'database "{name}" does not exist' in str(caught.value)
+                    assert "\n" not in str(caught.value)
+                finally:
+                    await coord.close()
+    finally:
+        store.close()
