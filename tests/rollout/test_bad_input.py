@@ -16,6 +16,7 @@ import pytest
 from eventstore import EventStore, RecordedEvent, open_store, upgrade_database
 from eventstore.testing import PgCluster
 from gym_agent.config import AgentConfig
+from payloads import LocalDirPayloadStore, PayloadPlane
 from projections.audit import audit_log
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
@@ -436,7 +437,10 @@ async def test_a_log_database_dropped_mid_run_stops_the_coordinator_at_once_not_
     try:
         with serve_hostile(_config(tmp_path, delay_s=0.1), []) as agent:
             async with GymClient(agent.url, "h") as client:
-                coord = coordinator(store, {"h": client}, mode="sibling", outage_budget_s=600.0)
+                plane = PayloadPlane(LocalDirPayloadStore(tmp_path / "payloads"))
+                coord = coordinator(
+                    store, {"h": client}, mode="sibling", outage_budget_s=600.0, payloads=plane
+                )
                 await coord.start()
                 await coord.submit(gid("dropped"), PROMPT, "h", 3, PAYLOAD)
                 await asyncio.to_thread(own_cluster.drop_database, name)  # FORCE: its sessions end too
