@@ -142,6 +142,29 @@ class TestPostgres(PayloadStoreContract):
         finally:
             store.close()
 
+    def test_large_payloads_go_to_libpq_uncopied_and_read_back_byte_for_byte(self) -> None:
+        from psycopg.adapt import PyFormat
+
+        from payloads._postgres import _payload_dumper
+
+        store = PostgresPayloadStore(self.url)
+        try:
+            # Past glibc's 64 KiB mmap threshold, a view and a bytearray among them (put_many takes
+            # any buffer), every byte value present.
+            contents = [bytes(range(256)) * 300, bytearray(b"\0\xff" * 50_000), b"x" * 70_001]
+            items = {sha256_digest(bytes(c)): c for c in contents}
+            store.put_many({d: memoryview(c) if i == 0 else c for i, (d, c) in enumerate(items.items())})
+            assert store.get_many(list(items)) == {d: bytes(c) for d, c in items.items()}
+            dumper = _payload_dumper()
+            with store.engine.connect() as conn:
+                raw: Any = conn.connection.dbapi_connection
+                with raw.cursor() as cur:
+                    cur.adapters.register_dumper(bytes, dumper)
+                    assert cur.adapters.get_dumper(bytes, PyFormat.BINARY) is dumper  # not psycopg's C one
+                    assert dumper(bytes).dump(contents[2]) is contents[2]  # the object itself, no copy
+        finally:
+            store.close()
+
     def test_a_server_that_is_not_there_is_unavailable(self) -> None:
         store = PostgresPayloadStore("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=2")
         try:
