@@ -47,7 +47,7 @@ def encode_completion(reply: bytes, receipt: bytes, tokens: bytes) -> bytes:
     return b"".join((_PREFIX.pack(MAGIC, VERSION, len(reply), len(receipt)), reply, receipt, tokens))
 
 
-def decode_completion(body: bytes) -> CompletionParts:
+def decode_completion(body: bytes | bytearray) -> CompletionParts:
     if len(body) < _PREFIX.size:
         raise CompletionFrameError(f"completion frame of {len(body)} bytes is shorter than its prefix")
     magic, version, reply_len, receipt_len = _PREFIX.unpack_from(body)
@@ -62,7 +62,8 @@ def decode_completion(body: bytes) -> CompletionParts:
             f"completion frame names {reply_len} + {receipt_len} bytes of reply and receipt; "
             f"{len(body) - start} follow its prefix"
         )
-    view = memoryview(body)
+    # Read-only even over a bytearray (a body the trainer's transport read in place).
+    view = memoryview(body).toreadonly()
     return CompletionParts(
         reply=bytes(view[start : start + reply_len]),
         receipt=bytes(view[start + reply_len : tokens_at]),

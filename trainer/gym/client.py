@@ -332,7 +332,7 @@ class GymClient:
             payload = json.loads(reply.body)
         except ValueError:
             raise BadResponseError(
-                f"{what}: HTTP {reply.status} with a body that is not JSON: {reply.body[:200]!r}",
+                f"{what}: HTTP {reply.status} with a body that is not JSON: {bytes(reply.body[:200])!r}",
                 status_code=reply.status,
             ) from None
         self._raise_refusal(what, reply.status, payload)
@@ -372,14 +372,16 @@ class GymClient:
     def _parse(self, model: type[M], reply: Reply, what: str) -> M:
         return self._validated(model.model_validate_json, model.__name__, reply.body, what)
 
-    def _validated(self, validate: Callable[[bytes], T], name: str, body: bytes, what: str) -> T:
+    def _validated(
+        self, validate: Callable[[bytes | bytearray], T], name: str, body: bytes | bytearray, what: str
+    ) -> T:
         """`validate(body)`: JSON decoding and the wire model in one pass (pydantic's, in Rust)."""
         try:
             return validate(body)
         except ValidationError as exc:
             if any(error["type"] == "json_invalid" for error in exc.errors()):
                 raise BadResponseError(
-                    f"{self.base_url}{what}: HTTP 200 with a body that is not JSON: {body[:200]!r}",
+                    f"{self.base_url}{what}: HTTP 200 with a body that is not JSON: {bytes(body[:200])!r}",
                     status_code=200,
                 ) from None
             raise BadResponseError(f"{self.base_url} {what}: reply fails {name}: {exc}") from None
@@ -628,7 +630,8 @@ class GymClient:
         path = f"/token_capture/{capture_key}"
         reply = await self._exchange(self._control, "GET", path, extra_headers=_ACCEPT_TOKENS)
         if _media_type(reply) == _TOKENS_MEDIA:
-            return self._binary_tokens(reply.body, path, capture_key)
+            # A body read in place is a bytearray: the arrays over it stay read-only all the same.
+            return self._binary_tokens(memoryview(reply.body).toreadonly(), path, capture_key)
         entries = self._validated(_TOKEN_LIST.validate_json, "list[TokenEntry]", reply.body, path)
         try:
             arrays = decode_arrays(encode_entries(entries))

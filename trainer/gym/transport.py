@@ -13,8 +13,16 @@ reply at its head.  Requests are written whole by `encode_request` (`trainer/gym
 `benchmarks/gym_client.py` measures the pool against aiohttp's and httpx's clients;
 `docs/http-client.md` has the table.
 
-Each connection is an `asyncio.Protocol` that feeds what arrives straight into its parser, so a
-reply is complete the moment its last byte is parsed, without a task switch per read.  A connection
+Each connection is an `asyncio.BufferedProtocol` that feeds what arrives straight into its parser, so
+a reply is complete the moment its last byte is parsed, without a task switch per read.  Reads land
+in one scratch buffer of the pool's (`READ_BYTES`, reused by every connection: a read and its parse
+run to the end before the loop reads again); once a head with a `Content-Length` is parsed and the
+body is not all in that read, the rest of the body is read straight into one buffer of the body's
+length (`bytearray`), its last byte ending the reply.  A large body is so written once, by the
+kernel, instead of three times (a fresh bytes object per read, llhttp's copy of each body chunk,
+their join), each copy a fresh mapping under the trainer's mmap threshold.  llhttp has framed the
+head, so the rules above hold; the body it no longer sees is counted to its length, and the parser,
+now mid-message, is replaced by a fresh one before the connection is reused.  A connection
 goes back to the pool only when the final response was framed completely, llhttp says the server
 keeps the HTTP/1.1 connection alive, and no further message began behind the response.  Bytes or an
 EOF arriving on an idle connection close it at once: an unsolicited response can never become the
@@ -46,6 +54,8 @@ DEFAULT_KEEPALIVE_EXPIRY_S = 4.0
 # Header block and body caps: a misbehaving agent cannot make the trainer buffer without bound.
 MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+# The scratch buffer each read lands in until a body is read in place: libuv's own read size.
+READ_BYTES = 64 * 1024
 
 NO_RESPONSE = "Server disconnected without sending a response."
 _HTTP_NAME = b"HTTP/"
@@ -82,7 +92,9 @@ class Timeouts:
 class Reply:
     status: int
     headers: list[tuple[bytes, bytes]]
-    body: bytes
+    # A body read in place is the bytearray it was read into (not copied to bytes): read it, never
+    # write it.
+    body: bytes | bytearray
     http_version: bytes = b"HTTP/1.1"
     reason: bytes = b""
 
@@ -100,17 +112,23 @@ class _Stop(Exception):
     """Raised in a parser callback to stop llhttp mid-buffer: the exchange's fate is already decided."""
 
 
-class _Link(asyncio.Protocol):
+class _Link(asyncio.BufferedProtocol):
     """One connection: its socket, its llhttp response parser and the reply being read on it.
 
     The parser calls back into this object (`on_status`, `on_header`, ...) as it frames the bytes
     `data_received` feeds it.  `_status` stays 0 until the head of the final (non-1xx) response is
-    complete; `_keep_alive` is llhttp's verdict on that head, narrowed to HTTP/1.1.
+    complete; `_keep_alive` is llhttp's verdict on that head, narrowed to HTTP/1.1.  `_body` is the
+    buffer the rest of a body is read into in place (None while llhttp frames what arrives).
+
+    `scratch` is where reads land (`get_buffer`): the pool's, shared by its connections (one event
+    loop: each read is parsed before the next lands), or the link's own.
     """
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, scratch: bytearray | None = None) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.max_body = max_body
+        self._scratch = memoryview(scratch if scratch is not None else bytearray(READ_BYTES))
+        self._body: bytearray | None = None
         self.transport: asyncio.Transport | None = None
         self.dead = False  # closed, by us or the peer, or poisoned: never reused
         self.idle_since = 0.0
@@ -135,7 +153,23 @@ class _Link(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass of asyncio's
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._body is not None:
+            return memoryview(self._body)[self._size :]  # exactly the body's rest: no byte past it
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._body is None:
+            self.data_received(self._scratch[:nbytes])
+            return
+        if self._reply is None or self._reply.done():
+            self.close()  # timed out or failed meanwhile: the body is nobody's
+            return
+        self._size += nbytes
+        if self._size == len(self._body):
+            self._finish(reusable=self._keep_alive)
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self._reply is None or self._reply.done():
             # Nobody asked: an unsolicited response (or garbage) must not become the next call's reply.
             self.close()
@@ -145,7 +179,7 @@ class _Link(asyncio.Protocol):
             # llhttp also frames RTSP/ and ICE/ replies and skips blank lines before a status line.
             if not _HTTP_NAME.startswith(data[:5]):
                 self._fail(
-                    httpx.RemoteProtocolError(f"malformed response: illegal status line {data[:40]!r}")
+                    httpx.RemoteProtocolError(f"malformed response: illegal status line {bytes(data[:40])!r}")
                 )
                 return
         try:
@@ -154,6 +188,10 @@ class _Link(asyncio.Protocol):
             # A refusal of ours (raised as _Stop) has already failed or finished the reply: this
             # only closes the connection.  Anything else is llhttp refusing the bytes.
             self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}"))
+            return
+        if self._status and self._reply is not None and self._length is not None and not self._coded:
+            # The head is framed and the body's rest is still to come: it is read in place.
+            self._read_in_place(self._length)
             return
         if self._status == 0 and self._reply is not None:
             # Every byte of this read belonged to the head (or to interim responses).
@@ -277,6 +315,7 @@ class _Link(asyncio.Protocol):
         self._reply = reply
         self._head_only = method == "HEAD"
         self._status, self._parts, self._size, self._head_bytes, self._heard = 0, [], 0, 0, False
+        self._body = None
         self.transport.write(wire)
         if self._write_paused:
             await self._drain(timeouts.write, reply)
@@ -288,6 +327,16 @@ class _Link(asyncio.Protocol):
             return await reply
         finally:
             timer.cancel()
+
+    def _read_in_place(self, length: int) -> None:
+        """The rest of a `length`-byte body goes straight into one buffer (what llhttp framed of it
+        so far copied in first); llhttp sees none of it."""
+        body = bytearray(length)
+        size = self._size
+        if size:
+            body[:size] = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        self._parts = []
+        self._body = body
 
     def _expire(self) -> None:
         self._fail(httpx.ReadTimeout("no complete response in time"))
@@ -315,6 +364,7 @@ class _Link(asyncio.Protocol):
 
     def _fail(self, exc: Exception) -> None:
         self.close()
+        self._body = None
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(exc)
         self._reply = None
@@ -339,9 +389,13 @@ class _Link(asyncio.Protocol):
     def _finish(self, *, reusable: bool) -> None:
         assert self._reply is not None
         parts = self._parts
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        body: bytes | bytearray = parts[0] if len(parts) == 1 else b"".join(parts)
         self._parts = []
         version = self.parser.get_http_version()
+        if self._body is not None:
+            # llhttp stopped at the body's first byte it did not see: a fresh parser for the next reply.
+            body, self._body = self._body, None
+            self.parser = httptools.HttpResponseParser(self)
         if reusable and not self.dead:
             # Any byte after this response in the same read starts a message: `on_message_begin`
             # closes the connection before the awaiting call can park it.
@@ -377,6 +431,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._max_idle = max_idle_per_origin if max_idle_per_origin is not None else max_connections
         self._expiry_s = keepalive_expiry_s
         self._max_body = max_body_bytes
+        # Where every connection's reads land (one loop: a read is parsed before the next one lands).
+        self._scratch = bytearray(READ_BYTES)
         self._idle: dict[Origin, deque[_Link]] = {}
         self._busy = 0
         self._waiting = 0
@@ -412,7 +468,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             reply.status,
             headers=reply.headers,
-            stream=httpx.ByteStream(reply.body),
+            stream=httpx.ByteStream(bytes(reply.body)),
             extensions={"http_version": reply.http_version, "reason_phrase": reply.reason},
             request=request,
         )
@@ -497,10 +553,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
             tls = self._ssl_context or ssl.create_default_context()
         loop = asyncio.get_running_loop()
         extra: dict[str, Any] = {"ssl": tls, "server_hostname": host} if tls else {}
-        max_body = self._max_body
+        max_body, scratch = self._max_body, self._scratch
         try:
             async with asyncio.timeout(timeout):
-                _, link = await loop.create_connection(lambda: _Link(max_body), host, port, **extra)
+                _, link = await loop.create_connection(lambda: _Link(max_body, scratch), host, port, **extra)
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out") from None
         except (OSError, ssl.SSLError) as exc:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from trainer.gym.transport import LeanTransport, Origin, PoolState, Reply, Timeouts
+from trainer.gym.transport import READ_BYTES, LeanTransport, Origin, PoolState, Reply, Timeouts
 
 JSON_OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 CLEAN_IDLE = PoolState(idle=1, busy=0, waiting=0)
@@ -386,6 +386,103 @@ async def test_large_bodies_and_bodies_read_to_eof_across_many_reads() -> None:
         assert (reply.body, (b"x-note", b"split") in reply.headers) == (b"[to eof]", True)
         assert transport.pool_state() == EMPTY
         await assert_healthy(transport, agent)
+        await transport.aclose()
+
+
+# -- a body read in place ---------------------------------------------------------------------------
+
+# More than one read's scratch (READ_BYTES): whatever the first read holds, the rest is read in place.
+BIG = bytes(range(256)) * 1024
+assert len(BIG) > READ_BYTES
+
+
+def head_of(length: int) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: " + str(length).encode() + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize("split", ["one-write", "head-alone", "head-and-a-byte", "in-pieces"])
+async def test_a_long_body_is_read_in_place_whole_and_the_connection_kept(split: str) -> None:
+    answer = ok(BIG)
+    at = answer.index(b"\r\n\r\n") + 4
+    writes = {
+        "one-write": [answer],
+        "head-alone": [answer[:at], answer[at:]],
+        "head-and-a-byte": [answer[: at + 1], answer[at + 1 :]],
+        "in-pieces": [answer[i : i + 7919] for i in range(0, len(answer), 7919)],
+    }[split]
+    served: list[Scripted] = []
+
+    async def in_writes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for piece in writes:  # each drained on its own: the client may see them in separate reads
+            writer.write(piece)
+            await writer.drain()
+        await served[0].handle(reader, writer)  # then the same connection answers as usual
+
+    async with serve(big=in_writes) as agent:
+        served.append(agent)
+        transport = LeanTransport()
+        reply = await get(transport, agent.port, "/big")
+        assert reply.body == BIG
+        assert isinstance(reply.body, bytearray)  # read in place, not joined from llhttp's chunks
+        assert transport.pool_state() == CLEAN_IDLE
+        await assert_healthy(transport, agent)
+        assert agent.connections == 2  # `handle` twice on one connection: the /next call reused it
+        await transport.aclose()
+
+
+async def test_a_long_body_cut_short_is_a_protocol_error() -> None:
+    answers = {"/short": (head_of(len(BIG) + 100) + BIG, True)}
+    async with serve(lambda path: answers.get(path) or echo(path)) as agent:
+        transport = LeanTransport()
+        with pytest.raises(httpx.RemoteProtocolError, match=f"received {len(BIG)} bytes"):
+            await get(transport, agent.port, "/short")
+        assert transport.pool_state() == EMPTY
+        await assert_healthy(transport, agent)
+        await transport.aclose()
+
+
+async def test_a_long_body_stalled_midway_meets_the_read_deadline() -> None:
+    async def stall(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(head_of(len(BIG)) + BIG[: len(BIG) // 2])
+        await writer.drain()
+        await asyncio.Event().wait()  # the connection stays open: only the deadline can end this
+
+    async with serve(stall=stall) as agent:
+        transport = LeanTransport()
+        with pytest.raises(httpx.ReadTimeout):
+            await get(transport, agent.port, "/stall", read_s=0.3)
+        assert transport.pool_state() == EMPTY
+        await assert_healthy(transport, agent)
+        await transport.aclose()
+
+
+@pytest.mark.parametrize("after", ["bytes-past-the-length", "a-second-response"])
+async def test_bytes_past_a_long_body_are_never_the_next_reply(after: str) -> None:
+    # A Content-Length shorter than what is sent: the reply is what it declared, the rest is never
+    # read as a reply (the connection carrying it is closed, never parked for the next call).
+    extra = BIG[:1000] if after == "bytes-past-the-length" else ok(b"unsolicited")
+    answers = {"/long": (head_of(len(BIG)) + BIG + extra, False)}
+    async with serve(lambda path: answers.get(path) or echo(path)) as agent:
+        transport = LeanTransport()
+        assert (await get(transport, agent.port, "/long")).body == BIG
+        await until(lambda: transport.pool_state().idle == 0)
+        await assert_healthy(transport, agent)
+        assert agent.connections == 2
+        await transport.aclose()
+
+
+async def test_a_long_chunked_body_is_framed_by_llhttp() -> None:
+    chunks = b"".join(
+        b"%x\r\n%s\r\n" % (len(BIG[i : i + 30000]), BIG[i : i + 30000]) for i in range(0, len(BIG), 30000)
+    )
+    answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+    async with serve(lambda path: (answer, False) if path == "/chunked" else echo(path)) as agent:
+        transport = LeanTransport()
+        reply = await get(transport, agent.port, "/chunked")
+        assert (reply.body, type(reply.body)) == (BIG, bytes)
+        assert transport.pool_state() == CLEAN_IDLE
+        await assert_healthy(transport, agent)
+        assert agent.connections == 1
         await transport.aclose()
 
 
