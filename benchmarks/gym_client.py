@@ -76,9 +76,9 @@ def run_body(rollout_id: str) -> bytes:
     return json.dumps(request).encode()
 
 
-def _expect(status: int, body: bytes) -> Any:
+def _expect(status: int, body: bytes | bytearray) -> Any:
     if status != 200:
-        raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
+        raise RuntimeError(f"HTTP {status}: {bytes(body[:200])!r}")
     return json.loads(body)
 
 
