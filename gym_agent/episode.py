@@ -488,9 +488,14 @@ class Environment:
             record(recorded[-1])
             conversation.append(item)
             output.append(item)
-            generated += token_ids
-            context = context + token_ids
-            if turn + 1 < n_turns:
+            last = turn + 1 == n_turns
+            # The lists of a turn are only what the next turn (its prompt) and a boundary's state
+            # need: after the last call neither comes, and the reward is counted on the arrays when
+            # zero work keeps them (two copies of the call's 9,000 numbers a try at 9k, then freed).
+            if not (last and generated_arrays is not None):
+                generated += token_ids
+            if not last:
+                context = context + token_ids
                 observation = [rng.randrange(vocab) for _ in range(rng.randint(*OBSERVATION_LEN))]
                 observed = {
                     "type": "function_call_output",
@@ -530,9 +535,12 @@ class Environment:
             "output": output,
             "metadata": {"policy_version": self.policy.policy_version, "model_calls": n_turns},
         }
-        reward = episode_reward(
-            np.concatenate(generated_arrays) if generated_arrays is not None else generated
-        )
+        if generated_arrays is None:
+            reward = episode_reward(generated)
+        else:  # one call's array as it is, a multi-turn try's joined
+            reward = episode_reward(
+                generated_arrays[0] if len(generated_arrays) == 1 else np.concatenate(generated_arrays)
+            )
         mask = False
         failure: dict[str, Any] = {}
         if fault.fail:

@@ -56,6 +56,7 @@ from participant.states import (
     next_state,
     resume_decision,
 )
+from protocol.digests import reply_digest
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key, mint_incarnation
 from protocol.tokens import token_records_from_reply
@@ -551,7 +552,8 @@ class ExecutionRegistry:
                 execution_generation=self.generation,
                 execution_incarnation=self.incarnation,
                 result_identity=reply.id,
-                result_digest=reply.digest(),
+                # The digest of the payload just dumped (`RunReply.digest` would dump it again).
+                result_digest=reply_digest(reply_json),
                 manifest_capture_key=ex.capture_key,
                 terminal_model_call_id=ex.tokens[-1].model_call_id if ex.tokens else "",
                 work=ex.work(),
