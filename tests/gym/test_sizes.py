@@ -187,3 +187,35 @@ def test_zero_work_records_are_encoded_from_the_pools_arrays_with_their_lists_by
         )
         for r in episode:
             assert r.digest == token_digest(r.prompt_token_ids + r.generation_token_ids)
+
+
+@pytest.mark.parametrize("turns", [(1, 1), (3, 3)])
+def test_zero_work_reward_is_that_of_every_generated_token_of_the_try(turns: tuple[int, int]) -> None:
+    """The reward is counted over every call's generation, the last one's included, although a try's
+    last turn keeps no list of the tokens generated so far (zero work counts them on its arrays)."""
+    policy = load_policy("tiny")
+
+    async def noop() -> None:
+        return None
+
+    async def tries() -> list[tuple[float, list[TokenEntry]]]:
+        out = []
+        for i in range(4):
+            records: list[TokenEntry] = []
+            request = RunRequest(rollout_id=f"r{i}_g0", attempt_index=0, sample_id=f"r{i}")
+            reply = await env.play(request, fault=NO_FAULT, at_boundary=noop, record=records.append)
+            out.append((reply.reward, records))
+        return out
+
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        env = Environment(
+            policy, executor, seed=9, turns=turns, zero_work=True, prompt_tokens=300, gen_tokens=500
+        )
+        played = asyncio.run(tries())
+    for reward, records in played:
+        assert len(records) == turns[0]
+        generated = [t for r in records for t in r.generation_token_ids]
+        assert reward == episode_reward(generated)
+        if len(records) > 1:  # the last call's tokens count: without them the share differs
+            earlier = [t for r in records[:-1] for t in r.generation_token_ids]
+            assert reward != episode_reward(earlier)
