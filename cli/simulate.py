@@ -478,7 +478,7 @@ def _run(
     """Runs the workload until it ends or a signal stops it; (summary, the log's URL as shown)."""
     from eventstore import open_store
     from simulation.run import RunInterrupted, RunStalled, SimulationError
-    from trainer.errors import CoordinatorStopped
+    from trainer.errors import CoordinatorStopped, FencedOff
     from trainer.stops import said_by_caller
 
     store = open_store(url, migrate_schema=True)
@@ -510,6 +510,12 @@ def _run(
         except CoordinatorStopped as exc:  # the log or the payload store stayed away past its budget
             error(
                 f"run {config.run_id} stopped: {exc}; carry on with: ledger simulate --resume {config.run_id}"
+            )
+            raise typer.Exit(2) from None
+        except FencedOff as exc:  # another coordinator (a `--resume` of this run) took the log over
+            error(
+                f"run {config.run_id} stopped: {exc}; the coordinator that took over carries the run on "
+                f"(if it has stopped too: ledger simulate --resume {config.run_id})"
             )
             raise typer.Exit(2) from None
         except SimulationError as exc:

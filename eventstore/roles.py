@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
+
+from eventstore.errors import BadDatabaseUrl, EventStoreError
 
 # Tables the writer appends to but never changes, and work tables it maintains.
 APPEND_ONLY_TABLES = ("events", "blobs", "projection_checkpoints")
@@ -11,11 +14,18 @@ APPEND_ONLY_TABLES = ("events", "blobs", "projection_checkpoints")
 WORK_TABLES = ("subscriptions", "work_leases", "ledger_payloads")
 
 
+class RolesRefused(EventStoreError):
+    """The database would not make the roles (no ledger schema yet, a role without the right to)."""
+
+
 def create_roles(
     engine: Engine, writer: str, writer_password: str, auditor: str, auditor_password: str
 ) -> None:
+    """Creates (or updates) both roles in one transaction on the ledger's PostgreSQL database; the
+    caller has checked it reachable (`eventstore.check_reachable`).  A statement the database refuses
+    is one line, `RolesRefused`, with nothing changed."""
     if engine.dialect.name != "postgresql":
-        raise ValueError("roles exist only on PostgreSQL; SQLite has no users")
+        raise BadDatabaseUrl("roles exist only on PostgreSQL; SQLite has no users")
     statements: list[sql.Composable] = []
     for role, password in ((writer, writer_password), (auditor, auditor_password)):
         statements.append(
@@ -51,5 +61,10 @@ def create_roles(
             for statement in statements:
                 cur.execute(statement)
         raw.commit()
+    except psycopg.Error as exc:
+        raw.rollback()
+        # One line: the server's message (libpq's can run over several), the URL's password hidden.
+        reason = " ".join(str(exc).split())
+        raise RolesRefused(f"{engine.url.render_as_string()} made no roles: {reason}") from None
     finally:
         raw.close()

@@ -43,6 +43,7 @@ from trainer.gym.errors import (
     ConnectionLostError,
     GymError,
 )
+from trainer.stops import log_stop
 
 IDLE_POLL_S = 0.5
 MAX_BATCH = 2000
@@ -94,7 +95,7 @@ class AckRelay:
             try:
                 await asyncio.gather(*(self.send(a) for a in agents))
             except (FencedOff, CoordinatorStopped) as exc:
-                log.error("ack relay stops: %s", exc)
+                log_stop("ack relay", exc)
                 return
 
     async def send(self, agent_name: str) -> bool:

@@ -1,7 +1,7 @@
 """A coordinator's stop, said once: the trainer's log line is for a library user, whose own code may
-not report the `CoordinatorStopped` it gets; a caller that does say the stop in its own words
-(`ledger simulate`'s one `error:` line, which names `--resume`) leaves that line out for the while
-(`said_by_caller`), so the stop is not told twice."""
+not report the `CoordinatorStopped` or `FencedOff` it gets; a caller that does say the stop in its own
+words (`ledger simulate`'s one `error:` line, which names `--resume`) leaves that line out for the
+while (`said_by_caller`), so the stop is not told twice."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ def log_stop(what: str, exc: CoordinatorStopped | FencedOff) -> None:
 
 class _SaidByCaller(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        # A fenced-off coordinator is not a stop the caller says for itself: that line stays.
-        return not isinstance(getattr(record, _STOP, None), CoordinatorStopped)
+        return not isinstance(getattr(record, _STOP, None), (CoordinatorStopped, FencedOff))
 
 
 _SAID_BY_CALLER: Final = _SaidByCaller()
@@ -33,8 +32,8 @@ _SAID_BY_CALLER: Final = _SaidByCaller()
 
 @contextmanager
 def said_by_caller() -> Iterator[None]:
-    """While inside, the trainer's log leaves out its lines for a `CoordinatorStopped` stop: the
-    caller reports that stop itself."""
+    """While inside, the trainer's log leaves out its lines for a `CoordinatorStopped` or `FencedOff`
+    stop: the caller reports that stop itself."""
     log.addFilter(_SAID_BY_CALLER)
     try:
         yield

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from eventstore import open_store, upgrade_database
+from eventstore.events import TrainerEpochTaken
 from projections.runner import rebuild
+from protocol.streams import trainer_stream
 
 REPO = Path(__file__).parents[2]
 # Far more groups than the run gets through before its signal: it is always mid-work when stopped.
@@ -159,3 +161,29 @@ def test_an_agent_outlives_a_killed_run_only_briefly(run: Run) -> None:
         assert time.monotonic() < deadline, f"agents {run.agents} still running {EXIT_S} s after the run died"
         time.sleep(0.1)
     assert run.agents
+
+
+@pytest.mark.slow
+def test_a_run_fenced_off_by_a_newer_coordinator_stops_in_one_line(run: Run) -> None:
+    """Another coordinator takes the run's trainer over (a `--resume` started while this run still
+    ran): this one's next append is fenced off, and it says so in one line, exit 2, no traceback."""
+    run.wait_mid_work()
+    store = open_store(run.url)
+    try:
+        [epoch] = store.read_all(0, types=["TrainerEpochTaken"])
+        run_id = epoch.data["trainer_id"]
+        # What a newer coordinator's start appends: its owner epoch on the trainer's stream.
+        store.append(
+            trainer_stream(run_id), [TrainerEpochTaken(trainer_id=run_id, reason="recovery", writer="newer")]
+        )
+    finally:
+        store.close()
+    out, _ = run.proc.communicate(timeout=EXIT_S)
+    err = run.stderr()
+    assert run.proc.returncode == 2, err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("groups ")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"error: run {run_id} stopped: another coordinator took over"), err
+    assert f"ledger simulate --resume {run_id}" in lines[0], err
+    assert "Traceback" not in err and "Task exception" not in err
+    assert out == b""

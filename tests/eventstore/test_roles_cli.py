@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from cli.main import app
 from eventstore import open_store
@@ -78,3 +78,40 @@ def test_read_only_commands_run_as_the_auditor_role(pg_url: str, monkeypatch: py
     assert runner.invoke(app, ["replay"]).exit_code != 0
     monkeypatch.setenv("LEDGER_DB", writer_url)
     assert runner.invoke(app, ["replay"]).exit_code == 0
+
+
+def _error_line(result: Result) -> str:
+    """The command's one line (exit status 2, no traceback)."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    [line] = result.output.strip().splitlines()
+    return line
+
+
+def test_db_roles_refusals_are_one_line(pg_url: str, sqlite_url: str) -> None:
+    roles = ["db", "roles", "--writer-password", "wpw", "--auditor-password", "apw"]
+    line = _error_line(runner.invoke(app, [*roles, "--db", "postgresql+psycopg://u:topsecret@127.0.0.1:1/x"]))
+    assert "unavailable" in line and "topsecret" not in line
+    assert "only on PostgreSQL" in _error_line(runner.invoke(app, [*roles, "--db", sqlite_url]))
+    line = _error_line(runner.invoke(app, [*roles, "--db", pg_url]))  # reachable, never upgraded
+    assert "no ledger schema" in line and "ledger db upgrade" in line
+
+    assert runner.invoke(app, ["db", "upgrade", "--db", pg_url]).exit_code == 0
+    assert runner.invoke(app, [*roles, "--db", pg_url]).exit_code == 0
+    base = make_url(pg_url)
+    auditor_url = base.set(username="ledger_auditor", password="apw").render_as_string(hide_password=False)
+    # A role without the right to make roles: refused in one line, password hidden, nothing changed.
+    args = [
+        "db",
+        "roles",
+        "--db",
+        auditor_url,
+        "--writer-password",
+        "changed",
+        "--auditor-password",
+        "changed",
+    ]
+    line = _error_line(runner.invoke(app, args))
+    assert "made no roles" in line and "permission denied" in line and "apw" not in line, line
+    writer_url = base.set(username="ledger_writer", password="wpw").render_as_string(hide_password=False)
+    open_store(writer_url).close()  # the writer's password is still the one set before

@@ -1,6 +1,6 @@
 """A coordinator's stop is said once: one line in the trainer's log for a library user however many
 groups it ends, and none while a caller that reports the stop itself holds `said_by_caller` (the
-CLI's one `error:` line: tests/cli/test_simulate_payload_faults.py)."""
+CLI's one `error:` line: tests/cli/test_simulate_payload_faults.py, test_simulate_signals.py)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ def test_a_caller_that_says_the_stop_itself_leaves_the_log_line_out(caplog: pyte
     fenced = FencedOff("another coordinator appended to trainer-T")
     with said_by_caller():
         log_stop("group p1", stopped)
-        log_stop("group p2", fenced)  # not a stop the CLI says: kept
-    log_stop("group p3", stopped)  # outside: a library user's line
-    assert _stop_lines(caplog) == [f"group p2 stops: {fenced}", f"group p3 stops: {stopped}"]
+        log_stop(
+            "group p2", fenced
+        )  # the CLI says a fenced-off stop too (tests/cli/test_simulate_signals.py)
+    log_stop("group p3", stopped)  # outside: a library user's lines
+    log_stop("group p4", fenced)
+    assert _stop_lines(caplog) == [f"group p3 stops: {stopped}", f"group p4 stops: {fenced}"]
