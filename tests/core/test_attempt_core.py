@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from eventstore.events import AttemptRetired, RunFailed
 from trainer.core.attempt import (
     ADOPT_GARBAGE_LIMIT,
@@ -103,6 +105,17 @@ def test_an_agent_that_never_answers_declares_the_try_lost_within_the_budget() -
     assert calls <= RETIRE_POLICY.max_calls and now <= RETIRE_POLICY.deadline_s
     (failed,) = step.events
     assert isinstance(failed, RunFailed) and failed.kind == "agent_lost"
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.99])
+def test_an_agent_away_for_most_of_the_deadline_is_still_retried(jitter: float) -> None:
+    """The deadline binds, not the call budget: an agent restarting for 25 s (its finished result
+    held) is called again, however short the jittered waits are drawn."""
+    state, now = fresh(), 0.0
+    while now < 25.0:
+        step = on(state, CallFailed("connection refused"), now=now, jitter=jitter, checkpoint_id=None)
+        assert isinstance(step.action, CallRetire), (now, step.action)
+        state, now = step.state, now + step.action.delay_s
 
 
 def test_a_checkpoint_in_the_way_is_waited_out_with_backoff_not_spun_on() -> None:
