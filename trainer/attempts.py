@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import dataclass
 
 from eventstore.events import (
     REPLY_MEDIA_TYPE,
@@ -58,6 +59,18 @@ from trainer.gym.errors import (
 from trainer.payload_io import PayloadIO
 
 FINISHED = AttemptOutcome("finished")
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A try whose payloads are stored, as its seal's append needs it: events and receipts (claims,
+    digests, counts), none of the reply's or the token records' bytes."""
+
+    group_id: str
+    agent_name: str
+    head: list[Event]
+    rollout_receipt: RolloutReceipt
+    receipt: CompletionReceipt
 
 
 class _Unverifiable(Exception):
@@ -196,8 +209,8 @@ class Attempts:
                 admitted.cancel()
             lease = Lease(ctx, ctx.settings.rollout_timeout_s)
             while not task.done():
-                done, _ = await asyncio.wait({task}, timeout=max(0.0, min(lease.remaining, 0.25)))
-                if done:
+                # Not kept in a local: the set holds the task, and the task its answer.
+                if (await asyncio.wait({task}, timeout=max(0.0, min(lease.remaining, 0.25))))[0]:
                     break
                 if lease.tick() <= 0:
                     task.cancel()
@@ -211,6 +224,7 @@ class Attempts:
                 reply = task.result()
             except GymError as exc:
                 failure = exc
+        del task  # the answer's only holder from here is `reply`, let go of once it is stored
         if failure is not None and not dispatched.is_set():
             # Failed before it was sent (the agent's identity, the wait for a connection): recorded
             # as a dispatch that failed, and retired at the agent like any other.
@@ -221,12 +235,16 @@ class Attempts:
                 return live.outcome
             if reply is not None:
                 try:
-                    live.outcome = await self.finish(
-                        group.group_id, reply.reply, adopted=False, carried=reply
-                    )
-                    return live.outcome
+                    kept = await self.keep(group.group_id, reply.reply, adopted=False, carried=reply)
                 except _FetchFailed as exc:
                     failure = exc
+                else:
+                    # Stored: the reply, its bytes, the HTTP body and the token records are not held
+                    # while the append waits for the journal's group commit (most of a try's time
+                    # between its answer and its seal; their buffers, freed in bursts, fragment the heap).
+                    reply = None
+                    live.outcome = await self.seal(kept)
+                    return live.outcome
             assert failure is not None
             kind, reason = _failure_kind(failure)
             await self._append(
@@ -247,7 +265,25 @@ class Attempts:
         expect_incarnation: str | None = None,
         carried: Completed | None = None,
     ) -> AttemptOutcome:
-        """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt.
+        """Receipt, verify, tokens, then one atomic append: seal (or hold) and the ACK debt (`keep`,
+        then `seal`)."""
+        kept = await self.keep(
+            group_id, reply, adopted=adopted, expect_incarnation=expect_incarnation, carried=carried
+        )
+        return await self.seal(kept)
+
+    async def keep(
+        self,
+        group_id: str,
+        reply: RunReply,
+        *,
+        adopted: bool,
+        expect_incarnation: str | None = None,
+        carried: Completed | None = None,
+    ) -> _Kept | AttemptOutcome:
+        """Receipt, verify, tokens, and the payloads stored: what `seal` appends, or the outcome of a
+        try that is owed, not sealed (already recorded).  Nothing of the reply's or the records' bytes
+        is in what it returns, so a caller that lets go of `reply` and `carried` holds none of them.
         `carried`: the `/run` answer, with the receipt and token records if it carried them (then
         they are not fetched; either is checked exactly as a fetched one)."""
         ctx = self.ctx
@@ -332,13 +368,11 @@ class Attempts:
             )
             ctx.ack_wakeup.set()
             return AttemptOutcome("owed", f"unverifiable: {exc}")
-        # Durable before the append that claims them (the seal is the claim check); nothing of them is
-        # kept here once they are stored.
+        # Durable before the append that claims them (the seal is the claim check).
         await self.payloads.put(
             [(tokens_bytes, tokens_type), (reply_bytes, REPLY_MEDIA_TYPE)],
             claims=[tokens_claim, reply_claim],
         )
-        del tokens, tokens_bytes
         head: list[Event] = [
             *adopted_events,
             RunReplied(
@@ -352,14 +386,22 @@ class Attempts:
             ),
             ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
         ]
+        return _Kept(group_id, group.agent_name, head, rollout_receipt, receipt)
+
+    async def seal(self, kept: _Kept | AttemptOutcome) -> AttemptOutcome:
+        """The one atomic append of a kept try: its reply, then its seal (or hold) and the ACK debt."""
+        if isinstance(kept, AttemptOutcome):
+            return kept
+        ctx = self.ctx
 
         def build(ledger: LedgerState) -> list[Event]:
-            current = ledger.groups.get(group_id)
+            owed = AckOwed(agent_name=kept.agent_name, receipt=kept.receipt)
+            current = ledger.groups.get(kept.group_id)
             if current is None or current.status != "open":
-                return [*head, AckOwed(agent_name=group.agent_name, receipt=receipt)]
-            return [*head, *self.keep_events(current, rollout_receipt, receipt)]
+                return [*kept.head, owed]
+            return [*kept.head, *self.keep_events(current, kept.rollout_receipt, kept.receipt)]
 
-        await ctx.journal.append(group_stream(group_id), build)
+        await ctx.journal.append(group_stream(kept.group_id), build)
         ctx.ack_wakeup.set()
         return FINISHED
 
