@@ -64,6 +64,7 @@ from protocol.streams import checkpoint_stream, group_stream
 from simulation.config import derived_rollout_timeout_s
 from simulation.run import RunInterrupted, SimConfig, run_simulation
 from trainer.errors import CoordinatorStopped
+from trainer.eventloop import heap_trims
 
 DEFAULT_FAULTS = "drop_reply=0.02,fail=0.02,hang=0.005"
 TRAINER = "trainer"
@@ -383,6 +384,7 @@ async def soak(
     stored_before = await asyncio.to_thread(storage_bytes, store, payload_url)
     sampler = MemorySampler(pids, every_s=args.sample_every).start()
     cpu = CpuMeter(pids, pg_data).start()
+    trims = heap_trims()
     done = {"groups": 0, "last_print": 0.0}
     started = time.monotonic()
 
@@ -473,6 +475,8 @@ async def soak(
         "audit": audit,
         "memory": [sampler.report(name) for name in pids],
         "cpu_s": cpu.used,
+        # The trainer's heap given back to the system while the soak ran (trainer.eventloop.trim_heap).
+        "heap_trims": heap_trims() - trims,
         "sizes": {
             "prompt_tokens": args.prompt_tokens,
             "gen_tokens": args.gen_tokens,
@@ -525,6 +529,7 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
         ("payload bytes per sealed rollout (per token)",
          f"{result['payload_bytes_per_rollout']} ({result['payload_bytes_per_token']})"),
         ("trainer CPU ms per sealed rollout", result["trainer_cpu_ms_per_rollout"]),
+        ("trainer heap trims", result["heap_trims"]),
         ("wall time (s)", t["wall_s"]),
         ("sealed rollouts", t["sealed_rollouts"]),
         ("sealed rollouts / s (whole run)", t["sealed_rollouts_per_s"]),

@@ -18,6 +18,13 @@ It also pins glibc's mmap threshold (`tune_malloc`): a buffer of `MMAP_THRESHOLD
 freed.  Left dynamic, glibc raises the threshold to the size of the first such buffer freed, and
 from then on those buffers come from the heap, whose high-water stays resident: the trainer's RSS
 stepped up with each burst of intake while its Python objects stayed flat (docs/performance.md).
+
+And it trims the heap every `TRIM_EVERY_S` (`trim_heap`: glibc's `malloc_trim(0)`).  A burst of
+intake frees thousands of buffers under the threshold (a reply's canonical bytes, its output text,
+the JSON parser's buffers) at once; glibc keeps the freed pages inside the heap (it gives back only
+its top), and between bursts the bytes in use fell back to 26-30 MiB while the heap's free bytes
+rose from about 10 to 40-65 MiB over a 2,000-group soak at 9k: RSS grew with fragmentation, not
+with anything held.  A trim walks the heap and returns those pages, off the tries' path.
 """
 
 from __future__ import annotations
@@ -61,13 +68,61 @@ def tune_malloc() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-def run_async(main: Coroutine[Any, Any, _T]) -> _T:
+# How often the loop gives the heap's free pages back (`trim_heap`): a timer, off every try's path.
+TRIM_EVERY_S = 2.0
+_trims = 0
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int  # type: ignore[attr-defined]
+    return trim
+
+
+_TRIM = _malloc_trim()
+
+
+def trim_heap() -> bool:
+    """glibc's `malloc_trim(0)`: the free pages inside the heap (not only its top) go back to the
+    system.  True if any did; False, and nothing done, on another C library."""
+    global _trims
+    if _TRIM is None:
+        return False
+    _trims += 1
+    return bool(_TRIM(0))
+
+
+def heap_trims() -> int:
+    """How many times this process trimmed its heap (`trim_heap`)."""
+    return _trims
+
+
+async def _trim_heap_every(period_s: float) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        trim_heap()
+
+
+async def _trimming(main: Coroutine[Any, Any, _T], period_s: float) -> _T:
+    trimmer = asyncio.create_task(_trim_heap_every(period_s), name="heap-trim")
+    try:
+        return await main
+    finally:
+        trimmer.cancel()
+
+
+def run_async(main: Coroutine[Any, Any, _T], *, trim_every_s: float = TRIM_EVERY_S) -> _T:
     """`asyncio.run(main)` on the fastest loop available, the collector set by `tune_gc`, glibc's
-    mmap threshold by `tune_malloc`."""
+    mmap threshold by `tune_malloc`, and the heap trimmed every `trim_every_s` (`trim_heap`)."""
     tune_gc()
     tune_malloc()
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(main)
+        return runner.run(_trimming(main, trim_every_s))
 
 
 async def wait_at_most(waiting: Awaitable[object], timeout_s: float) -> None:

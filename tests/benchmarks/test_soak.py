@@ -34,6 +34,7 @@ def test_the_soak_reports_sizes_bytes_cpu_and_memory_that_move_with_the_knobs(
         for key in ("trainer_cpu_ms_per_rollout", "events_bytes_per_rollout", "payload_bytes_per_rollout"):
             assert math.isfinite(result[key]) and result[key] > 0, (key, result[key])
         assert isinstance(result["trainer_rss_growth_pct"], float | int)
+        assert isinstance(result["heap_trims"], int) and result["heap_trims"] >= 0
         assert {"trainer", "agent-0"} <= set(result["cpu_s"])
     # tiny: a prompt of 5-11 and one call of 1-3 tokens
     assert 6 <= tiny["tokens_per_rollout"] <= 14
