@@ -26,9 +26,10 @@ heap's top after every burst only for the next to grow it again.
 And it trims the heap every `TRIM_EVERY_S` (`trim_heap`: glibc's `malloc_trim(0)`).  A burst of
 intake frees thousands of buffers under the threshold (a reply's canonical bytes, its output text,
 the JSON parser's buffers) at once; glibc keeps the freed pages inside the heap (it gives back only
-its top), and between bursts the bytes in use fell back to 26-30 MiB while the heap's free bytes
-rose from about 10 to 40-65 MiB over a 2,000-group soak at 9k: RSS grew with fragmentation, not
-with anything held.  A trim walks the heap and returns those pages, off the tries' path.
+its top): sampled with `mallinfo2` over a 2,000-group soak at 9k, the bytes in use fell back to
+26-30 MiB between bursts while the heap's free bytes rose from about 10 to 40-65 MiB, so RSS grew
+with fragmentation, not with anything held (docs/performance.md).  A trim walks the heap and
+returns those pages, off the tries' path.
 """
 
 from __future__ import annotations
