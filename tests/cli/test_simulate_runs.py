@@ -124,6 +124,7 @@ async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_
 ) -> None:
     stop = asyncio.Event()
     seen: list[tuple[int, int]] = []
+    open_at_gate: set[str] = set()
 
     def interrupt_mid_run(decided: int, total: int) -> None:
         # The gate: a group decided, others open, more not yet submitted, and a checkpoint in flight
@@ -143,6 +144,7 @@ async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_
                 submitted,
                 coord.open_groups(),
             )
+            open_at_gate.update(coord.open_groups())
             stop.set()
 
     Watched.made.clear()
@@ -156,7 +158,11 @@ async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_
                 stop=stop,
             )
     left = interrupted.value
-    assert left.run_id == "first" and left.open_groups >= 1 and left.unsubmitted >= 1
+    # Submitting stops at the interrupt; the tries in flight may finish while the run winds down (how
+    # many depends on the machine's speed), so the groups open at the gate are each left open for the
+    # resume or decided, none lost either way.
+    assert left.run_id == "first" and left.unsubmitted >= 1 and open_at_gate
+    assert open_at_gate <= run_groups(store, "first").keys()
     assert "ledger simulate --resume first" in left.line()
     # The progress moved while groups were still being submitted.
     assert any(decided >= 1 and submitted < GROUPS for decided, submitted in seen), seen
