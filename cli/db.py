@@ -53,17 +53,14 @@ def roles(
     ] = "",
 ) -> None:
     """Create (or update) the writer and auditor roles on PostgreSQL."""
-    from eventstore import check_reachable
     from eventstore.backends import create_engines
-    from eventstore.roles import RolesRefused, create_roles
+    from eventstore.roles import create_roles
 
     with clear_errors():
         url = db_url(db)
         engine = create_engines(url, pool_size=1)[0]
         try:
-            if engine.dialect.name == "postgresql" and check_reachable(url, engine) is None:
-                raise RolesRefused(f"{mask_url(url)} has no ledger schema: run `ledger db upgrade` first")
-            create_roles(engine, writer, writer_password, auditor, auditor_password)
+            create_roles(url, engine, writer, writer_password, auditor, auditor_password)
         finally:
             engine.dispose()
     console.print(f"roles {writer} (SELECT, INSERT) and {auditor} (SELECT) ready on {mask_url(url)}")

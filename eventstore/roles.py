@@ -6,6 +6,8 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
 
+from eventstore import check_reachable
+from eventstore.backends import mask_url
 from eventstore.errors import BadDatabaseUrl, EventStoreError
 
 # Tables the writer appends to but never changes, and work tables it maintains.
@@ -19,13 +21,15 @@ class RolesRefused(EventStoreError):
 
 
 def create_roles(
-    engine: Engine, writer: str, writer_password: str, auditor: str, auditor_password: str
+    url: str, engine: Engine, writer: str, writer_password: str, auditor: str, auditor_password: str
 ) -> None:
-    """Creates (or updates) both roles in one transaction on the ledger's PostgreSQL database; the
-    caller has checked it reachable (`eventstore.check_reachable`).  A statement the database refuses
-    is one line, `RolesRefused`, with nothing changed."""
+    """Creates (or updates) both roles in one transaction on the ledger's PostgreSQL database at `url`
+    (over `engine`).  An unreachable database (`eventstore.check_reachable`), one without the ledger's
+    schema, or a statement the database refuses is one line, with nothing changed."""
     if engine.dialect.name != "postgresql":
         raise BadDatabaseUrl("roles exist only on PostgreSQL; SQLite has no users")
+    if check_reachable(url, engine) is None:
+        raise RolesRefused(f"{mask_url(url)} has no ledger schema: run `ledger db upgrade` first")
     statements: list[sql.Composable] = []
     for role, password in ((writer, writer_password), (auditor, auditor_password)):
         statements.append(
@@ -65,6 +69,6 @@ def create_roles(
         raw.rollback()
         # One line: the server's message (libpq's can run over several), the URL's password hidden.
         reason = " ".join(str(exc).split())
-        raise RolesRefused(f"{engine.url.render_as_string()} made no roles: {reason}") from None
+        raise RolesRefused(f"{mask_url(url)} made no roles: {reason}") from None
     finally:
         raw.close()
