@@ -82,16 +82,22 @@ print("ok")
 """
 
 
+def _fresh_python(script: str, *args: str, **malloc_env: str) -> str:
+    """`script` run in a new interpreter with no MALLOC_* setting but `malloc_env`: what it printed
+    (glibc reads its thresholds at start-up, so every case needs a process of its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | malloc_env
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def test_run_async_pins_the_mmap_threshold_so_big_buffers_are_returned() -> None:
     """Freed, a buffer above the threshold is unmapped: glibc can no longer raise the threshold past
     the payloads' sizes and keep their bytes in the heap (the trainer's RSS high-water)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     for case in ("dynamic", "pinned"):
-        done = subprocess.run(
-            [sys.executable, "-c", _MALLOC_SCRIPT, case], capture_output=True, text=True, timeout=60, env=env
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == "ok"
+        assert _fresh_python(_MALLOC_SCRIPT, case) == "ok"
 
 
 _TRIM_SCRIPT = """
@@ -133,13 +139,8 @@ print("ok")
 def test_a_heap_trim_gives_back_the_free_pages_inside_the_heap() -> None:
     """The heap's free holes (a burst of small buffers freed) stay resident until trimmed; a trim
     returns them, and run_async trims on a timer of its own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     for case in ("trim", "timer"):
-        done = subprocess.run(
-            [sys.executable, "-c", _TRIM_SCRIPT, case], capture_output=True, text=True, timeout=60, env=env
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == "ok"
+        assert _fresh_python(_TRIM_SCRIPT, case) == "ok"
 
 
 _ENV_SCRIPT = """
@@ -160,10 +161,4 @@ print(tune_malloc())
 def test_tune_malloc_leaves_to_the_environment_what_it_names(named: tuple[str, ...], sets: bool) -> None:
     """The escape hatch: a threshold the environment names is glibc's to read; with both named,
     tune_malloc sets nothing."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env.update({name: "1048576" for name in named})
-    done = subprocess.run(
-        [sys.executable, "-c", _ENV_SCRIPT], capture_output=True, text=True, timeout=60, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(sets)
+    assert _fresh_python(_ENV_SCRIPT, **{name: "1048576" for name in named}) == str(sets)
