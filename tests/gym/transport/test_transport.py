@@ -141,6 +141,17 @@ async def assert_healthy(transport: LeanTransport, agent: Scripted) -> None:
     assert transport.pool_state() == PoolState(idle=max(before.idle, 1), busy=0, waiting=0)
 
 
+async def read_times_out(agent: Scripted, path: str, read_s: float = 0.3) -> LeanTransport:
+    """A GET of `path` that meets its read deadline: the connection is dropped, never pooled, and the
+    transport's next exchange is healthy.  The transport, for the caller's own checks and to close."""
+    transport = LeanTransport()
+    with pytest.raises(httpx.ReadTimeout):
+        await get(transport, agent.port, path, read_s=read_s)
+    assert transport.pool_state() == EMPTY
+    await assert_healthy(transport, agent)
+    return transport
+
+
 # -- what HTTP/1.1 allows is answered ----------------------------------------------------------------
 
 
@@ -448,11 +459,7 @@ async def test_a_long_body_stalled_midway_meets_the_read_deadline() -> None:
         await asyncio.Event().wait()  # the connection stays open: only the deadline can end this
 
     async with serve(stall=stall) as agent:
-        transport = LeanTransport()
-        with pytest.raises(httpx.ReadTimeout):
-            await get(transport, agent.port, "/stall", read_s=0.3)
-        assert transport.pool_state() == EMPTY
-        await assert_healthy(transport, agent)
+        transport = await read_times_out(agent, "/stall")
         await transport.aclose()
 
 
@@ -622,11 +629,7 @@ async def test_a_slowloris_server_meets_the_read_deadline(slow: str) -> None:
             await asyncio.sleep(0.01)
 
     async with serve(drip=drip) as agent:
-        transport = LeanTransport()
-        with pytest.raises(httpx.ReadTimeout):
-            await get(transport, agent.port, "/drip", read_s=0.3)
-        assert transport.pool_state() == EMPTY
-        await assert_healthy(transport, agent)
+        transport = await read_times_out(agent, "/drip")
         await transport.aclose()
 
 
@@ -756,11 +759,7 @@ async def test_cancelled_while_reading_the_response(stage: str) -> None:
 async def test_read_timeout_never_reuses_the_connection() -> None:
     answers = {"/slow": (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{", False)}
     async with serve(lambda path: answers.get(path) or echo(path)) as agent:
-        transport = LeanTransport()
-        with pytest.raises(httpx.ReadTimeout):
-            await get(transport, agent.port, "/slow", read_s=0.2)
-        assert transport.pool_state() == EMPTY
-        await assert_healthy(transport, agent)
+        transport = await read_times_out(agent, "/slow", read_s=0.2)
         assert agent.connections == 2
         await transport.aclose()
 
