@@ -555,7 +555,7 @@ async def test_many_calls_in_flight_each_get_their_own_reply() -> None:
     async with serve(script) as agent:
         transport = LeanTransport(max_connections=16)
 
-        async def call(n: int) -> bytes | None:
+        async def call(n: int) -> bytes | bytearray | None:
             try:
                 return (await get(transport, agent.port, f"/x/{n}")).body
             except httpx.RemoteProtocolError:
