@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -168,7 +168,7 @@ class EventStore:
         types: Collection[str] | None = None,
         batch_size: int = PAGE_SIZE,
         read_ahead: bool = True,
-    ) -> Iterator[list[RecordedEvent]]:
+    ) -> Generator[list[RecordedEvent], None, None]:
         """`read_all` in pages of `batch_size`.  With `read_ahead` a reader thread fetches the next page
         while the caller works on this one (the database's time overlaps the caller's)."""
         if batch_size < 1:

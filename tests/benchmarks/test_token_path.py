@@ -45,6 +45,7 @@ def test_every_path_gives_the_same_tokens_and_the_bytes_follow_the_sizes(tmp_pat
 def test_bad_arguments_are_one_line_and_exit_2(
     args: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    code: str | int | None
     try:
         code = token_path.main([*args, "--prompt-tokens", "10", "--gen-tokens", "10"])
     except SystemExit as exc:  # argparse's own refusal

@@ -63,7 +63,7 @@ def run_commands(commands: list[list[str]], blocked: tuple[str, ...], tmp_path: 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out, result = done.stdout.rsplit("=== RESULT ", 1)
-    found = json.loads(result)
+    found: dict[str, Any] = json.loads(result)
 
     def sections(text: str) -> list[str]:
         return text.split("=== ")[1:]

@@ -120,7 +120,7 @@ def test_an_agent_away_for_most_of_the_deadline_is_still_retried(jitter: float) 
 
 def test_a_checkpoint_in_the_way_is_waited_out_with_backoff_not_spun_on() -> None:
     """Case 3/4's spin: a retire refused by the phase fence waits, and the waits grow."""
-    state, delays = fresh(), []
+    state, delays = fresh(), list[float]()
     for _ in range(6):
         step = on(state, RetireRefused("invalid_phase"), now=sum(delays), jitter=0.0, checkpoint_id="c1")
         assert isinstance(step.action, CallRetire)

@@ -23,7 +23,7 @@ RECEIPT = CompletionReceipt(
 
 
 def result(acknowledged: bool, error: str | None = None) -> AcknowledgeResult:
-    return AcknowledgeResult(rollout_id="p1-0", attempt_index=0, acknowledged=acknowledged, error=error)  # type: ignore[arg-type]
+    return AcknowledgeResult(rollout_id="p1-0", attempt_index=0, acknowledged=acknowledged, error=error)
 
 
 def test_accepted_pays() -> None:

@@ -10,16 +10,16 @@ from projections.group_core import (
     round_step,
     sibling_exhausted,
 )
-from projections.ledger import AttemptState, GroupState, SiblingState
+from projections.ledger import AttemptState, AttemptStatus, GroupState, SiblingState
 
 
-def attempt(gi: int, n: int, status: str, *failures: str, mask: bool | None = None) -> AttemptState:
+def attempt(gi: int, n: int, status: AttemptStatus, *failures: str, mask: bool | None = None) -> AttemptState:
     return AttemptState(
         rollout_id=f"g_g{gi}",
         attempt_index=n,
         status=status,
         failures=list(failures),
-        mask_sample=mask,  # type: ignore[arg-type]
+        mask_sample=mask,
     )
 
 

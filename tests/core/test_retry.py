@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.retry import RetryPolicy, RetryState, backoff_s, next_step
+from protocol.retry import GiveUp, RetryPolicy, RetryState, backoff_s, next_step
 
 POLICY = RetryPolicy(max_calls=4, deadline_s=10.0, base_s=0.1, cap_s=1.0)
 
@@ -26,7 +26,8 @@ def test_retry_until_the_calls_are_spent_then_give_up_naming_the_last_error() ->
         state = state.failed(float(i), f"503 #{i}")
         verdicts.append(next_step(POLICY, state, float(i), 0.5))
     assert [v.kind for v in verdicts] == ["retry", "retry", "retry", "give_up"]
-    assert "503 #3" in verdicts[-1].reason and "budget 4" in verdicts[-1].reason
+    last = verdicts[-1]
+    assert isinstance(last, GiveUp) and "503 #3" in last.reason and "budget 4" in last.reason
 
 
 def test_the_deadline_gives_up_before_the_calls_are_spent() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_stale_owner_is_fenced_off_and_writes_nothing(store_url: str) -> None:
     newer = Fence(TRAINER, take_epoch(store))  # a newer owner takes the trainer over
     head = store.head()
 
-    attempts = [
+    attempts: list[Callable[[], object]] = [
         lambda: store.append("group-p1", [minted(1)], fence=stale),
         lambda: store.append_batch([("group-p1", [minted(1)], 0)], blobs=[b'{"x":1}'], fence=stale),
         lambda: _in_transaction(store, stale),

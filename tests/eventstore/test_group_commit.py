@@ -8,6 +8,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -60,6 +61,11 @@ def until(condition: Callable[[], bool]) -> None:
         time.sleep(0.005)
 
 
+def waiting(store: EventStore, n: int) -> Callable[[], bool]:
+    """The gate `until` waits on: `n` appends queued behind the write in progress."""
+    return lambda: store.group_commit.waiting == n
+
+
 def run(fn: Callable[[], Any], out: dict[str, Any], key: str) -> threading.Thread:
     def target() -> None:
         try:
@@ -89,7 +95,7 @@ def test_appends_that_arrive_together_share_one_write_and_are_refused_alone(stor
     for key, fn in later.items():
         threads.append(run(fn, out, key))
         queued = len(threads) - 1
-        until(lambda queued=queued: store.group_commit.waiting == queued)
+        until(waiting(store, queued))
     held.release.set()
     for t in threads:
         t.join(60)
@@ -165,9 +171,9 @@ def test_a_waiter_whose_write_does_not_answer_learns_the_outcome_is_unknown(stor
     threads = [run(lambda: store.append("group-a", [minted(0, "a")]), out, "a")]
     assert entered[0].wait(30)
     for k in "bc":
-        threads.append(run(lambda k=k: store.append(f"group-{k}", [events[k]]), out, k))
+        threads.append(run(partial(store.append, f"group-{k}", [events[k]]), out, k))
         queued = len(threads) - 1
-        until(lambda queued=queued: store.group_commit.waiting == queued)
+        until(waiting(store, queued))
     gates[0].set()
     assert entered[1].wait(30)  # B and C in one write, held
     until(lambda: sum(isinstance(out.get(k), AppendOutcomeUnknown) for k in "bc") == 1)
@@ -212,8 +218,8 @@ def test_leadership_passes_to_the_oldest_queued_append_write_after_write(store_u
     threads = [run(lambda: store.append("group-a", [minted(0, "a")]), out, "a")]
     assert held.entered.wait(30)
     for i in range(5):
-        threads.append(run(lambda i=i: store.append(f"group-q{i}", [minted(0, f"q{i}")]), out, f"q{i}"))
-        until(lambda i=i: store.group_commit.waiting == i + 1)
+        threads.append(run(partial(store.append, f"group-q{i}", [minted(0, f"q{i}")]), out, f"q{i}"))
+        until(waiting(store, i + 1))
     held.release.set()
     for t in threads:
         t.join(60)

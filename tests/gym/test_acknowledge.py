@@ -104,7 +104,7 @@ async def test_one_request_for_many_receipts(client: GymClient) -> None:
         sent.append(target)
         return await exchange(method, origin, target, *rest)
 
-    client._control.exchange = count  # type: ignore[method-assign]
+    client._control.exchange = count  # type: ignore[method-assign, assignment]
     results = await client.acknowledge([*receipts, receipts[0]])
     assert sent == [b"/acknowledge"]
     assert [(r.rollout_id, r.acknowledged, r.idempotent) for r in results] == [

@@ -32,7 +32,7 @@ from trainer.gym import BadResponseError, GymClient, verify_receipt
 def test_a_frame_round_trips_and_a_damaged_one_is_refused_in_one_line() -> None:
     frame = encode_completion(b'{"a":1}', b'{"b":2}', b"RLTK-tokens")
     parts = decode_completion(frame)
-    assert (parts.reply, parts.receipt, parts.tokens) == (b'{"a":1}', b'{"b":2}', b"RLTK-tokens")
+    assert (parts.reply, parts.receipt, bytes(parts.tokens)) == (b'{"a":1}', b'{"b":2}', b"RLTK-tokens")
     for damaged in (frame[:10], b"XXXX" + frame[4:], frame[:4] + b"\x02" + frame[5:], frame[:20]):
         with pytest.raises(CompletionFrameError) as caught:
             decode_completion(damaged)

@@ -269,6 +269,7 @@ def test_token_records_follow_the_real_gyms_rules() -> None:
         "created_at": 0.0,
     }
     assert TokenEntry.model_validate(base | {"token_item_index": 0}).token_item_index == 0
+    bad: dict[str, Any]
     for bad in (
         {"token_item_index": 1},
         {"generation_log_probs": []},

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from participant.errors import GoneError, NotFoundError, NotReadyError
-from participant.executions import ExecutionRegistry, RunSession
+from participant.executions import ExecutionRegistry, Runner, RunSession
 from protocol.wire import RetireRequest, RunReply, RunRequest, TokenEntry
 
 KEY = "p1_g0"
@@ -72,7 +72,7 @@ class GatedRunner:
         return _reply(request)
 
 
-def registry(tmp_path: Path, runner: GatedRunner, heartbeat_s: float | None = 0.5) -> ExecutionRegistry:
+def registry(tmp_path: Path, runner: Runner, heartbeat_s: float | None = 0.5) -> ExecutionRegistry:
     return ExecutionRegistry(
         agent_name="a", generation=1, runner=runner, state_dir=tmp_path, heartbeat_s=heartbeat_s
     )

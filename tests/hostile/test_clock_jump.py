@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -39,13 +39,13 @@ def agents(tmp_path: Path) -> Iterator[dict[str, ThreadAgent]]:
         }
 
 
-def _jumpy_clock(real: object) -> object:
+def _jumpy_clock(real: Callable[[], float]) -> Callable[[], float]:
     offsets = itertools.cycle(JUMPS)
     calls = {"n": 0}
 
     def jumpy() -> float:
         calls["n"] += 1
-        return real() + next(offsets)  # type: ignore[operator]
+        return real() + next(offsets)
 
     jumpy.calls = calls  # type: ignore[attr-defined]
     return jumpy

@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import obstore
 import pytest
@@ -151,9 +151,16 @@ class TestPostgres(PayloadStoreContract):
         try:
             # Past glibc's 64 KiB mmap threshold, a view and a bytearray among them (put_many takes
             # any buffer), every byte value present.
-            contents = [bytes(range(256)) * 300, bytearray(b"\0\xff" * 50_000), b"x" * 70_001]
+            contents: list[bytes | bytearray] = [
+                bytes(range(256)) * 300,
+                bytearray(b"\0\xff" * 50_000),
+                b"x" * 70_001,
+            ]
             items = {sha256_digest(bytes(c)): c for c in contents}
-            store.put_many({d: memoryview(c) if i == 0 else c for i, (d, c) in enumerate(items.items())})
+            given: dict[str, bytes | bytearray | memoryview] = {
+                d: memoryview(c) if i == 0 else c for i, (d, c) in enumerate(items.items())
+            }
+            store.put_many(cast(Mapping[str, bytes], given))  # typed bytes; any buffer is what is checked
             assert store.get_many(list(items)) == {d: bytes(c) for d, c in items.items()}
             dumper = _payload_dumper()
             with store.engine.connect() as conn:

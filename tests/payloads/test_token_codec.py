@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -263,9 +264,9 @@ def test_a_record_encoded_from_its_arrays_gives_the_bytes_and_digest_of_its_list
     plain = encode_entries([entry])
     packed = with_arrays(
         entry.model_copy(),
-        np.asarray(prompt, dtype=np.uint32) if all_three else None,
-        np.asarray(gen, dtype=np.uint32),
-        np.asarray(lps, dtype=np.float32),
+        np.asarray(prompt, dtype=np.uint32).data if all_three else None,
+        np.asarray(gen, dtype=np.uint32).data,
+        np.asarray(lps, dtype=np.float32).data,
     )
     assert packed.packed_arrays()[0] is None or all_three
     assert packed.packed_arrays()[1] is not None and packed == entry  # a cache, not a field
@@ -281,7 +282,10 @@ def test_arrays_count_only_beside_their_own_lists_and_are_checked() -> None:
         generation_token_ids=[3, 4], generation_log_probs=[-0.5, -0.25],
     )  # fmt: skip
     packed = with_arrays(
-        entry, np.array([1, 2], np.uint32), np.array([3, 4], np.uint32), np.array([-0.5, -0.25], np.float32)
+        entry,
+        np.array([1, 2], np.uint32).data,
+        np.array([3, 4], np.uint32).data,
+        np.array([-0.5, -0.25], np.float32).data,
     )
     assert all(a is not None for a in packed.packed_arrays())
     # a copy that replaces a list drops them (its bytes are its lists'), one that keeps them keeps them
@@ -291,8 +295,8 @@ def test_arrays_count_only_beside_their_own_lists_and_are_checked() -> None:
     assert packed.model_copy(update={"model": "m"}).packed_arrays() == packed.packed_arrays()
     # a list grown in place is the same list with other values: its old bytes are not given for it
     grown = with_arrays(
-        TokenEntry.model_validate(entry.record()), np.array([1, 2], np.uint32), np.array([3, 4], np.uint32),
-        np.array([-0.5, -0.25], np.float32),
+        TokenEntry.model_validate(entry.record()), np.array([1, 2], np.uint32).data,
+        np.array([3, 4], np.uint32).data, np.array([-0.5, -0.25], np.float32).data,
     )  # fmt: skip
     grown.generation_token_ids.append(7)
     grown.generation_log_probs.append(-1.0)
@@ -300,16 +304,16 @@ def test_arrays_count_only_beside_their_own_lists_and_are_checked() -> None:
     assert decode_records(encode_entries([grown]))[0]["generation_token_ids"] == [3, 4, 7]
     fresh = TokenEntry.model_validate(entry.record())
     with pytest.raises(TokenCodecError, match="given as a buffer of format"):
-        with_arrays(fresh, np.array([1, 2], np.int64))
+        with_arrays(fresh, np.array([1, 2], np.int64).data)
     with pytest.raises(TokenCodecError, match="3 values in the buffer, 2 in the record"):
-        with_arrays(fresh, None, np.array([3, 4, 5], np.uint32))
+        with_arrays(fresh, None, np.array([3, 4, 5], np.uint32).data)
     for bad in (np.nan, np.inf, -np.inf):
         with pytest.raises(TokenCodecError, match="NaN or infinite"):
-            with_arrays(fresh, None, None, np.array([-0.5, bad], np.float32))
+            with_arrays(fresh, None, None, np.array([-0.5, bad], np.float32).data)
     # a high byte of 0x7f / 0xff that is finite (within a factor 2 of float32's largest): kept
     big = np.array([3.0e38, -3.0e38], np.float32)
     wide = TokenEntry.model_validate({**entry.record(), "generation_log_probs": big.tolist()})
-    assert encode_entries([with_arrays(wide, None, None, big)]) == encode_entries([wide])
+    assert encode_entries([with_arrays(wide, None, None, big.data)]) == encode_entries([wide])
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -322,10 +326,10 @@ def test_every_encoder_refuses_a_logprob_that_is_no_number_in_the_one_message(ba
     )  # fmt: skip
     f4, f8 = np.array([-0.5, bad], "<f4"), np.array([-0.5, bad], "<f8")
     ids = ("u4", np.array([1], "<u4").tobytes()), ("u4", np.array([2, 3], "<u4").tobytes())
-    refusals = [
+    refusals: list[Callable[[], object]] = [
         lambda: encode_records([entry.record()]),
         lambda: encode_entries([entry]),
-        lambda: with_arrays(entry.model_copy(), None, None, f4),
+        lambda: with_arrays(entry.model_copy(), None, None, f4.data),
         lambda: encode_arrays([{}], [[1]], [[2, 3]], [f8]),
         lambda: canonical_arrays(assemble([{}], [*ids, ("f8", f8.tobytes())])),
     ]

@@ -312,7 +312,7 @@ class LogBuilder:
                 AckRejected(
                     rollout_id=rollout_id,
                     attempt_index=attempt_index,
-                    error=error,  # type: ignore[arg-type]
+                    error=error,
                     agent_generation=agent_generation,
                 )
             ],

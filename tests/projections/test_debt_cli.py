@@ -163,7 +163,7 @@ def test_a_trainer_paying_the_debt_between_the_read_and_the_append_wins(
     append is fenced on the group's version, nothing is written, and the decision made again finds
     nothing to drop (exit 2).  The trainer's own stream was never touched, so it is not fenced off."""
     decide = debt_core.on_operator_drop
-    calls = []
+    calls: list[object] = []
 
     def paid_meanwhile(*args: object, **kwargs: object) -> object:
         decision = decide(*args, **kwargs)  # type: ignore[arg-type]

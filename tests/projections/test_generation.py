@@ -38,7 +38,7 @@ def retired(
                 attempt_index=n,
                 outcome="cancelled",
                 checkpoint_id=checkpoint_id,
-                cause=cause,  # type: ignore[arg-type]
+                cause=cause,
                 work=TryWork(model_s=model_s, generated_tokens=tokens),
             )
         ],

@@ -18,7 +18,7 @@ def plain(value: Any) -> Any:
 
 def nemo_rows(prompts: int, generations: int, agents: list[str], tag: str = "") -> list[dict[str, Any]]:
     """What NeMo RL's `_prepare_nemo_gym_rows` hands the Gym actor: a prompt's rows contiguous."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for p in range(prompts):
         for _ in range(generations):
             rows.append(

@@ -175,7 +175,7 @@ def _descendants(root: int) -> set[int]:
             except OSError:
                 continue  # it ended
             parents[int(entry)] = int(stat.rpartition(")")[2].split()[1])
-    found, frontier = set(), {root}
+    found, frontier = set[int](), {root}
     while frontier:
         frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
         found |= frontier

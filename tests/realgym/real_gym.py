@@ -64,7 +64,7 @@ def consume(rollouts: list[dict[str, Any]]) -> dict[str, Any]:
             built = trajectories_for_rollout(rid, [Path(root)], verified_response=rollout.get("response"))
             assert built is not None
             response = built.get("rebuilt_response") or {}
-            prompts = {}
+            prompts: dict[int, Any] = {}
             for item in response.get("output", []):
                 if item.get("generation_token_ids") is not None:
                     prompts[len(prompts)] = item["prompt_token_ids"]

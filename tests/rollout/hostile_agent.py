@@ -125,7 +125,7 @@ class Tamper:
             f"/token_capture/{receipt.get('manifest_capture_key', capture_key(rid, n))}",
             200,
             TOKENS_MEDIA_TYPE,
-            parts.tokens,
+            bytes(parts.tokens),
         )
         changed = (new_reply, new_receipt, new_tokens)
         if all(part is None for part in changed):
@@ -133,7 +133,7 @@ class Tamper:
         if b"hang_up" in changed:
             return b"hang_up"  # the one answer the three parts share is broken off
         return encode_completion(
-            new_reply or parts.reply, new_receipt or parts.receipt, new_tokens or parts.tokens
+            new_reply or parts.reply, new_receipt or parts.receipt, new_tokens or bytes(parts.tokens)
         )
 
 

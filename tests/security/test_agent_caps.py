@@ -42,7 +42,7 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadAgent]:
         token=TOKEN,
         zero_work=True,
         max_body_bytes=CAP,
-        log_level="error",  # type: ignore[arg-type]
+        log_level="error",
     )
     with serve_in_thread(config) as agent:
         yield agent

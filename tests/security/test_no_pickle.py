@@ -60,7 +60,7 @@ def test_no_unpickling(path: Path) -> None:
             if name in ("__import__", "importlib.import_module") and node.args:
                 first = node.args[0]
                 if isinstance(first, ast.Constant) and str(first.value).split(".")[0] in FORBIDDEN_MODULES:
-                    problems.append(f"line {node.lineno}: dynamic import of {first.value}")
+                    problems.append(f"line {node.lineno}: dynamic import of {first.value!s}")
     # torch.save writes pickles too: nothing the project saves may be one.
     problems += [f"torch.save at offset {m.start()}" for m in re.finditer(r"\btorch\.save\(", text)]
     assert not problems, f"{path.relative_to(ROOT)}: {problems}"

@@ -235,7 +235,7 @@ async def test_two_trainers_two_workers_three_agents_survive_restarts_and_crashe
 
         # 1. Work flows on both trainers and both workers score: restart PostgreSQL under everyone.
         for w in workers:
-            await wait_for(lambda w=w: "scoring for policy" in w.err(), 120, f"{w.name} started", diag)  # type: ignore[misc]
+            await wait_for(lambda w=w: "scoring for policy" in w.err(), 120, f"{w.name} started", diag)
         await wait_for(
             lambda: count("SiblingSealed", "group-A") >= 4 and count("SiblingSealed", "group-B") >= 4,
             120,

@@ -106,10 +106,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     started = time.monotonic()
     try:
         if args.resume:
-            coord = await RolloutCoordinator.recover(store, clients, **kwargs)  # type: ignore[arg-type]
+            coord = await RolloutCoordinator.recover(store, clients, **kwargs)
             log.info("trainer %s recovered; open groups: %s", tid, coord.open_groups())
         else:
-            coord = RolloutCoordinator(store, clients, **kwargs)  # type: ignore[arg-type]
+            coord = RolloutCoordinator(store, clients, **kwargs)
             await coord.start()
         print(f"READY {tid}", flush=True)
 
@@ -154,7 +154,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             if args.max_unscored <= 0:
                 return False
             await coord.journal.read(backlog.refresh, "the logprob backlog")
-            return backlog.unscored > args.max_unscored
+            return bool(backlog.unscored > args.max_unscored)
 
         async def feed() -> None:
             for i in count() if args.stop_file is not None else range(args.groups):

@@ -20,7 +20,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -268,7 +268,7 @@ class GymClient:
         await self._control.aclose()
         await self._phases.aclose()
 
-    async def __aenter__(self) -> GymClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(

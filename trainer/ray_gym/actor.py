@@ -45,7 +45,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +268,7 @@ class LedgerGym:
         *args: Any,
         train_step: int | None = None,
         **kwargs: Any,
-    ) -> AsyncIterator[tuple[int, dict[str, Any], dict[str, float] | None]]:
+    ) -> AsyncGenerator[tuple[int, dict[str, Any], dict[str, float] | None], None]:
         """Streams `(rowidx, result, timing)` as groups seal; see the module doc for retries."""
         tokenizer, timer_prefix, _dedup = _call_arguments(args, kwargs)
         tokenizer = tokenizer if tokenizer is not None else self._tokenizer
