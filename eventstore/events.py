@@ -306,6 +306,48 @@ class AckDeliveryStuck(Event):
     reason: str
 
 
+class RetireOwed(Event):
+    """A try declared lost at its agent (`RunFailed` agent_lost, in the same append): the trainer owes
+    that agent a retire of it, because the agent may still hold a finished result of it (it answered
+    `completed_unacknowledged`, or finished while away) that nothing else would ever release.  Paid by
+    `RetirePaid` once the agent answers again (docs/protocol.md, Retire debts); the result is released,
+    never adopted: the group is already dead-lettered."""
+
+    agent_name: Identifier
+    rollout_id: Identifier
+    attempt_index: AttemptIndex
+    # The agent process that answered retire with `completed_unacknowledged` (None: none did).
+    execution_incarnation: Incarnation | None = None
+
+
+RetirePaidOutcome = Literal["cancelled", "tombstoned", "done", "released"]
+
+
+class RetirePaid(Event):
+    """An owed retire paid: the agent answered it.  `cancelled`, `tombstoned`, `done`: it holds no
+    result of the try any more (its retire answer).  `released`: it held a finished result
+    (`completed_unacknowledged`); the trainer fetched its receipt and owes it the ACK (`ReceiptFetched`
+    and `AckOwed` in the same append), so the agent discards it once the ACK is accepted.  Nothing of it
+    is sealed or trained on."""
+
+    rollout_id: Identifier
+    attempt_index: AttemptIndex
+    outcome: RetirePaidOutcome
+    # The agent process that answered the retire.
+    execution_incarnation: Incarnation | None = None
+
+
+class RetireDeliveryStuck(Event):
+    """One agent's owed retires kept failing in transport past their budget (`RETIRE_OWED_POLICY`).
+    They stay owed and are still called at the longest wait; recorded once per spell, on the trainer's
+    stream (like `AckDeliveryStuck`)."""
+
+    agent_name: Identifier
+    retires: int = Field(ge=0)
+    calls: int = Field(ge=0)
+    reason: str
+
+
 class AttemptRetired(Event, version=3):
     """Version 2 added `cause` (set when a checkpoint's prepare retired the try: RetireCause) and
     `work` (what the cancelled execution had done, as its agent measured it: the generation the retire

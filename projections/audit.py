@@ -44,6 +44,8 @@ from eventstore.events import (
     PayloadsPruned,
     ReceiptFetched,
     ReplacementMinted,
+    RetireOwed,
+    RetirePaid,
     RunDispatched,
     RunFailed,
     RunReplied,
@@ -164,6 +166,11 @@ class AttemptFacts:
     retired_at: int | None = None
     # The incarnation that answered the last retire, where the log records it.
     retire_incarnation: str | None = None
+    # A retire owed to its agent after the try was declared lost (`RetireOwed`), and its payment
+    # (`RetirePaid`: what the agent answered).
+    retire_owed: int | None = None
+    retire_paid: int | None = None
+    retire_paid_outcome: str | None = None
     sealed: int | None = None
 
 
@@ -285,7 +292,8 @@ class AuditProjection(TypedProjection[AuditState]):
     """The rules of docs/events.md over decoded events (the row checks live in `RowChecker`)."""
 
     name: ClassVar[str] = "audit"
-    version: ClassVar[int] = 4
+    # 5: owed retires (`AttemptFacts.retire_owed`, `retire_paid`).
+    version: ClassVar[int] = 5
     state_type: ClassVar[Any] = AuditState
 
     def initial(self) -> AuditState:
@@ -310,6 +318,8 @@ class AuditProjection(TypedProjection[AuditState]):
                 continue
             if _lost_with_its_process(t):
                 continue
+            if t.retire_paid is not None and t.retire_paid_outcome != "released":
+                continue  # an owed retire answered: the agent holds nothing of the try any more
             rollout_id, _, index = key.rpartition("/")
             later = state.tries.get(_key(rollout_id, int(index) + 1))
             group = state.groups.get(t.group_id)
@@ -317,11 +327,16 @@ class AuditProjection(TypedProjection[AuditState]):
             if moved_on is None and group is not None:
                 moved_on = group.sealed or group.dead
             if moved_on is not None:
+                owed = (
+                    f"; a retire is owed to its agent since position {t.retire_owed}, not yet paid"
+                    if t.retire_owed is not None
+                    else ""
+                )
                 state.violate(
                     NO_STRANDED_RESULT,
-                    [t.finished, moved_on],
+                    [t.finished, moved_on, t.retire_owed],
                     f"try {rollout_id}#{index} finished at the agent (position {t.finished}) but no ACK was ever "
-                    f"owed for it; the trainer moved on at {moved_on} and left the result stranded",
+                    f"owed for it; the trainer moved on at {moved_on} and left the result stranded{owed}",
                 )
 
 
@@ -609,6 +624,18 @@ def _retired(st: AuditState, ev: RecordedEvent, e: AttemptRetired) -> None:
             t.finished = ev.position
         if answered is not None:
             t.incarnation = answered  # the process that holds the finished result
+
+
+def _retire_owed(st: AuditState, ev: RecordedEvent, e: RetireOwed) -> None:
+    t = st.tries.get(_key(e.rollout_id, e.attempt_index))
+    if t is not None and t.retire_owed is None:
+        t.retire_owed = ev.position
+
+
+def _retire_paid(st: AuditState, ev: RecordedEvent, e: RetirePaid) -> None:
+    t = st.tries.get(_key(e.rollout_id, e.attempt_index))
+    if t is not None and t.retire_paid is None:
+        t.retire_paid, t.retire_paid_outcome = ev.position, e.outcome
 
 
 def _held(st: AuditState, ev: RecordedEvent, e: SiblingHeld) -> None:
@@ -990,6 +1017,8 @@ _HANDLERS: dict[type[Event], Callable[[AuditState, RecordedEvent, Any], None]] =
     AckAccepted: _accepted,
     AckRejected: _rejected,
     AttemptRetired: _retired,
+    RetireOwed: _retire_owed,
+    RetirePaid: _retire_paid,
     SiblingHeld: _held,
     SiblingSealed: _sealed,
     GroupSealed: _group_sealed,

@@ -15,6 +15,11 @@ made the receipt it is recorded and the debt stays owed (`debt_dropped_by`).  An
 holds a result the trainer's receipt does not match, so it stays visible as
 unpaid (and blocks checkpoint-clean) until an operator looks at it.  An `AckRejected` of
 kind `dropped_by_operator` (`ledger debt drop`, with the operator's mark) drops it.
+
+Retire debts (docs/protocol.md, Retire debts): `RetireOwed` adds one (a try declared lost at its agent,
+which may still hold a finished result of it), `RetirePaid` pays it (the agent answered the retire; a
+result it still held is then owed an ACK, an ordinary debt above).  A group with a retire owed is not
+archived, like one with an ACK debt.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from eventstore.events import (
     ReceiptFetched,
     ReplacementMinted,
     RetireCause,
+    RetireOwed,
+    RetirePaid,
     RolloutReceipt,
     RunDispatched,
     RunFailed,
@@ -196,6 +203,18 @@ class ArchivedGroup:
 
 @with_config(_FORBID)
 @dataclass(slots=True, kw_only=True)
+class RetireDebt:
+    """A retire owed to an agent for a try declared lost there (`RetireOwed`, at `position`)."""
+
+    rollout_id: str
+    attempt_index: int
+    position: int
+    # The agent process that answered `completed_unacknowledged` for it before it was lost, if one did.
+    execution_incarnation: str | None = None
+
+
+@with_config(_FORBID)
+@dataclass(slots=True, kw_only=True)
 class LedgerState:
     position: int = 0
     # Every group still in play; groups done for good move to `archived`.
@@ -203,6 +222,8 @@ class LedgerState:
     archived: dict[str, ArchivedGroup] = field(default_factory=dict)
     # agent -> "rollout_id/attempt_index" -> the receipt owed an ACK.
     debts: dict[str, dict[str, CompletionReceipt]] = field(default_factory=dict)
+    # agent -> "rollout_id/attempt_index" -> the retire owed it (a try declared lost there).
+    retires: dict[str, dict[str, RetireDebt]] = field(default_factory=dict)
     # trainer id ("" for the unnamed trainer) -> the cut it stands at: its newest commit's, or the one
     # it restored to since; and the cut up to which its groups are archived (the one before).
     cuts: dict[str, int] = field(default_factory=dict)
@@ -263,6 +284,7 @@ def lookahead(state: LedgerState, group_id: str) -> LedgerState:
         groups={} if group is None else {group_id: _fork_group(group)},
         archived=state.archived,
         debts={agent: dict(owed) for agent, owed in state.debts.items()},
+        retires={agent: dict(owed) for agent, owed in state.retires.items()},
     )
 
 
@@ -299,7 +321,8 @@ def debt_key(rollout_id: str, attempt_index: int) -> str:
 class LedgerProjection(TypedProjection[LedgerState]):
     name: ClassVar[str] = "ledger"
     # 2: groups are archived one checkpoint later (`_committed`), and the cuts kept for it.
-    version: ClassVar[int] = 2
+    # 3: the retire debts (`retires`).
+    version: ClassVar[int] = 3
     state_type: ClassVar[Any] = LedgerState
 
     def initial(self) -> LedgerState:
@@ -540,7 +563,9 @@ def _archive(state: LedgerState, cut: int, trainer_id: str | None) -> None:
     one keeps it as it is.  Only the committing trainer's groups: another
     trainer restores to its own cuts.
     """
-    indebted = {group_id_of(key.rpartition("/")[0]) for owed in state.debts.values() for key in owed}
+    owed_keys = [k for owed in state.debts.values() for k in owed]
+    owed_keys += [k for retires in state.retires.values() for k in retires]
+    indebted = {group_id_of(key.rpartition("/")[0]) for key in owed_keys}
     done = [
         g
         for g in state.groups.values()
@@ -622,6 +647,26 @@ def _owed_receipt(state: LedgerState, rollout_id: str, attempt_index: int) -> Co
     return None
 
 
+def _retire_owed(state: LedgerState, ev: RecordedEvent, e: RetireOwed) -> None:
+    key = debt_key(e.rollout_id, e.attempt_index)
+    owed = state.retires.setdefault(e.agent_name, {})
+    if key not in owed:  # owed once: a second record of the same loss keeps the first position
+        owed[key] = RetireDebt(
+            rollout_id=e.rollout_id,
+            attempt_index=e.attempt_index,
+            position=ev.position,
+            execution_incarnation=e.execution_incarnation,
+        )
+
+
+def _retire_paid(state: LedgerState, ev: RecordedEvent, e: RetirePaid) -> None:
+    key = debt_key(e.rollout_id, e.attempt_index)
+    for agent in list(state.retires):
+        owed = state.retires[agent]
+        if owed.pop(key, None) is not None and not owed:
+            del state.retires[agent]
+
+
 def _retired(state: LedgerState, ev: RecordedEvent, e: AttemptRetired) -> None:
     attempt = state.attempt(e.rollout_id, e.attempt_index, ev.stream_id)
     if attempt is None:
@@ -669,6 +714,8 @@ _HANDLERS: dict[type[Event], Any] = {
     AckRejected: _ack_rejected,
     AttemptRetired: _retired,
     AttemptAdopted: _adopted,
+    RetireOwed: _retire_owed,
+    RetirePaid: _retire_paid,
     CheckpointCommitted: _committed,
     ContinuationResumed: _resume,
     ContinuationDeclined: _resume,

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from projections.ledger import LedgerState
+from projections.ledger import LedgerState, RetireDebt
 from protocol.ids import group_id_of
 from protocol.wire import CompletionReceipt
 
@@ -111,6 +111,17 @@ class Driver:
         if agent_name not in self.agents:
             return []
         return debts_of(ledger, self.trainer_id, agent_name)
+
+    def retires(self, ledger: LedgerState, agent_name: str) -> list[RetireDebt]:
+        """The retires this trainer owes its agent `agent_name` (tries of its groups declared lost
+        there), oldest first.  Another trainer's are that trainer's to pay."""
+        if agent_name not in self.agents:
+            return []
+        return [
+            d
+            for d in ledger.retires.get(agent_name, {}).values()
+            if (ref := owner_of_try(ledger, d.rollout_id)) is not None and ref.trainer_id == self.trainer_id
+        ]
 
     def owed_agents(self, ledger: LedgerState) -> list[str]:
         """The agents of this trainer with at least one unpaid debt of its own."""

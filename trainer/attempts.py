@@ -22,6 +22,7 @@ from eventstore.events import (
     FailureKind,
     GroupSealed,
     ReceiptFetched,
+    RetireOwed,
     RolloutReceipt,
     RunDispatched,
     RunFailed,
@@ -470,7 +471,7 @@ class Attempts:
         ctx = self.ctx
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
-        state = core.Retiring(rid, n, policy=ctx.settings.retire_policy)
+        state = core.Retiring(rid, n, policy=ctx.settings.retire_policy, agent_name=group.agent_name)
         action: core.CallRetire | core.CallAdopt | core.Settled = core.CallRetire()
         adopted: AttemptOutcome | None = None
         while True:
@@ -485,11 +486,13 @@ class Attempts:
             if isinstance(action, core.CallAdopt):
                 got, adopted = await self._adopt(group_id, client, rid, n, action.expect_incarnation)
             else:
-                got = await _retire_answer(client, rid, n, named)
+                got = await retire_answer(client, rid, n, named)
             step = core.on(state, got, now=time.monotonic(), jitter=random.random(), checkpoint_id=named)
             state, action = step.state, step.action
             if step.events:
                 await self._append(group_id, list(step.events))
+                if any(isinstance(e, RetireOwed) for e in step.events):
+                    ctx.retire_wakeup.set()
         if action.kind == "finished":
             assert adopted is not None
             return adopted
@@ -560,7 +563,9 @@ def resume_events(rid: str, n: int, resume: ResumeReport | None) -> list[Event]:
     return [ContinuationDeclined(rollout_id=rid, attempt_index=n, resume=resume)]
 
 
-async def _retire_answer(client: GymClient, rid: str, n: int, checkpoint_id: str | None) -> core.Input:
+async def retire_answer(
+    client: GymClient, rid: str, n: int, checkpoint_id: str | None
+) -> core.RetireAnswer | core.RetireRefused | core.CallFailed:
     """One /retire, its answer in the core's terms."""
     try:
         a = await client.retire(rid, n, checkpoint_id)
@@ -638,5 +643,6 @@ __all__ = [
     "from_ledger",
     "group_id_of",
     "resume_events",
+    "retire_answer",
     "run_request",
 ]

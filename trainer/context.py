@@ -15,6 +15,7 @@ from protocol.retry import RetryPolicy
 from protocol.wire import ContinuationRef, ResumeReport, TryWork
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
+from trainer.core.retire_debt import RETIRE_OWED_POLICY
 from trainer.gym import GymClient
 from trainer.journal import Journal
 
@@ -52,6 +53,9 @@ class Settings:
     retire_policy: RetryPolicy = RETIRE_POLICY
     # Transport failures of one agent's /acknowledge before it is reported stuck (then retried at the cap).
     ack_policy: RetryPolicy = ACK_POLICY
+    # Failures of one agent's owed retires (tries declared lost there) before it is reported stuck
+    # (then called at the cap).
+    retire_owed_policy: RetryPolicy = RETIRE_OWED_POLICY
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,8 @@ class Context:
         self.checkpoint_idle.set()
         self.stopping = False
         self.ack_wakeup = asyncio.Event()
+        # Set when a retire is owed (a try declared lost): the retire relay tries it at once.
+        self.retire_wakeup = asyncio.Event()
         # Each agent's incarnation as last seen (at start and at each reconcile): a change is a restart.
         self.incarnations: dict[str, str] = {}
 

@@ -64,6 +64,7 @@ from trainer.checkpoint import Checkpointer, CheckpointOutcome, PreparedCheckpoi
 from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
+from trainer.core.retire_debt import RETIRE_OWED_POLICY
 from trainer.errors import (
     AgentShared,
     AlreadyClaimed,
@@ -81,6 +82,7 @@ from trainer.gym import GymClient
 from trainer.gym.errors import AgentIdentityError, GymError, TrainerConflictError
 from trainer.journal import OUTAGE_BUDGET_S, Journal
 from trainer.payload_io import PayloadIO
+from trainer.retires import RetireRelay
 from trainer.stops import log_stop
 
 # How long `close()` waits for the agents to answer the release of their binding.
@@ -131,6 +133,7 @@ class RolloutCoordinator:
         trainer_id: str | None = None,
         retire_policy: RetryPolicy = RETIRE_POLICY,
         ack_policy: RetryPolicy = ACK_POLICY,
+        retire_owed_policy: RetryPolicy = RETIRE_OWED_POLICY,
         reconcile_every_s: float = 5.0,
         mask_sample_retries: bool = False,
         payloads: PayloadPlane | None = None,
@@ -153,6 +156,7 @@ class RolloutCoordinator:
             trainer_id=trainer_id,
             retire_policy=retire_policy,
             ack_policy=ack_policy,
+            retire_owed_policy=retire_owed_policy,
             reconcile_every_s=reconcile_every_s,
             mask_sample_retries=mask_sample_retries,
         )
@@ -161,6 +165,7 @@ class RolloutCoordinator:
         self.payloads = PayloadIO(payloads or payload_plane(store), outage_budget_s, self._stop_for_good)
         self.tries = Attempts(self.ctx, self.payloads)
         self.relay = AckRelay(self.ctx)
+        self.retires = RetireRelay(self.ctx)
         self.checkpointer = Checkpointer(self.ctx, self.tries, self.relay)
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -198,6 +203,7 @@ class RolloutCoordinator:
             await self.journal.load()
             await self._check_agents()
             self.relay.start()
+            self.retires.start()
             if self.settings.reconcile_every_s > 0:
                 self._reconciler = asyncio.create_task(self._reconcile_loop(), name="reconcile")
             self._started = True
@@ -324,6 +330,7 @@ class RolloutCoordinator:
         for task in drivers:
             with contextlib.suppress(BaseException):
                 await task
+        await self.retires.stop()
         await self.relay.stop()
         if self._reconciler is not None:
             self._reconciler.cancel()

@@ -10,7 +10,8 @@
            --garbage x LIMIT------> settled "stranded" (a result nobody can describe; group dead-lettered)
     any call failing in transport ---> the same call again after a jittered wait, within RETIRE_POLICY;
                                        spent: settled "lost" (`RunFailed` agent_lost: the try is
-                                       declared lost and its group dead-lettered)
+                                       declared lost and its group dead-lettered; `RetireOwed`: a
+                                       retire of it is owed to the agent, trainer.core.retire_debt)
     a checkpoint in the way (409) ---> retire again after a wait, within PHASE_WAIT_POLICY; spent: lost
 
 Adoption never starts a new execution: the re-POST carries the adopt-only mark, and a receipt from
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from eventstore.events import AttemptRetired, Event, RunFailed
+from eventstore.events import AttemptRetired, Event, RetireOwed, RunFailed
 from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.wire import ContinuationRef, ResumeReport, TryWork
 
@@ -104,6 +105,10 @@ class Retiring:
     failures: RetryState = field(default_factory=RetryState)
     waits: RetryState = field(default_factory=RetryState)
     policy: RetryPolicy = RETIRE_POLICY
+    # The agent the try runs at: a try declared lost there is owed a retire of it (`RetireOwed`), so a
+    # finished result the agent still holds when it comes back is released.  None: no one to owe it to
+    # (the simulator, which models no retire relay).
+    agent_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,4 +240,12 @@ def _lost(state: Retiring, reason: str) -> Next:
     failed = RunFailed(
         rollout_id=state.rollout_id, attempt_index=state.attempt_index, reason=reason, kind="agent_lost"
     )
-    return Next(state, Settled("lost", reason), (failed,))
+    if state.agent_name is None:
+        return Next(state, Settled("lost", reason), (failed,))
+    owed = RetireOwed(
+        agent_name=state.agent_name,
+        rollout_id=state.rollout_id,
+        attempt_index=state.attempt_index,
+        execution_incarnation=state.adopt_incarnation,
+    )
+    return Next(state, Settled("lost", reason), (failed, owed))

@@ -1,0 +1,115 @@
+"""A retire owed to an agent (docs/protocol.md, Retire debts): what its answers prove, what to record.
+
+A try declared lost (trainer.core.attempt: its agent away past RETIRE_POLICY) may still be finished at
+the agent, which then holds its result until someone releases it; a held result blocks the agent's
+later checkpoints and is the stranded result the audit names.  So the loss records a debt
+(`RetireOwed`), folded from the log like an ACK debt, and paid when the agent answers again:
+
+    retire  --retired / tombstoned / done ---------> RetirePaid (the agent holds nothing of the try)
+            --completed_unacknowledged ------------> fetch the try's receipt (it holds a finished result)
+    receipt --of this try, from the process that --> RetirePaid released + ReceiptFetched + AckOwed: the
+              answered the retire                    ACK relay pays it and the agent discards the result
+                                                     (released, never adopted: the group is dead-lettered)
+            --of another try or another process ---> failed (retired again: the agent may have restarted)
+    retire refused by a checkpoint phase (409) ----> failed: called again after the wait
+    a call failing in transport -------------------> failed: the agent's next call after a jittered wait
+                                                     within RETIRE_OWED_POLICY; spent, reported stuck once
+                                                     per spell (RetireDeliveryStuck) and called on at the
+                                                     cap: a debt is never dropped here
+
+Paying twice is harmless: the agent's retire of a try it no longer holds answers done or tombstoned,
+and an ACK it already accepted is accepted again (idempotent); the fold records the first payment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from eventstore.events import AckOwed, Event, ReceiptFetched, RetirePaid, RetirePaidOutcome
+from protocol.ids import capture_key
+from protocol.retry import RetryPolicy, RetryState
+from protocol.wire import CompletionReceipt
+from trainer.core.attempt import CallFailed, RetireAnswer, RetireRefused
+from trainer.core.debt import AckRetry, on_ack_failure
+
+# One agent's owed retires failing (transport, a checkpoint phase in the way): jittered backoff within
+# this budget, then reported stuck once and called at the cap from then on.  The cap bounds the probe
+# an agent away for hours gets: one retire every 2.5-5 s.
+RETIRE_OWED_POLICY = RetryPolicy(max_calls=16, deadline_s=60.0, base_s=0.05, cap_s=5.0)
+
+
+@dataclass(frozen=True)
+class OwedRetire:
+    """One retire owed, as the ledger holds it (`projections.ledger.RetireDebt`)."""
+
+    agent_name: str
+    rollout_id: str
+    attempt_index: int
+
+
+@dataclass(frozen=True)
+class RetireDebtStep:
+    """`paid`: append `events`; `fetch_receipt`: the agent holds a finished result, ask it for the
+    receipt (from `incarnation`, the process that answered); `failed`: `reason`, call again later."""
+
+    verdict: Literal["paid", "fetch_receipt", "failed"]
+    events: tuple[Event, ...] = ()
+    reason: str = ""
+    incarnation: str | None = None
+
+
+def on_retire(owed: OwedRetire, got: RetireAnswer | RetireRefused | CallFailed) -> RetireDebtStep:
+    """After one /retire of an owed try."""
+    if isinstance(got, CallFailed):
+        return RetireDebtStep("failed", reason=got.error)
+    if isinstance(got, RetireRefused):
+        return RetireDebtStep("failed", reason=f"retire refused: {got.kind}")
+    if got.completed_unacknowledged:
+        return RetireDebtStep("fetch_receipt", incarnation=got.execution_incarnation)
+    outcome: RetirePaidOutcome = "cancelled" if got.retired else "tombstoned" if got.tombstoned else "done"
+    return RetireDebtStep("paid", (_paid(owed, outcome, got.execution_incarnation),))
+
+
+def on_receipt(owed: OwedRetire, incarnation: str | None, receipt: CompletionReceipt) -> RetireDebtStep:
+    """After the receipt fetch of an owed try the agent answered `completed_unacknowledged` for
+    (from `incarnation`): owe the ACK of it, which releases the result, if it is this try's."""
+    rid, n = owed.rollout_id, owed.attempt_index
+    if (
+        receipt.rollout_id != rid
+        or receipt.attempt_index != n
+        or receipt.manifest_capture_key != capture_key(rid, n)
+    ):
+        return RetireDebtStep("failed", reason=f"the receipt fetched for {rid}#{n} names another try")
+    if incarnation is not None and receipt.execution_incarnation != incarnation:
+        return RetireDebtStep(
+            "failed",
+            reason=(
+                f"the receipt of {rid}#{n} is from agent incarnation {receipt.execution_incarnation}, "
+                f"retire was answered by {incarnation}"
+            ),
+        )
+    return RetireDebtStep(
+        "paid",
+        (
+            ReceiptFetched(agent_name=owed.agent_name, receipt=receipt),
+            AckOwed(agent_name=owed.agent_name, receipt=receipt),
+            _paid(owed, "released", receipt.execution_incarnation),
+        ),
+    )
+
+
+def on_failure(
+    state: RetryState, now: float, jitter: float, error: str, policy: RetryPolicy = RETIRE_OWED_POLICY
+) -> AckRetry:
+    """After a failed owed retire: the same budget shape as an ACK's (trainer.core.debt)."""
+    return on_ack_failure(state, now, jitter, error, policy)
+
+
+def _paid(owed: OwedRetire, outcome: RetirePaidOutcome, incarnation: str | None) -> RetirePaid:
+    return RetirePaid(
+        rollout_id=owed.rollout_id,
+        attempt_index=owed.attempt_index,
+        outcome=outcome,
+        execution_incarnation=incarnation,
+    )
