@@ -1,0 +1,85 @@
+"""Retire debts in the folds: the ledger keeps them until paid (and their groups in play), the
+auditor names a stranded result with a retire owed, and clears one whose retire was answered."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventstore import EventStore
+from eventstore.events import RetireOwed, RetirePaid, RunFailed
+from projections.audit import NO_STRANDED_RESULT, audit_log
+from projections.base import fold
+from projections.ledger import LedgerProjection, LedgerState
+from tests.projections.builder import AGENT, LogBuilder
+
+
+def ledger_of(store: EventStore) -> LedgerState:
+    return fold(LedgerProjection(), store.read_all())
+
+
+def lost_after_finishing(log: LogBuilder, group_id: str) -> int:
+    """One try finished at the agent (retire answered completed_unacknowledged), then declared lost
+    with a retire owed, and its group dead-lettered; returns the RetireOwed's position."""
+    rid = f"{group_id}_g0"
+    log.reserve(group_id, 1)
+    log.mint(group_id, 1)
+    log.dispatch(rid)
+    log.retire(rid, 0, "completed_unacknowledged")
+    positions = log.group(
+        group_id,
+        [
+            RunFailed(rollout_id=rid, attempt_index=0, reason="declared lost: away", kind="agent_lost"),
+            RetireOwed(agent_name=AGENT, rollout_id=rid, attempt_index=0),
+        ],
+    )
+    log.dead_letter(group_id, {0: 0})
+    return positions[-1]
+
+
+def pay(log: LogBuilder, group_id: str, outcome: str) -> None:
+    log.group(group_id, [RetirePaid(rollout_id=f"{group_id}_g0", attempt_index=0, outcome=outcome)])  # type: ignore[arg-type]
+
+
+def test_an_owed_retire_is_kept_until_paid_and_keeps_its_group_in_play(
+    store: EventStore, log: LogBuilder
+) -> None:
+    owed_at = lost_after_finishing(log, "p")
+    log.checkpoint("c1")
+    log.checkpoint("c2")
+    state = ledger_of(store)
+    [debt] = state.retires[AGENT].values()
+    assert (debt.rollout_id, debt.attempt_index, debt.position) == ("p_g0", 0, owed_at)
+    assert "p" in state.groups  # dead-lettered, but not archived while a retire is owed
+    pay(log, "p", "tombstoned")
+    pay(log, "p", "tombstoned")  # paid twice (two processes): the fold records one payment
+    log.checkpoint("c3")
+    log.checkpoint("c4")
+    state = ledger_of(store)
+    assert state.retires == {} and "p" in state.archived
+
+
+def test_the_audit_names_the_retire_owed_for_a_stranded_result(store: EventStore, log: LogBuilder) -> None:
+    owed_at = lost_after_finishing(log, "p")
+    [violation] = audit_log(store).violations
+    assert violation.rule == NO_STRANDED_RESULT and owed_at in violation.positions
+    assert f"a retire is owed to its agent since position {owed_at}, not yet paid" in violation.message
+
+
+@pytest.mark.parametrize("outcome", ["tombstoned", "done", "cancelled"])
+def test_an_answered_retire_leaves_nothing_stranded(store: EventStore, log: LogBuilder, outcome: str) -> None:
+    lost_after_finishing(log, "p")
+    pay(log, "p", outcome)
+    report = audit_log(store)
+    assert report.ok, report.as_json()
+
+
+def test_a_released_result_is_stranded_until_its_ack_is_owed(store: EventStore, log: LogBuilder) -> None:
+    """`released` says the agent still held the result: only the ACK debt recorded beside it (which the
+    trainer always appends with it) keeps the audit clean."""
+    lost_after_finishing(log, "p")
+    pay(log, "p", "released")
+    assert [v.rule for v in audit_log(store).violations] == [NO_STRANDED_RESULT]
+    log.owe("p_g0")
+    log.ack("p_g0")
+    report = audit_log(store)
+    assert report.ok, report.as_json()
