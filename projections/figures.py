@@ -13,8 +13,9 @@ What each figure is computed from:
 - checkpoints by outcome: `CheckpointPrepareStarted` (started), `CheckpointCommitted`,
   `CheckpointAborted`, `CheckpointResumed`;
 - stranded results: tries the log shows finished at the agent (`AttemptRetired` with outcome
-  `completed_unacknowledged`) that were never owed an ACK (no `AckOwed` of theirs): nobody will ever
-  release them;
+  `completed_unacknowledged`) that were never owed an ACK (no `AckOwed` of theirs) and whose owed
+  retire, if one was owed, was not answered with the agent holding nothing (`RetirePaid` other than
+  `released`): nobody has released them;
 - duplicate executions: tries whose receipts (`ReceiptFetched`, `AckOwed`) name more than one
   `result_identity`: the agent ran them more than once;
 - retires by outcome (`AttemptRetired`), adoptions (`AttemptAdopted`), replacements
@@ -119,6 +120,8 @@ class LogFigures:
         self._prepare = Histogram(PREPARE_WAIT_BUCKETS)
         self._finished_at_agent: set[str] = set()
         self._owed: set[str] = set()
+        # Tries whose owed retire the agent answered holding nothing of them (`RetirePaid`).
+        self._held_nothing: set[str] = set()
         self._identities: dict[str, set[str]] = {}
         self._duplicates = 0
         self._generation = GenerationFigures()
@@ -166,6 +169,10 @@ class LogFigures:
                 seen.add(receipt["result_identity"])
                 if len(seen) > 1:
                     self._duplicates += 1
+        elif kind == "RetirePaid":
+            data = event.data
+            if data["outcome"] != "released":
+                self._held_nothing.add(debt_key(data["rollout_id"], data["attempt_index"]))
         elif kind == "GroupDeadLettered":
             self._dead[str(event.data.get("budget") or NO_BUDGET)] += 1
         elif kind == "LogprobsComputed":
@@ -182,7 +189,7 @@ class LogFigures:
             prepare_wait=self._prepare.copy(),
             retires=dict(self._retires),
             dead_letters=dict(self._dead),
-            stranded=len(self._finished_at_agent - self._owed),
+            stranded=len(self._finished_at_agent - self._owed - self._held_nothing),
             duplicate_executions=self._duplicates,
             logprobs=dict(self._logprobs),
             generation=self._generation.totals(),

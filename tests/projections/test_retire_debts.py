@@ -9,6 +9,7 @@ from eventstore import EventStore
 from eventstore.events import RetireOwed, RetirePaid, RunFailed
 from projections.audit import NO_STRANDED_RESULT, audit_log
 from projections.base import fold
+from projections.figures import LogFigures
 from projections.ledger import LedgerProjection, LedgerState
 from tests.projections.builder import AGENT, LogBuilder
 
@@ -83,3 +84,13 @@ def test_a_released_result_is_stranded_until_its_ack_is_owed(store: EventStore, 
     log.ack("p_g0")
     report = audit_log(store)
     assert report.ok, report.as_json()
+
+
+def test_the_stranded_figure_counts_a_result_until_its_owed_retire_is_answered(
+    store: EventStore, log: LogBuilder
+) -> None:
+    figures = LogFigures()
+    lost_after_finishing(log, "p")
+    assert figures.catch_up(store).stranded == 1
+    pay(log, "p", "done")
+    assert figures.catch_up(store).stranded == 0

@@ -13,4 +13,5 @@ does are the same code, and every transition is tested without a server (tests/c
     attempt      retire answers, adoption checks and when a try is declared lost
     group        replace, abandon or dead-letter after a try failed (two budgets: infra and data)
     debt         what an ACK answer proves: paid, refused, dropped on evidence of a newer generation
+    retire_debt  a retire owed to an agent for a try declared lost there: what its answer proves
 """
