@@ -371,6 +371,18 @@ def status(db: DbOption = None) -> None:
                     escape(event.reason[:200]),
                 )
             console.print(table)
+    if ledger.retires:
+        # Tries declared lost whose agent may still hold a result: paid once it answers again.
+        retires = Table("agent", "retires owed", "oldest", "since", title="retires owed")
+        for agent, owed_retires in sorted(ledger.retires.items()):
+            oldest = min(owed_retires.values(), key=lambda d: d.position)
+            retires.add_row(
+                escape(agent),
+                str(len(owed_retires)),
+                f"{oldest.rollout_id} #{oldest.attempt_index}",
+                str(oldest.position),
+            )
+        console.print(retires)
 
     last = checkpoints.last_committed()
     if last is None:

@@ -4,8 +4,10 @@ auditor names a stranded result with a retire owed, and clears one whose retire 
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
-from eventstore import EventStore
+from cli.main import app
+from eventstore import EventStore, open_store
 from eventstore.events import RetireOwed, RetirePaid, RunFailed
 from projections.audit import NO_STRANDED_RESULT, audit_log
 from projections.base import fold
@@ -94,3 +96,19 @@ def test_the_stranded_figure_counts_a_result_until_its_owed_retire_is_answered(
     assert figures.catch_up(store).stranded == 1
     pay(log, "p", "done")
     assert figures.catch_up(store).stranded == 0
+
+
+def test_status_shows_the_retires_owed_until_paid(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        log = LogBuilder(store)
+        owed_at = lost_after_finishing(log, "p")
+        result = CliRunner().invoke(app, ["status", "--db", store_url])
+        assert result.exit_code == 0, result.output
+        assert "retires owed" in result.output and "p_g0 #0" in result.output
+        assert str(owed_at) in result.output
+        pay(log, "p", "tombstoned")
+        result = CliRunner().invoke(app, ["status", "--db", store_url])
+        assert result.exit_code == 0 and "retires owed" not in result.output, result.output
+    finally:
+        store.close()
