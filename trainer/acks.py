@@ -158,6 +158,7 @@ class AckRelay:
                     )
                 return False
             self._failures.pop(agent_name, None)
+            self.ctx.answered(agent_name)
             self.stuck.pop(agent_name, None)
             self._not_before.pop(agent_name, None)
             by_group: dict[str, list[tuple[CompletionReceipt, list[Event]]]] = defaultdict(list)

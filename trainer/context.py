@@ -117,10 +117,18 @@ class Context:
         self.checkpoint_idle.set()
         self.stopping = False
         self.ack_wakeup = asyncio.Event()
-        # Set when a retire is owed (a try declared lost): the retire relay tries it at once.
+        # Set when a retire is owed (a try declared lost), or an agent answered (`answered`): the retire
+        # relay tries the agent's owed retires at once.
         self.retire_wakeup = asyncio.Event()
+        self.answered_agents: set[str] = set()
         # Each agent's incarnation as last seen (at start and at each reconcile): a change is a restart.
         self.incarnations: dict[str, str] = {}
+
+    def answered(self, agent_name: str) -> None:
+        """An exchange with the agent succeeded: it is reachable again, so the retires owed to it are
+        called now rather than after the backoff of their last failure."""
+        self.answered_agents.add(agent_name)
+        self.retire_wakeup.set()
 
     def live_attempt(self, rollout_id: str, attempt_index: int) -> LiveAttempt:
         key = (rollout_id, attempt_index)

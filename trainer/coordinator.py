@@ -253,6 +253,7 @@ class RolloutCoordinator:
                 try:
                     if not await self._check_identity(name, client):
                         continue
+                    self.ctx.answered(name)
                     await self.checkpointer.reconcile(name, client)
                 except (FencedOff, CoordinatorStopped) as exc:
                     log_stop("reconciliation", exc)

@@ -8,7 +8,8 @@ proves (trainer.core.retire_debt): `RetirePaid`, with `ReceiptFetched` + `AckOwe
 still held the result (the ACK relay then pays that debt and the agent discards it; nothing is
 adopted).  Failures back off per agent with jitter within `RETIRE_OWED_POLICY`; spent, the agent is
 reported stuck (`RetireDeliveryStuck`, once per spell) and called at the longest wait: a retire owed is
-never dropped here.  Nothing is called while a checkpoint is in flight (its prepare fences retires).
+never dropped here.  Any successful exchange with the agent meanwhile (an accepted `/acknowledge`, a
+reconcile's `/health`: `Context.answered`) lifts the wait, so its owed retires are called at once.  Nothing is called while a checkpoint is in flight (its prepare fences retires).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class RetireRelay:
         while not ctx.stopping:
             await wait_at_most(ctx.retire_wakeup.wait(), IDLE_POLL_S)
             ctx.retire_wakeup.clear()
+            for agent in ctx.answered_agents:
+                # Back: called now, not after the backoff of its last failure (the spell goes on).
+                self._not_before.pop(agent, None)
+            ctx.answered_agents.clear()
             if ctx.active_checkpoint is not None:
                 continue
             now = time.monotonic()
