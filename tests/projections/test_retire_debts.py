@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from eventstore import EventStore, open_store
-from eventstore.events import RetireOwed, RetirePaid, RunFailed
+from eventstore.events import RetireOwed, RetirePaid, RetirePaidOutcome, RunFailed
 from projections.audit import NO_STRANDED_RESULT, audit_log
 from projections.base import fold
 from projections.figures import LogFigures
@@ -39,8 +39,8 @@ def lost_after_finishing(log: LogBuilder, group_id: str) -> int:
     return positions[-1]
 
 
-def pay(log: LogBuilder, group_id: str, outcome: str) -> None:
-    log.group(group_id, [RetirePaid(rollout_id=f"{group_id}_g0", attempt_index=0, outcome=outcome)])  # type: ignore[arg-type]
+def pay(log: LogBuilder, group_id: str, outcome: RetirePaidOutcome) -> None:
+    log.group(group_id, [RetirePaid(rollout_id=f"{group_id}_g0", attempt_index=0, outcome=outcome)])
 
 
 def test_an_owed_retire_is_kept_until_paid_and_keeps_its_group_in_play(
@@ -69,7 +69,9 @@ def test_the_audit_names_the_retire_owed_for_a_stranded_result(store: EventStore
 
 
 @pytest.mark.parametrize("outcome", ["tombstoned", "done", "cancelled"])
-def test_an_answered_retire_leaves_nothing_stranded(store: EventStore, log: LogBuilder, outcome: str) -> None:
+def test_an_answered_retire_leaves_nothing_stranded(
+    store: EventStore, log: LogBuilder, outcome: RetirePaidOutcome
+) -> None:
     lost_after_finishing(log, "p")
     pay(log, "p", outcome)
     report = audit_log(store)
