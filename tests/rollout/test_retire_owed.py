@@ -37,6 +37,8 @@ from trainer.gym import GymClient
 # Short budgets, so "away past the retire deadline" is a second, not half a minute.
 RETIRE = RetryPolicy(max_calls=8, deadline_s=1.0, base_s=0.05, cap_s=0.2)
 OWED = RetryPolicy(max_calls=4, deadline_s=1.0, base_s=0.05, cap_s=0.2)
+# Stuck at the first failure, then called at the cap: five to ten minutes, far past any wait here.
+OWED_AT_LENGTH = RetryPolicy(max_calls=1, deadline_s=1.0, base_s=600.0, cap_s=600.0)
 
 
 class Cuttable:
@@ -106,7 +108,7 @@ def events(store: EventStore, group_id: str) -> list[Any]:
 
 
 async def lose_a_finished_try(
-    store: EventStore, make_agent: MakeAgent
+    store: EventStore, make_agent: MakeAgent, owed_policy: RetryPolicy = OWED
 ) -> tuple[str, Cuttable, GymClient, RolloutCoordinator, AwayAfterRetire]:
     """Up to the loss: the try finished at the agent, declared lost, its group dead-lettered, the
     agent away and still holding the result.  Returns the group, the proxy, a direct client to the
@@ -120,7 +122,7 @@ async def lose_a_finished_try(
     g = gid()
     rid = f"{g}_g0"
     await direct.set_faults(AttemptFault(rollout_id=rid, attempt_index=0, drop_reply=True))
-    coord = coordinator(store, {"a": client}, retire_policy=RETIRE, retire_owed_policy=OWED)
+    coord = coordinator(store, {"a": client}, retire_policy=RETIRE, retire_owed_policy=owed_policy)
     await coord.start()
     await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
     await coord.wait_idle(60)
@@ -176,6 +178,27 @@ async def test_a_try_lost_while_its_agent_was_away_is_released_when_it_comes_bac
         assert coord.retires.paid == 1 and coord.retires.released == 1
         group = coord.ledger.groups.get(g) or coord.ledger.archived[g]
         assert group.status == "dead_lettered"
+    finally:
+        await coord.close()
+        await client.aclose()
+        await direct.aclose()
+        proxy.cut()
+    assert_released_not_adopted(sqlite_store, g)
+
+
+async def test_an_agent_that_answers_again_has_its_owed_retires_called_at_once(
+    sqlite_store: EventStore, make_agent: MakeAgent
+) -> None:
+    """Back, the agent answers the reconcile's `/health` (every 5 s): that lifts the wait of its owed retires
+    (`Context.answered`), so the retire is paid now, not at the cap's five to ten minutes."""
+    g, proxy, direct, coord, client = await lose_a_finished_try(sqlite_store, make_agent, OWED_AT_LENGTH)
+    try:
+        async with asyncio.timeout(30):
+            while not coord.retires.stuck:
+                await asyncio.sleep(0.02)
+        await proxy.start()
+        await paid(coord, direct)
+        assert coord.retires.paid == 1 and coord.retires.released == 1
     finally:
         await coord.close()
         await client.aclose()
