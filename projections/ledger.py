@@ -237,6 +237,13 @@ class LedgerState:
     by_stream: Annotated[dict[str, GroupState], Field(exclude=True)] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # A cache too: the groups in play that are open, and those sealed with no claim, by id (dicts as
+    # ordered sets).  None until first asked for (`open_group_ids`: one scan), then kept by the fold
+    # (`_track`), so a trainer's loop does not scan every group in play at each batch: between
+    # checkpoints that is tens of thousands of groups at NeMo RL's sizes (50,000: 4 ms a scan).
+    status_index: Annotated[tuple[dict[str, None], dict[str, None]] | None, Field(exclude=True)] = field(
+        default=None, compare=False, repr=False
+    )
 
     def unpaid_debts(self, agent_name: str | None = None) -> list[tuple[str, CompletionReceipt]]:
         """(agent_name, receipt) of every debt not yet paid, oldest first per agent."""
@@ -255,6 +262,24 @@ class LedgerState:
                 return group
         head = group_id_of(rollout_id)
         return self.groups.get(head) if head else None
+
+    def open_group_ids(self) -> list[str]:
+        """The groups in play that are open, in the order they were reserved."""
+        return self._by_reservation(self._status_index()[0])
+
+    def sealed_unclaimed_ids(self) -> list[str]:
+        """The groups in play sealed and not claimed for training, in the order they were reserved."""
+        return self._by_reservation(self._status_index()[1])
+
+    def _by_reservation(self, ids: dict[str, None]) -> list[str]:
+        return sorted(ids, key=lambda g: self.groups[g].reserved_position)
+
+    def _status_index(self) -> tuple[dict[str, None], dict[str, None]]:
+        if self.status_index is None:
+            self.status_index = ({}, {})
+            for group in self.groups.values():
+                _track(self, group)
+        return self.status_index
 
     def sibling(self, rollout_id: str, stream_id: str = "") -> SiblingState | None:
         found = self.by_rollout.get(rollout_id)
@@ -311,6 +336,22 @@ def _fork_group(group: GroupState) -> GroupState:
             forked.attempts[n] = _shallow(attempt)
             forked.attempts[n].failures = list(attempt.failures)
     return copy
+
+
+def _track(state: LedgerState, group: GroupState) -> None:
+    """Keeps `status_index` (once built) true of `group` after a change to its status or claims."""
+    if state.status_index is None:
+        return
+    gid = group.group_id
+    for ids, holds in zip(
+        state.status_index,
+        (group.status == "open", group.status == "sealed" and not group.claims),
+        strict=True,
+    ):
+        if holds:
+            ids[gid] = None
+        else:
+            ids.pop(gid, None)
 
 
 def debt_key(rollout_id: str, attempt_index: int) -> str:
@@ -371,6 +412,7 @@ def _reserved(state: LedgerState, ev: RecordedEvent, e: GroupReserved) -> None:
         reserved_position=ev.position,
         last_position=ev.position,
     )
+    _track(state, state.groups[e.group_id])
 
 
 def _mint(
@@ -487,6 +529,7 @@ def _group_sealed(state: LedgerState, ev: RecordedEvent, e: GroupSealed) -> None
     group = state.groups.get(e.group_id)
     if group is not None and group.status == "open":
         group.status = "sealed"
+        _track(state, group)
 
 
 def _abandoned(state: LedgerState, ev: RecordedEvent, e: GroupAbandoned) -> None:
@@ -510,12 +553,14 @@ def _dead_lettered(state: LedgerState, ev: RecordedEvent, e: GroupDeadLettered) 
     group = state.groups.get(e.group_id)
     if group is not None and group.status == "open":
         group.status = "dead_lettered"
+        _track(state, group)
 
 
 def _claimed(state: LedgerState, ev: RecordedEvent, e: GroupClaimedForTraining) -> None:
     group = state.groups.get(e.group_id)
     if group is not None:
         group.claims.append(ClaimState(train_step=e.train_step, position=ev.position))
+        _track(state, group)
 
 
 def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None:
@@ -533,6 +578,8 @@ def _restored(state: LedgerState, ev: RecordedEvent, e: TrainerRestored) -> None
             continue
         if group.claims and group.claims[-1].position > cut:
             group.claims = [c for c in group.claims if c.position <= cut]
+            if isinstance(group, GroupState):
+                _track(state, group)
 
 
 def _committed(state: LedgerState, ev: RecordedEvent, e: CheckpointCommitted) -> None:
@@ -578,6 +625,7 @@ def _archive(state: LedgerState, cut: int, trainer_id: str | None) -> None:
         )
     ]
     for g in done:
+        # Not in `status_index`: a group archived is claimed or dead-lettered, neither open nor unclaimed.
         del state.groups[g.group_id]
         state.by_stream.pop(group_stream(g.group_id), None)
         for sibling in g.siblings.values():

@@ -705,14 +705,14 @@ class RolloutCoordinator:
         return group.trainer_id == self.settings.trainer_id
 
     def sealed_unclaimed(self) -> list[SealedGroup]:
+        groups = self.ledger.groups
         return [
-            _sealed(g)
-            for g in self.ledger.groups.values()
-            if g.status == "sealed" and not g.claims and self.owns(g)
+            _sealed(g) for g in map(groups.__getitem__, self.ledger.sealed_unclaimed_ids()) if self.owns(g)
         ]
 
     def open_groups(self) -> list[str]:
-        return [g.group_id for g in self.ledger.groups.values() if g.status == "open" and self.owns(g)]
+        groups = self.ledger.groups
+        return [gid for gid in self.ledger.open_group_ids() if self.owns(groups[gid])]
 
     async def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
         """Sealed, unclaimed groups as they seal.  With `until_idle`, ends once no group is open."""
