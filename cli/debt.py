@@ -1,10 +1,14 @@
-"""`ledger debt list | drop`: the ACK debts the log holds unpaid, and an operator's drop of one.
+"""`ledger debt list | drop`: the ACK debts the log holds unpaid, and an operator's drop of one (or of
+a retire owed to an agent gone for good).
 
 A debt leaves the ledger only on evidence: the agent accepted the ACK, an agent process other than
 the one that made the receipt (another incarnation) denies it (it restarted and lost the result), or
 an operator says so.
 `drop` is the last: it appends `AckRejected` of kind `dropped_by_operator` carrying the operator's
 mark (who, and the reason given), which the ledger folds as the debt dropped and the auditor accepts.
+A try with no ACK debt but a retire owed (declared lost while its agent was away, the agent never
+back) has the retire dropped the same way: `RetirePaid` of outcome `dropped_by_operator`, so the trainer
+stops calling the agent and the auditor no longer names the result stranded.
 
 The operator is not a trainer, so it neither takes a trainer's owner epoch (that would stop the live
 coordinator) nor carries one: it writes to its own stream (`operator-<agent>`), never to a trainer's,
@@ -124,7 +128,8 @@ def drop(
     ] = None,
     db: DbOption = None,
 ) -> None:
-    """Drop one unpaid ACK debt by hand; exit status 2 (nothing written) if the log holds no such debt."""
+    """Drop one unpaid ACK debt by hand, or the retire owed for the try if it has no ACK debt; exit
+    status 2 (nothing written) if the log holds neither."""
     from pydantic import ValidationError
 
     from eventstore import open_store
@@ -148,7 +153,8 @@ def drop(
             while True:
                 # The group's version before the fold: the append is refused if the trainer wrote since.
                 seen = store.stream_version(group_stream(group_id))
-                decided = on_operator_drop(_ledger(store).debts, rollout_id, attempt, agent, mark)
+                ledger = _ledger(store)
+                decided = on_operator_drop(ledger.debts, rollout_id, attempt, agent, mark, ledger.retires)
                 if decided.agent_name is None:
                     err_console.print(f"[red]error:[/red] {escape(decided.step.reason)}; nothing was written")
                     raise typer.Exit(2)
@@ -168,8 +174,9 @@ def drop(
                         break
                     time.sleep(verdict.delay_s)
                     continue
+                what = "ACK debt" if decided.receipt is not None else "retire owed"
                 console.print(
-                    f"dropped the ACK debt of {escape(rollout_id)}#{attempt} owed to "
+                    f"dropped the {what} of {escape(rollout_id)}#{attempt} owed to "
                     f"{escape(decided.agent_name)} at position {result.positions[0]}: {escape(mark.reason)}"
                 )
                 return

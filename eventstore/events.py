@@ -320,21 +320,32 @@ class RetireOwed(Event):
     execution_incarnation: Incarnation | None = None
 
 
-RetirePaidOutcome = Literal["cancelled", "tombstoned", "done", "released"]
+RetirePaidOutcome = Literal["cancelled", "tombstoned", "done", "released", "dropped_by_operator"]
 
 
-class RetirePaid(Event):
+class RetirePaid(Event, version=2):
     """An owed retire paid: the agent answered it.  `cancelled`, `tombstoned`, `done`: it holds no
     result of the try any more (its retire answer).  `released`: it held a finished result
     (`completed_unacknowledged`); the trainer fetched its receipt and owes it the ACK (`ReceiptFetched`
     and `AckOwed` in the same append), so the agent discards it once the ACK is accepted.  Nothing of it
-    is sealed or trained on."""
+    is sealed or trained on.
+
+    Version 2 added `operator`: outcome `dropped_by_operator` is a retire an operator dropped (`ledger
+    debt drop`: the agent is gone for good, nothing left to release), with the operator's mark, and only
+    it carries one.  Version 1 rows are upcast with None."""
 
     rollout_id: Identifier
     attempt_index: AttemptIndex
     outcome: RetirePaidOutcome
     # The agent process that answered the retire.
     execution_incarnation: Incarnation | None = None
+    operator: OperatorMark | None = None
+
+    @model_validator(mode="after")
+    def _operator_marks_only_an_operator_drop(self) -> RetirePaid:
+        if (self.outcome == "dropped_by_operator") != (self.operator is not None):
+            raise ValueError("an operator's mark goes with outcome dropped_by_operator, and only with it")
+        return self
 
 
 class RetireDeliveryStuck(Event):

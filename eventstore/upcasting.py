@@ -91,6 +91,12 @@ def _ack_rejected_v3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "agent_incarnation": None}
 
 
+@upcaster("RetirePaid", 1)
+def _retire_paid_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 had no operator drops: no operator's mark."""
+    return {**data, "operator": None}
+
+
 @upcaster("AttemptRetired", 2)
 def _attempt_retired_v2(data: dict[str, Any]) -> dict[str, Any]:
     """v2 recorded no continuation offered with the retire."""

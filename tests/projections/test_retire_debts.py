@@ -8,12 +8,14 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from eventstore import EventStore, open_store
-from eventstore.events import RetireOwed, RetirePaid, RetirePaidOutcome, RunFailed
+from eventstore.events import OperatorMark, RetireOwed, RetirePaid, RetirePaidOutcome, RunFailed
 from projections.audit import NO_STRANDED_RESULT, audit_log
-from projections.base import fold
+from projections.base import decode, fold
 from projections.figures import LogFigures
 from projections.ledger import LedgerProjection, LedgerState
+from protocol.streams import operator_stream
 from tests.projections.builder import AGENT, LogBuilder
+from tests.projections.tamper import append_raw
 
 
 def ledger_of(store: EventStore) -> LedgerState:
@@ -112,5 +114,76 @@ def test_status_shows_the_retires_owed_until_paid(store_url: str) -> None:
         pay(log, "p", "tombstoned")
         result = CliRunner().invoke(app, ["status", "--db", store_url])
         assert result.exit_code == 0 and "retires owed" not in result.output, result.output
+    finally:
+        store.close()
+
+
+def test_an_operator_drops_a_retire_owed_to_an_agent_gone_for_good(store_url: str) -> None:
+    """`ledger debt drop` of a try with no ACK debt but a retire owed: `RetirePaid` dropped_by_operator
+    with the operator's mark, on the operator's stream; the ledger no longer owes it (the relay stops
+    calling), the auditor no longer names the result stranded, and a second drop finds nothing."""
+    store = open_store(store_url)
+    try:
+        log = LogBuilder(store)
+        lost_after_finishing(log, "p")
+        assert NO_STRANDED_RESULT in {v.rule for v in audit_log(store).violations}
+        drop = ["debt", "drop", "p_g0", "0", "--reason", "agent host decommissioned"]
+        result = CliRunner().invoke(app, [*drop, "--operator", "ops@host", "--db", store_url])
+        assert result.exit_code == 0, result.output
+        assert f"dropped the retire owed of p_g0#0 owed to {AGENT}" in result.output
+        [row] = store.read_stream(operator_stream(AGENT))
+        assert row.schema_version == RetirePaid.schema_version == 2
+        assert row.metadata.get("writer") == "operator:ops@host"
+        assert decode(row) == RetirePaid(
+            rollout_id="p_g0",
+            attempt_index=0,
+            outcome="dropped_by_operator",
+            operator=OperatorMark(operator="ops@host", reason="agent host decommissioned"),
+        )
+        assert ledger_of(store).retires == {}
+        report = audit_log(store)
+        assert report.ok, report.as_json()
+        assert LogFigures().catch_up(store).stranded == 0
+        head = store.head()
+        again = CliRunner().invoke(app, [*drop, "--db", store_url])
+        assert again.exit_code == 2 and "no unpaid ACK debt and no retire owed" in again.output
+        assert store.head() == head
+    finally:
+        store.close()
+
+
+def test_a_retire_owed_to_another_agent_is_not_dropped(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        lost_after_finishing(LogBuilder(store), "p")
+        head = store.head()
+        args = ["debt", "drop", "p_g0", "0", "--agent", "agent-b", "--reason", "gone", "--db", store_url]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and "no retire owed for p_g0#0 to agent 'agent-b'" in result.output
+        assert store.head() == head and ledger_of(store).retires
+    finally:
+        store.close()
+
+
+def test_the_operators_mark_goes_with_a_dropped_retire_only() -> None:
+    mark = OperatorMark(operator="ops", reason="gone")
+    with pytest.raises(ValueError, match="operator's mark"):
+        RetirePaid(rollout_id="p_g0", attempt_index=0, outcome="dropped_by_operator")
+    with pytest.raises(ValueError, match="operator's mark"):
+        RetirePaid(rollout_id="p_g0", attempt_index=0, outcome="done", operator=mark)
+
+
+def test_a_v1_retire_paid_reads_as_v2_without_a_mark(store_url: str) -> None:
+    """Stored rows are never rewritten: a v1 row is upcast on read, paid as it was."""
+    store = open_store(store_url)
+    try:
+        lost_after_finishing(LogBuilder(store), "p")
+        data = '{"rollout_id": "p_g0", "attempt_index": 0, "outcome": "tombstoned", "execution_incarnation": null}'
+        position = append_raw(store, store_url, "group-p", "RetirePaid", 1, data)
+        row = next(r for r in store.read_all(position - 1) if r.position == position)
+        assert decode(row) == RetirePaid(
+            rollout_id="p_g0", attempt_index=0, outcome="tombstoned", operator=None
+        )
+        assert ledger_of(store).retires == {}
     finally:
         store.close()

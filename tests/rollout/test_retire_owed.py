@@ -15,6 +15,9 @@ import asyncio
 import contextlib
 from typing import Any, ClassVar
 
+from typer.testing import CliRunner
+
+from cli.main import app
 from eventstore import EventStore
 from eventstore.events import (
     AckAccepted,
@@ -33,6 +36,7 @@ from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from trainer import RolloutCoordinator
 from trainer.gym import GymClient
+from trainer.retires import IDLE_POLL_S
 
 # Short budgets, so "away past the retire deadline" is a second, not half a minute.
 RETIRE = RetryPolicy(max_calls=8, deadline_s=1.0, base_s=0.05, cap_s=0.2)
@@ -94,8 +98,10 @@ class AwayAfterRetire(GymClient):
     proxy is cut as that answer arrives, so the adoption that follows cannot reach it."""
 
     proxy: ClassVar[Cuttable | None] = None
+    calls: ClassVar[int] = 0
 
     async def retire(self, rollout_id: str, attempt_index: int, checkpoint_id: str | None = None) -> Any:
+        type(self).calls += 1
         answer = await super().retire(rollout_id, attempt_index, checkpoint_id)
         proxy = type(self).proxy
         if answer.completed_unacknowledged and proxy is not None and not proxy.cut_once.is_set():
@@ -205,6 +211,36 @@ async def test_an_agent_that_answers_again_has_its_owed_retires_called_at_once(
         await direct.aclose()
         proxy.cut()
     assert_released_not_adopted(sqlite_store, g)
+
+
+async def test_an_operator_drops_the_retire_owed_to_an_agent_gone_for_good(
+    sqlite_store: EventStore, sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    """The agent never comes back: `ledger debt drop` pays the owed retire by the operator's word, the
+    live trainer sees it at its next read of the log (any append of its own makes one) and owes nothing."""
+    g, proxy, direct, coord, client = await lose_a_finished_try(sqlite_store, make_agent)
+    try:
+        async with asyncio.timeout(30):
+            while not coord.retires.stuck:
+                await asyncio.sleep(0.02)
+        drop = ["debt", "drop", f"{g}_g0", "0", "--reason", "agent host decommissioned", "--db", sqlite_url]
+        result = CliRunner().invoke(app, drop)
+        assert result.exit_code == 0 and "dropped the retire owed" in result.output, result.output
+        await coord.journal.catch_up()  # what its next append does: the log has another writer's row
+        assert coord.retires.owed_agents() == [] and coord.ledger.retires == {}
+        called = AwayAfterRetire.calls
+        # Three passes of the relay, each of which called the stuck agent (at OWED's cap) while owed.
+        await asyncio.sleep(3 * IDLE_POLL_S)
+        assert AwayAfterRetire.calls == called
+        assert coord.retires.paid == 0  # paid by the operator, not by a retire the agent answered
+    finally:
+        await coord.close()
+        await client.aclose()
+        await direct.aclose()
+        proxy.cut()
+    assert not [e for e in events(sqlite_store, g) if isinstance(e, RetirePaid)]  # the operator's stream
+    report = audit_log(sqlite_store)
+    assert report.ok, report.as_json()
 
 
 async def test_a_trainer_restarted_before_the_agent_is_back_still_pays_the_retire(

@@ -12,6 +12,8 @@
 
     operator drop, debt owed                   -> AckRejected dropped_by_operator with the operator's
                                                   mark (`ledger debt drop`): the debt drops
+    operator drop, no ACK debt, a retire owed  -> RetirePaid dropped_by_operator with the mark: the
+                                                  agent is gone for good, nothing left to release
     operator drop, no such debt owed           -> refused, nothing recorded
 
 A debt is dropped only on evidence (another incarnation) or by an operator, by the rule the folds apply
@@ -26,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from eventstore.events import AckAccepted, AckRejected, Event, OperatorMark
-from projections.ledger import debt_dropped_by, debt_key
+from eventstore.events import AckAccepted, AckRejected, Event, OperatorMark, RetirePaid
+from projections.ledger import RetireDebt, debt_dropped_by, debt_key
 from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.wire import AcknowledgeResult, CompletionReceipt
 
@@ -116,21 +118,35 @@ def on_operator_drop(
     attempt_index: int,
     agent_name: str | None,
     mark: OperatorMark,
+    retires: Mapping[str, Mapping[str, RetireDebt]] | None = None,
 ) -> OperatorDrop:
-    """`debts`: the ledger's unpaid debts (agent -> debt key -> receipt).  Only a debt the log holds
-    unpaid can be dropped; anything else is refused with nothing to record."""
+    """`debts`: the ledger's unpaid debts (agent -> debt key -> receipt); `retires`: its retires owed
+    (agent -> debt key).  Only a debt the log holds unpaid can be dropped: the try's ACK debt, else the
+    retire owed for it (the agent is gone for good: nothing left there to release); anything else is
+    refused with nothing to record."""
     key = debt_key(rollout_id, attempt_index)
     owners = [a for a, owed in debts.items() if key in owed and (agent_name is None or a == agent_name)]
-    if not owners:
-        to = f" to agent {agent_name!r}" if agent_name is not None else ""
-        return OperatorDrop(
-            DebtStep("unknown", reason=f"no unpaid ACK debt for {rollout_id}#{attempt_index}{to}")
+    if owners:
+        owner = owners[0]
+        dropped = AckRejected(
+            rollout_id=rollout_id, attempt_index=attempt_index, error="dropped_by_operator", operator=mark
         )
-    owner = owners[0]
-    receipt = debts[owner][key]
-    dropped = AckRejected(
-        rollout_id=rollout_id, attempt_index=attempt_index, error="dropped_by_operator", operator=mark
-    )
+        return OperatorDrop(
+            DebtStep("dropped", (dropped,), f"dropped by {mark.operator}: {mark.reason}"),
+            owner,
+            debts[owner][key],
+        )
+    owed_retire = [a for a, owed in (retires or {}).items() if key in owed and agent_name in (None, a)]
+    if owed_retire:
+        paid = RetirePaid(
+            rollout_id=rollout_id, attempt_index=attempt_index, outcome="dropped_by_operator", operator=mark
+        )
+        return OperatorDrop(
+            DebtStep("dropped", (paid,), f"dropped by {mark.operator}: {mark.reason}"), owed_retire[0]
+        )
+    to = f" to agent {agent_name!r}" if agent_name is not None else ""
     return OperatorDrop(
-        DebtStep("dropped", (dropped,), f"dropped by {mark.operator}: {mark.reason}"), owner, receipt
+        DebtStep(
+            "unknown", reason=f"no unpaid ACK debt and no retire owed for {rollout_id}#{attempt_index}{to}"
+        )
     )
