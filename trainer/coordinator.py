@@ -705,10 +705,11 @@ class RolloutCoordinator:
         return group.trainer_id == self.settings.trainer_id
 
     def sealed_unclaimed(self) -> list[SealedGroup]:
+        return [_sealed(g) for g in self._unclaimed()]
+
+    def _unclaimed(self) -> list[GroupState]:
         groups = self.ledger.groups
-        return [
-            _sealed(g) for g in map(groups.__getitem__, self.ledger.sealed_unclaimed_ids()) if self.owns(g)
-        ]
+        return [g for g in map(groups.__getitem__, self.ledger.sealed_unclaimed_ids()) if self.owns(g)]
 
     def open_groups(self) -> list[str]:
         groups = self.ledger.groups
@@ -718,16 +719,18 @@ class RolloutCoordinator:
         """Sealed, unclaimed groups as they seal.  With `until_idle`, ends once no group is open."""
         seen: set[str] = set()
         while True:
-            for group in self.sealed_unclaimed():
+            # Each group's SealedGroup is built once, when it is handed out: groups handed out and not
+            # yet claimed (a training step collecting its batch) are passed over at every batch.
+            for group in self._unclaimed():
                 if group.group_id not in seen:
                     seen.add(group.group_id)
-                    yield await self.with_payloads(group)
+                    yield await self.with_payloads(_sealed(group))
             if self.journal.fenced is not None:
                 raise self.journal.fenced
             if self.journal.stopped is not None:
                 raise self.journal.stopped
             idle = not self.open_groups() and all(t.done() for t in self._drivers.values())
-            if until_idle and idle and not any(g.group_id not in seen for g in self.sealed_unclaimed()):
+            if until_idle and idle and all(g.group_id in seen for g in self._unclaimed()):
                 return
             await self.journal.wait_changed(0.5)
 

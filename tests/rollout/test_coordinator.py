@@ -7,10 +7,15 @@ import contextlib
 import dataclasses
 from typing import Any
 
+import pytest
+
+import trainer.coordinator as coordinator_module
 from eventstore import EventStore
 from projections.audit import audit_log
+from projections.ledger import GroupState
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
+from trainer.coordinator import SealedGroup
 from trainer.gym import GymClient, NotReadyError, StaleCheckpointError
 
 
@@ -287,3 +292,30 @@ async def test_a_checkpoint_carries_a_finished_try_and_it_is_taken_in_after_the_
     assert positions["AttemptAdopted"] > positions["CheckpointCommitted"]
     report = audit_log(store)
     assert not report.violations, report.violations
+
+
+async def test_groups_handed_out_and_not_yet_claimed_are_built_once(
+    store: EventStore, make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer collecting a batch holds what `sealed_groups` handed out unclaimed while the rest
+    seal: each group's SealedGroup is built once, when handed out, not again at every batch after."""
+    built: list[str] = []
+    build = coordinator_module._sealed
+
+    def counted(group: GroupState) -> SealedGroup:
+        built.append(group.group_id)
+        return build(group)
+
+    monkeypatch.setattr(coordinator_module, "_sealed", counted)
+    agent = make_agent("a")
+    async with GymClient(agent.url, "a") as client:
+        coord = coordinator(store, {"a": client}, mode="sibling")
+        async with coord:
+            groups = [gid() for _ in range(6)]
+            for g in groups:
+                await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
+            batch = [s.group_id async for s in coord.sealed_groups()]  # none claimed
+            assert sorted(batch) == sorted(groups)
+            assert coord.journal.batches > len(groups)  # the loop woke at many batches meanwhile
+            assert sorted(built) == sorted(groups), built
+            assert {s.group_id for s in coord.sealed_unclaimed()} == set(groups)
