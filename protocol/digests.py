@@ -145,6 +145,70 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     return out
 
 
+# The JSON types `same_json` compares itself; a pair holding any other (a str or int subclass, an
+# enum, a dataclass) is compared by its canonical bytes.
+_JSON_KINDS: Final = frozenset({dict, list, tuple, str, int, bool, float, type(None)})
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """`canonical_bytes(a) == canonical_bytes(b)` without writing either, for any values canonical JSON
+    writes (no NaN or infinity): equal JSON values of equal types, compared in place (a string by
+    `==`, in C, however long).  So `True` and `1`, `1` and `1.0`, `0.0` and `-0.0`, `"1"` and `1` are
+    not the same; a list and a tuple of the same values are, and key order never matters.  A dict with
+    a key that is not a str (json writes `1` as `"1"`) or a value of a type not plain JSON is compared
+    by its canonical bytes, so the answer is the bytes' answer there too.  Walked with a stack, not
+    recursion.  A property test holds it to the bytes (tests/core/test_canonical_json.py)."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        kx, ky = type(x), type(y)
+        if kx is str or kx is int or kx is bool:
+            if kx is not ky or x != y:
+                if kx is ky or ky in _JSON_KINDS:
+                    return False
+                return canonical_bytes(x) == canonical_bytes(y)
+        elif kx is float:
+            # repr (what json writes) tells every two floats apart but NaN, and 0.0 from -0.0.
+            if ky is not float or x != y or (x == 0.0 and math.copysign(1.0, x) != math.copysign(1.0, y)):
+                if ky in _JSON_KINDS:
+                    return False
+                return canonical_bytes(x) == canonical_bytes(y)
+        elif x is None:
+            if y is not None:
+                if ky in _JSON_KINDS:
+                    return False
+                return canonical_bytes(x) == canonical_bytes(y)
+        elif kx is dict and ky is dict:
+            if len(x) != len(y):
+                if all(type(k) is str for k in x) and all(type(k) is str for k in y):
+                    return False
+                if canonical_bytes(x) != canonical_bytes(y):
+                    return False
+                continue
+            pairs = []
+            for key, value in x.items():
+                if type(key) is not str or key not in y:
+                    break
+                pairs.append((value, y[key]))
+            else:
+                # Every key of x is a str in y and they are as many: y's keys are x's.
+                stack.extend(pairs)
+                continue
+            if all(type(k) is str for k in x) and all(type(k) is str for k in y):
+                return False  # a str key of x that y lacks
+            if canonical_bytes(x) != canonical_bytes(y):
+                return False
+        elif (kx is list or kx is tuple) and (ky is list or ky is tuple):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y, strict=True))
+        elif kx in _JSON_KINDS and ky in _JSON_KINDS:
+            return False  # two kinds of JSON value (an object and an array, say): never the same text
+        elif canonical_bytes(x) != canonical_bytes(y):
+            return False
+    return True
+
+
 def canonical_json(value: Any) -> str:
     """UTF-8 JSON with sorted keys and no insignificant whitespace: the text every digest is taken of."""
     return canonical_bytes(value).decode()

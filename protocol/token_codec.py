@@ -24,7 +24,7 @@ Version 2 (`TOKENS_REPLY_MEDIA_TYPE`) is how the trainer stores a try's records 
 same layout, the header `{"arrays": ..., "records": ..., "reply_items": [...]}` with one entry per
 record, null or `[start, stop]`.  A record with `[start, stop]` holds no `output_items`: they are the
 reply's `response.output[start:stop]`, each item without its token arrays (`protocol.tokens.
-TOKEN_FIELDS`), which `refer_to_reply` checked item for item (canonical JSON) before it left them
+TOKEN_FIELDS`), which `refer_to_reply` checked item for item (the same canonical JSON) before it left them
 out.  The call's output text is then stored once, in the reply, whose digest the agent's receipt
 names; `resolve_reply_items` puts the items back from the reply, so the records read are the Gym's,
 field for field, and re-encoding them in version 1 gives the bytes the agent sent.  A version 2
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from protocol.digests import canonical_bytes
+from protocol.digests import canonical_bytes, same_json
 from protocol.tokens import TOKEN_FIELDS
 
 if TYPE_CHECKING:
@@ -369,6 +369,9 @@ def _reply_items(given: Any, records: list[dict[str, Any]]) -> tuple[tuple[int, 
     return tuple(out)
 
 
+_UNSEEN: Final = object()
+
+
 def _without_arrays(item: Any) -> Any:
     return {k: v for k, v in item.items() if k not in TOKEN_FIELDS} if isinstance(item, dict) else item
 
@@ -386,15 +389,17 @@ def refer_to_reply(
 ) -> tuple[bytes, str]:
     """Token records in the binary form, version 1 (checked canonical), as the trainer stores them
     beside their reply, and the media type: each record whose `output_items` are, item for item
-    (canonical JSON), a run of `reply_output` after the previous record's, each item without its token
-    arrays, refers to that run instead (version 2).  `content` itself, version 1, when no record's
+    (the same canonical JSON: `same_json`, which compares the values without writing them), a run of
+    `reply_output` after the previous record's, each item without its token arrays, refers to that run
+    instead (version 2).  `content` itself, version 1, when no record's
     items are found there.  The arrays are copied as they are (one copy of the bytes).  `layout`:
     `content`'s own as `read_layout` read it (the trainer's intake has), so it is not read again."""
     if layout is None:
         layout = read_layout(content, check_canonical=False)
     if layout.version != VERSION:
         raise TokenCodecError("only version 1 token records are made to refer to their reply")
-    keys: list[bytes | None] = [None] * len(reply_output)
+    # The reply's items without their token arrays, each made when first compared.
+    stripped: list[Any] = [_UNSEEN] * len(reply_output)
     cursor = 0
     refs: list[list[int] | None] = []
     heads: list[dict[str, Any]] = []
@@ -402,13 +407,14 @@ def refer_to_reply(
         items = head.get("output_items")
         found = None
         if isinstance(items, list) and items:
-            wanted = [canonical_bytes(item) for item in items]
-            for start in range(cursor, len(reply_output) - len(wanted) + 1):
-                for k in range(start, start + len(wanted)):
-                    if keys[k] is None:
-                        keys[k] = canonical_bytes(_without_arrays(reply_output[k]))
-                if keys[start : start + len(wanted)] == wanted:
-                    found = [start, start + len(wanted)]
+            for start in range(cursor, len(reply_output) - len(items) + 1):
+                for k, item in enumerate(items, start):
+                    if stripped[k] is _UNSEEN:
+                        stripped[k] = _without_arrays(reply_output[k])
+                    if not same_json(item, stripped[k]):
+                        break
+                else:
+                    found = [start, start + len(items)]
                     cursor = found[1]
                     break
         refs.append(found)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.digests import canonical_bytes
+from protocol.digests import canonical_bytes, same_json
 
 _STD = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -116,3 +116,119 @@ def test_the_walk_decides_small_floats_and_gives_up_past_its_budget() -> None:
     assert _small_floats([2.0, float("-inf")], 100) is True
     assert _small_floats([1.0] * 200, 100) is None  # past the budget: the text decides
     assert _small_floats({"a": object()}, 100) is None  # a type orjson may write its own way
+
+
+# --- same_json: the bytes' equality, without the bytes ---------------------------------------------
+
+# Values canonical JSON writes (no NaN, infinity or lone surrogate), with the near misses same_json
+# must tell apart: booleans, integers and floats of one value, signed zeros, equal floats.
+_near_scalars = (
+    st.none()
+    | st.booleans()
+    | st.sampled_from([0, 1, -1, 0.0, -0.0, 1.0, -1.0, 2**64, float(2**64), 1e-5, 1e16, 10**16])
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(codec="utf-8"), max_size=6)  # no lone surrogate
+    | st.sampled_from(["", "1", "true", "null", "1.0"])
+)
+json_values = st.recursive(
+    _near_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.sampled_from(["a", "b", "1", ""]) | st.text(max_size=3), inner, max_size=4)
+        | st.dictionaries(st.sampled_from([1, -1, 0, True, None, 1.0, -0.0]), inner, max_size=2)
+    ),
+    max_leaves=16,
+)
+
+
+def _nudged(value: Any, data: st.DataObject) -> Any:
+    """`value` with at most one small change somewhere (a type, a sign, an order, a key): pairs that are
+    the same or nearly so, where an independent draw would almost always differ in its first byte."""
+    kind = type(value)
+    if kind is dict:
+        items = list(value.items())
+        data.draw(st.randoms()).shuffle(items)  # key order never matters
+        change: bool = data.draw(st.booleans())
+        if items and change:
+            i = data.draw(st.integers(0, len(items) - 1))
+            items[i] = (items[i][0], _nudged(items[i][1], data))
+        elif items and data.draw(st.booleans()) is True:
+            items.pop()
+        return dict(items)
+    if kind is list or kind is tuple:
+        out = list(value)
+        change = data.draw(st.booleans())
+        if out and change:
+            i = data.draw(st.integers(0, len(out) - 1))
+            out[i] = _nudged(out[i], data)
+        return tuple(out) if data.draw(st.booleans()) else out
+    choices: list[Any] = []
+    if kind is bool:
+        choices = [int(value), float(value)]
+    elif kind is int:
+        choices = [float(value), bool(value), str(value)] if abs(value) < 2**53 else [str(value)]
+    elif kind is float:
+        choices = [-value, int(value) if value.is_integer() and abs(value) < 2**64 else value]
+    elif kind is str:
+        choices = [value + "x", "".join(value), None]
+    elif value is None:
+        choices = [False, 0, "null"]
+    if not choices or not data.draw(st.booleans()):
+        return value
+    return data.draw(st.sampled_from(choices))
+
+
+def _bytes_same(a: Any, b: Any) -> bool | type[BaseException]:
+    try:
+        return canonical_bytes(a) == canonical_bytes(b)
+    except (ValueError, TypeError) as exc:  # a dict of mixed keys json cannot sort
+        return type(exc)
+
+
+def _same(a: Any, b: Any) -> bool | type[BaseException]:
+    try:
+        return same_json(a, b)
+    except (ValueError, TypeError) as exc:
+        return type(exc)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_values, st.data())
+def test_same_json_is_the_canonical_bytes_equality_on_near_pairs(value: Any, data: st.DataObject) -> None:
+    other = _nudged(value, data)
+    expected = _bytes_same(value, other)
+    if expected is True or expected is False:
+        assert same_json(value, other) is expected
+        assert same_json(other, value) is expected
+    else:  # the bytes are refused: same_json may refuse too, or answer from the part it compared
+        assert _same(value, other) in (expected, True, False)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_values, json_values)
+def test_same_json_is_the_canonical_bytes_equality_on_any_pair(a: Any, b: Any) -> None:
+    expected = _bytes_same(a, b)
+    if expected is True or expected is False:
+        assert same_json(a, b) is expected
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [(True, 1, False), (1, 1.0, False), (0.0, -0.0, False), (0, False, False), (None, "null", False),
+     ([1, 2], (1, 2), True), ({"a": 1, "b": [2.5]}, {"b": [2.5], "a": 1}, True), ({1: "x"}, {"1": "x"}, True),
+     ({True: 1}, {"true": 1}, True), ({1: "x"}, {1.0: "x"}, False), ({0: 1}, {False: 1}, False),
+     ({"a": {"b": [True]}}, {"a": {"b": [1]}}, False), (2**70, 2**70, True), ({"a": 1}, {"a": 1, "b": 2}, False),
+     ({"a": 1}, {"b": 1}, False), ("é", "é", True), ([], {}, False)],
+)  # fmt: skip
+def test_same_json_tells_apart_what_the_bytes_tell_apart(a: Any, b: Any, same: bool) -> None:
+    assert same_json(a, b) is same
+    assert (canonical_bytes(a) == canonical_bytes(b)) is same
+
+
+def test_same_json_walks_deep_values_without_recursion() -> None:
+    deep: Any = 1
+    for _ in range(50_000):
+        deep = [deep]
+    assert same_json(deep, deep)

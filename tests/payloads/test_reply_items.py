@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from payloads.token_arrays import decode_arrays, decode_payload
 from protocol.digests import canonical_bytes
@@ -154,3 +156,75 @@ def test_the_audit_reads_records_back_with_their_trys_reply(tmp_path: Any) -> No
         check_payloads(facts, plane, lambda *v: found.append(v), PayloadAuditSummary())
         assert len(found) == violations, found
     assert found[0][:2] == (PAYLOAD_INTACT, [3]) and "do not read back with their try's reply" in found[0][2]
+
+
+def _refer_by_bytes(v1: bytes, reply_output: list[Any]) -> list[list[int] | None]:
+    """Which run of `reply_output` each record refers to, found as `refer_to_reply` found it before
+    `same_json`: by the canonical bytes of every item (the reference it must agree with)."""
+    keys = [canonical_bytes(_stripped(item)) for item in reply_output]
+    cursor, refs = 0, []
+    for head in read_layout(v1).records:
+        items, found = head.get("output_items"), None
+        if isinstance(items, list) and items:
+            wanted = [canonical_bytes(item) for item in items]
+            for start in range(cursor, len(keys) - len(wanted) + 1):
+                if keys[start : start + len(wanted)] == wanted:
+                    found = [start, start + len(wanted)]
+                    cursor = found[1]
+                    break
+        refs.append(found)
+    return refs
+
+
+def _stripped(item: Any) -> Any:
+    from protocol.tokens import TOKEN_FIELDS
+
+    return {k: v for k, v in item.items() if k not in TOKEN_FIELDS} if isinstance(item, dict) else item
+
+
+_leaf = st.sampled_from(
+    [0, 1, True, False, 1.0, -0.0, 0.0, None, "1", "a", [1], [True], {"k": 1}, {"k": 1.0}]
+)
+_item = st.fixed_dictionaries(
+    {"type": st.sampled_from(["message", "function_call"])},
+    optional={"n": _leaf, "m": st.lists(_leaf, max_size=2), "generation_token_ids": st.just([5])},
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_item, max_size=6), st.lists(st.lists(_item, max_size=2), min_size=1, max_size=3))
+def test_records_refer_to_the_runs_their_canonical_bytes_match(
+    reply_output: list[Any], record_items: list[list[Any]]
+) -> None:
+    """Records whose output items are the reply's, nearly (a bool for an int, 1.0 for 1, -0.0 for
+    0.0), or not at all: each refers to exactly the run the canonical bytes match, and the payload
+    comes back as the agent's bytes."""
+    v1 = encode_records(
+        [
+            {"prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": [-0.5]}
+            | ({"output_items": [_stripped(i) for i in items]} if items else {})
+            for items in record_items
+        ]
+    )
+    expected = _refer_by_bytes(v1, reply_output)
+    v2, media_type = refer_to_reply(v1, reply_output)
+    if all(ref is None for ref in expected):
+        assert (v2, media_type) == (v1, TOKENS_MEDIA_TYPE)
+        return
+    assert media_type == TOKENS_REPLY_MEDIA_TYPE
+    assert [list(r) if r else None for r in read_layout(v2).reply_items] == expected
+    assert encode_records(decode_any(v2, media_type, {"response": {"output": reply_output}})) == v1
+
+
+@pytest.mark.parametrize(
+    ("recorded", "in_reply"),
+    [({"n": True}, {"n": 1}), ({"n": 0.0}, {"n": -0.0}), ({"n": [{"k": 1}]}, {"n": [{"k": 1.0}]}),
+     ({"n": None}, {"n": "null"}), ({"n": 1}, {"n": 1, "extra": None})],
+)  # fmt: skip
+def test_items_equal_in_python_but_not_in_json_stay_in_the_record(recorded: Any, in_reply: Any) -> None:
+    record: dict[str, Any] = {"prompt_token_ids": [], "generation_token_ids": [], "generation_log_probs": []}
+    v1 = encode_records([record | {"output_items": [recorded]}])
+    assert refer_to_reply(v1, [in_reply]) == (v1, TOKENS_MEDIA_TYPE)
+    # The same item, its keys in another order and with token arrays the reply carries: referred to.
+    carried = {"generation_token_ids": [7], **dict(reversed(list(recorded.items())))}
+    assert refer_to_reply(v1, [carried])[1] == TOKENS_REPLY_MEDIA_TYPE
