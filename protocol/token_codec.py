@@ -295,7 +295,8 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
         )
     if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
         raise TokenCodecError(f"a header of {header_len} bytes does not fit the payload")
-    raw = bytes(view[_PREFIX.size : _PREFIX.size + header_len])
+    # Read and checked where it lies: no copy of the header (the records' output text, in version 1).
+    raw = view[_PREFIX.size : _PREFIX.size + header_len]
     try:
         header = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -309,7 +310,7 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
     if not isinstance(arrays, list) or len(arrays) != 3 * len(records):
         raise TokenCodecError("the header must describe three arrays per record")
     reply_items = _reply_items(header["reply_items"], records) if version == REPLY_VERSION else ()
-    if check_canonical and canonical_bytes(header, finite=True) != raw:
+    if check_canonical and not _same_bytes(canonical_bytes(header, finite=True), raw):
         raise TokenCodecError("the header is not canonical JSON")
     offset = _PREFIX.size + header_len + _pad(header_len)
     spans: list[ArraySpan] = []
@@ -339,6 +340,12 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
                 f"record {r}: generation_token_ids and generation_log_probs differ in length"
             )
     return TokenLayout(records, spans, reply_items)
+
+
+def _same_bytes(encoded: bytes, view: memoryview) -> bool:
+    """`encoded == bytes(view)` without the copy: `bytes.startswith` takes any buffer and compares it
+    with one memcmp (a memoryview's own `==` compares item by item, 80x slower than the copy)."""
+    return len(encoded) == view.nbytes and encoded.startswith(view)
 
 
 def _reply_items(given: Any, records: list[dict[str, Any]]) -> tuple[tuple[int, int] | None, ...]:

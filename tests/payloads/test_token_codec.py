@@ -245,6 +245,46 @@ def test_a_payload_checked_by_its_digest_is_read_without_re_encoding_its_header(
     assert decode_arrays(loose, check_canonical=False).generation(0).tolist() == [3]
 
 
+def _as_given(content: bytes, kind: str) -> bytes | bytearray | memoryview:
+    if kind == "bytes":
+        return content
+    if kind == "bytearray":
+        return bytearray(content)
+    return memoryview(b"\xff" * 5 + content + b"\xff" * 3)[5:-3]  # read-only, inside a larger buffer
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview"])
+def test_the_header_is_checked_canonical_in_place_however_the_payload_is_held(kind: str) -> None:
+    """A header of the canonical length that is not canonical is refused however the payload is held:
+    its keys out of order, a space inside a value moved after it, or its canonical text followed by a
+    space (the re-encoding is then a prefix of the header, not the header)."""
+    good = encode_records(
+        [
+            {
+                "prompt_token_ids": [1, 2],
+                "generation_token_ids": [3],
+                "generation_log_probs": [-1.0],
+                "z": "a b",
+            }
+        ]
+    )
+    (header_len,) = struct.unpack_from("<Q", good, 8)
+    raw = good[16 : 16 + header_len]
+    header = json.loads(raw)
+    bad_headers = [
+        json.dumps(dict(reversed(header.items())), separators=(",", ":")).encode(),
+        raw.replace(b'"a b"}', b'"ab" }'),
+        raw.replace(b'"a b"', b'"ab"') + b" ",
+    ]
+    assert read_layout(_as_given(good, kind)).records == [{"z": "a b"}]
+    for bad in bad_headers:
+        assert len(bad) == header_len and bad != raw
+        damaged = good[:16] + bad + good[16 + header_len :]
+        with pytest.raises(TokenCodecError, match="the header is not canonical JSON"):
+            read_layout(_as_given(damaged, kind))
+        assert read_layout(_as_given(damaged, kind), check_canonical=False).spans == read_layout(good).spans
+
+
 u32_ids = st.lists(st.integers(0, 2**32 - 1), max_size=40)
 
 
