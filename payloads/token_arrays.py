@@ -10,9 +10,10 @@ canonical one (the same object when it already is).  numpy is imported here and 
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +22,7 @@ from protocol.lineage import LineageError, packed_token_digest
 from protocol.token_codec import (
     ARRAY_FIELDS,
     NON_FINITE_LOGPROB,
+    REPLY_VERSION,
     TOKENS_JSON_MEDIA_TYPE,
     ArraySpan,
     TokenCodecError,
@@ -62,6 +64,20 @@ class TokenArrays:
 
     def __len__(self) -> int:
         return len(self.layout.records)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        """Pickled as the payload's bytes (they cross Ray): the header inside them gives the records
+        and spans back (`read_layout`, not re-encoded: they were read once already), never a Python
+        object per token, nor the records a second time.  Only a layout whose output items were put
+        back from the reply (`resolve_reply_items`) ships its records beside the bytes.  From
+        protocol 5 the bytes go as a `PickleBuffer` (out of band, no copy, where the pickler takes
+        buffers: Ray's does); a `bytearray` comes back as one, read-only bytes as bytes."""
+        view = memoryview(self.buffer)
+        resolved = view.nbytes > 4 and view[4] == REPLY_VERSION and not self.layout.reply_items
+        data: Any = self.buffer if isinstance(self.buffer, bytes | bytearray) else view.tobytes()
+        if int(protocol) >= 5:
+            data = pickle.PickleBuffer(self.buffer)
+        return _token_arrays_of, (data, self.layout.records if resolved else None)
 
     def array(self, record: int, field: str) -> npt.NDArray[Any]:
         span = self.layout.span(record, field)
@@ -160,6 +176,15 @@ def _digest(ids: npt.NDArray[np.int64]) -> str:
     if ids.size and int(ids.min()) < 0:
         raise LineageError("token ids must be in 0..2**64-1")
     return packed_token_digest(int(ids.size), ids.astype(">u8").tobytes())
+
+
+def _token_arrays_of(data: Any, records: list[dict[str, Any]] | None) -> TokenArrays:
+    """A pickled `TokenArrays` back: its layout read again from the bytes (`TokenArrays.__reduce_ex__`)."""
+    content = data if isinstance(data, bytes | bytearray | memoryview) else memoryview(data)
+    layout = read_layout(content, check_canonical=False)
+    if records is not None:
+        layout = TokenLayout(records, layout.spans)
+    return TokenArrays(layout, content)
 
 
 def decode_arrays(

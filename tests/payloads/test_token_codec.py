@@ -377,3 +377,56 @@ def test_every_encoder_refuses_a_logprob_that_is_no_number_in_the_one_message(ba
         with pytest.raises(TokenCodecError) as caught:
             refused()
         assert str(caught.value) == NON_FINITE_LOGPROB
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview"])
+def test_token_arrays_pickle_as_their_payloads_bytes(kind: str, protocol: int) -> None:
+    """Arrays cross Ray pickled: as the payload's bytes (about its size, not a Python int per token),
+    equal arrays and records back, from a memoryview too (which pickle refuses on its own)."""
+    import pickle
+
+    ids = list(range(5000))
+    good = encode_records(
+        [{"prompt_token_ids": ids, "generation_token_ids": ids[:3000], "generation_log_probs": [-0.5] * 3000,
+          "model_call_id": "call-1", "output_items": [{"type": "message", "text": "x" * 100}]}]
+    )  # fmt: skip
+    arrays = decode_arrays(_as_given(good, kind))
+    pickled = pickle.dumps(arrays, protocol=protocol)
+    assert len(good) <= len(pickled) <= len(good) + 200
+    back = pickle.loads(pickled)
+    assert back.records == arrays.records and back.layout.spans == arrays.layout.spans
+    for field in ("prompt_token_ids", "generation_token_ids", "generation_log_probs"):
+        assert np.array_equal(back.array(0, field), arrays.array(0, field))
+    assert back.array(0, "prompt_token_ids").flags.writeable == (kind == "bytearray")
+    # Out of band (Ray's pickler takes the buffers): the bytes are not in the pickle at all.
+    buffers: list[pickle.PickleBuffer] = []
+    small = pickle.dumps(arrays, protocol=5, buffer_callback=buffers.append)
+    assert len(small) < 200 and len(buffers) == 1
+    assert pickle.loads(small, buffers=buffers).records == arrays.records
+
+
+def test_token_arrays_resolved_from_their_reply_pickle_with_their_records() -> None:
+    """A version 2 payload read with its reply holds records its bytes do not: they ship beside them."""
+    import pickle
+
+    from protocol.token_codec import refer_to_reply
+
+    items = [{"type": "message", "text": "y" * 50}]
+    v1 = encode_records(
+        [
+            {
+                "prompt_token_ids": [1, 2],
+                "generation_token_ids": [3],
+                "generation_log_probs": [-1.0],
+                "output_items": items,
+            }
+        ]
+    )
+    reply = {"response": {"output": items}}
+    v2, _ = refer_to_reply(v1, reply["response"]["output"])
+    resolved = decode_arrays(v2, reply=reply)
+    back = pickle.loads(pickle.dumps(resolved))
+    assert back.resolved and back.records == resolved.records == read_layout(v1).records
+    unresolved = pickle.loads(pickle.dumps(decode_arrays(v2)))
+    assert not unresolved.resolved and unresolved.layout.reply_items == ((0, 1),)
