@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import random
-import shutil
 import threading
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
-from eventstore import EventStore, RecordedEvent, open_store
+from eventstore import EventStore, RecordedEvent
 from projections.audit import audit_log
 from projections.base import ReplayRefused, fold_many
 from projections.recovery import RolloutRecoveryState, plan_recovery
@@ -21,20 +20,6 @@ from projections.runner import ProjectionRunner, default_projections, load_repla
 from projections.sql import list_checkpoints
 from tests.projections.builder import LogBuilder
 from tests.projections.simulator import Simulator
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A migrated, empty log, copied for each example (a migration per example would dominate the test)."""
-    path = tmp_path_factory.mktemp("template") / "ledger.db"
-    open_store(f"sqlite:///{path}", migrate_schema=True).close()
-    return path
-
-
-def fresh_store(template: Path, tmp: Path) -> EventStore:
-    path = tmp / f"ledger-{random.getrandbits(48):x}.db"
-    shutil.copy(template, path)
-    return open_store(f"sqlite:///{path}")
 
 
 def live_hashes(events: list[RecordedEvent]) -> list[dict[str, str]]:
@@ -70,9 +55,9 @@ def without_recovery(hashes: dict[str, Any]) -> dict[str, Any]:
 )
 @given(rng=st.randoms(use_true_random=False), steps=st.integers(5, 45), every=st.integers(3, 40))
 def test_rebuild_from_every_offset_and_checkpoint_equals_live(
-    template: Path, tmp_path: Path, rng: random.Random, steps: int, every: int
+    fresh_store: Callable[[], EventStore], rng: random.Random, steps: int, every: int
 ) -> None:
-    store = fresh_store(template, tmp_path)
+    store = fresh_store()
     try:
         Simulator(LogBuilder(store), rng).run(steps)
         report = audit_log(store)

@@ -9,14 +9,12 @@ point of the fold, agrees with the scan after every later event, in the same ord
 from __future__ import annotations
 
 import random
-import shutil
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventstore import EventStore, open_store
+from eventstore import EventStore
 from eventstore.events import GroupDeadLettered, GroupSealed, TrainerRestored
 from projections.base import decode
 from projections.ledger import LedgerProjection, LedgerState
@@ -33,19 +31,6 @@ def scanned(state: LedgerState) -> tuple[list[str], list[str]]:
     )
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "ledger.db"
-    open_store(f"sqlite:///{path}", migrate_schema=True).close()
-    return path
-
-
-def fresh_store(template: Path, tmp: Path) -> EventStore:
-    path = tmp / f"ledger-{random.getrandbits(48):x}.db"
-    shutil.copy(template, path)
-    return open_store(f"sqlite:///{path}")
-
-
 @settings(
     max_examples=25,
     deadline=None,
@@ -53,9 +38,9 @@ def fresh_store(template: Path, tmp: Path) -> EventStore:
 )
 @given(rng=st.randoms(use_true_random=False), steps=st.integers(10, 80), built_at=st.floats(0, 1))
 def test_the_index_agrees_with_a_scan_after_every_event(
-    template: Path, tmp_path: Path, rng: random.Random, steps: int, built_at: float
+    fresh_store: Callable[[], EventStore], rng: random.Random, steps: int, built_at: float
 ) -> None:
-    store = fresh_store(template, tmp_path)
+    store = fresh_store()
     try:
         Simulator(LogBuilder(store), rng).run(steps)
         events = list(store.read_all())

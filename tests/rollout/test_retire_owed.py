@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from typer.testing import CliRunner
@@ -157,6 +158,25 @@ async def paid(coord: RolloutCoordinator, direct: GymClient) -> None:
             await asyncio.sleep(0.02)
 
 
+@contextlib.asynccontextmanager
+async def stuck_after_losing(
+    store: EventStore, make_agent: MakeAgent, owed_policy: RetryPolicy = OWED
+) -> AsyncIterator[tuple[str, Cuttable, GymClient, RolloutCoordinator]]:
+    """`lose_a_finished_try`, then the agent away until the relay has spent its budget (stuck, called
+    on at the cap); everything closed on the way out."""
+    g, proxy, direct, coord, client = await lose_a_finished_try(store, make_agent, owed_policy)
+    try:
+        async with asyncio.timeout(30):
+            while not coord.retires.stuck:
+                await asyncio.sleep(0.02)
+        yield g, proxy, direct, coord
+    finally:
+        await coord.close()
+        await client.aclose()
+        await direct.aclose()
+        proxy.cut()
+
+
 def assert_released_not_adopted(store: EventStore, g: str) -> None:
     log = events(store, g)
     [retire_paid] = [e for e in log if isinstance(e, RetirePaid)]
@@ -172,23 +192,14 @@ def assert_released_not_adopted(store: EventStore, g: str) -> None:
 async def test_a_try_lost_while_its_agent_was_away_is_released_when_it_comes_back(
     sqlite_store: EventStore, make_agent: MakeAgent
 ) -> None:
-    g, proxy, direct, coord, client = await lose_a_finished_try(sqlite_store, make_agent)
-    try:
-        # Away for a while: the relay keeps calling (within its budget, then at the cap).
-        async with asyncio.timeout(30):
-            while not coord.retires.stuck:
-                await asyncio.sleep(0.02)
+    # Away for a while: the relay keeps calling (within its budget, then at the cap).
+    async with stuck_after_losing(sqlite_store, make_agent) as (g, proxy, direct, coord):
         assert (await direct.status()).completed_unacknowledged == 1
         await proxy.start()
         await paid(coord, direct)
         assert coord.retires.paid == 1 and coord.retires.released == 1
         group = coord.ledger.groups.get(g) or coord.ledger.archived[g]
         assert group.status == "dead_lettered"
-    finally:
-        await coord.close()
-        await client.aclose()
-        await direct.aclose()
-        proxy.cut()
     assert_released_not_adopted(sqlite_store, g)
 
 
@@ -197,19 +208,10 @@ async def test_an_agent_that_answers_again_has_its_owed_retires_called_at_once(
 ) -> None:
     """Back, the agent answers the reconcile's `/health` (every 5 s): that lifts the wait of its owed retires
     (`Context.answered`), so the retire is paid now, not at the cap's five to ten minutes."""
-    g, proxy, direct, coord, client = await lose_a_finished_try(sqlite_store, make_agent, OWED_AT_LENGTH)
-    try:
-        async with asyncio.timeout(30):
-            while not coord.retires.stuck:
-                await asyncio.sleep(0.02)
+    async with stuck_after_losing(sqlite_store, make_agent, OWED_AT_LENGTH) as (g, proxy, direct, coord):
         await proxy.start()
         await paid(coord, direct)
         assert coord.retires.paid == 1 and coord.retires.released == 1
-    finally:
-        await coord.close()
-        await client.aclose()
-        await direct.aclose()
-        proxy.cut()
     assert_released_not_adopted(sqlite_store, g)
 
 
@@ -218,11 +220,7 @@ async def test_an_operator_drops_the_retire_owed_to_an_agent_gone_for_good(
 ) -> None:
     """The agent never comes back: `ledger debt drop` pays the owed retire by the operator's word, the
     live trainer sees it at its next read of the log (any append of its own makes one) and owes nothing."""
-    g, proxy, direct, coord, client = await lose_a_finished_try(sqlite_store, make_agent)
-    try:
-        async with asyncio.timeout(30):
-            while not coord.retires.stuck:
-                await asyncio.sleep(0.02)
+    async with stuck_after_losing(sqlite_store, make_agent) as (g, _proxy, _direct, coord):
         drop = ["debt", "drop", f"{g}_g0", "0", "--reason", "agent host decommissioned", "--db", sqlite_url]
         result = CliRunner().invoke(app, drop)
         assert result.exit_code == 0 and "dropped the retire owed" in result.output, result.output
@@ -233,11 +231,6 @@ async def test_an_operator_drops_the_retire_owed_to_an_agent_gone_for_good(
         await asyncio.sleep(3 * IDLE_POLL_S)
         assert AwayAfterRetire.calls == called
         assert coord.retires.paid == 0  # paid by the operator, not by a retire the agent answered
-    finally:
-        await coord.close()
-        await client.aclose()
-        await direct.aclose()
-        proxy.cut()
     assert not [e for e in events(sqlite_store, g) if isinstance(e, RetirePaid)]  # the operator's stream
     report = audit_log(sqlite_store)
     assert report.ok, report.as_json()
