@@ -125,28 +125,35 @@ def on_operator_drop(
     retire owed for it (the agent is gone for good: nothing left there to release); anything else is
     refused with nothing to record."""
     key = debt_key(rollout_id, attempt_index)
-    owners = [a for a, owed in debts.items() if key in owed and (agent_name is None or a == agent_name)]
-    if owners:
-        owner = owners[0]
-        dropped = AckRejected(
+    acks = _owed_to(debts, key, agent_name)
+    retires_owed = [] if acks else _owed_to(retires or {}, key, agent_name)
+    event: Event
+    receipt: CompletionReceipt | None
+    if acks:
+        owner, receipt = acks[0], debts[acks[0]][key]
+        event = AckRejected(
             rollout_id=rollout_id, attempt_index=attempt_index, error="dropped_by_operator", operator=mark
         )
-        return OperatorDrop(
-            DebtStep("dropped", (dropped,), f"dropped by {mark.operator}: {mark.reason}"),
-            owner,
-            debts[owner][key],
-        )
-    owed_retire = [a for a, owed in (retires or {}).items() if key in owed and agent_name in (None, a)]
-    if owed_retire:
-        paid = RetirePaid(
+    elif retires_owed:
+        owner, receipt = retires_owed[0], None
+        event = RetirePaid(
             rollout_id=rollout_id, attempt_index=attempt_index, outcome="dropped_by_operator", operator=mark
         )
+    else:
+        to = f" to agent {agent_name!r}" if agent_name is not None else ""
         return OperatorDrop(
-            DebtStep("dropped", (paid,), f"dropped by {mark.operator}: {mark.reason}"), owed_retire[0]
+            DebtStep(
+                "unknown",
+                reason=f"no unpaid ACK debt and no retire owed for {rollout_id}#{attempt_index}{to}",
+            )
         )
-    to = f" to agent {agent_name!r}" if agent_name is not None else ""
     return OperatorDrop(
-        DebtStep(
-            "unknown", reason=f"no unpaid ACK debt and no retire owed for {rollout_id}#{attempt_index}{to}"
-        )
+        DebtStep("dropped", (event,), f"dropped by {mark.operator}: {mark.reason}"), owner, receipt
     )
+
+
+def _owed_to(
+    owed_by_agent: Mapping[str, Mapping[str, object]], key: str, agent_name: str | None
+) -> list[str]:
+    """The agents (`agent_name` alone, if given) the log owes `key` to."""
+    return [a for a, owed in owed_by_agent.items() if key in owed and agent_name in (None, a)]
