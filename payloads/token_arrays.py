@@ -74,9 +74,11 @@ class TokenArrays:
         buffers: Ray's does); a `bytearray` comes back as one, read-only bytes as bytes."""
         view = memoryview(self.buffer)
         resolved = view.nbytes > 4 and view[4] == REPLY_VERSION and not self.layout.reply_items
-        data: Any = self.buffer if isinstance(self.buffer, bytes | bytearray) else view.tobytes()
+        data: Any
         if int(protocol) >= 5:
             data = pickle.PickleBuffer(self.buffer)
+        else:
+            data = self.buffer if isinstance(self.buffer, bytes | bytearray) else view.tobytes()
         return _token_arrays_of, (data, self.layout.records if resolved else None)
 
     def array(self, record: int, field: str) -> npt.NDArray[Any]:
