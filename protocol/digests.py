@@ -180,7 +180,7 @@ def same_json(a: Any, b: Any) -> bool:
                 return canonical_bytes(x) == canonical_bytes(y)
         elif kx is dict and ky is dict:
             if len(x) != len(y):
-                if all(type(k) is str for k in x) and all(type(k) is str for k in y):
+                if _str_keys(x) and _str_keys(y):
                     return False
                 if canonical_bytes(x) != canonical_bytes(y):
                     return False
@@ -194,7 +194,7 @@ def same_json(a: Any, b: Any) -> bool:
                 # Every key of x is a str in y and they are as many: y's keys are x's.
                 stack.extend(pairs)
                 continue
-            if all(type(k) is str for k in x) and all(type(k) is str for k in y):
+            if _str_keys(x) and _str_keys(y):
                 return False  # a str key of x that y lacks
             if canonical_bytes(x) != canonical_bytes(y):
                 return False
@@ -207,6 +207,11 @@ def same_json(a: Any, b: Any) -> bool:
         elif canonical_bytes(x) != canonical_bytes(y):
             return False
     return True
+
+
+def _str_keys(d: dict[Any, Any]) -> bool:
+    """Every key a str: json writes no other key as itself (`1` as `"1"`)."""
+    return all(type(k) is str for k in d)
 
 
 def canonical_json(value: Any) -> str:
