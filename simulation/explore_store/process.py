@@ -133,15 +133,17 @@ class ScheduleRun:
     runs_sent: set[str] = field(default_factory=set)
     # group id -> set once its owner's submit returned (the gate of the plan's group id collision).
     reserved: dict[str, asyncio.Event] = field(default_factory=dict)
-    # The plan's intrusion and collision, once played (by whichever process of the trainer got there).
-    intruded: bool = False
+    # The plan's intrusion and collision, once played (by whichever process of the trainer got there);
+    # the owner of the agent intruded on keeps its binding (does not close) until the intrusion is done.
+    intruded: asyncio.Event = field(default_factory=asyncio.Event)
     collided: bool = False
     # The writers of refused starts (the intrusion): none of them may have written a row.
     refused_writers: list[str] = field(default_factory=list)
     _started: dict[int, asyncio.Event] = field(default_factory=dict)
 
     def started(self, t: int) -> asyncio.Event:
-        """Set once a process of trainer `t` has started (or recovered): its agents are bound to it."""
+        """Set once a process of trainer `t` has started (or recovered).  Its agents are bound to it
+        only if each answered at the start; one a fault kept from answering is bound at its first call."""
         return self._started.setdefault(t, asyncio.Event())
 
     def reserved_gate(self, group_id: str) -> asyncio.Event:

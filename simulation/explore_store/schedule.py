@@ -10,6 +10,7 @@ from typing import Any
 
 from eventstore import open_store
 from eventstore.events import PromptRef
+from participant.driver import DriverBinding
 from simulation.explore_store.agent import Agent
 from simulation.explore_store.plan import CheckpointKind, Plan
 from simulation.explore_store.process import (
@@ -72,8 +73,11 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
     if pool is not None:
         settings["rollout_timeout_s"] = POOLED_LEASE_S
     try:
-        if plan.intruder is not None and plan.intruder[1] == t and not recover and not run.intruded:
-            await _intrude(run, t, inc, store, clients, settings)
+        if plan.intruder is not None and plan.intruder[1] == t and not recover and not run.intruded.is_set():
+            try:
+                await _intrude(run, t, inc, store, clients, settings)
+            finally:
+                run.intruded.set()  # tried, or never to be (this process died in it): the owner may close
         if recover:
             coord = await RolloutCoordinator.recover(store, dict(clients), **settings)
         else:
@@ -111,6 +115,10 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
         await coord.wait_idle(20.0)
         inc.work_done.set()
         await inc.may_close.wait()
+        if plan.intruder is not None and plan.intruder[0] == t:
+            # Its close would release the agent another trainer is about to try: not before that try.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.intruded.wait(), FLEET_GATE_S)
         await coord.checkpointer.recover()
         _raise_if_stopped(coord)
         await coord.close()
@@ -130,19 +138,22 @@ async def _intrude(
     clients: dict[str, GymClient],
     settings: dict[str, Any],
 ) -> None:
-    """One trainer per agent: once the owner has started (its agents bound to it), this trainer's
+    """One trainer per agent: once the owner has started and the agent is bound to it (at the owner's
+    start, or at its first call when a fault kept the agent from answering the start), this trainer's
     first process starts with the owner's first agent among its own.  That start must be refused
     (`AgentShared`) with nothing written; the process then starts on its own agents alone."""
     assert run.plan.intruder is not None
     owner = run.plan.intruder[0]
-    try:
-        await asyncio.wait_for(run.started(owner).wait(), FLEET_GATE_S)
-    except TimeoutError:
-        run.problems.append(f"trainer {owner} never started: trainer {t}'s intrusion was not tried")
-        run.intruded = True
-        return
     key = run.plan.trainers[owner].agents[0]
     foreign = run.agents[key]
+    try:
+        async with asyncio.timeout(FLEET_GATE_S):
+            await run.started(owner).wait()
+            while not _bound_to(foreign, run.plan.trainers[owner].trainer_id):
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        run.problems.append(f"{key} never bound to trainer {owner}: trainer {t}'s intrusion was not tried")
+        return
     intruding = RolloutCoordinator(store, {**clients, foreign.name: _client(foreign, inc, run)}, **settings)
     run.refused_writers.append(intruding.journal.writer)
     try:
@@ -155,7 +166,12 @@ async def _intrude(
         # Not started (or started in error): closed without a word to the log.
         with contextlib.suppress(Exception):
             await intruding.close()
-    run.intruded = True
+
+
+def _bound_to(agent: Agent, trainer_id: str | None) -> bool:
+    """The agent's durable binding (participant.driver) names `trainer_id`."""
+    binding = DriverBinding(agent.name, agent.config.resolved_state_dir)
+    return binding.bound and binding.trainer_id == trainer_id
 
 
 async def _collide(run: ScheduleRun, t: int, coord: RolloutCoordinator) -> None:
