@@ -107,9 +107,13 @@ def check_depth(
 
 
 class WireModel(BaseModel):
-    """A shape this project owns: unknown fields are refused."""
+    """A shape this project owns: unknown fields are refused, and so is a number JSON cannot carry
+    (`NaN`, `Infinity`, `1e999`), which a parser would take and no canonical JSON, digest or echo back
+    to the peer could write (an `Infinity` in a receipt's work made every ACK of it a 422)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, serialize_by_alias=True, allow_inf_nan=False
+    )
 
 
 class GymModel(BaseModel):
@@ -179,7 +183,9 @@ class RunReply(GymModel):
     responses_create_params: dict[str, Any] = Field(default_factory=dict)
     id: str
     response: dict[str, Any]
-    reward: float
+    # A NaN or infinite reward would poison the batch, and no JSON can carry it (canonical JSON, the
+    # digest's form, refuses it): refused at the parse, as a reply that is no reply.
+    reward: float = Field(allow_inf_nan=False)
     mask_sample: bool = False
     failure_kind: str | None = Field(default=None, max_length=200)
     failure_reason: str | None = None

@@ -7,6 +7,7 @@ nothing sealed that did not verify, and no debt dropped.  Assertions are on the 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,53 @@ async def test_garbage_json_from_run(sqlite_store: EventStore, tmp_path: Path, t
         assert not _of(events, "SiblingSealed") and not _of(events, "AckOwed")
         assert _of(events, "GroupDeadLettered") and unacked == 1
         assert {v.rule for v in audit_log(sqlite_store).violations} == {"no-stranded-result"}
+    assert not coord.ledger.debts
+
+
+def _reward(value: float) -> Action:
+    return lambda reply: {**reply, "reward": value}
+
+
+def _work_seconds(value: float) -> Action:
+    return lambda receipt: {**receipt, "work": {**(receipt.get("work") or {}), "model_s": value}}
+
+
+# A number JSON cannot carry, where the agent's answer names one: Python's json writes `NaN` and
+# `Infinity`, a parser reads both (and `1e999`) as floats no canonical JSON, digest or echo can write.
+_UNCARRIABLE = [
+    ("/run", _reward(float("nan")), "http"),
+    ("/run", _reward(float("inf")), "http"),
+    ("/run", _reward(float("-inf")), "http"),
+    ("/completion_receipt", _work_seconds(float("inf")), "receipt"),
+]
+
+
+@pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
+@pytest.mark.parametrize(
+    ("route", "action", "kind"),
+    _UNCARRIABLE,
+    ids=["NaN-reward", "Infinity-reward", "-Infinity-reward", "Infinity-work"],
+)
+async def test_a_number_json_cannot_carry_is_refused_at_the_parse(
+    sqlite_store: EventStore, tmp_path: Path, route: str, action: Action, kind: str, times: int | None
+) -> None:
+    """The answer is no answer: the try fails with the reason and is adopted like any unreadable
+    answer.  Before, a NaN reward failed the whole group with a traceback, and an infinite work figure
+    was kept in the receipt, so every ACK echoing it was a 422, retried for ever."""
+    _, _, coord, events, unacked = await _play(
+        tmp_path, sqlite_store, lambda rid: [Rule(route, _try0(rid), action, times)]
+    )
+    failed = _of(events, "RunFailed", 0)
+    assert failed[0]["kind"] == kind and "finite number" in failed[0]["reason"]
+    assert all(math.isfinite(s["reward"]) for s in _of(events, "SiblingSealed"))
+    if times == 1:
+        assert _of(events, "AttemptAdopted", 0) and _of(events, "SiblingSealed", 0)
+        assert _of(events, "AckAccepted", 0) and unacked == 0
+        _clean(sqlite_store)
+    else:
+        assert not _of(events, "SiblingSealed") and not _of(events, "AckOwed")
+        dead = _of(events, "GroupDeadLettered")
+        assert dead and any("finite number" in r for r in dead[0]["reasons"]) and unacked == 1
     assert not coord.ledger.debts
 
 
