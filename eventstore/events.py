@@ -34,9 +34,11 @@ EVENT_TYPES: dict[str, type[Event]] = {}
 
 
 class Event(BaseModel):
-    """Base of every payload in the log."""
+    """Base of every payload in the log.  A NaN or infinite number is refused when the event is made:
+    the log's canonical JSON cannot hold one (pydantic would write it as `null`, an event that then
+    fails to validate on every read of the log)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     schema_version: ClassVar[int]
 

@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+import torch
+from pydantic import ValidationError
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -26,7 +28,7 @@ from workers.logprobs import (
     result_event_id,
     work_kind,
 )
-from workers.policy import Policy
+from workers.policy import Policy, load_policy
 
 FAST = WorkerConfig(claim_size=4, poll_interval_s=0.05, backend="torch")
 
@@ -171,6 +173,39 @@ def _array_blobs(store: EventStore) -> int:
     """Payloads stored that no seal claims: the logprob arrays."""
     tokens = {e.data["receipt"]["tokens_digest"] for e in store.read_all(types=["SiblingSealed"])}
     return sum(p.digest not in tokens for p in payload_plane(store).default.scan())
+
+
+def test_a_diverged_policy_refuses_each_try_and_leaves_the_log_readable(
+    store: EventStore, policy: Policy
+) -> None:
+    """A policy whose weights went NaN (a blown-up training step) scores every token NaN.  Before, the
+    worker wrote `LogprobsComputed` with its sums as `null`: an event no reader of the log could
+    decode again.  Now each try is refused with the reason, and no array is stored."""
+    tries = seal_group(store, policy, "wn", 3)
+    diverged = load_policy("tiny")
+    with torch.no_grad():
+        diverged.model.lm_head_weight[3] = float("nan")
+    diverged = Policy(diverged.model, "tiny:diverged")
+    stats = LogprobWorker(store, diverged, FAST).run(once=True)
+    assert (stats.scored, stats.refused) == (0, 3)
+    events = results(store)  # every event of the log decodes
+    assert {(e.rollout_id, e.attempt_index) for e in events} == {
+        (t.rollout_id, t.attempt_index) for t in tries
+    }
+    for event in events:
+        assert isinstance(event, LogprobsRefused) and "NaN or infinite" in event.reason
+    assert _array_blobs(store) == 0
+    # The healthy policy still scores them (its own version's leases).
+    assert LogprobWorker(store, policy, FAST).run(once=True).scored == 3
+
+
+def test_an_event_holding_a_number_json_cannot_carry_is_refused_when_made() -> None:
+    fields = {"rollout_id": "e_g0", "attempt_index": 0, "policy_version": "v", "token_count": 1}
+    fields |= {"max_abs_diff": 0.0, "mean_abs_diff": 0.0, "blob_digest": "sha256:" + "0" * 64}
+    for value in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ValidationError, match="finite number"):
+            LogprobsComputed(logprob_sum=value, **fields)
+    assert LogprobsComputed(logprob_sum=-1.5, **fields).logprob_sum == -1.5
 
 
 def test_leases_are_per_policy_version(store: EventStore, policy: Policy, other_policy: Policy) -> None:

@@ -19,6 +19,7 @@ on what else shares its launch (the torch fallback is not, so there each try get
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,6 +76,15 @@ class AttemptScore:
     @property
     def token_count(self) -> int:
         return int(self.logprobs.shape[0])
+
+    @property
+    def non_finite(self) -> int:
+        """Tokens the policy scored NaN or infinite (a diverged policy, or a masked vocabulary entry):
+        such a score has no place in the log or a batch.  Its float64 sum is finite exactly when every
+        value is (float32 values cannot overflow it)."""
+        if math.isfinite(self.logprob_sum):
+            return 0
+        return int((~torch.isfinite(self.logprobs)).sum().item())
 
     def array_bytes(self) -> bytes:
         return encode_logprobs(self.logprobs)

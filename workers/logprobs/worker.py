@@ -265,7 +265,14 @@ class LogprobWorker:
             backend=self.config.backend,
         )
         for (job, _), score in zip(ready, scores, strict=True):
-            self._record(job, score)
+            if score.non_finite:
+                self._refuse(
+                    job,
+                    f"the policy scored {score.non_finite} of the try's {score.token_count} tokens NaN or "
+                    "infinite (a diverged policy?): no array stored",
+                )
+            else:
+                self._record(job, score)
             finished.add(job.claim.work_key)
 
     def _load_job(self, claim: Claim) -> _Job | None:
