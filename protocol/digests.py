@@ -3,18 +3,20 @@
 Canonical JSON is the standard library's `json` with sorted keys, no insignificant whitespace, UTF-8
 text (not ASCII escapes) and no NaN or infinity: those are the bytes every digest is taken of, on
 every side and in every version.  `canonical_bytes` writes them with orjson (20x faster on large
-replies) and falls back to the standard library wherever orjson's text could differ: orjson writes
-floats below 1e-4 in another form (`1e-5` and `0.00001` where `json` writes `1e-05`), writes NaN and
-infinity as `null` where `json` refuses them, and refuses keys that are not strings and integers past
-64 bits, which `json` writes.  A property test holds the two to the same bytes
-(tests/core/test_canonical_json.py).
+replies) wherever its text is json's or mends into it: orjson writes floats below 1e-4 in another form
+(`0.00001` and `1e-7` where `json` writes `1e-05` and `1e-07`: a model's logprobs hold thousands),
+mended in its text; it writes NaN and infinity as `null` where `json` refuses them, and refuses keys
+that are not strings and integers past 64 bits, which `json` writes: those go to the standard library.
+Property tests hold the two to the same bytes (tests/core/test_canonical_json.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import re
 from typing import Annotated, Any, Final
 
 import orjson
@@ -141,8 +143,103 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     except (TypeError, orjson.JSONEncodeError):
         return _CANONICAL.encode(value).encode()  # json's own answer: its text, or its error
     if _json_writes_otherwise(out, value, finite):
+        if _rewritable(value):
+            return _json_float_forms(out)
         return _CANONICAL.encode(value).encode()
     return out
+
+
+# orjson writes a float of 0 < |x| < 1e-4 with the digits json writes (both the shortest that read
+# back as the float) in another form: an exponent of -5 in fixed point (`0.00001234`, json's
+# `1.234e-05`), one of -6 to -9 with one exponent digit (`1.5e-7`, json's `1.5e-07`).  A model's
+# logprobs hold many such numbers, and json writes a float32's 17 digits at about 1 us each: a reply
+# carrying 8,000 logprobs cost 5-7 ms that way against orjson's 0.3.  `_json_float_forms` mends
+# orjson's forms into json's in its text wherever no string's text can hold them (`_rewritable`).
+# The property tests hold the result to json's bytes.
+#
+# Text in a string or key that a mend could take for a number once written: the forms themselves
+# (`0.0000`, `e-7`), or an exponent after a control character json writes as `\u000e` or `\u001e`
+# (ending in an `e`).  Every other escape ends in a digit, which the mend reads as part of a larger
+# number (left alone), or in a letter no form starts with.
+_EXPONENT_IN_TEXT: Final = re.compile(r"e-[6-9]")
+
+
+def _json_float_forms(out: bytes) -> bytes:
+    """orjson's text `out` with its small floats in json's form (`_rewritable(value)` holds): split
+    at each form (C), each piece after one mended, joined again (C).  A piece's first bytes say
+    whether a form began a number there: a form after a digit is the tail of a larger number
+    (`10.00001`), json's already, and an exponent of two digits is json's (`e-10`)."""
+    if b"0.0000" in out:
+        pieces = out.split(b"0.0000")
+        parts = [pieces[0]]
+        for before, piece in itertools.pairwise(pieces):
+            if piece[:1] in _NONZERO and before[-1:] not in _DIGIT:
+                tail = piece.lstrip(b"0123456789")
+                digits = len(piece) - len(tail)
+                point = b"." + piece[1:digits] if digits > 1 else b""
+                parts.append(piece[:1] + point + b"e-05" + tail)
+            else:
+                parts.append(b"0.0000" + piece)
+        out = b"".join(parts)
+    if b"e-" in out:
+        pieces = out.split(b"e-")
+        out = b"e-".join(
+            [pieces[0]]
+            + [b"0" + p if p[:1] in _SHORT_EXPONENT and p[1:2] not in _DIGIT else p for p in pieces[1:]]
+        )
+    return out
+
+
+# One-byte slices (CPython keeps one object for each byte value): set lookups, no conversions.
+_DIGIT: Final = frozenset(bytes((c,)) for c in b"0123456789")
+_NONZERO: Final = _DIGIT - {b"0"}
+_SHORT_EXPONENT: Final = frozenset({b"6", b"7", b"8", b"9"})
+
+
+def _text_rewritable(text: str) -> bool:
+    """Whether no substitution can match in `text` once written (each test a C search)."""
+    if "0.0000" in text:
+        return False
+    if "-" not in text:
+        return True
+    if "\x0e-" in text or "\x1e-" in text:
+        return False
+    return not ("e-" in text and _EXPONENT_IN_TEXT.search(text))
+
+
+def _rewritable(value: Any) -> bool:
+    """Whether json's text of `value` is orjson's with its small floats in json's form: only plain
+    JSON types, no NaN or infinity (json refuses them; orjson writes `null`), and no string or key whose
+    text could pass for a number once written.  A list of numbers (token ids, logprobs) is settled by
+    one sum, in C: orjson wrote `value`, and of what orjson writes only numbers (ints and floats, and
+    their subclasses, which both write as the number) can be summed with a float; finite floats that
+    overflow the sum only send the value to json."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if not _text_rewritable(item):
+                return False
+        elif kind is dict:
+            # orjson wrote it, so every key is a str; joined by a newline, none can run into the next.
+            if not _text_rewritable("\n".join(item)):
+                return False
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            try:  # numbers alone (a sum takes nothing else orjson writes): finite exactly when it is
+                if not math.isfinite(sum(item, 0.0)):
+                    return False
+            except TypeError:  # a string, a container or None among them: each walked
+                stack.extend(item)
+            except OverflowError:
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif not (kind is int or kind is bool or item is None):
+            return False  # a subclass or another type: json's own encoding decides
+    return True
 
 
 # The JSON types `same_json` compares itself; a pair holding any other (a str or int subclass, an

@@ -81,8 +81,9 @@ def check_depth(
     range such as `1e999` (which a JSON parser reads as infinity), or an integer outside the 64-bit
     range (orjson, which writes every reply and frame, refuses it; a parser reads it as a float).
 
-    Level by level, keeping only the containers of the next level: a reply's long lists of numbers
-    (token ids, log-probs) cost one type check per item, nothing pushed or popped."""
+    Level by level, keeping only the containers of the next level.  A list of numbers alone (a
+    reply's token ids and logprobs, thousands a model call) is settled in C (`_numbers_fit`); any other
+    container is walked item by item."""
     level: list[Any] = [value]
     depth = 1
     while level:
@@ -90,6 +91,8 @@ def check_depth(
             raise ValueError(f"nested deeper than {limit} levels")
         below: list[Any] = []
         for item in level:
+            if type(item) is list and _numbers_fit(item, finite):
+                continue
             for child in item.values() if isinstance(item, dict) else item:
                 if isinstance(child, (dict, list)):
                     below.append(child)
@@ -104,6 +107,24 @@ def check_depth(
         level = below
         depth += 1
     return value
+
+
+def _numbers_fit(items: list[Any], finite: bool) -> bool:
+    """Whether `items` are numbers alone (a sum takes no container or string) and, with `finite`,
+    each one JSON carries: one sum of their sizes, finite exactly when each is, bounds them all when
+    it stays below 2^63.  False where the walk must decide and name the culprit: a string or container
+    among them, a sum past that bound (a number past the range, or large ones), one that overflows."""
+    try:
+        if not finite:
+            sum(items, 0.0)
+            return True
+        return sum(map(abs, items), 0.0) < _SIZES_BELOW
+    except (TypeError, OverflowError):
+        return False
+
+
+# A sum of sizes below it bounds each number within the 64-bit integers orjson writes.
+_SIZES_BELOW: Final = float(2**63)
 
 
 class WireModel(BaseModel):

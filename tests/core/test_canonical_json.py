@@ -232,3 +232,67 @@ def test_same_json_walks_deep_values_without_recursion() -> None:
     for _ in range(50_000):
         deep = [deep]
     assert same_json(deep, deep)
+
+
+# Small floats, the forms orjson writes otherwise, at every decade and beside text that looks like them:
+# written as orjson's text with the forms rewritten (`_json_float_forms`), or by json where text could
+# hold what a rewrite matches.
+_DECADES = [m * 10.0**-k for k in range(3, 12) for m in (1.0, 1.5, 9.87654321, -2.0)]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"lp": _DECADES, "ids": [0, 7, 151935]},
+        {"lp": [-1.234e-05, -1e-05, 10.00001, 100.000015, 1e-05, -0.0, 0.0, 0.0001, 5e-324]},
+        [1e-5],
+        1.5e-7,
+        {"a": {"b": [{"c": -3.2e-05, "d": "text"}], "e": 6.5e-09}},
+        {"t": "\x1e-7", "x": 1e-5},  # json writes `\u001e-7`: an exponent's text once written
+        {"t": "\x0e-8", "x": [1e-7]},
+        {"\x1e-6": 1e-6},
+        {"t": "0.00001 in text", "x": 1e-5},
+        {"t": "re-7th", "x": 1.5e-7},
+        {"t": "e-10 and e-5", "x": [2.5e-7, 1e-12]},
+        {"k": ["x\x1e", "-7", 1e-7]},
+        {"k": ["x\x1e", "-7"], "v": 1e-7},
+        {"k": [1e-6, float("inf")]},
+        {"k": [1e-6, 2**70]},
+        {"k": [1e-6, 1e308, 1e308]},  # a sum that overflows: json decides, the same bytes
+    ],
+)
+def test_small_floats_are_written_in_json_form(value: Any) -> None:
+    assert _ours(value) == _std(value)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.floats(width=32, min_value=-0.0010000000474974513, max_value=0.0), max_size=50),
+    st.lists(st.integers(0, 2**32 - 1), max_size=20),
+    st.text(max_size=20),
+)
+def test_a_model_calls_logprobs_are_written_as_json_writes_them(
+    lps: list[float], ids: list[int], text: str
+) -> None:
+    item = {"generation_log_probs": lps, "generation_token_ids": ids, "text": text}
+    assert _ours({"output": [item], "pad": _PAD}) == _std({"output": [item], "pad": _PAD})
+
+
+def test_a_reply_with_small_logprobs_is_written_without_the_standard_library(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The point of the rewrite: a model's logprobs (many below 1e-4) no longer send the whole reply
+    to json's encoder, which writes each float32's 17 digits at about 1 us."""
+    lps = [-(10.0 ** -(k % 12)) * 1.2345678 for k in range(2000)]
+    reply = {
+        "response": {"output": [{"generation_log_probs": lps, "text": "plain words\n" * 50}]},
+        "reward": 1.0,
+    }
+    want = _STD.encode(reply).encode()
+
+    class Refuses:
+        def encode(self, value: Any) -> str:
+            raise AssertionError("the standard library's encoder was used")
+
+    monkeypatch.setattr("protocol.digests._CANONICAL", Refuses())
+    assert canonical_bytes(reply) == want

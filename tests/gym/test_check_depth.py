@@ -6,7 +6,10 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from benchmarks.gym_reply import walked_check_depth
 from protocol.wire import MAX_JSON_DEPTH, check_depth
 
 
@@ -52,3 +55,36 @@ def test_finite_takes_the_64_bit_integers_orjson_writes_and_refuses_one_past_the
         with pytest.raises(TypeError):
             orjson.dumps(row)  # why: the reply echoing it could not be written
         assert check_depth(row) is row  # without `finite` (a reply's shape) only depth is checked
+
+
+class _Count(int):
+    """An int subclass: not one of the exact kinds settled in C."""
+
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.integers(min_value=-(2**2000), max_value=2**2000)  # past a float's range: the sum overflows
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.floats(min_value=-1e308, max_value=1e308)  # large finite floats: their sum may overflow
+    | st.text(max_size=3)
+    | st.builds(_Count, st.integers(-5, 5))
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.text(max_size=3), _values, max_size=4), st.integers(1, 6), st.booleans())
+def test_the_same_verdict_as_the_walk_of_every_item(value: dict[str, Any], limit: int, finite: bool) -> None:
+    want = walked_check_depth(value, limit, finite)
+    if want is None:
+        assert check_depth(value, limit, finite=finite) is value
+    else:
+        with pytest.raises(ValueError) as got:
+            check_depth(value, limit, finite=finite)
+        assert str(got.value) == want
