@@ -15,12 +15,12 @@ identity filled in, and its token records are read off the reply (`protocol.toke
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from fastapi import FastAPI
+from pydantic_core import from_json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from participant.continuations import ContinuationStore
@@ -53,7 +53,7 @@ class AsgiRunner:
     async def __call__(self, request: RunRequest, session: RunSession) -> RunReply:
         if self.inner is None:
             raise RuntimeError("the participant middleware was never built")
-        body = json.dumps(request.model_dump(mode="json", by_alias=True, exclude_unset=True)).encode()
+        body = request.model_dump_json(by_alias=True, exclude_unset=True).encode()
         scope: dict[str, Any] = {
             "type": "http",
             "asgi": {"version": "3.0"},
@@ -100,7 +100,9 @@ class AsgiRunner:
         if status != 200:
             raise AgentRunError(f"the agent's /run answered HTTP {status}: {raw[:300]!r}")
         try:
-            payload = json.loads(raw)
+            # pydantic's parser (jiter, in Rust): json's values (integers past 64 bits exact, NaN read),
+            # about 3x faster on a reply carrying its calls' token arrays (benchmarks/gym_reply.py).
+            payload = from_json(raw)
         except ValueError as exc:
             raise AgentRunError(f"the agent's /run answered a body that is not JSON: {raw[:200]!r}") from exc
         return gym_reply(payload, request.rollout_id, request.attempt_index)
