@@ -19,6 +19,7 @@ from eventstore.errors import EventStoreError, InvalidEvent, UnknownEventType, U
 from eventstore.events import EVENT_TYPES, Event
 from eventstore.upcasting import upcast
 from protocol.digests import canonical_json
+from protocol.wire import validation_line
 
 GENESIS_HASH = "0" * 64
 # The unit separator never occurs unescaped in JSON text nor in a UUID, a valid stream id or an event
@@ -193,7 +194,7 @@ class RecordedEvent(NamedTuple):
             raise UnknownSchemaVersion(f"position {self.position}: {exc}") from None
         except ValidationError as exc:
             raise InvalidEvent(
-                f"position {self.position}: {self.type} payload does not validate: {_one_line(exc)}"
+                f"position {self.position}: {self.type} payload does not validate: {validation_line(exc, 'event')}"
             ) from exc
         except ValueError as exc:  # malformed JSON text
             raise InvalidEvent(
@@ -271,13 +272,6 @@ def decode_in_bulk(events: Sequence[RecordedEvent]) -> list[Event]:
 
 
 # Builds a RecordedEvent from a driver row without a Python frame per row (replay's hot path).
-def _one_line(exc: ValidationError) -> str:
-    """What pydantic refused, field by field on one line (its own text spans several, with a link)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}" for err in exc.errors()
-    )
-
-
 from_row: Callable[[Sequence[Any]], RecordedEvent] = partial(tuple.__new__, RecordedEvent)
 
 

@@ -112,3 +112,8 @@ class NotReadyError(AgentError):
 
     def body(self) -> dict[str, object]:
         return self.response.model_dump(mode="json")
+
+
+class RunnerFailed(RuntimeError):
+    """The runner answered no reply (its agent raised, answered an error, or a body that is no
+    reply): the try failed as its agent said, logged as one line, not as a bug of ours."""

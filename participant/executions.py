@@ -38,6 +38,7 @@ from participant.errors import (
     InvalidRequestError,
     NotFoundError,
     NotReadyError,
+    RunnerFailed,
     ShuttingDownError,
     StaleCheckpointError,
 )
@@ -570,7 +571,10 @@ class ExecutionRegistry:
             self._forget(ex, ExecEvent.CANCEL)
             raise
         except Exception as exc:
-            log.exception("try %s failed", ex.key)
+            if isinstance(exc, RunnerFailed):
+                log.warning("try %s failed: %s", ex.key, exc)
+            else:
+                log.exception("try %s failed", ex.key)
             ex.move(ExecEvent.FAIL)
             ex.error = f"{type(exc).__name__}: {exc}"
             ex.done.set()

@@ -20,23 +20,25 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from fastapi import FastAPI
+from pydantic import ValidationError
 from pydantic_core import from_json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from participant.continuations import ContinuationStore
+from participant.errors import RunnerFailed
 from participant.executions import ExecutionRegistry, Hooks, Restorer, Runner, RunSession
 from participant.generation import next_identity
 from participant.guard import GuardMiddleware
 from participant.routes import Deliver, is_participant_path, participant_app
 from payloads._store import PayloadStore
-from protocol.wire import MAX_BODY_BYTES, RunReply, RunRequest, gym_reply
+from protocol.wire import MAX_BODY_BYTES, RunReply, RunRequest, gym_reply, validation_line
 
 RUN_PATH: Final = "/run"
 # What a call the participant makes to the agent's own /run keeps of the request that started it.
 _SCOPE_KEYS: Final = ("asgi", "http_version", "scheme", "server", "client", "root_path", "app", "state")
 
 
-class AgentRunError(RuntimeError):
+class AgentRunError(RunnerFailed):
     """The agent's own `/run` answered something other than a 200 reply: the try failed."""
 
 
@@ -105,7 +107,12 @@ class AsgiRunner:
             payload = from_json(raw)
         except ValueError as exc:
             raise AgentRunError(f"the agent's /run answered a body that is not JSON: {raw[:200]!r}") from exc
-        return gym_reply(payload, request.rollout_id, request.attempt_index)
+        try:
+            return gym_reply(payload, request.rollout_id, request.attempt_index)
+        except ValidationError as exc:
+            raise AgentRunError(
+                f"the agent's /run answered no reply: {validation_line(exc, 'reply')}"
+            ) from None
 
 
 @dataclass(frozen=True)

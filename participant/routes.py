@@ -35,6 +35,7 @@ from protocol.wire import (
     RetireRequest,
     RunRequest,
     WireModel,
+    validation_line,
 )
 
 log = logging.getLogger("participant")
@@ -71,14 +72,6 @@ def _json(model: WireModel | list[Any] | dict[str, Any], status_code: int = 200)
     return _OrjsonResponse(content, status_code=status_code)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
-
-
 def install_json_errors(app: FastAPI) -> None:
     """Every refusal and failure of `app` answers `{"error": NAME, "message": ...}`, a 500 included."""
 
@@ -88,7 +81,9 @@ def install_json_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": INVALID_REQUEST, "message": _validation_message(exc)}, status_code=422)
+        return JSONResponse(
+            {"error": INVALID_REQUEST, "message": validation_line(exc, "request")}, status_code=422
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -7,9 +7,9 @@ import these models; nothing else defines a wire shape.  `docs/protocol.md` desc
 from __future__ import annotations
 
 import math
-from collections.abc import Sized
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -66,6 +66,20 @@ TRAINER_HEADER: Final = "x-ledger-trainer"
 CONTINUE_FROM_HEADER: Final = "x-ledger-continue-from"
 
 Phase = Literal["idle", "preparing", "prepared", "committing", "committed_paused"]
+
+
+class _Refusal(Protocol):
+    def errors(self) -> Sequence[Mapping[str, Any]]: ...
+
+
+def validation_line(exc: _Refusal, whole: str = "value") -> str:
+    """What pydantic (or FastAPI, for a request) refused, field by field on one line: its own text
+    spans several lines, with a link.  `whole` names a refusal of the value itself."""
+    parts = [
+        f"{'.'.join(str(p) for p in err.get('loc', ())) or whole}: {err.get('msg', 'invalid')}"
+        for err in exc.errors()
+    ]
+    return "; ".join(parts) or f"invalid {whole}"
 
 
 # The integers orjson writes: signed 64-bit down, unsigned 64-bit up.
@@ -196,8 +210,12 @@ class RunReply(GymModel):
     the reward is no valid measurement (the environment or its infrastructure failed), `failure_kind`
     (the Gym's vocabulary, `protocol.failures`) and `failure_reason` say what went wrong, with or
     without a mask.  `payload()` is the reply as it travels (exactly the fields that were set), and the
-    one thing `digest()` is taken of, on every side.
+    one thing `digest()` is taken of, on every side.  Every number in it is one JSON carries: a `NaN`,
+    `Infinity` or an integer past 64 bits anywhere makes it no reply (the participant could not
+    deliver it, and pydantic would write a NaN as `null`, another reply than the agent's).
     """
+
+    _finite: ClassVar[bool] = True
 
     rollout_id: Identifier = Field(alias="_ng_rollout_id")
     attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
@@ -214,7 +232,7 @@ class RunReply(GymModel):
     @field_validator("responses_create_params", "response")
     @classmethod
     def _not_too_deep(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_depth(value)
+        return check_depth(value, finite=True)
 
     def masked(self) -> bool:
         """The reply's mask, where the Gym or NeMo RL put it: `mask_sample`, or `mask_sample` in the

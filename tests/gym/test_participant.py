@@ -3,6 +3,7 @@ served by uvicorn on loopback; and the trainer's reduced mode against the same a
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -15,7 +16,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from participant import mount_participant, read_evidence
@@ -206,6 +207,41 @@ async def test_a_restarted_agent_never_runs_a_try_again(tmp_path: Path) -> None:
     assert not evidence.executed_twice and evidence.duplicate_executions == 0
     assert not evidence.stranded  # generation 1's copy went with it
     assert [t.rollout_id for t in evidence.lost_in_restart] == ["twice_g0"]
+
+
+@pytest.mark.parametrize(
+    ("field", "needle"),
+    [
+        ('"seed": 1180591620717411303424', "outside the 64-bit range"),
+        ('"meta": {"x": [NaN]}', "which JSON cannot carry"),
+        ('"meta": 1e999', "which JSON cannot carry"),
+        ('"reward": NaN', "finite number"),
+    ],
+    ids=["integer-past-64-bits", "nested-NaN", "1e999", "NaN-reward"],
+)
+async def test_a_reply_with_a_number_json_cannot_carry_fails_the_try_at_the_agent(
+    tmp_path: Path, field: str, needle: str
+) -> None:
+    """A wrapped agent answering such a number (Python's json writes them all) gives no reply.  Before,
+    an integer past 64 bits completed the try with a reply orjson could never write: every `/run` of it
+    a 500, the result stranded at the agent for ever; a nested NaN reached the trainer as `null`."""
+    app = FastAPI()
+
+    @app.post("/run")
+    async def run(request: Request) -> Response:
+        row = {**(await request.json()), "response": {"id": "r1", "model": "m", "output": []}, "reward": 1}
+        return Response(json.dumps(row)[:-1] + ", " + field + "}", media_type="application/json")
+
+    mount_participant(app, agent_name="a", state_dir=tmp_path)
+    with serve(app) as url:
+        async with GymClient(url, "a") as client:
+            await client.connect()
+            with pytest.raises(AgentServerError, match="execution_failed") as failed:
+                await client.run(row("n_g0"))
+    assert needle in str(failed.value) and "answered no reply" in str(failed.value)
+    assert "\n" not in str(failed.value)  # one line, not pydantic's several
+    evidence = read_evidence(tmp_path)
+    assert evidence.counts()["failed"] == 1 and not evidence.stranded
 
 
 async def test_a_checkpoint_that_cannot_be_written_is_a_json_500(tmp_path: Path) -> None:

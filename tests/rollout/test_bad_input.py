@@ -214,33 +214,54 @@ def _work_seconds(value: float) -> Action:
     return lambda receipt: {**receipt, "work": {**(receipt.get("work") or {}), "model_s": value}}
 
 
-# A number JSON cannot carry, where the agent's answer names one: Python's json writes `NaN` and
-# `Infinity`, a parser reads both (and `1e999`) as floats no canonical JSON, digest or echo can write.
+def _in_response(value: Any) -> Action:
+    return lambda reply: {**reply, "response": {**reply["response"], "meta": [value]}}
+
+
+# A number JSON cannot carry, where the agent's answer names one: Python's json writes `NaN`,
+# `Infinity` and integers past 64 bits, and a parser reads each (and `1e999`) as a value no canonical
+# JSON, digest or echo can write the same.
 _UNCARRIABLE = [
-    ("/run", _reward(float("nan")), "http"),
-    ("/run", _reward(float("inf")), "http"),
-    ("/run", _reward(float("-inf")), "http"),
-    ("/completion_receipt", _work_seconds(float("inf")), "receipt"),
+    ("/run", _reward(float("nan")), "http", "finite number"),
+    ("/run", _reward(float("inf")), "http", "finite number"),
+    ("/run", _reward(float("-inf")), "http", "finite number"),
+    ("/run", _in_response(float("nan")), "http", "JSON cannot carry"),
+    ("/run", _in_response(2**70), "http", "outside the 64-bit range"),
+    ("/completion_receipt", _work_seconds(float("inf")), "receipt", "finite number"),
 ]
 
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
 @pytest.mark.parametrize(
-    ("route", "action", "kind"),
+    ("route", "action", "kind", "needle"),
     _UNCARRIABLE,
-    ids=["NaN-reward", "Infinity-reward", "-Infinity-reward", "Infinity-work"],
+    ids=[
+        "NaN-reward",
+        "Infinity-reward",
+        "-Infinity-reward",
+        "NaN-in-response",
+        "big-int-in-response",
+        "Infinity-work",
+    ],
 )
 async def test_a_number_json_cannot_carry_is_refused_at_the_parse(
-    sqlite_store: EventStore, tmp_path: Path, route: str, action: Action, kind: str, times: int | None
+    sqlite_store: EventStore,
+    tmp_path: Path,
+    route: str,
+    action: Action,
+    kind: str,
+    needle: str,
+    times: int | None,
 ) -> None:
     """The answer is no answer: the try fails with the reason and is adopted like any unreadable
-    answer.  Before, a NaN reward failed the whole group with a traceback, and an infinite work figure
-    was kept in the receipt, so every ACK echoing it was a 422, retried for ever."""
+    answer.  Before, a NaN reward failed the whole group with a traceback, a NaN inside the response
+    was kept as `null` (another reply than the agent's), and an infinite work figure was kept in the
+    receipt, so every ACK echoing it was a 422, retried for ever."""
     _, _, coord, events, unacked = await _play(
         tmp_path, sqlite_store, lambda rid: [Rule(route, _try0(rid), action, times)]
     )
     failed = _of(events, "RunFailed", 0)
-    assert failed[0]["kind"] == kind and "finite number" in failed[0]["reason"]
+    assert failed[0]["kind"] == kind and needle in failed[0]["reason"]
     assert all(math.isfinite(s["reward"]) for s in _of(events, "SiblingSealed"))
     if times == 1:
         assert _of(events, "AttemptAdopted", 0) and _of(events, "SiblingSealed", 0)
@@ -249,7 +270,7 @@ async def test_a_number_json_cannot_carry_is_refused_at_the_parse(
     else:
         assert not _of(events, "SiblingSealed") and not _of(events, "AckOwed")
         dead = _of(events, "GroupDeadLettered")
-        assert dead and any("finite number" in r for r in dead[0]["reasons"]) and unacked == 1
+        assert dead and any(needle in r for r in dead[0]["reasons"]) and unacked == 1
     assert not coord.ledger.debts
 
 

@@ -75,6 +75,7 @@ from protocol.wire import (
     RunRequest,
     TokenEntry,
     gym_reply,
+    validation_line,
 )
 from trainer.gym.errors import (
     AgentIdentityError,
@@ -347,7 +348,7 @@ class GymClient:
                 nr = NotReadyResponse.model_validate(payload)
             except ValidationError as exc:
                 raise BadResponseError(
-                    f"{what}: malformed not_ready answer: {exc}", status_code=code
+                    f"{what}: malformed not_ready answer: {validation_line(exc, 'answer')}", status_code=code
                 ) from None
             raise NotReadyError(text, status=nr.status, attempts=nr.completed_unacknowledged_attempts)
         if code == 409 and error in _FENCE_ERRORS:
@@ -384,7 +385,9 @@ class GymClient:
                     f"{self.base_url}{what}: HTTP 200 with a body that is not JSON: {bytes(body[:200])!r}",
                     status_code=200,
                 ) from None
-            raise BadResponseError(f"{self.base_url} {what}: reply fails {name}: {exc}") from None
+            raise BadResponseError(
+                f"{self.base_url} {what}: reply fails {name}: {validation_line(exc, name)}"
+            ) from None
 
     # -- the run pool ----------------------------------------------------------------------------------
 
