@@ -11,6 +11,9 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
+from typing import Any, Final
+
+from pydantic import ValidationError
 
 from eventstore.events import (
     REPLY_MEDIA_TYPE,
@@ -34,13 +37,13 @@ from payloads import PayloadClaim
 from payloads.token_arrays import TokenArrays
 from projections.ledger import AttemptState, GroupState, LedgerState
 from protocol.digests import canonical_bytes
-from protocol.ids import capture_key, group_id_of
+from protocol.ids import capture_key, group_id_of, rollout_id_of
 from protocol.streams import group_stream
 from protocol.token_codec import refer_to_reply, reply_output_of
-from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply, RunRequest
+from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply, RunRequest, validation_line
 from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
-from trainer.errors import NotOwned
+from trainer.errors import InvalidRow, NotOwned
 from trainer.gym import Completed, GymClient, verify_receipt
 from trainer.gym.errors import (
     AgentServerError,
@@ -96,11 +99,16 @@ _IDENTITY = frozenset({"_ng_rollout_id", "_ng_attempt_index", "rollout_id", "att
 
 
 def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRequest:
-    """The try's `/run` row as NeMo RL sends one: its identity, `responses_create_params`, and the
+    """The try's `/run` row as NeMo RL sends one (`request_row` of the group's payload)."""
+    return request_row(group.payload, rollout_id, attempt_index)
+
+
+def request_row(payload: dict[str, Any], rollout_id: str, attempt_index: int) -> RunRequest:
+    """A try's `/run` row as NeMo RL sends one: its identity, `responses_create_params`, and the
     payload's other fields (a NeMo RL row's `agent_ref`, `_ng_task_index`, environment fields such as
     `expected_answer`) at the row's top level; a payload's `task` object, if it has one, is spread
     there too (its fields never override the row's own)."""
-    payload = {k: v for k, v in group.payload.items() if k not in _IDENTITY}
+    payload = {k: v for k, v in payload.items() if k not in _IDENTITY}
     task = payload.pop("task", None)
     if isinstance(task, dict):
         payload = {k: v for k, v in task.items() if k not in _IDENTITY} | payload
@@ -110,6 +118,23 @@ def run_request(group: GroupState, rollout_id: str, attempt_index: int) -> RunRe
         responses_create_params=payload.pop("responses_create_params", {}),
         **payload,
     )
+
+
+def check_row(payload: dict[str, Any], what: str) -> None:
+    """`InvalidRow`, in one line naming `what`, when `payload` makes no row an agent takes:
+    `RunRequest`'s rules (a number JSON cannot carry, nesting past the cap) and canonical JSON's
+    (text no JSON can carry, such as a lone surrogate).  Asked before a group is reserved: a row
+    refused later would leave its group reserved and never dispatched."""
+    try:
+        request_row(payload, _ANY_TRY, 0).prompt_digest()
+    except ValidationError as exc:
+        raise InvalidRow(f"{what}: its payload is no /run row: {validation_line(exc, 'row')}") from None
+    except ValueError as exc:  # UnicodeEncodeError among them
+        raise InvalidRow(f"{what}: its payload is no /run row: {exc}") from None
+
+
+# A try's identity for `check_row`: the row's rules do not depend on it.
+_ANY_TRY: Final = rollout_id_of("row", 0)
 
 
 def from_ledger(attempt: AttemptState) -> AttemptOutcome | None:

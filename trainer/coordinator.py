@@ -59,7 +59,7 @@ from protocol.retry import RetryPolicy
 from protocol.streams import group_stream, trainer_stream
 from protocol.wire import AttemptRef
 from trainer.acks import AckRelay
-from trainer.attempts import Attempts, resume_events
+from trainer.attempts import Attempts, check_row, resume_events
 from trainer.checkpoint import Checkpointer, CheckpointOutcome, PreparedCheckpoint
 from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
@@ -394,6 +394,7 @@ class RolloutCoordinator:
         request raises `GroupConflict`.  Returns the group as the ledger holds it (None once archived).
         """
         self._check_alive()
+        check_row(payload or {}, f"group {group_id!r}")
         await self.start()
         requested = target_level or self.target_level
         reserved = GroupReserved(

@@ -52,6 +52,11 @@ class ClaimWhilePrepared(RolloutError):
     after the decision (`RolloutCoordinator.wait_checkpoint_decided`)."""
 
 
+class InvalidRow(RolloutError, ValueError):
+    """A group's payload makes no `/run` row an agent takes (a number or text JSON cannot carry,
+    nesting past the cap): refused at submit, before anything is recorded."""
+
+
 class GroupConflict(RolloutError, ValueError):
     """`submit` named a group id the log already holds with another request: group ids are never reused."""
 

@@ -86,6 +86,36 @@ async def test_every_row_comes_back_once_with_its_reply_and_tokens(
         assert all(len(m["token_ids"]) == len(m["generation_logprobs"]) > 0 for m in assistant)
 
 
+async def test_a_row_no_agent_takes_refuses_the_call_before_any_group_is_reserved(
+    sqlite_url: str, make_agent: MakeAgent
+) -> None:
+    """One row with a NaN temperature (a dataset's blank read as NaN) among good ones: the whole call
+    is refused in one line naming the row (NeMo RL's data class), and the log holds none of its
+    groups.  Before, the groups before it were reserved and ran, and its own was reserved and never
+    dispatched: open for ever."""
+    a = make_agent("a")
+    rows = nemo_rows(3, 2, ["a"])
+    bad = 2 * 1  # the second prompt's first row
+    rows[bad] = {
+        **rows[bad],
+        "responses_create_params": {**rows[bad]["responses_create_params"], "temperature": float("nan")},
+    }
+    gym = LedgerGym(_config(sqlite_url, {"a": a.url}))
+    try:
+        with pytest.raises(
+            RowError, match=rf"^row {bad}: its payload is no /run row: .*JSON cannot carry"
+        ) as refused:
+            await _collect(gym, rows)
+        assert "\n" not in str(refused.value)
+    finally:
+        await gym.shutdown()
+    store = open_store(sqlite_url)
+    try:
+        assert not [e for e in store.read_all() if e.type == "GroupReserved"]
+    finally:
+        store.close()
+
+
 async def test_a_retried_call_resumes_and_replays_in_claim_order(
     sqlite_url: str, make_agent: MakeAgent
 ) -> None:

@@ -22,7 +22,7 @@ from projections.audit import audit_log
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
 from tests.rollout.hostile_agent import Action, Rule, serve_hostile
-from trainer import CoordinatorStopped, RolloutCoordinator
+from trainer import CoordinatorStopped, InvalidRow, RolloutCoordinator
 from trainer.gym import GymClient
 
 
@@ -272,6 +272,42 @@ async def test_a_number_json_cannot_carry_is_refused_at_the_parse(
         dead = _of(events, "GroupDeadLettered")
         assert dead and any(needle in r for r in dead[0]["reasons"]) and unacked == 1
     assert not coord.ledger.debts
+
+
+_DEEP: Any = 1
+for _ in range(80):
+    _DEEP = [_DEEP]
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        ({"responses_create_params": {"input": "x", "temperature": float("nan")}}, "JSON cannot carry"),
+        ({"responses_create_params": {"input": "x"}, "seed": 2**70}, "outside the 64-bit range"),
+        ({"responses_create_params": {"input": "x"}, "meta": _DEEP}, "nested deeper than"),
+        ({"responses_create_params": {"input": "a lone \ud800 surrogate"}}, "surrogates not allowed"),
+    ],
+    ids=["NaN", "integer-past-64-bits", "80-deep", "lone-surrogate"],
+)
+async def test_a_payload_no_agent_takes_is_refused_at_submit_and_records_nothing(
+    sqlite_store: EventStore, tmp_path: Path, payload: dict[str, Any], needle: str
+) -> None:
+    """Before, such a group was reserved, its first try minted, and then its driving task failed with
+    a traceback: the group open for ever, never dispatched.  Now `submit` refuses it in one line and
+    the coordinator goes on (a good group after it seals)."""
+    g, good = gid("row"), gid("row")
+    with serve_hostile(_config(tmp_path), []) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(sqlite_store, {"h": client}, mode="sibling")
+            async with coord:
+                with pytest.raises(InvalidRow, match=f"group '{g}': its payload is no /run row") as refused:
+                    await coord.submit(g, PROMPT, "h", 1, payload)
+                await coord.submit(good, PROMPT, "h", 1, PAYLOAD)
+                await coord.wait_idle(30)
+    assert needle in str(refused.value) and "\n" not in str(refused.value)
+    assert not _events(sqlite_store, g)
+    assert _of(_events(sqlite_store, good), "GroupSealed")
+    _clean(sqlite_store)
 
 
 @pytest.mark.parametrize("route", ["/run", "/completion_receipt"])

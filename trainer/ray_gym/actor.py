@@ -59,10 +59,11 @@ from projections.base import fold
 from projections.checkpoints import CheckpointsProjection, CheckpointState
 from protocol.ids import Identifier
 from protocol.streams import group_stream
+from trainer.attempts import check_row
 from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
 from trainer.context import log
 from trainer.coordinator import RolloutCoordinator
-from trainer.errors import AlreadyClaimed, ClaimWhilePrepared
+from trainer.errors import AlreadyClaimed, ClaimWhilePrepared, InvalidRow
 from trainer.gym import GymClient
 from trainer.manifest import (
     CheckpointManifest,
@@ -78,6 +79,7 @@ from trainer.manifest import (
 from trainer.ray_gym.results import ResultRules, row_result
 from trainer.ray_gym.rows import (
     DEFAULT_GROUP_PREFIX,
+    ROW_INDEX,
     CallBudgetSpent,
     GroupRecord,
     PlannedGroup,
@@ -88,6 +90,7 @@ from trainer.ray_gym.rows import (
     group_id,
     plan_call,
     read_group,
+    row_payload,
     split_groups,
 )
 from trainer.ray_gym.spinup import (
@@ -280,6 +283,11 @@ class LedgerGym:
             agent = run[0]["agent_ref"]["name"]
             if agent not in coord.ctx.agents:
                 raise RowError(f"row {run[0]['_rowidx']} names agent {agent!r}, which the Gym does not run")
+        for run in runs:  # every prompt, before its digest or any group: a bad one refuses the call
+            try:
+                check_row(row_payload(run[0]), f"row {run[0][ROW_INDEX]}")
+            except InvalidRow as exc:
+                raise RowError(str(exc)) from None
         call_id = self._call_id()
         digest = call_digest(rows)
         occurrence, replay = await self._occurrence(digest, len(runs), call_id)

@@ -163,21 +163,26 @@ def split_groups(rows: Sequence[dict[str, Any]], num_generations: int | None) ->
     return split
 
 
+def row_payload(row: dict[str, Any]) -> dict[str, Any]:
+    """The group payload of a prompt's row: its `responses_create_params`, and the rest as its task."""
+    task = _content(row)
+    return {"responses_create_params": task.pop("responses_create_params"), "task": task}
+
+
 def plan_call(
     runs: Sequence[Sequence[dict[str, Any]]], digest: str, occurrence: int, prefix: str = DEFAULT_GROUP_PREFIX
 ) -> list[PlannedGroup]:
     planned = []
     for k, run in enumerate(runs):
-        first = _content(run[0])
-        params = first.pop("responses_create_params")
+        payload = row_payload(run[0])
         agent = _agent_name(run[0])
-        sample = first.get("_ng_task_index", first.get("task_index", k))
+        sample = payload["task"].get("_ng_task_index", payload["task"].get("task_index", k))
         planned.append(
             PlannedGroup(
                 group_id=group_id(prefix, digest, occurrence, k),
                 agent_name=agent,
                 prompt_ref=PromptRef(sample_id=str(sample), task_name=agent),
-                payload={"responses_create_params": params, "task": first},
+                payload=payload,
                 rows=[r[ROW_INDEX] for r in run],
                 row_dicts=list(run),
             )
