@@ -94,13 +94,14 @@ def open_store(
 
     Refuses a database whose migration head this code does not know; with
     `migrate_schema=True` (the embedded default's first run) it upgrades first.  `read_only`: every
-    write is refused by the database itself, and a SQLite file that does not exist is `NoSuchLog`
-    (never created), so a read-only command on a mistyped path leaves nothing behind.
+    write is refused by the database itself.  Only an open that migrates makes a new SQLite file: for
+    any other, a file that does not exist is `NoSuchLog` (it could hold no schema), so a command on a
+    mistyped path leaves nothing behind.
     """
     resolved = resolve_url(url)
     if read_only and migrate_schema:
         raise ValueError("a read-only store cannot migrate its schema")
-    writer, reader = create_engines(resolved, pool_size=pool_size, read_only=read_only)
+    writer, reader = create_engines(resolved, pool_size=pool_size, read_only=read_only, create=migrate_schema)
     try:
         current = check_reachable(resolved, reader)
         head = migrate.head_revision()

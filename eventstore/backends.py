@@ -75,6 +75,8 @@ def recorder_for(url: str, notify: bool = False) -> Recorder:
     return SqliteRecorder()
 
 
-def create_engines(url: str, pool_size: int = 5, read_only: bool = False) -> tuple[Engine, Engine]:
+def create_engines(
+    url: str, pool_size: int = 5, read_only: bool = False, create: bool = True
+) -> tuple[Engine, Engine]:
     """A writer engine and a reader engine on `url`, as its recorder makes them."""
-    return recorder_for(url).create_engines(url, pool_size, read_only)
+    return recorder_for(url).create_engines(url, pool_size, read_only, create)

@@ -67,7 +67,9 @@ class PostgresRecorder(Recorder):
         finally:
             cursor.close()
 
-    def create_engines(self, url: str, pool_size: int, read_only: bool = False) -> tuple[Engine, Engine]:
+    def create_engines(
+        self, url: str, pool_size: int, read_only: bool = False, create: bool = True
+    ) -> tuple[Engine, Engine]:
         parsed = make_url(url)
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")

@@ -81,9 +81,12 @@ class Recorder(ABC):
     supports_notify: bool = False
 
     @abstractmethod
-    def create_engines(self, url: str, pool_size: int, read_only: bool = False) -> tuple[Engine, Engine]:
+    def create_engines(
+        self, url: str, pool_size: int, read_only: bool = False, create: bool = True
+    ) -> tuple[Engine, Engine]:
         """A writer engine and a reader engine on `url` (`read_only`: both refuse every write, and
-        open nothing that does not exist)."""
+        open nothing that does not exist; `create=False`: a log that does not exist is `NoSuchLog`,
+        never made, where opening would make one, as a SQLite file)."""
 
     @abstractmethod
     def param(self, name: str) -> str:

@@ -36,11 +36,15 @@ class SqliteRecorder(Recorder):
     select_columns = select_columns("data", "metadata")
     positional_mark = "?"
 
-    def create_engines(self, url: str, pool_size: int, read_only: bool = False) -> tuple[Engine, Engine]:
+    def create_engines(
+        self, url: str, pool_size: int, read_only: bool = False, create: bool = True
+    ) -> tuple[Engine, Engine]:
         """The writer's transactions start with `BEGIN IMMEDIATE` so that the write lock is taken
         before the head is read (commit order = position order); readers use plain deferred
         transactions and never block writers (WAL).  Read-only, both open the file as SQLite's
         `mode=ro` (a missing file is `NoSuchLog`, never created)."""
+        if not create and not read_only:
+            _log_file(url)
         if read_only:
             url = _read_only_url(url)
             return _engine(url, immediate=False, read_only=True), _engine(
@@ -182,18 +186,24 @@ def _read_only_url(url: str) -> str:
     it, cannot change while it is read: it is opened `immutable` (SQLite then needs no `-shm` file,
     which it could not create there)."""
     parsed = make_url(url)
-    path = Path(parsed.database or "")
-    if not parsed.database or not path.is_file():
-        raise NoSuchLog(
-            f"no log at {path.absolute() if parsed.database else '(no path)'}: check --db / $LEDGER_DB "
-            "(read-only commands never create one; `ledger db upgrade --db URL` makes a new log)"
-        )
-    path = path.absolute()
+    path = _log_file(url).absolute()
     query = {"mode": "ro", "uri": "true"}
     wal = path.with_name(path.name + "-wal")
     if not os.access(path, os.W_OK) and not os.access(path.parent, os.W_OK) and not wal.exists():
         query["immutable"] = "1"
     return parsed.set(database=f"file:{quote(str(path))}", query=query).render_as_string(hide_password=False)
+
+
+def _log_file(url: str) -> Path:
+    """The file of the log at `url`; `NoSuchLog` when there is none (it is never made here)."""
+    database = make_url(url).database
+    path = Path(database or "")
+    if not database or not path.is_file():
+        raise NoSuchLog(
+            f"no log at {path.absolute() if database else '(no path)'}: check --db / $LEDGER_DB "
+            "(only `ledger db upgrade`, `ledger simulate` and the workers make a new log)"
+        )
+    return path
 
 
 def _engine(url: str, immediate: bool, read_only: bool = False) -> Engine:

@@ -64,9 +64,23 @@ def test_an_unreachable_postgresql_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["audit"], ["status"], ["snapshot"], ["show", "p1_g0"], ["debt", "list"], ["tail"], ["db", "current"]],
+    [
+        ["audit"],
+        ["status"],
+        ["snapshot"],
+        ["show", "p1_g0"],
+        ["debt", "list"],
+        ["tail"],
+        ["db", "current"],
+        # Commands that write to a log they expect (never one they would make): `replay` made an
+        # empty file at a mistyped path before it found no schema there.
+        ["replay"],
+        ["debt", "drop", "p1_g0", "0", "--operator", "me", "--reason", "gone"],
+        ["payloads", "prune", "--dry-run"],
+        ["projections", "run", "--once"],
+    ],
 )
-def test_read_only_commands_never_create_a_file_at_a_mistyped_path(
+def test_commands_that_make_no_log_never_create_a_file_at_a_mistyped_path(
     command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import uuid
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -15,6 +17,7 @@ from eventstore import (
     ExpectedVersion,
     InvalidEvent,
     NewEvent,
+    NoSuchLog,
     UnknownEventType,
     UnknownMigrationHead,
     UnknownSchemaVersion,
@@ -374,6 +377,11 @@ def test_unreachable_database_is_a_typed_error_with_the_password_masked() -> Non
 
 
 def test_unknown_migration_head_is_refused(sqlite_url: str, tmp_path: object) -> None:
+    path = Path(sqlite_url.removeprefix("sqlite:///"))
+    with pytest.raises(NoSuchLog):  # no file there: an open that does not migrate makes none
+        open_store(sqlite_url)
+    assert not path.exists()
+    sqlite3.connect(path).close()  # a SQLite file with no ledger schema
     with pytest.raises(UnknownMigrationHead, match="ledger db upgrade"):
         open_store(sqlite_url)
     store = open_store(sqlite_url, migrate_schema=True)
