@@ -56,7 +56,7 @@ from trainer.core.checkpoint import (
     step,
     unpaid_at_decision,
 )
-from trainer.errors import CheckpointBusy, CheckpointDecided, FencedOff, UnknownCheckpoint
+from trainer.errors import CheckpointBusy, CheckpointDecided, CoordinatorStopped, FencedOff, UnknownCheckpoint
 from trainer.gym import GymClient
 from trainer.gym.errors import (
     CheckpointConflictError,
@@ -672,7 +672,7 @@ class Checkpointer:
     async def _complete(
         self, checkpoint_id: str, names: list[str], drivers: list[asyncio.Task[None]]
     ) -> None:
-        await asyncio.gather(*drivers, return_exceptions=True)
+        outcomes = await asyncio.gather(*drivers, return_exceptions=True)
         known = self.ctx.journal.checkpoints.checkpoints.get(checkpoint_id)
         finished = dict(known.finished) if known is not None else {}
         if resumed_event_due(finished, names):  # type: ignore[arg-type]
@@ -680,6 +680,14 @@ class Checkpointer:
                 checkpoint_stream(checkpoint_id),
                 [CheckpointResumed(checkpoint_id=checkpoint_id, participants=names)],
             )
+        elif (
+            self.ctx.journal.stopped is not None
+            or self.ctx.journal.fenced is not None
+            or any(isinstance(o, (FencedOff, CoordinatorStopped)) for o in outcomes)
+        ):
+            # The coordinator stopped (fenced off, or the log gone) while it resumed the agents: its
+            # stop says so, once, and whoever carries the run on finishes the commit.
+            log.info("checkpoint %s: resuming left to the coordinator after this one", checkpoint_id)
         else:
             log.error(
                 "checkpoint %s committed but not every participant resumed: %s", checkpoint_id, finished

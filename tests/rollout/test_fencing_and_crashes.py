@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from eventstore import open_store, upgrade_database
+from eventstore import EventStore, open_store, upgrade_database
+from eventstore.events import TrainerEpochTaken
 from gym_agent.launcher import AgentProcess
 from projections.audit import audit_log
+from protocol.streams import trainer_stream
 from protocol.wire import AttemptFault, CrashAfter, FaultRates, RateFaults
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
-from trainer import FencedOff, RolloutCoordinator
+from tests.rollout.hostile_agent import Rule, serve_hostile
+from tests.rollout.test_bad_input import _config
+from trainer import CoordinatorStopped, FencedOff, PreparedCheckpoint, RolloutCoordinator
 from trainer.gym import GymClient
 
 
@@ -193,3 +201,44 @@ async def test_a_trainer_killed_at_random_points_recovers(
     assert report.ok, report.as_json()
     await coord.close()
     store.close()
+
+
+async def test_a_coordinator_fenced_off_while_it_resumes_a_commit_says_so_once(
+    sqlite_store: EventStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A newer coordinator takes the trainer over while this one's commit is being resumed at the
+    agent (gated: the agent's commit answer is held until the takeover is in the log).  This one
+    stops with `FencedOff`, and says nothing more: before, it also logged an ERROR that the commit's
+    participants had not resumed, a second line beside its stop (seen in a busy CI run of
+    `ledger simulate`); resuming them is the newer coordinator's."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(answer: Any) -> Any:
+        entered.set()
+        assert release.wait(30), "the test never released the commit's answer"
+        return answer
+
+    held = Rule("/checkpoint/commit", lambda _path, _body: True, hold, times=1)
+    with serve_hostile(_config(tmp_path), [held]) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(sqlite_store, {"h": client}, mode="sibling")
+            await coord.submit(gid(), PROMPT, "h", 1, PAYLOAD)
+            await coord.wait_idle(30)
+            prepared = await coord.prepare_checkpoint("c1")
+            assert isinstance(prepared, PreparedCheckpoint)
+            commit = asyncio.create_task(coord.commit_checkpoint("c1"))
+            assert await asyncio.to_thread(entered.wait, 30)
+            trainer = coord.settings.trainer_id
+            sqlite_store.append(
+                trainer_stream(trainer),
+                [TrainerEpochTaken(trainer_id=trainer, reason="recovery", writer="newer")],
+            )
+            release.set()
+            with pytest.raises(FencedOff):
+                await commit
+            async with asyncio.timeout(30):  # a bound: the gate is the resume's own task finishing
+                while coord.checkpointer._completions:
+                    await asyncio.sleep(0.02)
+            with contextlib.suppress(FencedOff, CoordinatorStopped):
+                await coord.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "resumed" in r.getMessage()]
