@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -153,16 +153,17 @@ class WireModel(BaseModel):
 
 class GymModel(BaseModel):
     """A shape the real NeMo Gym owns (`/run` rows and replies): fields it or NeMo RL add are kept,
-    nested no deeper than MAX_JSON_DEPTH like the fields we name."""
+    nested no deeper than MAX_JSON_DEPTH like the free-form fields we name, and like them holding only
+    numbers JSON carries (`check_depth(finite=True)`): a `NaN`, `Infinity`, `1e999` or an integer past
+    64 bits anywhere makes a `/run` body a 422 before anything runs, and a reply no reply (the
+    participant could not deliver it, and pydantic would write a NaN as `null`, another reply)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
-    # Whether every number in it must be finite (a /run body: refused before anything runs).
-    _finite: ClassVar[bool] = False
 
     @model_validator(mode="after")
     def _extras_not_too_deep(self) -> GymModel:
         if self.model_extra:
-            check_depth(self.model_extra, MAX_JSON_DEPTH - 1, finite=self._finite)
+            check_depth(self.model_extra, MAX_JSON_DEPTH - 1, finite=True)
         return self
 
 
@@ -176,9 +177,7 @@ class RunRequest(GymModel):
     and the task's own fields at the top level (`agent_ref`, `_ng_task_index`, `_ng_rollout_index`, an
     environment's fields such as `expected_answer`), kept as extras and reaching the agent unchanged:
     a Gym agent forwards its body as it is to its resources server's `/verify`, which reads them there.
-    Every number in it is finite: `NaN`, `Infinity` or `1e999` anywhere is a 422 before anything runs."""
-
-    _finite: ClassVar[bool] = True
+    Every number in it is one JSON carries (`GymModel`)."""
 
     rollout_id: Identifier = Field(alias="_ng_rollout_id")
     attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
@@ -210,12 +209,9 @@ class RunReply(GymModel):
     the reward is no valid measurement (the environment or its infrastructure failed), `failure_kind`
     (the Gym's vocabulary, `protocol.failures`) and `failure_reason` say what went wrong, with or
     without a mask.  `payload()` is the reply as it travels (exactly the fields that were set), and the
-    one thing `digest()` is taken of, on every side.  Every number in it is one JSON carries: a `NaN`,
-    `Infinity` or an integer past 64 bits anywhere makes it no reply (the participant could not
-    deliver it, and pydantic would write a NaN as `null`, another reply than the agent's).
+    one thing `digest()` is taken of, on every side.  Every number in it is one JSON carries
+    (`GymModel`).
     """
-
-    _finite: ClassVar[bool] = True
 
     rollout_id: Identifier = Field(alias="_ng_rollout_id")
     attempt_index: AttemptIndex = Field(alias="_ng_attempt_index")
