@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from trainer.checkpoint import PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import AgentShared, AlreadyClaimed, CoordinatorStopped, FencedOff, GroupConflict
 from trainer.gym import GymClient
+from trainer.gym.errors import GymError, TrainerConflictError
 
 # The coordinator's settings in a schedule: short, so that a seed takes about a second.
 SETTINGS: dict[str, Any] = {
@@ -115,19 +117,26 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
         await coord.wait_idle(20.0)
         inc.work_done.set()
         await inc.may_close.wait()
-        if plan.intruder is not None and plan.intruder[0] == t:
-            # Its close would release the agent another trainer is about to try: not before that try.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(run.intruded.wait(), FLEET_GATE_S)
+        await _until_intruded(run, t)
         await coord.checkpointer.recover()
         _raise_if_stopped(coord)
         await coord.close()
     finally:
         if inc.coord is not None and not inc.crashed:
             with contextlib.suppress(BaseException):
+                # A process stopped by an outage closes here, releasing its agents as any close does.
+                await _until_intruded(run, t)
                 await inc.coord.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(store.close)
+
+
+async def _until_intruded(run: ScheduleRun, t: int) -> None:
+    """Before trainer `t` closes: if another trainer is to try the agent `t` owns, its close would
+    release the agent for that try (an owner stopped by an outage closes too), so not before it."""
+    if run.plan.intruder is not None and run.plan.intruder[0] == t:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.intruded.wait(), FLEET_GATE_S)
 
 
 async def _intrude(
@@ -161,11 +170,36 @@ async def _intrude(
     except AgentShared:
         run.counts["shared_agent_refused"] += 1
     else:
-        run.problems.append(f"trainer {t} started on {key}, an agent trainer {owner} drives")
+        # The agent did not answer the start (a restart or a fault at that call: the plan's calls are
+        # counted, so which one it hits is the threads' doing): a start goes on without an agent away,
+        # and binds it at its first call.  So the start is no refusal (its rows are its own), and the
+        # agent must refuse this trainer at that first call instead.
+        run.refused_writers.remove(intruding.journal.writer)
+        await _refused_at_first_call(run, t, key, owner, intruding.ctx.client(foreign.name))
     finally:
         # Not started (or started in error): closed without a word to the log.
         with contextlib.suppress(Exception):
             await intruding.close()
+
+
+async def _refused_at_first_call(run: ScheduleRun, t: int, key: str, owner: int, client: GymClient) -> None:
+    """The intruder's own call binding the agent (what its first call would do) is refused, once the
+    agent answers at all (within FLEET_GATE_S, jittered retries)."""
+    deadline = asyncio.get_running_loop().time() + FLEET_GATE_S
+    while True:
+        try:
+            await client.bind_driver(run.plan.trainers[t].trainer_id)
+        except TrainerConflictError:
+            run.counts["shared_agent_refused_at_first_call"] += 1
+            return
+        except GymError as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                run.problems.append(f"{key} never answered trainer {t}'s intrusion: {exc}")
+                return
+            await asyncio.sleep(random.uniform(0.02, 0.1))
+            continue
+        run.problems.append(f"trainer {t} bound {key}, an agent trainer {owner} drives")
+        return
 
 
 def _bound_to(agent: Agent, trainer_id: str | None) -> bool:
