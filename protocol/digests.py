@@ -7,7 +7,9 @@ replies) wherever its text is json's or mends into it: orjson writes floats belo
 (`0.00001` and `1e-7` where `json` writes `1e-05` and `1e-07`: a model's logprobs hold thousands),
 mended in its text; it writes NaN and infinity as `null` where `json` refuses them, and refuses keys
 that are not strings and integers past 64 bits, which `json` writes: those go to the standard library.
-Property tests hold the two to the same bytes (tests/core/test_canonical_json.py).
+In a large text the forms are found with numpy where it is installed (the trainer's side), by searches
+in bytes where it is not (a participant's core install needs none).  Property tests hold every way to
+json's bytes (tests/core/test_canonical_json.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from typing import Annotated, Any, Final
 import orjson
 from pydantic import StringConstraints
 
+_np: Any
+try:  # finds orjson's float forms in a large text in a few passes in C (`_sites`)
+    import numpy as _np
+except ImportError:  # a participant's core install: the searches in bytes alone
+    _np = None
+
 DIGEST_PREFIX: Final = "sha256:"
 DIGEST_PATTERN: Final = r"^sha256:[0-9a-f]{64}$"
 Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
@@ -34,11 +42,14 @@ _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS
 _DIGITS: Final = frozenset(b"0123456789")
 
 
-def _float_form_in_text(out: bytes) -> bool:
+def _float_form_in_text(out: bytes, sites: Sites | None) -> bool:
     """Whether `out` holds text where orjson's floats can differ from json's: a one-digit negative
     exponent (`1e-5`, `1.2e-7`; json writes `e-05`) or a fixed-point small number (`0.00001`).  Found
-    anywhere, even inside a string, json writes instead.  Searched with `bytes.find` (C), never a regex
-    (a regex over a 100 KB reply cost more than the encoding)."""
+    anywhere, even inside a string, json writes instead.  `sites`: numpy found them (`_sites`), else
+    searched with `bytes.find` (C), never a regex (a regex over a 100 KB reply cost more than the
+    encoding)."""
+    if sites is not None:
+        return bool(sites[0] or sites[1])
     if b"0.0000" in out:
         return True
     i = out.find(b"e-")
@@ -91,7 +102,7 @@ def _small_floats(value: Any, budget: int) -> bool | None:
     return False
 
 
-def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> bool:
+def _json_writes_otherwise(out: bytes, value: Any, finite: bool, sites: Sites | None) -> bool:
     """Whether orjson's text `out` of `value` may differ from json's (a small float, NaN or an
     infinity): decided by walking `value` (its strings skipped) when `out` is large and the walk is
     short, else by searching `out` (`_float_form_in_text`, then `null` for a NaN, which `_all_finite`
@@ -101,7 +112,7 @@ def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> bool:
         verdict = _small_floats(value, len(out) // _BYTES_PER_NODE)
         if verdict is not None:
             return verdict
-    return _float_form_in_text(out) or (not finite and b"null" in out and not _all_finite(value))
+    return _float_form_in_text(out, sites) or (not finite and b"null" in out and not _all_finite(value))
 
 
 _NUMBERS: Final = (float, int)
@@ -142,9 +153,10 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
         out = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return _CANONICAL.encode(value).encode()  # json's own answer: its text, or its error
-    if _json_writes_otherwise(out, value, finite):
+    sites = _sites(out)
+    if _json_writes_otherwise(out, value, finite, sites):
         if _rewritable(value):
-            return _json_float_forms(out)
+            return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
         return _CANONICAL.encode(value).encode()
     return out
 
@@ -188,6 +200,72 @@ def _json_float_forms(out: bytes) -> bytes:
             + [b"0" + p if p[:1] in _SHORT_EXPONENT and p[1:2] not in _DIGIT else p for p in pieces[1:]]
         )
     return out
+
+
+# Where orjson's small floats begin in its text: each fixed point's `0.0000` and each short exponent's
+# `e-`, by the rules `_json_float_forms` mends by (the text of a value `_rewritable` holds for).
+Sites = tuple[list[int], list[int]]
+# Above this many bytes numpy finds the sites: the searches in bytes read every byte one at a time,
+# each split of a 290 KB reply about 0.2-0.3 ms here, where numpy compares 16 or 32 at once.
+_SITES_IN_NUMPY_ABOVE: Final = 16384
+# A fixed point's digits after its `0.0000`: at most json's 17 significant ones, read up to this many.
+_MOST_DIGITS: Final = 24
+
+
+def _sites(out: bytes) -> Sites | None:
+    """The sites of `out` found with numpy, when it is large and numpy is here; else None (the
+    searches in bytes find them).  A fixed point: `0.0000` then a digit 1-9, after no digit (a
+    number's start; `10.00001` is json's already).  A short exponent: `e-` then one digit 6-9 and no
+    digit after it (`e-10` is json's).  Each step one comparison over all the text or over the
+    candidates left (the rarest first), never a Python step per byte."""
+    if _np is None or len(out) <= _SITES_IN_NUMPY_ABOVE:
+        return None
+    a = _np.frombuffer(out, dtype=_np.uint8)
+    n = a.size
+    fixed = _np.empty(0, dtype=_np.int64)
+    if n >= 7:  # room for `0.0000d` (below that the slices would wrap round)
+        # `.00`, with a byte before the `.` and five after it.
+        dots = _np.flatnonzero((a[1 : n - 5] == 0x2E) & (a[2 : n - 4] == 0x30) & (a[3 : n - 3] == 0x30))
+        dots += 1
+        for k in (3, 4, -1):
+            dots = dots[a[dots + k] == 0x30]
+        fixed = dots[_is_digit(a[dots + 5]) & (a[dots + 5] != 0x30)] - 1
+        fixed = fixed[(fixed == 0) | ~_is_digit(a[_np.maximum(fixed - 1, 0)])]
+    es = _np.flatnonzero((a[: n - 2] == 0x65) & (a[1 : n - 1] == 0x2D))  # `e-` with a byte after it
+    es = es[(a[es + 2] >= 0x36) & (a[es + 2] <= 0x39)]
+    short = es[(es + 3 >= n) | ~_is_digit(a[_np.minimum(es + 3, n - 1)])]
+    return fixed.tolist(), short.tolist()
+
+
+def _is_digit(codes: Any) -> Any:
+    return (codes >= 0x30) & (codes <= 0x39)
+
+
+def _mend_sites(out: bytes, sites: Sites) -> bytes:
+    """`_json_float_forms(out)` at the sites numpy found: each short exponent `e-7` given its `0`,
+    then each fixed point `0.0000dR` (`d` its first significant digit, `R` the digits after) made
+    `d.Re-05` (`de-05` when `R` is empty).  Where each fixed point's digits end is found by numpy
+    too; the text between two sites is sliced, never searched again."""
+    fixed, short = sites
+    if short:
+        cuts = [q + 2 for q in short]
+        out = b"0".join([out[i:j] for i, j in zip([0, *cuts], [*cuts, len(out)], strict=True)])
+    if not fixed:
+        return out
+    a = _np.frombuffer(out + b"\0", dtype=_np.uint8)  # a non-digit past the end
+    # Each fixed point moved on by the zeros put in before it.
+    starts = _np.asarray(fixed, dtype=_np.int64) + _np.searchsorted(short, fixed)
+    window = _np.minimum(starts[:, None] + 7 + _np.arange(_MOST_DIGITS), a.size - 1)
+    ends = starts + 7 + _np.argmin(_is_digit(a[window]), axis=1)
+    parts: list[bytes] = []
+    at = 0
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        lead = out[start + 6 : start + 7]
+        rest = b"." + out[start + 7 : end] if end > start + 7 else b""
+        parts += (out[at:start], lead, rest, b"e-05")
+        at = end
+    parts.append(out[at:])
+    return b"".join(parts)
 
 
 # One-byte slices (CPython keeps one object for each byte value): set lookups, no conversions.

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import random
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protocol import digests
 from protocol.digests import canonical_bytes, same_json
 
 _STD = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -48,10 +54,28 @@ def _ours(value: Any) -> bytes | type[BaseException]:
         return type(exc)
 
 
+# Where orjson's small floats are in its text is found two ways: by numpy in a text of more than
+# `_SITES_IN_NUMPY_ABOVE` bytes, by the searches in bytes in a shorter one or without numpy (a
+# participant's core install).  The tests of the forms run each way on values of every size.
+_WAYS = ["numpy", "bytes"]
+
+
+@contextlib.contextmanager
+def _found_by(way: str) -> Iterator[None]:
+    if way == "numpy":
+        with mock.patch.object(digests, "_SITES_IN_NUMPY_ABOVE", 0):
+            yield
+    else:
+        with mock.patch.object(digests, "_np", None):
+            yield
+
+
+@pytest.mark.parametrize("way", _WAYS)
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # loaded machines
-@given(values)
-def test_the_same_bytes_or_the_same_refusal_as_the_standard_library(value: Any) -> None:
-    assert _ours(value) == _std(value)
+@given(value=values)
+def test_the_same_bytes_or_the_same_refusal_as_the_standard_library(way: str, value: Any) -> None:
+    with _found_by(way):
+        assert _ours(value) == _std(value)
 
 
 @pytest.mark.parametrize(
@@ -83,11 +107,13 @@ def test_a_value_orjson_parsed_is_written_the_same_without_the_nan_walk(value: A
 _PAD = "plain words " * 400
 
 
+@pytest.mark.parametrize("way", _WAYS)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(values)
-def test_a_large_value_walked_for_its_floats_gives_the_same_bytes(value: Any) -> None:
+@given(value=values)
+def test_a_large_value_walked_for_its_floats_gives_the_same_bytes(way: str, value: Any) -> None:
     padded = {"pad": _PAD, "value": value}
-    assert _ours(padded) == _std(padded)
+    with _found_by(way):
+        assert _ours(padded) == _std(padded)
 
 
 @pytest.mark.parametrize(
@@ -261,38 +287,85 @@ _DECADES = [m * 10.0**-k for k in range(3, 12) for m in (1.0, 1.5, 9.87654321, -
         {"k": [1e-6, 1e308, 1e308]},  # a sum that overflows: json decides, the same bytes
     ],
 )
-def test_small_floats_are_written_in_json_form(value: Any) -> None:
-    assert _ours(value) == _std(value)
+@pytest.mark.parametrize("way", _WAYS)
+def test_small_floats_are_written_in_json_form(way: str, value: Any) -> None:
+    with _found_by(way):
+        assert _ours(value) == _std(value)
 
 
+@pytest.mark.parametrize("way", _WAYS)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.lists(st.floats(width=32, min_value=-0.0010000000474974513, max_value=0.0), max_size=50),
-    st.lists(st.integers(0, 2**32 - 1), max_size=20),
-    st.text(max_size=20),
+    lps=st.lists(st.floats(width=32, min_value=-0.0010000000474974513, max_value=0.0), max_size=50),
+    ids=st.lists(st.integers(0, 2**32 - 1), max_size=20),
+    text=st.text(max_size=20),
 )
 def test_a_model_calls_logprobs_are_written_as_json_writes_them(
-    lps: list[float], ids: list[int], text: str
+    way: str, lps: list[float], ids: list[int], text: str
 ) -> None:
     item = {"generation_log_probs": lps, "generation_token_ids": ids, "text": text}
-    assert _ours({"output": [item], "pad": _PAD}) == _std({"output": [item], "pad": _PAD})
+    with _found_by(way):
+        assert _ours({"output": [item], "pad": _PAD}) == _std({"output": [item], "pad": _PAD})
 
 
+@pytest.mark.parametrize("way", _WAYS)
+@pytest.mark.parametrize("confident", [0.0, 0.3, 1.0])
 def test_a_reply_with_small_logprobs_is_written_without_the_standard_library(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, way: str, confident: float
 ) -> None:
     """The point of the rewrite: a model's logprobs (many below 1e-4) no longer send the whole reply
-    to json's encoder, which writes each float32's 17 digits at about 1 us."""
-    lps = [-(10.0 ** -(k % 12)) * 1.2345678 for k in range(2000)]
+    to json's encoder, which writes each float32's 17 digits at about 1 us.  A reply of real size
+    (4,000 float32 logprobs, a share `confident` of them near certainty, ids and text beside them),
+    its forms found by numpy (its text is past the threshold) or by the searches in bytes."""
+    rng = random.Random(7)
+    lps = [
+        float(
+            np.float32(
+                -(10.0 ** rng.uniform(-9.0, -4.0)) if rng.random() < confident else -rng.expovariate(2)
+            )
+        )
+        for _ in range(4000)
+    ]
     reply = {
-        "response": {"output": [{"generation_log_probs": lps, "text": "plain words\n" * 50}]},
+        "response": {
+            "output": [
+                {
+                    "generation_log_probs": lps,
+                    "generation_token_ids": [rng.randrange(151936) for _ in range(4000)],
+                    "text": "plain words\n" * 50,
+                }
+            ]
+        },
         "reward": 1.0,
     }
     want = _STD.encode(reply).encode()
+    assert len(want) > digests._SITES_IN_NUMPY_ABOVE
 
     class Refuses:
         def encode(self, value: Any) -> str:
             raise AssertionError("the standard library's encoder was used")
 
     monkeypatch.setattr("protocol.digests._CANONICAL", Refuses())
-    assert canonical_bytes(reply) == want
+    with _found_by(way):
+        assert canonical_bytes(reply) == want
+        if way == "numpy":
+            sites = digests._sites(orjson.dumps(reply, option=orjson.OPT_SORT_KEYS))
+            assert sites is not None and (confident == 0.0 or len(sites[0]) + len(sites[1]) > 100)
+
+
+def test_canonical_json_needs_no_numpy() -> None:
+    """A participant's core install has no numpy: the module imports without it and writes the same
+    bytes by the searches in bytes (a fresh interpreter, numpy's import refused)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"
+        "import json; from protocol import digests\n"
+        "assert digests._np is None\n"
+        "v = {'lp': [-1.5e-7, -2.5e-05, -0.25] * 3000, 't': 'x' * 20000}\n"
+        "std = json.dumps(v, sort_keys=True, separators=(',', ':'), ensure_ascii=False).encode()\n"
+        "assert digests.canonical_bytes(v) == std\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
