@@ -38,10 +38,9 @@ import orjson
 
 from benchmarks.rollout_sizes import add_size_options, positive
 from benchmarks.token_path import agent_episodes
-from protocol.digests import canonical_bytes
-from protocol.wire import RunReply, TokenEntry, check_depth
+from protocol.digests import canonical_bytes, json_canonical_bytes
+from protocol.wire import MAX_JSON_DEPTH, RunReply, TokenEntry, check_depth
 
-_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _INT_RANGE = (-(2**63), 2**64 - 1)
 
 
@@ -110,11 +109,11 @@ def _best_ms(fn: Callable[[Any], Any], items: list[Any], rounds: int) -> float:
 def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     """Every way over `replies`, after checking each gives its reference's answer."""
     for reply in replies:
-        if canonical_bytes(reply) != _JSON.encode(reply).encode():
+        if canonical_bytes(reply) != json_canonical_bytes(reply):
             raise AssertionError("canonical_bytes and json disagree on a reply")
         for finite in (False, True):
             check_depth(reply, finite=finite)  # raises where the reference names an error
-            if walked_check_depth(reply, 64, finite) is not None:
+            if walked_check_depth(reply, MAX_JSON_DEPTH, finite) is not None:
                 raise AssertionError("the reference refuses a reply check_depth took")
     bodies = [orjson.dumps(r) for r in replies]
     small = sum(
@@ -134,13 +133,17 @@ def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         "reply_bytes": round(sum(map(len, bodies)) / len(bodies)),
         "logprobs_above_minus_1e-4": round(small / max(logprobs, 1), 4),
         "canonical_json_ms": {
-            "json (the standard library)": _best_ms(lambda r: _JSON.encode(r).encode(), replies, rounds),
+            "json (the standard library)": _best_ms(json_canonical_bytes, replies, rounds),
             "canonical_bytes": _best_ms(canonical_bytes, replies, rounds),
         },
         "nesting_check_ms": {
-            "walked, reply": _best_ms(lambda r: walked_check_depth(r, 64, False), replies, rounds),
+            "walked, reply": _best_ms(
+                lambda r: walked_check_depth(r, MAX_JSON_DEPTH, False), replies, rounds
+            ),
             "check_depth, reply": _best_ms(check_depth, replies, rounds),
-            "walked, finite": _best_ms(lambda r: walked_check_depth(r, 64, True), replies, rounds),
+            "walked, finite": _best_ms(
+                lambda r: walked_check_depth(r, MAX_JSON_DEPTH, True), replies, rounds
+            ),
             "check_depth, finite": _best_ms(lambda r: check_depth(r, finite=True), replies, rounds),
         },
         "parse_ms": _best_ms(RunReply.model_validate_json, bodies, rounds),

@@ -30,6 +30,7 @@ from protocol.token_codec import (
     assemble,
     decode_json,
     encode_records,
+    form_version,
     media_version,
     read_layout,
     reply_output_of,
@@ -73,7 +74,7 @@ class TokenArrays:
         protocol 5 the bytes go as a `PickleBuffer` (out of band, no copy, where the pickler takes
         buffers: Ray's does); a `bytearray` comes back as one, read-only bytes as bytes."""
         view = memoryview(self.buffer)
-        resolved = view.nbytes > 4 and view[4] == REPLY_VERSION and not self.layout.reply_items
+        resolved = form_version(view) == REPLY_VERSION and not self.layout.reply_items
         data: Any
         if int(protocol) >= 5:
             data = pickle.PickleBuffer(self.buffer)

@@ -145,6 +145,12 @@ def _all_finite(value: Any) -> bool:
     return True
 
 
+def json_canonical_bytes(value: Any) -> bytes:
+    """Canonical JSON as the standard library writes it: the definition, which `canonical_bytes`
+    falls back on and is held to (ValueError or TypeError where json refuses `value`)."""
+    return _CANONICAL.encode(value).encode()
+
+
 def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     """Canonical JSON as UTF-8 bytes: exactly `canonical_json(value).encode()`, faster.  `finite`:
     the caller knows `value` holds no NaN or infinity (orjson.loads gave it: it refuses both), so
@@ -152,12 +158,12 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     try:
         out = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
-        return _CANONICAL.encode(value).encode()  # json's own answer: its text, or its error
+        return json_canonical_bytes(value)  # json's own answer: its text, or its error
     sites = _sites(out)
     if _json_writes_otherwise(out, value, finite, sites):
         if _rewritable(value):
             return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
-        return _CANONICAL.encode(value).encode()
+        return json_canonical_bytes(value)
     return out
 
 

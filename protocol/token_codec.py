@@ -508,13 +508,22 @@ def decode_json(content: bytes) -> list[dict[str, Any]]:
     return records
 
 
+def form_version(content: bytes | bytearray | memoryview) -> int | None:
+    """The form version a binary payload's prefix names, unchecked (None: too short for a prefix)."""
+    view = memoryview(content)
+    if view.nbytes < _PREFIX.size:
+        return None
+    return int(_PREFIX.unpack_from(view)[1])
+
+
 def decode_any(content: bytes, media_type: str, reply: Any = None) -> list[dict[str, Any]]:
     """The records of a payload in either form, by its media type; `reply` (the stored reply, as
     JSON) for a version 2 payload."""
     version = media_version(media_type)
     if version is not None:
-        if _PREFIX.size <= len(content) and content[4] != version:
-            raise TokenCodecError(f"a payload of media type {media_type!r} is of form version {content[4]}")
+        found = form_version(content)
+        if found is not None and found != version:
+            raise TokenCodecError(f"a payload of media type {media_type!r} is of form version {found}")
         return decode_records(content, None if reply is None else reply_output_of(reply))
     if media_type in (TOKENS_JSON_MEDIA_TYPE, "application/json"):
         return decode_json(content)
@@ -539,6 +548,7 @@ __all__ = [
     "encode_entries",
     "encode_json",
     "encode_records",
+    "form_version",
     "media_version",
     "read_layout",
     "record_of",
