@@ -125,19 +125,21 @@ def check_depth(
 
 def _numbers_fit(items: list[Any], finite: bool) -> bool:
     """Whether `items` are numbers alone (a sum takes no container or string) and, with `finite`,
-    each one JSON carries: one sum of their sizes, finite exactly when each is, bounds them all when
-    it stays below 2^63.  False where the walk must decide and name the culprit: a string or container
-    among them, a sum past that bound (a number past the range, or large ones), one that overflows."""
+    each one JSON carries: their Euclidean norm (`math.hypot`, one pass in C), at least each one's
+    size, NaN or infinite exactly when one is, bounds them all when it stays below 2^63.  False where
+    the walk must decide and name the culprit: a string or container among them, a norm past that
+    bound (a number past the range, or large ones), one too large for a float.  (A sum of their sizes
+    said the same, 3x slower: `abs` makes a new float of every negative logprob.)"""
     try:
         if not finite:
             sum(items, 0.0)
             return True
-        return sum(map(abs, items), 0.0) < _SIZES_BELOW
+        return math.hypot(*items) < _SIZES_BELOW
     except (TypeError, OverflowError):
         return False
 
 
-# A sum of sizes below it bounds each number within the 64-bit integers orjson writes.
+# A norm below it bounds each number within the 64-bit integers orjson writes.
 _SIZES_BELOW: Final = float(2**63)
 
 
