@@ -39,6 +39,7 @@ import orjson
 from benchmarks.rollout_sizes import add_size_options, positive
 from benchmarks.token_path import agent_episodes
 from protocol.digests import canonical_bytes, json_canonical_bytes
+from protocol.tokens import with_token_arrays
 from protocol.wire import MAX_JSON_DEPTH, RunReply, TokenEntry, check_depth
 
 _INT_RANGE = (-(2**63), 2**64 - 1)
@@ -78,21 +79,18 @@ def plain_gym_reply(
     """`reply` as a plain Gym agent answers it: each call's token arrays on the output item that
     carried them; a share `confident` of the logprobs redrawn near certainty."""
     payload = reply.payload()
-    output = payload["response"]["output"]
-    at = {item.get("id"): i for i, item in enumerate(output) if isinstance(item, dict)}
-    for record in records:
-        carrier = record.output_items[record.token_item_index or 0]
-        logprobs = [
-            _float32(-(10.0 ** rng.uniform(-9.0, -4.0))) if rng.random() < confident else lp
-            for lp in record.generation_log_probs
-        ]
-        i = at[carrier.get("id")]
-        output[i] = {
-            **output[i],
-            "prompt_token_ids": list(record.prompt_token_ids),
-            "generation_token_ids": list(record.generation_token_ids),
-            "generation_log_probs": logprobs,
-        }
+    drawn = [
+        record.model_copy(
+            update={
+                "generation_log_probs": [
+                    _float32(-(10.0 ** rng.uniform(-9.0, -4.0))) if rng.random() < confident else lp
+                    for lp in record.generation_log_probs
+                ]
+            }
+        )
+        for record in records
+    ]
+    payload["response"]["output"] = with_token_arrays(payload["response"]["output"], drawn)
     return payload
 
 

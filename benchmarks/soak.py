@@ -363,6 +363,7 @@ async def soak(
         prompt_tokens=args.prompt_tokens,
         gen_tokens=args.gen_tokens,
         zero_work=True,
+        inline_tokens=args.inline_tokens,
     )
     rollout_timeout = (
         args.rollout_timeout
@@ -430,6 +431,7 @@ async def soak(
         prompt_tokens=args.prompt_tokens,
         gen_tokens=args.gen_tokens,
         zero_work=True,
+        inline_tokens=args.inline_tokens,
         agent_delay_s=0.0,
         run_id=run_id,
     )
@@ -481,6 +483,7 @@ async def soak(
             "prompt_tokens": args.prompt_tokens,
             "gen_tokens": args.gen_tokens,
             "turns": list(args.turns),
+            "inline_tokens": args.inline_tokens,
             "tokens_per_rollout": tokens,
             "token_sample": token_sample,
             "events_bytes": stored.events_rows,
@@ -647,6 +650,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="The agents cut a model call at a token boundary when a checkpoint parks it, and go on "
         "from there after the resume (instead of the checkpoint waiting for the whole call).",
+    )
+    parser.add_argument(
+        "--inline-tokens",
+        action="store_true",
+        help="The agents also answer each call's token arrays inside the reply, on its output message, "
+        "as a real Gym agent does (the reply carries every token as JSON).",
     )
     parser.add_argument(
         "--park-grace",

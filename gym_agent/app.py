@@ -68,6 +68,7 @@ def create_app(config: AgentConfig) -> tuple[ASGIApp, ExecutionRegistry]:
         temperature=config.temperature,
         delay_s=config.delay_s,
         zero_work=config.zero_work,
+        inline_tokens=config.inline_tokens,
         call_seconds=config.call_seconds,
         tool_seconds=config.tool_seconds,
         prompt_tokens=config.prompt_tokens,

@@ -95,6 +95,14 @@ def serve(
         bool,
         typer.Option("--zero-work", help="Benchmarks: no model calls, each turn a fixed tiny token record."),
     ] = False,
+    inline_tokens: Annotated[
+        bool,
+        typer.Option(
+            "--inline-tokens",
+            help="Also answer each model call's token arrays inside the reply, on its output message "
+            "(prompt_token_ids, generation_token_ids, generation_log_probs), as a real Gym agent does.",
+        ),
+    ] = False,
     turn_continuation: Annotated[
         bool,
         typer.Option(
@@ -153,6 +161,7 @@ def serve(
             state_dir=state_dir,
             policy=policy,
             zero_work=zero_work,
+            inline_tokens=inline_tokens,
             turn_continuation=turn_continuation,
             resources_url=resources_url,
             resources=tuple(n for n in resources.split(",") if n),

@@ -39,6 +39,9 @@ class AgentConfig(BaseModel):
     generation_cuts: bool = False
     # Benchmarks: skip the model; each model call's tokens are drawn at the sizes above (gym_agent.episode).
     zero_work: bool = False
+    # Answer each model call's token arrays inside the reply too, on the call's output message, as a
+    # real Gym agent does (`token_id_capture`): the reply then carries every token as JSON.
+    inline_tokens: bool = False
     # Save a continuation at each turn boundary and resume replacement tries from one (docs/turns.md):
     # declares `turn_continuation`, so groups may run at target level `turn`.
     turn_continuation: bool = False

@@ -34,7 +34,7 @@ from protocol.digests import canonical_json
 from protocol.ids import capture_key
 from protocol.lineage import link_call
 from protocol.token_codec import with_arrays
-from protocol.tokens import request_input
+from protocol.tokens import request_input, with_token_arrays
 from protocol.wire import (
     TOKEN_SCHEMA_VERSION,
     ContinuationRef,
@@ -306,6 +306,7 @@ class Environment:
         temperature: float = 1.0,
         delay_s: float = 0.0,
         zero_work: bool = False,
+        inline_tokens: bool = False,
         call_seconds: Durations | None = None,
         tool_seconds: Durations | None = None,
         tools: ToolBelt | None = None,
@@ -331,6 +332,8 @@ class Environment:
         self.vocab_size = ZERO_WORK_VOCAB if zero_work else policy.vocab_size
         if zero_work:
             pool_of(self.vocab_size)  # drawn at start (0.1 s), not inside the first try
+        # Each call's arrays also on its output message in the reply, as a real Gym agent answers them.
+        self.inline_tokens = inline_tokens
         # How long each model call and each tool between two calls takes (drawn per call).
         self.call_seconds = call_seconds
         self.tool_seconds = tool_seconds
@@ -532,7 +535,8 @@ class Environment:
             "object": "response",
             "model": MODEL_NAME,
             "status": "completed",
-            "output": output,
+            # As a real Gym agent answers them, each call's arrays on its message too (`--inline-tokens`).
+            "output": with_token_arrays(output, recorded) if self.inline_tokens else output,
             "metadata": {"policy_version": self.policy.policy_version, "model_calls": n_turns},
         }
         if generated_arrays is None:

@@ -44,6 +44,21 @@ def request_input(responses_create_params: dict[str, Any]) -> list[dict[str, Any
     return [item for item in given if isinstance(item, dict)] if isinstance(given, list) else []
 
 
+def with_token_arrays(output: list[Any], records: list[TokenEntry]) -> list[Any]:
+    """A reply's `output` as a real Gym agent answers it: each record's arrays on the output item that
+    carried them (`token_item_index` of its `output_items`, found by `id`), the inverse of
+    `token_records_from_reply`.  New items where arrays are put; `output` and its items unchanged."""
+    at = {item.get("id"): i for i, item in enumerate(output) if isinstance(item, dict)}
+    out = list(output)
+    for record in records:
+        i = at.get(record.output_items[record.token_item_index or 0].get("id"))
+        if i is None:
+            continue
+        arrays = {name: getattr(record, name) for name in TOKEN_FIELDS if getattr(record, name) is not None}
+        out[i] = {**out[i], **arrays}
+    return out
+
+
 def token_records_from_reply(reply: RunReply, capture_key: str, created_at: float) -> list[TokenEntry]:
     """One record per model call that carried token ids, in call order, with its lineage
     (`protocol.lineage.link_call`); [] when none did.  Each call was sent the reply's input and every

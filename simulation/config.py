@@ -46,6 +46,9 @@ class SimConfig:
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
     gen_tokens: int = DEFAULT_GEN_TOKENS
     zero_work: bool = False
+    # The reference agents answer each call's token arrays inside the reply too, as a real Gym agent
+    # does (`gym --inline-tokens`).
+    inline_tokens: bool = False
     # The run's target level (docs/turns.md): at `turn` the agents started here keep continuations
     # (--turn-continuation) and replacement tries resume them.
     target_level: str = "sibling"
@@ -102,6 +105,8 @@ class SimConfig:
         args += ["--prompt-tokens", str(self.prompt_tokens), "--gen-tokens", str(self.gen_tokens)]
         if self.zero_work:
             args.append("--zero-work")
+        if self.inline_tokens:
+            args.append("--inline-tokens")
         if self.call_seconds is not None:
             args += ["--call-seconds", self.call_seconds]
         if self.tool_seconds is not None:

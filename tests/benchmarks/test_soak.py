@@ -65,3 +65,22 @@ def test_a_payload_store_it_cannot_use_is_one_line(
     assert soak.main(["--db", pg_url, "--groups", "1", "--siblings", "1", "--faults", ""]) == 2
     err = capsys.readouterr().err
     assert "error: unknown payload store URL 'ftp://x'" in err and "Traceback" not in err, err
+
+
+def test_agents_answering_token_arrays_inline_as_a_real_gym_agent_are_sealed_and_stored_whole(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """`--inline-tokens`: the reply carries every call's arrays as JSON, as a real Gym agent's does;
+    the trainer seals each try from it (nothing stranded, the audit clean) and stores that reply as it
+    came, beside the binary records: more bytes a rollout than the same sizes with arrays apart, by at
+    least two bytes of JSON text a token."""
+    sizes = ("--prompt-tokens", "1500", "--gen-tokens", "1000", "--turns", "2")
+    apart = run(pg_url, tmp_path, "apart", *sizes)
+    inline = run(pg_url, tmp_path, "inline", *sizes, "--inline-tokens")
+    assert inline["sizes"]["inline_tokens"] is True and apart["sizes"]["inline_tokens"] is False
+    assert inline["throughput"]["sealed_rollouts"] == 12
+    assert inline["tokens_per_rollout"] == pytest.approx(apart["tokens_per_rollout"], rel=0.2)
+    assert (
+        inline["payload_bytes_per_rollout"]
+        > apart["payload_bytes_per_rollout"] + 2 * inline["tokens_per_rollout"]
+    )

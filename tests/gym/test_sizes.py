@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import statistics
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -219,3 +220,52 @@ def test_zero_work_reward_is_that_of_every_generated_token_of_the_try(turns: tup
         if len(records) > 1:  # the last call's tokens count: without them the share differs
             earlier = [t for r in records[:-1] for t in r.generation_token_ids]
             assert reward != episode_reward(earlier)
+
+
+def test_inline_tokens_answer_each_calls_arrays_on_its_message_as_a_real_gym_agent() -> None:
+    """`--inline-tokens`: the reply's output carries each call's arrays on the message that call wrote,
+    so the records read back off the reply alone (`token_records_from_reply`, the participant's and
+    the trainer's reader for plain Gym agents) are the agent's own records, arrays, items and
+    lineage; without it no output item carries an array."""
+    from protocol.tokens import TOKEN_FIELDS, token_records_from_reply
+
+    async def noop() -> None:
+        return None
+
+    async def one(env: Environment) -> tuple[Any, list[TokenEntry]]:
+        records: list[TokenEntry] = []
+        request = RunRequest(rollout_id="p1_g0", attempt_index=0, sample_id="p1")
+        reply = await env.play(request, fault=NO_FAULT, at_boundary=noop, record=records.append)
+        return reply, records
+
+    policy = load_policy("tiny")
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        kw: dict[str, Any] = {
+            "seed": 5,
+            "turns": (3, 3),
+            "zero_work": True,
+            "prompt_tokens": 400,
+            "gen_tokens": 300,
+        }
+        inline, records = asyncio.run(one(Environment(policy, executor, inline_tokens=True, **kw)))
+        apart, again = asyncio.run(one(Environment(policy, executor, **kw)))
+    assert [r.generation_token_ids for r in again] == [r.generation_token_ids for r in records]  # seeded
+    output = apart.response["output"]
+    assert not any(isinstance(i, dict) and set(TOKEN_FIELDS) & set(i) for i in output)
+    carriers = [i for i in inline.response["output"] if "generation_token_ids" in i]
+    assert len(carriers) == len(records) == 3
+    read = token_records_from_reply(inline, records[0].rollout_id, records[0].created_at)
+    fields = (
+        "prompt_token_ids",
+        "generation_token_ids",
+        "generation_log_probs",
+        "output_items",
+        "parent_call_id",
+        "digest",
+    )
+    for got, own in zip(read, records, strict=True):
+        for name in fields:
+            assert getattr(got, name) == getattr(own, name), name
+    # Beside the arrays the reply is the one answered without them.
+    stripped = [{k: v for k, v in i.items() if k not in TOKEN_FIELDS} for i in inline.response["output"]]
+    assert stripped == output
