@@ -102,17 +102,20 @@ def _small_floats(value: Any, budget: int) -> bool | None:
     return False
 
 
-def _json_writes_otherwise(out: bytes, value: Any, finite: bool, sites: Sites | None) -> bool:
+def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> tuple[bool, Sites | None]:
     """Whether orjson's text `out` of `value` may differ from json's (a small float, NaN or an
-    infinity): decided by walking `value` (its strings skipped) when `out` is large and the walk is
-    short, else by searching `out` (`_float_form_in_text`, then `null` for a NaN, which `_all_finite`
-    settles; `finite`: the caller knows there is none).  Either way a True only costs the json
-    encoding."""
+    infinity), and the sites of its small floats when the text was searched by numpy for them (None
+    when it was not).  Decided by walking `value` (its strings skipped) when `out` is large and the
+    walk is short, else by searching `out` (`_float_form_in_text`, then `null` for a NaN, which
+    `_all_finite` settles; `finite`: the caller knows there is none).  Either way a True only costs
+    the json encoding."""
     if len(out) > _WALK_ABOVE:
         verdict = _small_floats(value, len(out) // _BYTES_PER_NODE)
         if verdict is not None:
-            return verdict
-    return _float_form_in_text(out, sites) or (not finite and b"null" in out and not _all_finite(value))
+            return verdict, None
+    sites = _sites(out)
+    found = _float_form_in_text(out, sites) or (not finite and b"null" in out and not _all_finite(value))
+    return found, sites
 
 
 _NUMBERS: Final = (float, int)
@@ -159,9 +162,10 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
         out = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return json_canonical_bytes(value)  # json's own answer: its text, or its error
-    sites = _sites(out)
-    if _json_writes_otherwise(out, value, finite, sites):
+    differs, sites = _json_writes_otherwise(out, value, finite)
+    if differs:
         if _rewritable(value):
+            sites = sites if sites is not None else _sites(out)  # searched once, and only to mend
             return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
         return json_canonical_bytes(value)
     return out
