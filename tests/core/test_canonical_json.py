@@ -369,3 +369,29 @@ def test_canonical_json_needs_no_numpy() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_text_is_searched_only_where_the_walk_cannot_tell_and_then_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large value the walk of its values settles (a reply of text, or one small float found) has
+    its text searched for the forms only to mend it; one past the walk's budget (a long list of
+    numbers) is searched once, for the verdict and the mend both."""
+    searched: list[int] = []
+    real = digests._sites
+
+    def counted(out: bytes) -> digests.Sites | None:
+        searched.append(len(out))
+        return real(out)
+
+    monkeypatch.setattr(digests, "_sites", counted)
+    text = {"output": [{"type": "output_text", "text": "plain words " * 5000}], "reward": 1.0}
+    cases: list[tuple[dict[str, Any], int]] = [
+        (text, 0),  # settled by the walk: nothing to mend
+        ({**text, "x": -1.5e-7}, 1),  # settled by the walk, then searched to mend
+        ({"lp": [-0.5] * 50_000 + [-2.5e-5, -1e-7]}, 1),  # past the budget: one search for both
+    ]
+    for value, searches in cases:
+        searched.clear()
+        assert canonical_bytes(value) == _STD.encode(value).encode()
+        assert len(searched) == searches, sorted(value)
