@@ -57,7 +57,7 @@ from participant.states import (
     next_state,
     resume_decision,
 )
-from protocol.digests import reply_digest
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key, mint_incarnation
 from protocol.tokens import token_records_from_reply
@@ -194,6 +194,9 @@ class Execution:
     # Set while the run may proceed; cleared when a checkpoint asks it to park.
     may_run: asyncio.Event = field(default_factory=asyncio.Event)
     reply: dict[str, Any] | None = None
+    # The reply's canonical JSON: what the receipt's digest is taken of, and the body it is answered
+    # with (written once, not again for each delivery).
+    reply_json: bytes = b""
     receipt: CompletionReceipt | None = None
     tokens: list[TokenEntry] = field(default_factory=list)
     error: str | None = None
@@ -348,6 +351,8 @@ class RunOutcome:
     # The try's receipt and token records, for an answer that carries them (protocol.completion).
     receipt: CompletionReceipt | None = None
     tokens: Sequence[TokenEntry] = ()
+    # `reply` as canonical JSON, the body a delivery answers (its digest the receipt's).
+    reply_json: bytes = b""
 
 
 def _log_write_failure(done: asyncio.Future[None]) -> None:
@@ -443,7 +448,7 @@ class ExecutionRegistry:
         """`ex` is done for good: keep only its compact record (a task still running it holds its own)."""
         ex.move(event)
         state = ex.state
-        ex.reply, ex.tokens = None, []
+        ex.reply, ex.reply_json, ex.tokens = None, b"", []
         if self._executions.get(ex.key) is ex:
             del self._executions[ex.key]
             self._active.pop(ex.key, None)
@@ -522,12 +527,12 @@ class ExecutionRegistry:
 
     async def _join(self, ex: Execution) -> RunOutcome:
         if ex.state is ExecState.COMPLETED and ex.reply is not None:
-            return RunOutcome(reply=ex.reply, live=False, receipt=ex.receipt, tokens=ex.tokens)
+            return RunOutcome(ex.reply, False, ex.receipt, ex.tokens, ex.reply_json)
         if ex.state in LIVE_STATES:
             await ex.done.wait()
             self._check_open()
             if ex.state is ExecState.COMPLETED and ex.reply is not None:
-                return RunOutcome(reply=ex.reply, live=True, receipt=ex.receipt, tokens=ex.tokens)
+                return RunOutcome(ex.reply, True, ex.receipt, ex.tokens, ex.reply_json)
         if ex.state is ExecState.FAILED:
             raise ExecutionFailedError(f"try {ex.key} failed inside the agent: {ex.error}")
         raise GoneError(f"try {ex.key} is done for good ({ex.state.value.lower()})")
@@ -545,16 +550,16 @@ class ExecutionRegistry:
                 # A runner that does not capture call by call: read the records off the reply.
                 ex.tokens = token_records_from_reply(reply, ex.capture_key, time.time())
                 ex.recorded_tokens = sum(len(t.generation_token_ids) for t in ex.tokens)
-            reply_json = reply.payload()
-            ex.reply = reply_json
+            ex.reply = reply.payload()
+            ex.reply_json = canonical_bytes(ex.reply)
             ex.receipt = CompletionReceipt(
                 rollout_id=ex.request.rollout_id,
                 attempt_index=ex.request.attempt_index,
                 execution_generation=self.generation,
                 execution_incarnation=self.incarnation,
                 result_identity=reply.id,
-                # The digest of the payload just dumped (`RunReply.digest` would dump it again).
-                result_digest=reply_digest(reply_json),
+                # `reply_digest` of the payload just written (`RunReply.digest` would write it again).
+                result_digest=sha256_digest(ex.reply_json),
                 manifest_capture_key=ex.capture_key,
                 terminal_model_call_id=ex.tokens[-1].model_call_id if ex.tokens else "",
                 work=ex.work(),

@@ -136,12 +136,12 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
         if COMPLETION_MEDIA_TYPE in accept and outcome.receipt is not None:
             # The trainer's own client: the receipt and token records it would fetch next, in this body.
             frame = encode_completion(
-                orjson.dumps(outcome.reply),
+                outcome.reply_json,
                 orjson.dumps(outcome.receipt.model_dump(mode="json")),
                 encode_entries(outcome.tokens),
             )
             return Response(frame, media_type=COMPLETION_MEDIA_TYPE)
-        return _OrjsonResponse(outcome.reply)
+        return Response(outcome.reply_json, media_type="application/json")
 
     @app.get("/completion_receipt/{rollout_id:path}/{attempt_index}")
     async def completion_receipt(rollout_id: IdPath, attempt_index: AttemptPath) -> JSONResponse:
