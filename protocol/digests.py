@@ -45,9 +45,9 @@ _DIGITS: Final = frozenset(b"0123456789")
 def _float_form_in_text(out: bytes, sites: Sites | None) -> bool:
     """Whether `out` holds text where orjson's floats can differ from json's: a one-digit negative
     exponent (`1e-5`, `1.2e-7`; json writes `e-05`) or a fixed-point small number (`0.00001`).  Found
-    anywhere, even inside a string, json writes instead.  `sites`: numpy found them (`_sites`), else
-    searched with `bytes.find` (C), never a regex (a regex over a 100 KB reply cost more than the
-    encoding)."""
+    anywhere, even inside a string, json writes instead.  `sites`: numpy found them (`_sites`, by the
+    mend's own rules), else searched with `bytes.find` (C), never a regex (a regex over a 100 KB reply
+    cost more than the encoding)."""
     if sites is not None:
         return bool(sites[0] or sites[1])
     if b"0.0000" in out:

@@ -51,7 +51,10 @@ def with_token_arrays(output: list[Any], records: list[TokenEntry]) -> list[Any]
     at = {item.get("id"): i for i, item in enumerate(output) if isinstance(item, dict)}
     out = list(output)
     for record in records:
-        i = at.get(record.output_items[record.token_item_index or 0].get("id"))
+        index = record.token_item_index or 0
+        if not 0 <= index < len(record.output_items):
+            continue  # a record that names no item of its own (nothing to put its arrays on)
+        i = at.get(record.output_items[index].get("id"))
         if i is None:
             continue
         arrays = {name: getattr(record, name) for name in TOKEN_FIELDS if getattr(record, name) is not None}
