@@ -26,7 +26,8 @@ def test_the_soak_reports_sizes_bytes_cpu_and_memory_that_move_with_the_knobs(
     pg_url: str, tmp_path: Path
 ) -> None:
     tiny = run(pg_url, tmp_path, "tiny")
-    real = run(pg_url, tmp_path, "real", "--prompt-tokens", "1500", "--gen-tokens", "1000", "--turns", "2")
+    sizes = ("--prompt-tokens", "1500", "--gen-tokens", "1000", "--turns", "2")
+    real = run(pg_url, tmp_path, "real", *sizes)
     for result in (tiny, real):
         assert set(soak.HEADLINE) <= set(result), sorted(result)
         assert result["throughput"]["sealed_rollouts"] == 12
@@ -49,6 +50,19 @@ def test_the_soak_reports_sizes_bytes_cpu_and_memory_that_move_with_the_knobs(
     per_token = real["payload_bytes_per_rollout"] / real["tokens_per_rollout"]
     assert real["payload_bytes_per_token"] == pytest.approx(per_token, rel=0.01)
 
+    # `--inline-tokens`: the reply carries every call's arrays as JSON, as a real Gym agent's does;
+    # the trainer seals each try from it (nothing stranded, the audit clean: `run` checks) and stores
+    # that reply as it came, beside the binary records: more bytes a rollout than the same sizes with
+    # arrays apart, by at least two bytes of JSON text a token.
+    inline = run(pg_url, tmp_path, "inline", *sizes, "--inline-tokens")
+    assert inline["sizes"]["inline_tokens"] is True and real["sizes"]["inline_tokens"] is False
+    assert inline["throughput"]["sealed_rollouts"] == 12
+    assert inline["tokens_per_rollout"] == pytest.approx(real["tokens_per_rollout"], rel=0.2)
+    assert (
+        inline["payload_bytes_per_rollout"]
+        > real["payload_bytes_per_rollout"] + 2 * inline["tokens_per_rollout"]
+    )
+
 
 @pytest.mark.parametrize("option", ["--groups", "--siblings", "--agents", "--window", "--pool-size"])
 def test_a_count_below_one_is_refused_in_one_line(option: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,22 +79,3 @@ def test_a_payload_store_it_cannot_use_is_one_line(
     assert soak.main(["--db", pg_url, "--groups", "1", "--siblings", "1", "--faults", ""]) == 2
     err = capsys.readouterr().err
     assert "error: unknown payload store URL 'ftp://x'" in err and "Traceback" not in err, err
-
-
-def test_agents_answering_token_arrays_inline_as_a_real_gym_agent_are_sealed_and_stored_whole(
-    pg_url: str, tmp_path: Path
-) -> None:
-    """`--inline-tokens`: the reply carries every call's arrays as JSON, as a real Gym agent's does;
-    the trainer seals each try from it (nothing stranded, the audit clean) and stores that reply as it
-    came, beside the binary records: more bytes a rollout than the same sizes with arrays apart, by at
-    least two bytes of JSON text a token."""
-    sizes = ("--prompt-tokens", "1500", "--gen-tokens", "1000", "--turns", "2")
-    apart = run(pg_url, tmp_path, "apart", *sizes)
-    inline = run(pg_url, tmp_path, "inline", *sizes, "--inline-tokens")
-    assert inline["sizes"]["inline_tokens"] is True and apart["sizes"]["inline_tokens"] is False
-    assert inline["throughput"]["sealed_rollouts"] == 12
-    assert inline["tokens_per_rollout"] == pytest.approx(apart["tokens_per_rollout"], rel=0.2)
-    assert (
-        inline["payload_bytes_per_rollout"]
-        > apart["payload_bytes_per_rollout"] + 2 * inline["tokens_per_rollout"]
-    )
