@@ -355,7 +355,9 @@ async def soak(
     stop: asyncio.Event | None = None,
 ) -> dict[str, Any]:
     run_id = f"soak{uuid.uuid4().hex[:8]}"
-    durations = SimConfig(
+    # What the agents the soak starts are given (their sizes, durations and reply shape), and the
+    # rollout timeout derived from those durations.
+    agents_config = SimConfig(
         call_seconds=args.call_seconds,
         tool_seconds=args.tool_seconds,
         generation_cuts=args.generation_cuts,
@@ -368,7 +370,7 @@ async def soak(
     rollout_timeout = (
         args.rollout_timeout
         if args.rollout_timeout is not None
-        else derived_rollout_timeout_s(durations, 5.0)
+        else derived_rollout_timeout_s(agents_config, 5.0)
     )
     agents = [
         AgentProcess(
@@ -376,7 +378,7 @@ async def soak(
             seed=args.seed + i,
             turns=args.turns,
             delay_s=0.0,
-            extra_args=["--log-level", "warning", *durations.agent_args()],
+            extra_args=["--log-level", "warning", *agents_config.agent_args()],
         )
         for i in range(args.agents)
     ]
