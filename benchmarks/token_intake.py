@@ -36,6 +36,7 @@ from pydantic import TypeAdapter
 from benchmarks.rollout_sizes import add_size_options
 from benchmarks.token_path import agent_episodes
 from payloads import InMemoryPayloadStore, PayloadPlane
+from payloads.replies import REPLY_MEDIA_TYPE
 from payloads.token_arrays import TokenArrays, decode_arrays, encode_arrays
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import TOKENS_MEDIA_TYPE, encode_entries, encode_records
@@ -48,7 +49,6 @@ WAYS = (
     "binary, checked in place, hashed once",
 )
 _TOKEN_LIST = TypeAdapter(list[TokenEntry])
-REPLY_MEDIA_TYPE = "application/json"
 
 
 def reencoded(content: bytes) -> TokenArrays:

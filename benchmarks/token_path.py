@@ -46,10 +46,10 @@ import orjson
 import torch
 
 from benchmarks.rollout_sizes import add_size_options, positive
-from eventstore.events import REPLY_MEDIA_TYPE
 from gym_agent.episode import Environment
 from gym_agent.faults import NO_FAULT
 from payloads import PayloadClaim, PayloadPlane, PayloadStore, PayloadStoreError, open_payload_store
+from payloads.replies import REPLY_MEDIA_TYPE
 from payloads.token_arrays import decode_arrays, decode_payload
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import (

@@ -12,14 +12,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from payloads import PayloadClaim
+from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE
 from protocol.digests import Digest
 from protocol.ids import AttemptIndex, Identifier, Incarnation
 from protocol.levels import TargetLevel
-from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE
+from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
 from protocol.wire import AttemptRef, CompletionReceipt, ContinuationRef, ResumeReport, TryWork
 
-# Media types of the payloads events claim (token records: protocol.token_codec).
-REPLY_MEDIA_TYPE = "application/json"
+# Media types of the payloads events claim (token records: protocol.token_codec; replies:
+# payloads.replies).
 LOGPROBS_MEDIA_TYPE = "application/vnd.rollout-ledger.logprobs+float32-le"
 
 Mode = Literal["sibling", "prompt_group"]
@@ -169,12 +170,16 @@ class RunDispatched(Event, version=2):
     continue_from: Digest | None = None
 
 
-class RunReplied(Event, version=3):
+class RunReplied(Event, version=4):
     """Version 2 added `failure_kind` (the reply's own, in the Gym's vocabulary); version 1 rows are
     upcast with none.  `reply_digest` is the digest the agent's receipt names; `reply` (version 3) the
-    claim of the stored reply (its canonical JSON), None when it was not kept.  Rows written before
-    claims have None: their replies are in the log's blob table, except a masked one's, which was never
-    stored."""
+    claim of the stored reply, None when it was not kept: its canonical JSON (`REPLY_MEDIA_TYPE`, of
+    `reply_digest`) or, from version 4, the reply apart from the token arrays its try's records hold
+    (`REPLY_APART_MEDIA_TYPE`, of its own digest; made whole, `payloads.replies.put_arrays_back`, of
+    `reply_digest`), with `apart_from` the claim of those records (stored beside the reply, form
+    version 2), so the event alone names all it is made whole from, whether a seal follows or not.
+    Version 3 rows read as they are.  Rows written before claims have None: their replies are in the
+    log's blob table, except a masked one's, which was never stored."""
 
     rollout_id: Identifier
     attempt_index: AttemptIndex
@@ -183,11 +188,17 @@ class RunReplied(Event, version=3):
     reply_digest: str
     failure_kind: str | None = None
     reply: PayloadClaim | None = None
+    apart_from: PayloadClaim | None = None
 
     @model_validator(mode="after")
     def _claim_is_of_the_digest(self) -> RunReplied:
-        if self.reply is not None and self.reply.digest != self.reply_digest:
+        apart = self.reply is not None and self.reply.media_type == REPLY_APART_MEDIA_TYPE
+        if self.reply is not None and not apart and self.reply.digest != self.reply_digest:
             raise ValueError("the reply's claim names another digest than reply_digest")
+        if apart != (self.apart_from is not None):
+            raise ValueError("a reply stored apart names the token records it is apart from, and only it")
+        if self.apart_from is not None and self.apart_from.media_type != TOKENS_REPLY_MEDIA_TYPE:
+            raise ValueError(f"a reply is stored apart only from token records of {TOKENS_REPLY_MEDIA_TYPE}")
         return self
 
     def reply_claim(self) -> PayloadClaim | None:

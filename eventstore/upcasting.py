@@ -158,6 +158,12 @@ def _run_replied_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "reply": None}
 
 
+@upcaster("RunReplied", 3)
+def _run_replied_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 stored every reply whole (its claim of `reply_digest`): the same fields, read as they are."""
+    return data
+
+
 def _receipt_without_claim(data: dict[str, Any]) -> dict[str, Any]:
     """v1 receipts named their token records by digest only (the log's blob table): no claim.  A row
     without a receipt object is left as it is, for its model to refuse by name."""

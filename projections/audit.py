@@ -1177,7 +1177,7 @@ def audit_events(
             claimed = None if payloads is None else CLAIMS_OF.get(decoded.__class__)
             if claimed is not None and payloads is not None:
                 payloads.see(position, claimed(decoded))
-                payloads.see_try(decoded)
+                payloads.see_try(decoded, position)
             elif payloads is not None and isinstance(decoded, PayloadsPruned):
                 payloads.see_pruned(position, decoded.digests)
         count += 1

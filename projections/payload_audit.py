@@ -6,7 +6,9 @@ Three rules (docs/events.md, Invariants):
 - `payload-intact`: every payload read back hashes to its digest and has its claimed size; so does
   every row of the log's own blob table (older logs), referenced or not.  Token records stored
   beside their reply (form version 2) also read back whole with the reply their try's `RunReplied`
-  claims: every output item they refer to is in it.
+  claims: every output item they refer to is in it.  A reply stored apart from its records' arrays
+  (`payloads.replies`) made whole with them is the reply its receipt names (its canonical JSON has
+  the try's `reply_digest`).
 - `database-integrity`: the database's own check (SQLite's `PRAGMA integrity_check`; PostgreSQL's
   data-checksum failure count) finds nothing.
 
@@ -33,7 +35,8 @@ from payloads import (
     PayloadStoreError,
     PayloadStoreUnavailable,
 )
-from protocol.digests import sha256_digest
+from payloads.replies import put_arrays_back
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE, TokenCodecError, decode_any
 
 PAYLOAD_STORED: Final = "payload-stored"
@@ -61,6 +64,8 @@ class PayloadFacts:
     # A try's reply claim, and the try of each token records claim stored beside its reply (version 2).
     replies: dict[tuple[str, int], PayloadClaim] = field(default_factory=dict)
     beside_reply: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # A reply stored apart from its records' arrays: (its claim, the records', the receipt's digest).
+    apart: list[tuple[PayloadClaim, PayloadClaim, str, int]] = field(default_factory=list)
 
     def see(self, position: int, claims: Iterable[PayloadClaim]) -> None:
         for claim in claims:
@@ -68,12 +73,15 @@ class PayloadFacts:
                 self.claimed[claim.digest] = ClaimedPayload(claim, position)
             self.last_claimed[claim.digest] = position
 
-    def see_try(self, event: Event) -> None:
-        """Which reply a try's token records are stored beside (RunReplied, SiblingHeld/Sealed)."""
+    def see_try(self, event: Event, position: int) -> None:
+        """Which reply a try's token records are stored beside (RunReplied, SiblingHeld/Sealed), and
+        which replies are stored apart from them."""
         if isinstance(event, RunReplied):
             reply = event.reply_claim()
             if reply is not None:
                 self.replies[(event.rollout_id, event.attempt_index)] = reply
+                if event.apart_from is not None:
+                    self.apart.append((reply, event.apart_from, event.reply_digest, position))
         elif isinstance(event, SiblingHeld | SiblingSealed):
             claim = event.receipt.tokens_claim()
             if claim.media_type == TOKENS_REPLY_MEDIA_TYPE:
@@ -119,7 +127,7 @@ Violate = Callable[[str, list[int], str], None]
 
 def _reply(e: RunReplied) -> tuple[PayloadClaim, ...]:
     reply = e.reply_claim()
-    return () if reply is None else (reply,)
+    return tuple(c for c in (reply, e.apart_from) if c is not None)
 
 
 # The events that name payloads, by class (a lookup per event: the audit's pass is a hot loop).
@@ -195,6 +203,7 @@ def check_payloads(
                         f"{name!r}) was altered: its stored bytes {what}",
                     )
     _check_beside_reply(facts, plane, intact, violate)
+    _check_apart(facts, plane, intact, violate)
     if missing:
         summary.missing = len(missing)
         missing.sort()
@@ -236,6 +245,34 @@ def _check_beside_reply(facts: PayloadFacts, plane: PayloadPlane, intact: set[st
                     [known.position],
                     f"the token records {digest} claimed at {known.position} do not read back with their "
                     f"try's reply {reply.digest}: {exc}",
+                )
+
+
+def _check_apart(facts: PayloadFacts, plane: PayloadPlane, intact: set[str], violate: Violate) -> None:
+    """Replies stored apart from their records' arrays, each made whole with them (both intact: a
+    damaged or pruned one is counted already): the reply its receipt names."""
+    tries = [t for t in facts.apart if t[0].digest in intact and t[1].digest in intact]
+    for start in range(0, len(tries), _BATCH // 2):
+        batch = tries[start : start + _BATCH // 2]
+        try:
+            got = plane.get_many([c for reply, tokens, _, _ in batch for c in (reply, tokens)])
+        except PayloadStoreUnavailable:
+            raise
+        except PayloadStoreError as exc:  # changed since it was read back: said where it is read
+            violate(PAYLOAD_INTACT, [batch[0][3]], f"replies stored apart: {exc}")
+            continue
+        for reply, tokens, digest, position in batch:
+            try:
+                whole = put_arrays_back(orjson.loads(got[reply.digest]), got[tokens.digest])
+                made = sha256_digest(canonical_bytes(whole))
+            except (TokenCodecError, orjson.JSONDecodeError, TypeError, ValueError) as exc:
+                made = f"nothing ({exc})"
+            if made != digest:
+                violate(
+                    PAYLOAD_INTACT,
+                    [position],
+                    f"the reply {reply.digest} stored apart at {position}, made whole with its token "
+                    f"records {tokens.digest}, is not the reply its receipt names ({digest}): it makes {made}",
                 )
 
 

@@ -16,7 +16,6 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from eventstore.events import (
-    REPLY_MEDIA_TYPE,
     AckOwed,
     AttemptAdopted,
     ContinuationDeclined,
@@ -34,6 +33,7 @@ from eventstore.events import (
     SiblingSealed,
 )
 from payloads import PayloadClaim
+from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE, reply_to_store
 from payloads.token_arrays import TokenArrays
 from projections.ledger import AttemptState, GroupState, LedgerState
 from protocol.digests import canonical_bytes
@@ -380,6 +380,9 @@ class Attempts:
             )
             tokens_claim = self.payloads.claim(tokens_bytes, tokens_type)
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
+            # A real Gym agent's reply carries the arrays its records hold: stored apart from them.
+            stored, stored_type = reply_to_store(reply_payload, reply_bytes, tokens_bytes, tokens_type)
+            stored_claim = reply_claim if stored is reply_bytes else self.payloads.claim(stored, stored_type)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
             # nothing strands), but never seal what did not verify.
@@ -396,8 +399,7 @@ class Attempts:
             return AttemptOutcome("owed", f"unverifiable: {exc}")
         # Durable before the append that claims them (the seal is the claim check).
         await self.payloads.put(
-            [(tokens_bytes, tokens_type), (reply_bytes, REPLY_MEDIA_TYPE)],
-            claims=[tokens_claim, reply_claim],
+            [(tokens_bytes, tokens_type), (stored, stored_type)], claims=[tokens_claim, stored_claim]
         )
         head: list[Event] = [
             *adopted_events,
@@ -408,7 +410,8 @@ class Attempts:
                 mask_sample=reply.masked(),
                 reply_digest=digest,
                 failure_kind=reply.failure_kind,
-                reply=reply_claim,
+                reply=stored_claim,
+                apart_from=tokens_claim if stored_type == REPLY_APART_MEDIA_TYPE else None,
             ),
             ReceiptFetched(agent_name=group.agent_name, receipt=receipt),
         ]

@@ -12,7 +12,6 @@ from typing import Any
 
 from eventstore import EventStore
 from eventstore.events import (
-    REPLY_MEDIA_TYPE,
     AckAccepted,
     AckOwed,
     AckRejected,
@@ -43,6 +42,7 @@ from eventstore.events import (
     TrainerRestored,
 )
 from payloads import LOG_BLOBS_STORE, PayloadPlane
+from payloads.replies import REPLY_MEDIA_TYPE
 from projections.payload_audit import CLAIMS_OF
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.ids import capture_key

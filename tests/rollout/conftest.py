@@ -85,12 +85,19 @@ def coordinator(store: EventStore, agents: dict[str, GymClient], **kwargs: Any) 
 
 @asynccontextmanager
 async def one_sealed_group(
-    store: EventStore, make_agent: MakeAgent, mode: str, tries: int, *, settle: bool = True
+    store: EventStore,
+    make_agent: MakeAgent,
+    mode: str,
+    tries: int,
+    *,
+    settle: bool = True,
+    **agent_options: Any,
 ) -> AsyncIterator[tuple[RolloutCoordinator, SealedGroup]]:
-    """One agent "a", a coordinator on `store` (a minute a try), one group of `tries` submitted and
-    sealed; open while the caller reads or damages what it stored.  `settle`: idle first (every
-    payload put and every event appended), else as soon as the seal is read."""
-    agent = make_agent("a")
+    """One agent "a" (`agent_options`: its `AgentConfig`'s), a coordinator on `store` (a minute a
+    try), one group of `tries` submitted and sealed; open while the caller reads or damages what it
+    stored.  `settle`: idle first (every payload put and every event appended), else as soon as the
+    seal is read."""
+    agent = make_agent("a", **agent_options)
     async with GymClient(agent.url, "a") as client:
         coord = coordinator(store, {"a": client}, mode=mode, rollout_timeout_s=60.0)
         async with coord:

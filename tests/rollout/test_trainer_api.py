@@ -6,17 +6,20 @@ from __future__ import annotations
 import json
 import math
 
+import orjson
 import pytest
 
 from eventstore import EventStore
-from eventstore.events import PromptRef
+from eventstore.events import PromptRef, RunReplied
 from eventstore.payload_stores import payload_plane
 from payloads import LocalDirPayloadStore
+from payloads.replies import REPLY_APART_MEDIA_TYPE, put_arrays_back
 from payloads.token_arrays import decode_arrays
 from projections.audit import audit_log
-from protocol.digests import sha256_digest
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.streams import group_stream, logprobs_stream
 from protocol.token_codec import TOKENS_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
+from protocol.tokens import TOKEN_FIELDS
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid, one_sealed_group
 from trainer.errors import GroupConflict, LogprobsMismatch
@@ -51,6 +54,49 @@ async def test_sealed_groups_carry_the_replies_and_token_arrays_from_the_payload
     assert sorted(e.data["reply_digest"] for e in replied) == sorted(sealed.reply_digests)
     # `ledger audit` reads each try's records back with its reply.
     audit = audit_log(store, payloads=payload_plane(store))
+    assert audit.ok, audit.as_json()
+
+
+async def test_a_real_gym_agents_reply_is_stored_apart_from_its_records_arrays(
+    store: EventStore, make_agent: MakeAgent
+) -> None:
+    """An agent that answers every call's token arrays inside its reply (`inline_tokens`, as a real
+    Gym agent does): the reply is stored without them, they are in the records beside it, and the
+    reply made whole is the one the agent's receipt names; training reads the arrays from the records."""
+    async with one_sealed_group(store, make_agent, "prompt_group", 3, inline_tokens=True) as (_, sealed):
+        pass
+    plane = payload_plane(store)
+    replied = {
+        (e.data["rollout_id"], e.data["attempt_index"]): RunReplied.model_validate(e.data)
+        for e in store.read_stream(group_stream(sealed.group_id))
+        if e.type == "RunReplied"
+    }
+    for ref, claim, tokens_claim, reply, tokens, digest in zip(
+        sealed.attempts,
+        sealed.reply_claims,
+        sealed.token_claims,
+        sealed.replies,
+        sealed.tokens,
+        sealed.reply_digests,
+        strict=True,
+    ):
+        assert claim is not None and tokens_claim is not None and reply is not None and tokens is not None
+        assert (
+            claim.media_type == REPLY_APART_MEDIA_TYPE and tokens_claim.media_type == TOKENS_REPLY_MEDIA_TYPE
+        )
+        assert replied[(ref.rollout_id, ref.attempt_index)].apart_from == tokens_claim
+        stored = plane.default.get(claim.digest)
+        assert b"generation_log_probs" not in stored and claim.digest != digest
+        items = reply["response"]["output"]
+        assert not any(set(TOKEN_FIELDS) & set(i) for i in items if isinstance(i, dict))
+        made = put_arrays_back(orjson.loads(stored), plane.default.get(tokens_claim.digest))
+        assert sha256_digest(canonical_bytes(made)) == digest  # the agent's reply, byte for byte
+        carriers = [i for i in made["response"]["output"] if "generation_token_ids" in i]
+        assert [i["generation_token_ids"] for i in carriers] == [
+            tokens.generation(r).tolist() for r in range(len(tokens))
+        ]
+        assert tokens.resolved
+    audit = audit_log(store, payloads=plane)
     assert audit.ok, audit.as_json()
 
 

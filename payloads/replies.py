@@ -1,0 +1,159 @@
+"""How a try's reply is stored: whole, or apart from the token arrays its token records hold.
+
+A real Gym agent's `/run` reply carries each model call's token arrays on one of its output items
+(`prompt_token_ids`, `generation_token_ids`, `generation_log_probs`, `routed_experts`: the real Gym's
+`...ForTraining` items), and the try's token records hold the same arrays in the binary form.  Stored
+whole, the reply keeps them a second time as JSON text, three times their binary size: a 9k-token
+rollout's reply was 290 KB of which 200 KB were its arrays.
+
+The trainer stores the records beside the reply (`protocol.token_codec`, form version 2): each
+record refers to its run of the reply's output items, its token item at `token_item_index` in it.
+Where every such item's arrays are, in canonical JSON, its record's, the reply is stored without
+them (`REPLY_APART_MEDIA_TYPE`: the canonical JSON of what `take_arrays_off` gives) and
+`put_arrays_back` makes it whole again from the records: the reply the agent sent, value for value,
+whose canonical JSON has the digest its receipt names (`ledger audit` checks that).  Where any item's
+arrays are not its record's (an integer where the record holds a float, a boolean where it holds an
+id), the reply is stored whole: nothing the agent sent is lost either way.
+
+Both directions read the mapping from the same stored records (`_token_items`), so the items
+written apart and the items made whole are one rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from payloads.token_arrays import TokenArrays
+from protocol.digests import canonical_bytes
+from protocol.token_codec import (
+    ARRAY_FIELDS,
+    TOKENS_REPLY_MEDIA_TYPE,
+    TokenCodecError,
+    read_layout,
+    reply_output_of,
+)
+
+# The reply whole: its canonical JSON, of the digest its receipt names.
+REPLY_MEDIA_TYPE: Final = "application/json"
+# The reply apart from its records' arrays (`take_arrays_off`): its own digest; made whole, the receipt's.
+REPLY_APART_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.reply-apart+json"
+# The record's field that is in its header (JSON), not among its binary arrays.
+_HEADER_ARRAY: Final = "routed_experts"
+_NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _token_items(arrays: TokenArrays) -> Iterator[tuple[int, int]]:
+    """(record, index of its token item in the reply's output) for every record of a version 2
+    payload that refers to its reply's items and names its token item in that run."""
+    layout = arrays.layout
+    for r, ref in enumerate(layout.reply_items):
+        if ref is None:
+            continue
+        start, stop = ref
+        k = layout.records[r].get("token_item_index")
+        if type(k) is int and 0 <= k < stop - start:
+            yield r, start + k
+
+
+def _json_ready(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """An array orjson writes as the Python numbers it holds: float32 values as the float64 each
+    exactly is (orjson writes a float32 array with float32's shortest digits, not float64's)."""
+    return values.astype(np.float64) if values.dtype.kind == "f" else values
+
+
+def _record_arrays(arrays: TokenArrays, record: int) -> dict[str, Any]:
+    """The arrays a record holds, as its reply's token item carried them: the three binary arrays,
+    and `routed_experts` when the record has it."""
+    held: dict[str, Any] = {name: _json_ready(arrays.array(record, name)) for name in ARRAY_FIELDS}
+    routes = arrays.layout.records[record].get(_HEADER_ARRAY)
+    if routes is not None:
+        held[_HEADER_ARRAY] = routes
+    return held
+
+
+def _same_text(given: Any, held: Any) -> bool:
+    """Whether `given` (a value of the reply, as parsed) writes the same JSON text as `held` (the
+    record's): equal text is equal canonical JSON (both finite: the reply's canonical JSON was
+    written), and an integer where the record holds a float, or a boolean, writes other text."""
+    options = orjson.OPT_SORT_KEYS | _NUMPY
+    try:
+        return orjson.dumps(given, option=options) == orjson.dumps(held, option=options)
+    except orjson.JSONEncodeError:  # an integer past 64 bits: not what the record holds
+        return False
+
+
+def _with_output(reply: dict[str, Any], output: list[Any]) -> dict[str, Any]:
+    return {**reply, "response": {**reply["response"], "output": output}}
+
+
+def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[str, Any] | None:
+    """`reply` (a `/run` reply's payload) without the arrays of each output item its records (`tokens`,
+    a version 2 payload beside it) refer to as their token item; None when there is none, or when any
+    such item's arrays are not its record's (then the reply is stored whole).  New dicts where arrays
+    are taken off; `reply` unchanged."""
+    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
+    output = reply_output_of(reply)
+    apart = list(output)
+    taken = False
+    for record, index in _token_items(arrays):
+        item = output[index] if index < len(output) else None
+        if not isinstance(item, dict):
+            return None
+        held = _record_arrays(arrays, record)
+        if not all(name in item and _same_text(item[name], value) for name, value in held.items()):
+            return None
+        apart[index] = {k: v for k, v in item.items() if k not in held}
+        taken = True
+    return _with_output(reply, apart) if taken else None
+
+
+def reply_to_store(
+    reply: dict[str, Any], reply_bytes: bytes, tokens: bytes | None, tokens_media_type: str | None
+) -> tuple[bytes, str]:
+    """The bytes the trainer stores for a try's reply and their media type: apart from its records'
+    arrays where its records (`tokens`, as stored beside it) refer to it and hold every array its
+    items carry, else `reply_bytes` (its canonical JSON) whole."""
+    if tokens is not None and tokens_media_type == TOKENS_REPLY_MEDIA_TYPE:
+        apart = take_arrays_off(reply, tokens)
+        if apart is not None:
+            # `apart` is part of the reply whose canonical JSON `reply_bytes` is: nothing in it that
+            # JSON cannot carry, so the walk that looks for NaN is left out.
+            return canonical_bytes(apart, finite=True), REPLY_APART_MEDIA_TYPE
+    return reply_bytes, REPLY_MEDIA_TYPE
+
+
+def put_arrays_back(apart: dict[str, Any], tokens: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The reply as its agent sent it, from the reply stored apart and its try's token records (the
+    arrays as Python lists: for an auditor or a user who wants the Gym's reply itself; training reads
+    the arrays from the records)."""
+    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
+    output = list(reply_output_of(apart))
+    items = list(_token_items(arrays))
+    if not items:
+        return apart
+    for record, index in items:
+        if index >= len(output) or not isinstance(output[index], dict):
+            raise TokenCodecError(
+                f"record {record} puts its arrays on output item {index} of a reply that has no such "
+                "item (not the reply these records were stored beside)"
+            )
+        held = _record_arrays(arrays, record)
+        output[index] = {
+            **output[index],
+            **{name: v.tolist() if isinstance(v, np.ndarray) else v for name, v in held.items()},
+        }
+    return _with_output(apart, output)
+
+
+__all__ = [
+    "REPLY_APART_MEDIA_TYPE",
+    "REPLY_MEDIA_TYPE",
+    "put_arrays_back",
+    "reply_to_store",
+    "take_arrays_off",
+]
