@@ -49,7 +49,7 @@ from benchmarks.rollout_sizes import add_size_options, positive
 from gym_agent.episode import Environment
 from gym_agent.faults import NO_FAULT
 from payloads import PayloadClaim, PayloadPlane, PayloadStore, PayloadStoreError, open_payload_store
-from payloads.replies import REPLY_MEDIA_TYPE
+from payloads.replies import reply_to_store
 from payloads.token_arrays import decode_arrays, decode_payload
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import (
@@ -201,12 +201,16 @@ def run(
     json_claims = plane.put(
         [(encode_json([r.record() for r in e]), TOKENS_JSON_MEDIA_TYPE) for _, e in episodes]
     )
-    # As the trainer stores them (trainer.attempts): the reply's canonical JSON, the records beside it.
+    # As the trainer stores them (trainer.attempts): the records beside the reply, the reply's
+    # canonical JSON (whole: the reference agent's carries no arrays).
     stored = []
     for reply, records in episodes:
         payload = reply.payload()
         tokens, media_type = refer_to_reply(encode_entries(records), reply_output_of(payload))
-        stored += [(tokens, media_type), (canonical_bytes(payload), REPLY_MEDIA_TYPE)]
+        stored += [
+            (tokens, media_type),
+            reply_to_store(payload, canonical_bytes(payload), tokens, media_type),
+        ]
     put = plane.put(stored)
     binary_claims: list[Claims] = [(put[i], put[i + 1]) for i in range(0, len(put), 2)]
     rules = ResultRules.of({})

@@ -127,11 +127,14 @@ def reply_to_store(
     return reply_bytes, REPLY_MEDIA_TYPE
 
 
-def put_arrays_back(apart: dict[str, Any], tokens: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """The reply as its agent sent it, from the reply stored apart and its try's token records (the
-    arrays as Python lists: for an auditor or a user who wants the Gym's reply itself; training reads
-    the arrays from the records)."""
-    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
+def put_arrays_back(
+    apart: dict[str, Any], tokens: bytes | bytearray | memoryview | TokenArrays
+) -> dict[str, Any]:
+    """The reply as its agent sent it, from the reply stored apart and its try's token records (their
+    stored bytes, or a `SealedGroup`'s `TokenArrays` of them), the arrays as Python lists: for an
+    auditor, or a user who hands the Gym's reply itself on; training reads the arrays from the records."""
+    content = tokens.buffer if isinstance(tokens, TokenArrays) else tokens
+    arrays = TokenArrays(read_layout(content, check_canonical=False), content)
     output = list(reply_output_of(apart))
     items = list(_token_items(arrays))
     if not items:

@@ -98,7 +98,10 @@ class SealedGroup:
     token records as arrays (`payloads.token_arrays.TokenArrays`: views of the stored payload, no
     per-token Python object), both read back from the payload plane by their claims; `sealed_groups`
     fills them in, `sealed_unclaimed` does not (it does no I/O).  A try sealed before replies were
-    kept has None there.
+    kept has None there.  A reply that carried its records' token arrays (a real Gym agent's) is
+    stored and read apart from them (`reply_claims[i].media_type` is `REPLY_APART_MEDIA_TYPE`): its
+    arrays are in `tokens[i]`, and `payloads.replies.put_arrays_back(replies[i], tokens[i])` gives the
+    agent's reply whole.
     """
 
     group_id: str

@@ -36,8 +36,9 @@ from gym_agent.config import AgentConfig
 from gym_agent.server import serve_in_thread
 from participant import mount_participant, read_evidence
 from participant.executions import RunSession
-from payloads import PayloadClaim
+from payloads.replies import REPLY_APART_MEDIA_TYPE, put_arrays_back
 from payloads.token_arrays import decode_payload
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.lineage import (
     assistant_fingerprint,
     conversation_digest,
@@ -170,26 +171,33 @@ def _assert_trainable(gym: RealGym, rollouts: Sequence[dict[str, Any]], name: st
 def _sealed_rollouts(store: EventStore, run_id: str) -> list[dict[str, Any]]:
     """Each sealed try of the run: its token records and its reply's response, read by their claims."""
     plane = payload_plane(store)
-    replies: dict[tuple[str, int], PayloadClaim | None] = {}
+    replies: dict[tuple[str, int], RunReplied] = {}
     for event in store.read_all(0, types=["RunReplied"]):
         if run_id in event.stream_id:
             replied = RunReplied.model_validate(event.data)
-            replies[(replied.rollout_id, replied.attempt_index)] = replied.reply_claim()
+            replies[(replied.rollout_id, replied.attempt_index)] = replied
     rollouts = []
     for event in store.read_all(0, types=["SiblingSealed"]):
         if run_id not in event.stream_id:
             continue
         receipt = RolloutReceipt.model_validate(event.data["receipt"])
         claim = receipt.tokens_claim()
-        reply_claim = replies[(receipt.rollout_id, receipt.attempt_index)]
+        replied = replies[(receipt.rollout_id, receipt.attempt_index)]
+        reply_claim = replied.reply_claim()
         assert reply_claim is not None
         reply = json.loads(plane.get(reply_claim))
+        tokens = plane.get(claim)
+        apart = reply_claim.media_type == REPLY_APART_MEDIA_TYPE
+        if apart:  # stored without the arrays its records hold: the Gym's reply made whole
+            reply = put_arrays_back(reply, tokens)
+            assert sha256_digest(canonical_bytes(reply)) == replied.reply_digest
         rollouts.append(
             {
                 "rollout_id": receipt.capture_key,
                 # Stored beside the reply: the records' output items are put back from it.
-                "records": decode_payload(plane.get(claim), claim.media_type, reply=reply).to_records(),
+                "records": decode_payload(tokens, claim.media_type, reply=reply).to_records(),
                 "response": reply["response"],
+                "stored_apart": apart,
             }
         )
     return rollouts

@@ -114,7 +114,11 @@ async def test_carried_debts_are_paid_once_by_the_trainer_recovering_after_a_kil
         proc = _start(script, sqlite_url, agent.url, "first", hold_resume)
         try:
             async with asyncio.timeout(120):
-                while not await asyncio.to_thread(_events, sqlite_url, gate):
+                # Killed before the resume: the commit is in the log and has reached the agent (the
+                # trainer appends it, then tells the agent: the gate is both, not whichever is first).
+                while not await asyncio.to_thread(_events, sqlite_url, gate) or (
+                    hold_resume and (await client.status()).phase != "committed_paused"
+                ):
                     assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
                     await asyncio.sleep(0.05)
         finally:
