@@ -168,8 +168,10 @@ def _assert_trainable(gym: RealGym, rollouts: Sequence[dict[str, Any]], name: st
     return result
 
 
-def _sealed_rollouts(store: EventStore, run_id: str) -> list[dict[str, Any]]:
-    """Each sealed try of the run: its token records and its reply's response, read by their claims."""
+def _sealed_rollouts(store: EventStore, run_id: str, *, apart: bool = True) -> list[dict[str, Any]]:
+    """Each sealed try of the run: its token records and its reply's response, read by their claims.
+    `apart`: whether every reply was stored apart from its records' arrays (the real Gym's replies
+    carry them; records the Gym wrote itself are not the reply's, so theirs is stored whole)."""
     plane = payload_plane(store)
     replies: dict[tuple[str, int], RunReplied] = {}
     for event in store.read_all(0, types=["RunReplied"]):
@@ -187,7 +189,7 @@ def _sealed_rollouts(store: EventStore, run_id: str) -> list[dict[str, Any]]:
         assert reply_claim is not None
         reply = json.loads(plane.get(reply_claim))
         tokens = plane.get(claim)
-        apart = reply_claim.media_type == REPLY_APART_MEDIA_TYPE
+        assert (reply_claim.media_type == REPLY_APART_MEDIA_TYPE) is apart, reply_claim.media_type
         if apart:  # stored without the arrays its records hold: the Gym's reply made whole
             reply = put_arrays_back(reply, tokens)
             assert sha256_digest(canonical_bytes(reply)) == replied.reply_digest
@@ -197,7 +199,6 @@ def _sealed_rollouts(store: EventStore, run_id: str) -> list[dict[str, Any]]:
                 # Stored beside the reply: the records' output items are put back from it.
                 "records": decode_payload(tokens, claim.media_type, reply=reply).to_records(),
                 "response": reply["response"],
-                "stored_apart": apart,
             }
         )
     return rollouts
@@ -437,7 +438,7 @@ async def test_records_the_real_gym_writes_reach_the_log_whole(gym: RealGym, sto
                 assert sealed.group_id == group
                 await coordinator.claim_for_training(group, 0)
                 await coordinator.wait_idle(60.0)
-    rollouts = _sealed_rollouts(store, group)
+    rollouts = _sealed_rollouts(store, group, apart=False)
     assert sorted(r["rollout_id"] for r in rollouts) == sorted(written)
     for rollout in rollouts:
         # Whole: every record exactly as the real Gym wrote it, lineage and all.
