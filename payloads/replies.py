@@ -29,7 +29,7 @@ import numpy.typing as npt
 import orjson
 
 from payloads.token_arrays import TokenArrays
-from protocol.digests import canonical_bytes
+from protocol.digests import canonical_bytes, json_number_text
 from protocol.token_codec import (
     ARRAY_FIELDS,
     TOKENS_REPLY_MEDIA_TYPE,
@@ -89,6 +89,55 @@ def _same_text(given: Any, held: Any) -> bool:
 
 def _with_output(reply: dict[str, Any], output: list[Any]) -> dict[str, Any]:
     return {**reply, "response": {**reply["response"], "output": output}}
+
+
+# A placeholder's text in canonical JSON: a string that starts with NUL (written `\u0000` by both
+# encoders), then the index of the text it stands for.
+_PLACE: Final = "\x00"
+_PLACE_TEXT: Final = b'"\\u0000'
+
+
+def _text(value: Any) -> bytes:
+    """The canonical JSON of an array a record holds: numpy's numbers written by orjson, mended to
+    json's forms (`routed_experts`, JSON from the header, by `canonical_bytes`)."""
+    if isinstance(value, np.ndarray):
+        return json_number_text(orjson.dumps(value, option=_NUMPY))
+    return canonical_bytes(value)
+
+
+def written_whole(reply: dict[str, Any], tokens: bytes | memoryview) -> tuple[bytes, dict[str, Any]] | None:
+    """The reply's canonical JSON as it would be if each output item its records (`tokens`, version 2)
+    name as their token item carried exactly their record's arrays, written from the reply apart from
+    those arrays and from the arrays themselves (their text from numpy, never from the reply's
+    per-token Python objects); and the reply apart.  None when there is no array to take off, an item
+    lacks one its record holds, or a string of the reply begins like a placeholder.
+
+    Not a check by itself: bytes equal to the reply's canonical JSON (their digest is the one its
+    receipt names) prove the items carried their records' arrays, so the reply apart is lossless."""
+    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
+    output = reply_output_of(reply)
+    apart, marked = list(output), list(output)
+    texts: list[bytes] = []
+    for record, index in _token_items(arrays):
+        item = output[index] if index < len(output) else None
+        held = _record_arrays(arrays, record)
+        if not isinstance(item, dict) or not all(name in item for name in held):
+            return None
+        apart[index] = {k: v for k, v in item.items() if k not in held}
+        marked[index] = {**apart[index]}
+        for name, value in held.items():
+            marked[index][name] = f"{_PLACE}{len(texts)}"
+            texts.append(_text(value))
+    if not texts:
+        return None
+    pieces = canonical_bytes(_with_output(reply, marked), finite=True).split(_PLACE_TEXT)
+    if len(pieces) != len(texts) + 1:
+        return None  # a string of the reply's own starts with NUL: written the usual way
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        number, _, rest = piece.partition(b'"')
+        out += (texts[int(number)], rest)
+    return b"".join(out), _with_output(reply, apart)
 
 
 def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[str, Any] | None:
@@ -159,4 +208,5 @@ __all__ = [
     "put_arrays_back",
     "reply_to_store",
     "take_arrays_off",
+    "written_whole",
 ]

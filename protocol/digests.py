@@ -154,6 +154,14 @@ def json_canonical_bytes(value: Any) -> bytes:
     return _CANONICAL.encode(value).encode()
 
 
+def json_number_text(out: bytes) -> bytes:
+    """orjson's text of a list of finite numbers (an array of token ids or logprobs, written by orjson
+    from numpy) in json's forms: canonical JSON of those numbers, where orjson's small floats are
+    mended as in `canonical_bytes` (a list of numbers holds no string a mend could touch)."""
+    sites = _sites(out)
+    return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
+
+
 def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     """Canonical JSON as UTF-8 bytes: exactly `canonical_json(value).encode()`, faster.  `finite`:
     the caller knows `value` holds no NaN or infinity (orjson.loads gave it: it refuses both), so

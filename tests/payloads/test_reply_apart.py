@@ -19,6 +19,7 @@ from payloads.replies import (
     put_arrays_back,
     reply_to_store,
     take_arrays_off,
+    written_whole,
 )
 from projections.payload_audit import PAYLOAD_INTACT, PayloadAuditSummary, PayloadFacts, check_payloads
 from protocol.digests import canonical_bytes, sha256_digest
@@ -189,6 +190,9 @@ def test_stored_apart_only_where_made_whole_is_the_reply(
     stored, media_type = reply_to_store(reply, whole, tokens, TOKENS_REPLY_MEDIA_TYPE)
     assert media_type == REPLY_APART_MEDIA_TYPE
     assert canonical_bytes(put_arrays_back(orjson.loads(stored), tokens)) == whole
+    # Written from the records' arrays, the reply's canonical JSON is the same bytes, the reply apart
+    # the same value.
+    assert written_whole(reply, tokens) == (whole, orjson.loads(stored))
     # The same records beside a reply whose first item was edited after they were read.
     output = list(reply_output_of(reply))
     first = dict(output[0])
@@ -210,6 +214,14 @@ def test_stored_apart_only_where_made_whole_is_the_reply(
         assert canonical_bytes(put_arrays_back(orjson.loads(stored), tokens)) == edited_whole
     else:
         assert stored == edited_whole and edited_whole != whole
+    # Written from the records, the text is the edited reply's exactly when the reply apart loses
+    # nothing (the trainer holds it to the receipt's digest: equal bytes are the proof).
+    written = written_whole(edited, tokens)
+    assert written is not None
+    if written[0] == edited_whole:
+        assert canonical_bytes(put_arrays_back(written[1], tokens)) == edited_whole
+    else:
+        assert media_type == REPLY_MEDIA_TYPE
 
 
 def test_the_audit_makes_each_reply_stored_apart_whole(tmp_path: Path) -> None:
@@ -304,3 +316,16 @@ def test_run_replied_names_the_records_a_reply_stored_apart_is_made_whole_from()
     v3 = {**base, "failure_kind": None, "reply": claim(whole, REPLY_MEDIA_TYPE).model_dump(mode="json")}
     read = RunReplied.model_validate(upcast("RunReplied", 3, RunReplied.schema_version, v3))
     assert read.reply_claim() == claim(whole, REPLY_MEDIA_TYPE) and read.apart_from is None
+
+
+def test_a_string_that_begins_like_a_placeholder_is_written_the_usual_way() -> None:
+    """The reply's canonical JSON is written from the records with a placeholder (a string starting
+    with NUL) where each array goes: a reply of the agent's own holding such a string gets None."""
+    reply, tokens = _two_calls()
+    written = written_whole(reply, tokens)
+    assert written is not None and written[0] == canonical_bytes(reply)
+    odd = {**reply, "note": "\x000"}
+    assert written_whole(odd, tokens) is None
+    # Elsewhere in a string, NUL is no placeholder's start: written as ever.
+    fine = {**reply, "note": "a\x000"}
+    assert written_whole(fine, tokens) == (canonical_bytes(fine), {**written[1], "note": "a\x000"})

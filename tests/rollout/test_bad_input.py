@@ -15,10 +15,14 @@ from typing import Any
 import pytest
 
 from eventstore import EventStore, RecordedEvent, open_store, upgrade_database
+from eventstore.events import RunReplied
+from eventstore.payload_stores import payload_plane
 from eventstore.testing import PgCluster
 from gym_agent.config import AgentConfig
 from payloads import LocalDirPayloadStore, PayloadPlane
+from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE
 from projections.audit import audit_log
+from protocol.digests import sha256_digest
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
 from tests.rollout.hostile_agent import Action, Rule, serve_hostile
@@ -550,3 +554,38 @@ async def test_a_log_database_dropped_mid_run_stops_the_coordinator_at_once_not_
                     await coord.close()
     finally:
         store.close()
+
+
+async def test_records_whose_arrays_are_not_their_replys_leave_that_reply_whole(
+    sqlite_store: EventStore, tmp_path: Path
+) -> None:
+    """A real Gym agent (arrays in its reply) whose token records for one try say other logprobs than
+    the reply: the reply's JSON written from the records is not the one the receipt names, so the
+    trainer writes the reply's own (which is), seals the try, and stores that reply whole, arrays
+    and all; its sibling's reply, whose records agree, is stored apart.  Nothing the agent sent is lost."""
+
+    def shifted(tokens: Any) -> Any:
+        return [{**t, "generation_log_probs": [lp - 0.5 for lp in t["generation_log_probs"]]} for t in tokens]
+
+    g = gid("apart")
+    rules = [Rule("/token_capture", _try0(f"{g}_g0"), shifted)]
+    with serve_hostile(_config(tmp_path, inline_tokens=True), rules) as agent:
+        async with GymClient(agent.url, "h") as client:
+            coord = coordinator(sqlite_store, {"h": client}, mode="sibling")
+            async with coord:
+                await coord.submit(g, PROMPT, "h", 2, PAYLOAD)
+                await coord.wait_idle(30)
+    assert rules[0].hits == 1
+    events = _events(sqlite_store, g)
+    assert len(_of(events, "SiblingSealed")) == 2
+    replied = {e["rollout_id"]: RunReplied.model_validate(e) for e in _of(events, "RunReplied")}
+    tampered, honest = replied[f"{g}_g0"].reply, replied[f"{g}_g1"].reply
+    assert tampered is not None and honest is not None
+    assert tampered.media_type == REPLY_MEDIA_TYPE and replied[f"{g}_g0"].apart_from is None
+    assert tampered.digest == replied[f"{g}_g0"].reply_digest
+    assert honest.media_type == REPLY_APART_MEDIA_TYPE and replied[f"{g}_g1"].apart_from is not None
+    plane = payload_plane(sqlite_store)
+    whole = plane.get(tampered)
+    assert b"generation_log_probs" in whole and sha256_digest(whole) == tampered.digest
+    audit = audit_log(sqlite_store, payloads=plane)
+    assert audit.ok, audit.as_json()
