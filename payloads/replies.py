@@ -60,6 +60,12 @@ def _token_items(arrays: TokenArrays) -> Iterator[tuple[int, int]]:
             yield r, start + k
 
 
+def _carries_arrays(output: list[Any]) -> bool:
+    """Whether any output item carries a token array (the reference agent's replies carry none: their
+    records travel apart, and nothing more is read for them)."""
+    return any(isinstance(item, dict) and not item.keys().isdisjoint(ARRAY_FIELDS) for item in output)
+
+
 def _json_ready(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """An array orjson writes as the Python numbers it holds: float32 values as the float64 each
     exactly is (orjson writes a float32 array with float32's shortest digits, not float64's)."""
@@ -114,8 +120,10 @@ def written_whole(reply: dict[str, Any], tokens: bytes | memoryview) -> tuple[by
 
     Not a check by itself: bytes equal to the reply's canonical JSON (their digest is the one its
     receipt names) prove the items carried their records' arrays, so the reply apart is lossless."""
-    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
     output = reply_output_of(reply)
+    if not _carries_arrays(output):
+        return None
+    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
     apart, marked = list(output), list(output)
     texts: list[bytes] = []
     for record, index in _token_items(arrays):
@@ -145,8 +153,10 @@ def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[s
     a version 2 payload beside it) refer to as their token item; None when there is none, or when any
     such item's arrays are not its record's (then the reply is stored whole).  New dicts where arrays
     are taken off; `reply` unchanged."""
-    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
     output = reply_output_of(reply)
+    if not _carries_arrays(output):
+        return None
+    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
     apart = list(output)
     taken = False
     for record, index in _token_items(arrays):
