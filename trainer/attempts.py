@@ -322,7 +322,7 @@ class Attempts:
         group = ctx.journal.ledger.groups[group_id]
         client = ctx.client(group.agent_name)
         rid, n = reply.rollout_id, reply.attempt_index
-        reply_payload = reply.payload()
+        reply_payload = reply.parsed_payload()  # read off the `/run` body: JSON already
         try:
             receipt = carried.carried_receipt() if carried is not None else None
             if receipt is None:
