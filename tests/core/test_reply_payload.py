@@ -11,24 +11,15 @@ from hypothesis import strategies as st
 
 from protocol.digests import canonical_bytes
 from protocol.wire import RunReply, gym_reply
-
-_json = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
-    max_leaves=20,
-)
+from tests.hostile.test_event_decoding import json_values
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    response=st.dictionaries(st.text(max_size=6), _json, max_size=5),
-    params=st.none() | st.dictionaries(st.text(max_size=6), _json, max_size=3),
+    response=st.dictionaries(st.text(max_size=6), json_values, max_size=5),
+    params=st.none() | st.dictionaries(st.text(max_size=6), json_values, max_size=3),
     reward=st.integers(-5, 5) | st.floats(-10, 10),
-    extras=st.dictionaries(st.sampled_from(["instance_config", "task", "x"]), _json, max_size=2),
+    extras=st.dictionaries(st.sampled_from(["instance_config", "task", "x"]), json_values, max_size=2),
     mask=st.none() | st.booleans(),
     with_identity=st.booleans(),
 )

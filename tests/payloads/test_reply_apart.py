@@ -34,12 +34,7 @@ from protocol.token_codec import (
 )
 from protocol.tokens import TOKEN_FIELDS, token_records_from_reply
 from tests.gym.test_token_records import ANSWER, TOOL_CALL, TOOL_OUTPUT, _carrier, _reply
-
-
-def _loaded(payload: dict[str, Any]) -> dict[str, Any]:
-    """A reply as the trainer holds it: its canonical JSON parsed (what the stored bytes are of)."""
-    parsed: dict[str, Any] = orjson.loads(canonical_bytes(payload))
-    return parsed
+from tests.payloads.test_reply_items import _stored
 
 
 def _beside(reply: dict[str, Any], records: list[dict[str, Any]]) -> bytes:
@@ -62,7 +57,7 @@ def _two_calls(generated: tuple[int, ...] = (4, 5), **first: Any) -> tuple[dict[
     records = [
         r.model_dump(mode="json", exclude_unset=True) for r in token_records_from_reply(reply, "k", 7.0)
     ]
-    payload = _loaded(reply.payload())
+    payload = _stored(reply.payload())
     return payload, _beside(payload, records)
 
 
@@ -184,7 +179,7 @@ def test_stored_apart_only_where_made_whole_is_the_reply(
     records = [
         r.model_dump(mode="json", exclude_unset=True) for r in token_records_from_reply(reply_model, "k", 1.0)
     ]
-    reply = _loaded(reply_model.payload())
+    reply = _stored(reply_model.payload())
     tokens = _beside(reply, records)
     whole = canonical_bytes(reply)
     stored, media_type = reply_to_store(reply, whole, tokens, TOKENS_REPLY_MEDIA_TYPE)
@@ -266,7 +261,7 @@ def test_a_reply_stored_apart_at_real_size_is_a_fraction_of_it() -> None:
     from benchmarks.token_path import agent_episodes
 
     [(run_reply, records)] = agent_episodes(1, 1000, 8000, (1, 1))
-    payload = _loaded(plain_gym_reply(run_reply, records, 0.0, random.Random(0)))
+    payload = _stored(plain_gym_reply(run_reply, records, 0.0, random.Random(0)))
     entries = encode_entries(records)
     tokens, media_type = refer_to_reply(entries, reply_output_of(payload))
     whole = canonical_bytes(payload)
