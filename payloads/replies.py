@@ -15,7 +15,12 @@ whose canonical JSON has the digest its receipt names (`ledger audit` checks tha
 arrays are not its record's (an integer where the record holds a float, a boolean where it holds an
 id), the reply is stored whole: nothing the agent sent is lost either way.
 
-Both directions read the mapping from the same stored records (`_token_items`), so the items
+The trainer proves the arrays are the records' with the digest it takes anyway: `written_whole`
+writes the reply's canonical JSON from the reply apart and the records' arrays (their text from
+numpy), and bytes that hash to the receipt's digest are the reply's.  Where they do not (records
+fetched apart, arrays that differ, a wrong receipt), `reply_to_store` compares item by item.
+
+Every direction reads the mapping from the same stored records (`_token_items`), so the items
 written apart and the items made whole are one rule.
 """
 
