@@ -116,6 +116,35 @@ def _text(value: Any) -> bytes:
     return canonical_bytes(value)
 
 
+def _carried(
+    reply: dict[str, Any], tokens: bytes | memoryview
+) -> list[tuple[int, dict[str, Any], dict[str, Any]]] | None:
+    """(index, item, the arrays its record holds) for each output item the records (`tokens`, version
+    2) name as their token item; None when none does, or when such an item is missing or lacks one of
+    its record's arrays (the reply then stays whole)."""
+    output = reply_output_of(reply)
+    if not _carries_arrays(output):
+        return None
+    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
+    carried = []
+    for record, index in _token_items(arrays):
+        item = output[index] if index < len(output) else None
+        held = _record_arrays(arrays, record)
+        if not isinstance(item, dict) or not all(name in item for name in held):
+            return None
+        carried.append((index, item, held))
+    return carried or None
+
+
+def _apart(
+    reply: dict[str, Any], carried: list[tuple[int, dict[str, Any], dict[str, Any]]]
+) -> dict[str, Any]:
+    output = list(reply_output_of(reply))
+    for index, item, held in carried:
+        output[index] = {k: v for k, v in item.items() if k not in held}
+    return _with_output(reply, output)
+
+
 def written_whole(reply: dict[str, Any], tokens: bytes | memoryview) -> tuple[bytes, dict[str, Any]] | None:
     """The reply's canonical JSON as it would be if each output item its records (`tokens`, version 2)
     name as their token item carried exactly their record's arrays, written from the reply apart from
@@ -125,24 +154,17 @@ def written_whole(reply: dict[str, Any], tokens: bytes | memoryview) -> tuple[by
 
     Not a check by itself: bytes equal to the reply's canonical JSON (their digest is the one its
     receipt names) prove the items carried their records' arrays, so the reply apart is lossless."""
-    output = reply_output_of(reply)
-    if not _carries_arrays(output):
+    carried = _carried(reply, tokens)
+    if carried is None:
         return None
-    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
-    apart, marked = list(output), list(output)
+    apart = _apart(reply, carried)
+    marked = list(reply_output_of(apart))
     texts: list[bytes] = []
-    for record, index in _token_items(arrays):
-        item = output[index] if index < len(output) else None
-        held = _record_arrays(arrays, record)
-        if not isinstance(item, dict) or not all(name in item for name in held):
-            return None
-        apart[index] = {k: v for k, v in item.items() if k not in held}
-        marked[index] = {**apart[index]}
+    for index, _, held in carried:
+        marked[index] = {**marked[index]}
         for name, value in held.items():
             marked[index][name] = f"{_PLACE}{len(texts)}"
             texts.append(_text(value))
-    if not texts:
-        return None
     pieces = canonical_bytes(_with_output(reply, marked), finite=True).split(_PLACE_TEXT)
     if len(pieces) != len(texts) + 1:
         return None  # a string of the reply's own starts with NUL: written the usual way
@@ -150,7 +172,7 @@ def written_whole(reply: dict[str, Any], tokens: bytes | memoryview) -> tuple[by
     for piece in pieces[1:]:
         number, _, rest = piece.partition(b'"')
         out += (texts[int(number)], rest)
-    return b"".join(out), _with_output(reply, apart)
+    return b"".join(out), apart
 
 
 def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[str, Any] | None:
@@ -158,36 +180,32 @@ def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[s
     a version 2 payload beside it) refer to as their token item; None when there is none, or when any
     such item's arrays are not its record's (then the reply is stored whole).  New dicts where arrays
     are taken off; `reply` unchanged."""
-    output = reply_output_of(reply)
-    if not _carries_arrays(output):
+    carried = _carried(reply, tokens)
+    if carried is None or not all(
+        _same_text(item[name], value) for _, item, held in carried for name, value in held.items()
+    ):
         return None
-    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
-    apart = list(output)
-    taken = False
-    for record, index in _token_items(arrays):
-        item = output[index] if index < len(output) else None
-        if not isinstance(item, dict):
-            return None
-        held = _record_arrays(arrays, record)
-        if not all(name in item and _same_text(item[name], value) for name, value in held.items()):
-            return None
-        apart[index] = {k: v for k, v in item.items() if k not in held}
-        taken = True
-    return _with_output(reply, apart) if taken else None
+    return _apart(reply, carried)
 
 
 def reply_to_store(
-    reply: dict[str, Any], reply_bytes: bytes, tokens: bytes | None, tokens_media_type: str | None
+    reply: dict[str, Any],
+    reply_bytes: bytes,
+    tokens: bytes | None,
+    tokens_media_type: str | None,
+    *,
+    apart: dict[str, Any] | None = None,
 ) -> tuple[bytes, str]:
     """The bytes the trainer stores for a try's reply and their media type: apart from its records'
     arrays where its records (`tokens`, as stored beside it) refer to it and hold every array its
-    items carry, else `reply_bytes` (its canonical JSON) whole."""
-    if tokens is not None and tokens_media_type == TOKENS_REPLY_MEDIA_TYPE:
+    items carry, else `reply_bytes` (its canonical JSON) whole.  `apart`: the reply apart already
+    proven lossless (`written_whole`'s, whose JSON had the receipt's digest), not compared again."""
+    if apart is None and tokens is not None and tokens_media_type == TOKENS_REPLY_MEDIA_TYPE:
         apart = take_arrays_off(reply, tokens)
-        if apart is not None:
-            # `apart` is part of the reply whose canonical JSON `reply_bytes` is: nothing in it that
-            # JSON cannot carry, so the walk that looks for NaN is left out.
-            return canonical_bytes(apart, finite=True), REPLY_APART_MEDIA_TYPE
+    if apart is not None:
+        # `apart` is part of the reply whose canonical JSON `reply_bytes` is: nothing in it that
+        # JSON cannot carry, so the walk that looks for NaN is left out.
+        return canonical_bytes(apart, finite=True), REPLY_APART_MEDIA_TYPE
     return reply_bytes, REPLY_MEDIA_TYPE
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
 
@@ -44,6 +44,7 @@ PAYLOAD_INTACT: Final = "payload-intact"
 DATABASE_INTEGRITY: Final = "database-integrity"
 PAYLOAD_RULES: Final = (PAYLOAD_STORED, PAYLOAD_INTACT, DATABASE_INTEGRITY)
 
+_T = TypeVar("_T")
 _BATCH: Final = 256  # payloads per read (a sealed group's worth or more; bounded memory)
 _MAX_LISTED: Final = 20
 
@@ -216,6 +217,29 @@ def check_payloads(
         )
 
 
+def _read_in_batches(
+    plane: PayloadPlane,
+    items: list[_T],
+    claims: Callable[[_T], tuple[PayloadClaim, ...]],
+    position: Callable[[_T], int],
+    what: str,
+    violate: Violate,
+) -> Iterator[tuple[_T, dict[str, bytes]]]:
+    """Each item with the payloads read by its claims, a batch of items per read; a batch the plane
+    refuses (changed since it was read back) is said where it is read, as `what`."""
+    for start in range(0, len(items), _BATCH // 2):
+        batch = items[start : start + _BATCH // 2]
+        try:
+            got = plane.get_many([c for item in batch for c in claims(item)])
+        except PayloadStoreUnavailable:
+            raise
+        except PayloadStoreError as exc:
+            violate(PAYLOAD_INTACT, [position(batch[0])], f"{what}: {exc}")
+            continue
+        for item in batch:
+            yield item, got
+
+
 def _check_beside_reply(facts: PayloadFacts, plane: PayloadPlane, intact: set[str], violate: Violate) -> None:
     """Token records stored beside their reply, each read with it (both intact: a damaged one is
     reported already): the output items they refer to are the reply's."""
@@ -224,56 +248,45 @@ def _check_beside_reply(facts: PayloadFacts, plane: PayloadPlane, intact: set[st
         for digest, attempt in sorted(facts.beside_reply.items())
         if digest in intact and (reply := facts.replies.get(attempt)) is not None and reply.digest in intact
     ]
-    for start in range(0, len(pairs), _BATCH // 2):
-        batch = pairs[start : start + _BATCH // 2]
+    for (digest, reply), got in _read_in_batches(
+        plane,
+        pairs,
+        lambda pair: (facts.claimed[pair[0]].claim, pair[1]),
+        lambda pair: facts.claimed[pair[0]].position,
+        "token records beside replies",
+        violate,
+    ):
         try:
-            got = plane.get_many([facts.claimed[d].claim for d, _ in batch] + [r for _, r in batch])
-        except PayloadStoreUnavailable:
-            raise
-        except PayloadStoreError as exc:  # changed since it was read back: said where it is read
+            decode_any(got[digest], TOKENS_REPLY_MEDIA_TYPE, orjson.loads(got[reply.digest]))
+        except (TokenCodecError, orjson.JSONDecodeError) as exc:
+            known = facts.claimed[digest]
             violate(
-                PAYLOAD_INTACT, [facts.claimed[batch[0][0]].position], f"token records beside replies: {exc}"
+                PAYLOAD_INTACT,
+                [known.position],
+                f"the token records {digest} claimed at {known.position} do not read back with their "
+                f"try's reply {reply.digest}: {exc}",
             )
-            continue
-        for digest, reply in batch:
-            try:
-                decode_any(got[digest], TOKENS_REPLY_MEDIA_TYPE, orjson.loads(got[reply.digest]))
-            except (TokenCodecError, orjson.JSONDecodeError) as exc:
-                known = facts.claimed[digest]
-                violate(
-                    PAYLOAD_INTACT,
-                    [known.position],
-                    f"the token records {digest} claimed at {known.position} do not read back with their "
-                    f"try's reply {reply.digest}: {exc}",
-                )
 
 
 def _check_apart(facts: PayloadFacts, plane: PayloadPlane, intact: set[str], violate: Violate) -> None:
     """Replies stored apart from their records' arrays, each made whole with them (both intact: a
     damaged or pruned one is counted already): the reply its receipt names."""
     tries = [t for t in facts.apart if t[0].digest in intact and t[1].digest in intact]
-    for start in range(0, len(tries), _BATCH // 2):
-        batch = tries[start : start + _BATCH // 2]
+    for (reply, tokens, digest, position), got in _read_in_batches(
+        plane, tries, lambda t: (t[0], t[1]), lambda t: t[3], "replies stored apart", violate
+    ):
         try:
-            got = plane.get_many([c for reply, tokens, _, _ in batch for c in (reply, tokens)])
-        except PayloadStoreUnavailable:
-            raise
-        except PayloadStoreError as exc:  # changed since it was read back: said where it is read
-            violate(PAYLOAD_INTACT, [batch[0][3]], f"replies stored apart: {exc}")
-            continue
-        for reply, tokens, digest, position in batch:
-            try:
-                whole = put_arrays_back(orjson.loads(got[reply.digest]), got[tokens.digest])
-                made = sha256_digest(canonical_bytes(whole))
-            except (TokenCodecError, orjson.JSONDecodeError, TypeError, ValueError) as exc:
-                made = f"nothing ({exc})"
-            if made != digest:
-                violate(
-                    PAYLOAD_INTACT,
-                    [position],
-                    f"the reply {reply.digest} stored apart at {position}, made whole with its token "
-                    f"records {tokens.digest}, is not the reply its receipt names ({digest}): it makes {made}",
-                )
+            whole = put_arrays_back(orjson.loads(got[reply.digest]), got[tokens.digest])
+            made = sha256_digest(canonical_bytes(whole))
+        except (TokenCodecError, orjson.JSONDecodeError, TypeError, ValueError) as exc:
+            made = f"nothing ({exc})"
+        if made != digest:
+            violate(
+                PAYLOAD_INTACT,
+                [position],
+                f"the reply {reply.digest} stored apart at {position}, made whole with its token "
+                f"records {tokens.digest}, is not the reply its receipt names ({digest}): it makes {made}",
+            )
 
 
 def check_log_blobs(

@@ -158,7 +158,13 @@ def json_number_text(out: bytes) -> bytes:
     """orjson's text of a list of finite numbers (an array of token ids or logprobs, written by orjson
     from numpy) in json's forms: canonical JSON of those numbers, where orjson's small floats are
     mended as in `canonical_bytes` (a list of numbers holds no string a mend could touch)."""
-    sites = _sites(out)
+    return _mended(out, None)
+
+
+def _mended(out: bytes, sites: Sites | None) -> bytes:
+    """orjson's text `out` (of a value `_rewritable` holds for) with its small floats in json's form:
+    at `sites` (numpy's), searched for here when not given (numpy's on a large text, else in bytes)."""
+    sites = sites if sites is not None else _sites(out)
     return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
 
 
@@ -173,8 +179,7 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     differs, sites = _json_writes_otherwise(out, value, finite)
     if differs:
         if _rewritable(value):
-            sites = sites if sites is not None else _sites(out)  # searched once, and only to mend
-            return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
+            return _mended(out, sites)  # searched once, and only to mend
         return json_canonical_bytes(value)
     return out
 

@@ -383,10 +383,9 @@ class Attempts:
             tokens_claim = self.payloads.claim(tokens_bytes, tokens_type)
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
             # A real Gym agent's reply carries the arrays its records hold: stored apart from them.
-            if apart is not None:
-                stored, stored_type = canonical_bytes(apart, finite=True), REPLY_APART_MEDIA_TYPE
-            else:
-                stored, stored_type = reply_to_store(reply_payload, reply_bytes, tokens_bytes, tokens_type)
+            stored, stored_type = reply_to_store(
+                reply_payload, reply_bytes, tokens_bytes, tokens_type, apart=apart
+            )
             stored_claim = reply_claim if stored is reply_bytes else self.payloads.claim(stored, stored_type)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
