@@ -34,7 +34,7 @@ import numpy.typing as npt
 import orjson
 
 from payloads.token_arrays import TokenArrays
-from protocol.digests import canonical_bytes, json_number_text
+from protocol.digests import SMALL_FLOATS_BELOW, canonical_bytes, json_number_text
 from protocol.token_codec import (
     ARRAY_FIELDS,
     TOKENS_REPLY_MEDIA_TYPE,
@@ -108,11 +108,23 @@ _PLACE: Final = "\x00"
 _PLACE_TEXT: Final = b'"\\u0000'
 
 
+def _needs_mending(values: npt.NDArray[Any]) -> bool:
+    """Whether orjson's text of `values` may hold a small float in another form than json's: decided
+    from the numbers (one vectorised pass), so the search of the text for its forms is left out for
+    an array of ids, or of logprobs none of which is that close to zero."""
+    if values.dtype.kind != "f":
+        return False
+    size = np.abs(values)
+    return bool(((size < SMALL_FLOATS_BELOW) & (size > 0)).any())
+
+
 def _text(value: Any) -> bytes:
     """The canonical JSON of an array a record holds: numpy's numbers written by orjson, mended to
-    json's forms (`routed_experts`, JSON from the header, by `canonical_bytes`)."""
+    json's forms where a small float may need it (`routed_experts`, JSON from the header, by
+    `canonical_bytes`)."""
     if isinstance(value, np.ndarray):
-        return json_number_text(orjson.dumps(value, option=_NUMPY))
+        out = orjson.dumps(value, option=_NUMPY)
+        return json_number_text(out) if _needs_mending(value) else out
     return canonical_bytes(value)
 
 

@@ -72,6 +72,10 @@ _WALK_ABOVE: Final = 4096
 _BYTES_PER_NODE: Final = 64
 
 
+# orjson writes every integer, and every finite float but those of 0 < |x| < this, in json's text.
+SMALL_FLOATS_BELOW: Final = 1e-4
+
+
 def _small_floats(value: Any, budget: int) -> bool | None:
     """Whether `value` holds a float that orjson writes in another form than json: 0 < |x| < 1e-4
     (`1e-5` as `0.00001`, `1.5e-7` as `1.5e-7` for json's `1.5e-07`), or NaN or an infinity (orjson
@@ -95,7 +99,7 @@ def _small_floats(value: Any, budget: int) -> bool | None:
                 return None
             stack.extend(item)
         elif kind is float:
-            if 0.0 < abs(item) < 1e-4 or not math.isfinite(item):
+            if 0.0 < abs(item) < SMALL_FLOATS_BELOW or not math.isfinite(item):
                 return True
         else:  # a float or str subclass, a dataclass, ...: the text decides
             return None
