@@ -24,11 +24,9 @@ from typing import Annotated, Any, Final
 import orjson
 from pydantic import StringConstraints
 
-_np: Any
-try:  # finds orjson's float forms in a large text in a few passes in C (`_sites`)
-    import numpy as _np
-except ImportError:  # a participant's core install: the searches in bytes alone
-    _np = None
+# numpy finds orjson's float forms in a large text in a few passes in C (`_sites`); None in a
+# participant's core install: the searches in bytes alone.
+from protocol._numpy import np as _np
 
 DIGEST_PREFIX: Final = "sha256:"
 DIGEST_PATTERN: Final = r"^sha256:[0-9a-f]{64}$"

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 import orjson
 
+from protocol._numpy import np as _np
 from protocol.wire import TokenEntry
 
 DIGEST_VERSION: Final = 1
@@ -74,11 +75,15 @@ def token_digest(token_ids: Sequence[int]) -> str:
 
 def u4_token_digest(count: int, little_endian_u32: bytes) -> str:
     """`token_digest` of `count` ids given as little-endian unsigned 32-bit integers (the binary
-    form's u4 arrays): each widened to big-endian 64 bits by byte slices, no Python int per id."""
-    wide = bytearray(8 * count)
+    form's u4 arrays): each widened to big-endian 64 bits in one numpy cast where numpy is here (an
+    agent's install), else by byte slices; never a Python int per id."""
+    if _np is not None and len(little_endian_u32) == 4 * count:
+        wide = _np.frombuffer(little_endian_u32, dtype="<u4").astype(">u8").tobytes()
+        return packed_token_digest(count, wide)
+    widened = bytearray(8 * count)
     for byte in range(4):
-        wide[7 - byte :: 8] = little_endian_u32[byte::4]
-    return packed_token_digest(count, wide)
+        widened[7 - byte :: 8] = little_endian_u32[byte::4]
+    return packed_token_digest(count, widened)
 
 
 def packed_token_digest(count: int, big_endian_u64: bytes | bytearray) -> str:

@@ -8,11 +8,17 @@ environment on every run (`test_lineage_hashes_match_the_real_gym`).
 
 from __future__ import annotations
 
+import contextlib
+import struct
 from typing import Any
+from unittest import mock
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from protocol import lineage
 from protocol.lineage import (
     NO_MATCH,
     NOT_A_PREFIX,
@@ -22,6 +28,7 @@ from protocol.lineage import (
     full_prompts,
     link_call,
     token_digest,
+    u4_token_digest,
 )
 from protocol.tokens import token_records_from_reply
 from protocol.wire import TokenEntry, gym_reply
@@ -99,6 +106,35 @@ CONVERSATION_GOLDEN: list[list[str]] = [
         "02665bbfdaf01cb049713536b9a667f4a75496bf23ce99f1f2967a605480a49b",
     ],
 ]
+
+
+@pytest.mark.parametrize("numpy", [True, False])
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=300))
+def test_ids_packed_as_u4_hash_as_the_ids_do(numpy: bool, ids: list[int]) -> None:
+    """The binary form's u4 arrays widened to the digest's 64 bits (by numpy, or by byte slices in a
+    core install without it) hash as the ids themselves."""
+    packed = struct.pack(f"<{len(ids)}I", *ids)
+    with contextlib.nullcontext() if numpy else mock.patch.object(lineage, "_np", None):
+        assert u4_token_digest(len(ids), packed) == token_digest(ids)
+
+
+def test_lineage_needs_no_numpy() -> None:
+    """A participant's core install has no numpy: the lineage imports without it and hashes the same
+    (a fresh interpreter, numpy's import refused)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, struct; sys.modules['numpy'] = None\n"
+        "from protocol import lineage\n"
+        "assert lineage._np is None\n"
+        "ids = [0, 1, 2**32 - 1, 151935] * 50\n"
+        "packed = struct.pack(f'<{len(ids)}I', *ids)\n"
+        "assert lineage.u4_token_digest(len(ids), packed) == lineage.token_digest(ids)\n"
+        f"assert lineage.token_digest({TOKEN_GOLDEN[2][0]}) == {TOKEN_GOLDEN[2][1]!r}\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 def test_lineage_hashes_are_the_real_gyms() -> None:
