@@ -13,7 +13,7 @@ from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from protocol.digests import Digest, canonical_json, reply_digest, sha256_digest
+from protocol.digests import Digest, canonical_bytes, canonical_json, reply_digest, sha256_digest
 from protocol.errors import NOT_READY
 from protocol.ids import AttemptIndex, Generation, Identifier, Incarnation, capture_key
 
@@ -255,6 +255,27 @@ class RunReply(GymModel):
         for name in _JSON_VALUED & self.model_fields_set:
             out[name] = getattr(self, name)
         return out
+
+    def parsed_from(self, payload: Any) -> bool:
+        """Whether this reply, validated from `payload` (a `/run` body's JSON, parsed), dumps
+        (`parsed_payload`) to that same JSON, so the body's canonical JSON is the reply's: its
+        JSON-valued fields hold `payload`'s own values (validated as given, never copied), and
+        validation changed none of the rest (an integer reward made a float is written otherwise)."""
+        if not isinstance(payload, dict):
+            return False
+        mine = self.parsed_payload()
+        if mine.keys() != payload.keys():
+            return False
+        for name in _JSON_VALUED & mine.keys():
+            given, held = payload[name], mine[name]
+            if given is not held and not (
+                isinstance(given, dict)
+                and given.keys() == held.keys()
+                and all(value is held[key] for key, value in given.items())
+            ):
+                return False
+        rest = [{k: v for k, v in d.items() if k not in _JSON_VALUED} for d in (mine, payload)]
+        return canonical_bytes(rest[0]) == canonical_bytes(rest[1])
 
     def digest(self) -> str:
         return reply_digest(self.payload())

@@ -342,7 +342,9 @@ class Attempts:
         # names (`RunReply.digest()`: its canonical JSON), so a trainer gets `response` back.  Every
         # payload is hashed once: its claim's digest is the one the receipt and the seal name.
         beside = self._beside(reply, reply_payload, carried)
-        reply_bytes, reply_claim, apart = self._reply_json(reply_payload, beside, receipt.result_digest)
+        reply_bytes, reply_claim, apart = self._reply_json(
+            reply_payload, beside, receipt.result_digest, carried.reply_json if carried is not None else None
+        )
         digest = reply_claim.digest
         try:
             verify_receipt(reply, receipt, digest)
@@ -433,13 +435,25 @@ class Attempts:
         return None if not isinstance(tokens, TokenArrays) else _beside_reply(tokens, reply_payload)
 
     def _reply_json(
-        self, reply_payload: dict[str, Any], beside: tuple[bytes, str] | None, receipt_digest: str
+        self,
+        reply_payload: dict[str, Any],
+        beside: tuple[bytes, str] | None,
+        receipt_digest: str,
+        carried_json: bytes | None = None,
     ) -> tuple[bytes, PayloadClaim, dict[str, Any] | None]:
         """The reply's canonical JSON, its claim, and the reply apart from its records' arrays where
-        that is proven.  Beside records that refer to it, the JSON is first written from the reply
-        apart and the records' arrays (`written_whole`: no per-token Python object written); when that
-        hashes to the receipt's digest it is the reply's, and the reply apart loses nothing.  Otherwise
-        (another agent's arrays, a wrong receipt) the reply's own canonical JSON, to verify as ever."""
+        that is proven here (else None: `reply_to_store` compares the arrays item by item).
+
+        The JSON the completion frame carried (`carried_json`, of the value the trainer holds) is it
+        when it hashes to the receipt's digest: nothing is written.  Else, beside records that refer
+        to the reply, it is written from the reply apart and the records' arrays (`written_whole`: no
+        per-token Python object written); when that hashes to the receipt's digest it is the reply's,
+        and the reply apart loses nothing.  Otherwise (another agent's arrays, a wrong receipt) the
+        reply's own canonical JSON, to verify as ever."""
+        if carried_json is not None:
+            claim = self.payloads.claim(carried_json, REPLY_MEDIA_TYPE)
+            if claim.digest == receipt_digest:
+                return carried_json, claim, None
         if beside is not None and beside[1] == TOKENS_REPLY_MEDIA_TYPE:
             written = written_whole(reply_payload, beside[0])
             if written is not None:

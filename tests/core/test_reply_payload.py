@@ -48,3 +48,30 @@ def test_a_reply_read_off_json_has_its_payload_without_a_copy(
         assert canonical_bytes(parsed) == canonical_bytes(reply.payload())
         assert parsed["response"] is reply.response  # shared: nothing copied
         assert ("responses_create_params" in parsed) == (params is not None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    response=st.dictionaries(st.text(max_size=6), json_values, max_size=5),
+    reward=st.integers(-5, 5) | st.floats(-10, 10),
+    extras=st.dictionaries(st.sampled_from(["instance_config", "task", "x"]), json_values, max_size=2),
+    with_identity=st.booleans(),
+)
+def test_a_reply_is_parsed_from_its_json_exactly_when_it_writes_that_json(
+    response: dict[str, Any], reward: float, extras: dict[str, Any], with_identity: bool
+) -> None:
+    """`parsed_from(payload)`: the reply validated from `payload` writes `payload`'s canonical JSON (the
+    trainer then takes a completion frame's reply bytes for the reply's); not where validation filled in
+    the try's identity or made an integer reward a float."""
+    body: dict[str, Any] = {"response": response, "reward": reward, **extras}
+    if with_identity:
+        body.update(_ng_rollout_id="r_g0", _ng_attempt_index=1, id="res-1")
+    payload = orjson.loads(orjson.dumps(body))
+    reply = gym_reply(payload, "r_g0", 1)
+    same = canonical_bytes(reply.parsed_payload()) == canonical_bytes(payload)
+    assert reply.parsed_from(payload) == same
+    if with_identity and isinstance(reward, float):
+        assert same  # a participant's reply: what it sent is what the trainer holds
+    if type(reward) is int or not with_identity:
+        assert not same
+    assert not reply.parsed_from([payload]) and not reply.parsed_from({**payload, "more": 1})

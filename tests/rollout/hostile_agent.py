@@ -35,9 +35,9 @@ Action = Callable[[Any], Any] | Literal["garbage", "hang_up"]
 class Rule:
     """Tamper with the 200 answers of routes under `route` whose (path, JSON body) `match`.
 
-    `action`: a function from the decoded body to the body sent instead, `"garbage"` (a body that is
-    not JSON) or `"hang_up"` (half the body, then the connection is closed).  `times`: how many
-    answers are tampered with (None: all of them).
+    `action`: a function from the decoded body to the body sent instead (bytes: sent as they are),
+    `"garbage"` (a body that is not JSON) or `"hang_up"` (half the body, then the connection is
+    closed).  `times`: how many answers are tampered with (None: all of them).
     """
 
     route: str
@@ -113,6 +113,8 @@ class Tamper:
         if rule.action == "garbage":
             return _GARBAGE
         changed = rule.action(decoded)
+        if isinstance(changed, bytes):
+            return changed  # the rule wrote the bytes itself
         return encode_records(changed) if binary else json.dumps(changed).encode()
 
     def _tamper_completion(self, body: bytes) -> bytes | None:

@@ -22,7 +22,7 @@ from gym_agent.config import AgentConfig
 from payloads import LocalDirPayloadStore, PayloadPlane
 from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE
 from projections.audit import audit_log
-from protocol.digests import sha256_digest
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, coordinator, gid
 from tests.rollout.hostile_agent import Action, Rule, serve_hostile
@@ -122,6 +122,43 @@ async def test_a_reply_whose_digest_does_not_match_its_receipt_is_never_sealed(
     assert [r["attempt_index"] for r in _of(events, "ReplacementMinted")] == [1]
     assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
     assert all(s["reward"] < 100 for s in _of(events, "SiblingSealed"))
+    assert unacked == 0 and not coord.ledger.debts
+    _clean(sqlite_store)
+
+
+@pytest.mark.parametrize("client_class", [GymClient, FetchingClient], ids=["carried", "fetched"])
+async def test_a_reply_the_trainer_holds_otherwise_than_its_json_is_never_sealed(
+    sqlite_store: EventStore, tmp_path: Path, client_class: type[GymClient]
+) -> None:
+    """The reply's canonical JSON with an integer reward, under a receipt naming exactly those bytes:
+    the reply the trainer validates holds the reward as a float (`7.0`), whose JSON is not the one the
+    receipt names, so it is refused as it always was; a completion frame's bytes are not taken for
+    the reply's on their digest alone (`RunReply.parsed_from`)."""
+    named: dict[str, str] = {}
+
+    def integer_reward(reply: dict[str, Any]) -> bytes:
+        body = canonical_bytes({**reply, "reward": 7})
+        named["digest"] = sha256_digest(body)
+        return body
+
+    def naming_it(receipt: dict[str, Any]) -> dict[str, Any]:
+        return {**receipt, "result_digest": named["digest"]}
+
+    _, _, coord, events, unacked = await _play(
+        tmp_path,
+        sqlite_store,
+        lambda rid: [
+            Rule("/run", _try0(rid), integer_reward, times=1),
+            Rule("/completion_receipt", _try0(rid), naming_it, times=1),
+        ],
+        client_class=client_class,
+    )
+    failed = _of(events, "RunFailed", 0)
+    # (The receipt re-fetched when its ACK is refused is the agent's own, of another reply: a second
+    # verify failure of the same try.)
+    assert {f["kind"] for f in failed} == {"verify"} and "result_digest" in failed[0]["reason"]
+    assert not _of(events, "SiblingSealed", 0) and not _of(events, "RunReplied", 0)
+    assert [s["attempt_index"] for s in _of(events, "SiblingSealed")] == [1]
     assert unacked == 0 and not coord.ledger.debts
     _clean(sqlite_store)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import orjson
 import pytest
@@ -13,7 +14,7 @@ from eventstore import EventStore
 from eventstore.events import PromptRef, RunReplied
 from eventstore.payload_stores import payload_plane
 from payloads import LocalDirPayloadStore
-from payloads.replies import REPLY_APART_MEDIA_TYPE, put_arrays_back
+from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE, put_arrays_back
 from payloads.token_arrays import decode_arrays
 from projections.audit import audit_log
 from protocol.digests import canonical_bytes, sha256_digest
@@ -22,6 +23,7 @@ from protocol.token_codec import TOKENS_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
 from protocol.tokens import TOKEN_FIELDS
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid, one_sealed_group
+from trainer import attempts
 from trainer.errors import GroupConflict, LogprobsMismatch
 from trainer.gym import GymClient
 
@@ -96,6 +98,45 @@ async def test_a_real_gym_agents_reply_is_stored_apart_from_its_records_arrays(
             tokens.generation(r).tolist() for r in range(len(tokens))
         ]
         assert tokens.resolved
+    audit = audit_log(store, payloads=plane)
+    assert audit.ok, audit.as_json()
+
+
+@pytest.mark.parametrize("inline_tokens", [False, True], ids=["records apart", "arrays in the reply"])
+async def test_the_reply_a_completion_frame_carries_is_stored_as_it_came(
+    store: EventStore, make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch, inline_tokens: bool
+) -> None:
+    """A participant's `/run` answer carries the reply's canonical JSON: the trainer takes those bytes
+    for the reply's (they hash to the receipt's digest) and writes no JSON of the whole reply itself,
+    neither from its values nor from the records' arrays; a reply carrying arrays is still stored
+    apart, once its arrays are compared with its records'."""
+    written: list[str] = []
+
+    def counted(name: str) -> Any:
+        real = getattr(attempts, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            written.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("canonical_bytes", "written_whole"):
+        monkeypatch.setattr(attempts, name, counted(name))
+    async with one_sealed_group(store, make_agent, "prompt_group", 3, inline_tokens=inline_tokens) as (
+        _,
+        sealed,
+    ):
+        pass
+    assert written == []
+    plane = payload_plane(store)
+    for claim, digest in zip(sealed.reply_claims, sealed.reply_digests, strict=True):
+        assert claim is not None
+        if inline_tokens:
+            assert claim.media_type == REPLY_APART_MEDIA_TYPE and claim.digest != digest
+        else:
+            assert claim.media_type == REPLY_MEDIA_TYPE and claim.digest == digest
+            assert sha256_digest(plane.default.get(digest)) == digest
     audit = audit_log(store, payloads=plane)
     assert audit.ok, audit.as_json()
 

@@ -160,6 +160,10 @@ class Completed:
     reply: RunReply
     receipt: CompletionReceipt | BadResponseError | None = None
     tokens: TokenArrays | BadResponseError | None = None
+    # The reply's JSON as the completion frame carried it, where the reply validated from it writes
+    # the same JSON (`RunReply.parsed_from`): when it hashes to the receipt's digest it is the reply's
+    # canonical JSON, and the trainer need not write it.  None otherwise.
+    reply_json: bytes | None = None
 
     def carried_receipt(self) -> CompletionReceipt | None:
         """The carried receipt, None if not carried; raises the refusal of one that failed its check."""
@@ -490,13 +494,13 @@ class GymClient:
             if self.reduced is not None:
                 self.reduced.unanswered(*key, f"{type(exc).__name__}: {exc}")
             raise
-        body, receipt, tokens = answer.body, None, None
+        body, receipt, tokens, framed = answer.body, None, None, False
         if _media_type(answer) == _COMPLETION_MEDIA:
             try:
                 parts = decode_completion(body)
             except CompletionFrameError as exc:
                 raise BadResponseError(f"{self.base_url}/run: {exc}") from None
-            body = parts.reply
+            body, framed = parts.reply, True
             receipt, tokens = self._completion_parts(parts, *key)
         payload = self._validated(_JSON.validate_json, "JSON", body, "/run")
         try:
@@ -510,7 +514,8 @@ class GymClient:
             )
         if self.reduced is not None:
             return Completed(self.reduced.keep(reply))
-        return Completed(reply, receipt, tokens)
+        reply_json = bytes(body) if framed and reply.parsed_from(payload) else None
+        return Completed(reply, receipt, tokens, reply_json)
 
     def _completion_parts(
         self, parts: CompletionParts, rollout_id: str, attempt_index: int
