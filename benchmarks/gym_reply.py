@@ -15,10 +15,6 @@ Side by side in this process, over the same replies, each checked to give the sa
   wrote any reply holding a float below 1e-4 with, before orjson's forms of those were rewritten);
 - the nesting check of a reply (`protocol.wire.check_depth`) and of a `/run` row (`finite`) against
   the item-by-item walk it replaced (`walked_check_depth`, its reference);
-- the trainer's proof that the reply can be stored apart from its token records' arrays
-  (`payloads.replies.written_whole`: the reply's canonical JSON written from the reply apart and the
-  records' arrays) against the same with every array's text searched for orjson's small-float forms
-  (what it did before the numbers decided which arrays can hold one);
 - for scale, the trainer's parse of the reply body (`RunReply.model_validate_json`, which runs the
   nesting check).  One thread.
 
@@ -37,16 +33,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import orjson
 
 from benchmarks.rollout_sizes import add_size_options, positive
 from benchmarks.token_path import agent_episodes
-from payloads import replies as reply_storage
 from protocol.digests import canonical_bytes, json_canonical_bytes
-from protocol.token_codec import encode_records, refer_to_reply, reply_output_of
-from protocol.tokens import token_records_from_reply, with_token_arrays
+from protocol.tokens import with_token_arrays
 from protocol.wire import MAX_JSON_DEPTH, RunReply, TokenEntry, check_depth
 
 _INT_RANGE = (-(2**63), 2**64 - 1)
@@ -111,32 +104,8 @@ def _best_ms(fn: Callable[[Any], Any], items: list[Any], rounds: int) -> float:
     return round(1000 * best / len(items), 3)
 
 
-def records_beside(reply: dict[str, Any]) -> bytes:
-    """The token records the participant reads off `reply`, stored beside it as the trainer stores them."""
-    records = token_records_from_reply(RunReply.model_validate(reply), "capture", 0.0)
-    content = encode_records([r.model_dump(mode="json", exclude_unset=True) for r in records])
-    return refer_to_reply(content, reply_output_of(reply))[0]
-
-
-def _every_array_searched() -> Any:
-    """The baseline: `written_whole` with every array's text searched for orjson's small-float forms."""
-    return mock.patch.object(reply_storage, "_needs_mending", lambda values: True)
-
-
-def _written_whole(pair: tuple[dict[str, Any], bytes]) -> Any:
-    return reply_storage.written_whole(*pair)
-
-
 def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     """Every way over `replies`, after checking each gives its reference's answer."""
-    pairs = [(reply, records_beside(reply)) for reply in replies]
-    for reply, tokens in pairs:
-        whole = canonical_bytes(reply)
-        with _every_array_searched():
-            searched = reply_storage.written_whole(reply, tokens)
-        for written in (reply_storage.written_whole(reply, tokens), searched):
-            if written is None or written[0] != whole:
-                raise AssertionError("written_whole does not write the reply's canonical JSON")
     for reply in replies:
         if canonical_bytes(reply) != json_canonical_bytes(reply):
             raise AssertionError("canonical_bytes and json disagree on a reply")
@@ -158,8 +127,6 @@ def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         for item in r["response"]["output"]
         if isinstance(item, dict)
     )
-    with _every_array_searched():
-        searching_ms = _best_ms(_written_whole, pairs, rounds)
     return {
         "reply_bytes": round(sum(map(len, bodies)) / len(bodies)),
         "logprobs_above_minus_1e-4": round(small / max(logprobs, 1), 4),
@@ -176,10 +143,6 @@ def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
                 lambda r: walked_check_depth(r, MAX_JSON_DEPTH, True), replies, rounds
             ),
             "check_depth, finite": _best_ms(lambda r: check_depth(r, finite=True), replies, rounds),
-        },
-        "apart_ms": {
-            "written_whole, every array searched": searching_ms,
-            "written_whole": _best_ms(_written_whole, pairs, rounds),
         },
         "parse_ms": _best_ms(RunReply.model_validate_json, bodies, rounds),
     }
@@ -225,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\n{name}: {case['reply_bytes'] / 1024:,.0f} KiB a reply, "
             f"{case['logprobs_above_minus_1e-4']:.2%} of logprobs above -1e-4; parse {case['parse_ms']:.3f} ms"
         )
-        for group in ("canonical_json_ms", "nesting_check_ms", "apart_ms"):
+        for group in ("canonical_json_ms", "nesting_check_ms"):
             rows = list(case[group].items())
             for (base_name, base), (ours_name, ours) in zip(rows[::2], rows[1::2], strict=True):
                 print(

@@ -15,10 +15,9 @@ whose canonical JSON has the digest its receipt names (`ledger audit` checks tha
 arrays are not its record's (an integer where the record holds a float, a boolean where it holds an
 id), the reply is stored whole: nothing the agent sent is lost either way.
 
-The trainer proves the arrays are the records' with the digest it takes anyway: `written_whole`
-writes the reply's canonical JSON from the reply apart and the records' arrays (their text from
-numpy), and bytes that hash to the receipt's digest are the reply's.  Where they do not (records
-fetched apart, arrays that differ, a wrong receipt), `reply_to_store` compares item by item.
+The trainer has the reply's canonical JSON without writing it where the participant's completion
+frame carried it (bytes that hash to the receipt's digest); `take_arrays_off` compares each item's
+arrays with its record's in orjson's text of both (equal text is equal JSON, types included).
 
 Every direction reads the mapping from the same stored records (`_token_items`), so the items
 written apart and the items made whole are one rule.
@@ -34,7 +33,7 @@ import numpy.typing as npt
 import orjson
 
 from payloads.token_arrays import TokenArrays
-from protocol.digests import SMALL_FLOATS_BELOW, canonical_bytes, json_number_text
+from protocol.digests import canonical_bytes
 from protocol.token_codec import (
     ARRAY_FIELDS,
     TOKENS_REPLY_MEDIA_TYPE,
@@ -102,32 +101,6 @@ def _with_output(reply: dict[str, Any], output: list[Any]) -> dict[str, Any]:
     return {**reply, "response": {**reply["response"], "output": output}}
 
 
-# A placeholder's text in canonical JSON: a string that starts with NUL (written `\u0000` by both
-# encoders), then the index of the text it stands for.
-_PLACE: Final = "\x00"
-_PLACE_TEXT: Final = b'"\\u0000'
-
-
-def _needs_mending(values: npt.NDArray[Any]) -> bool:
-    """Whether orjson's text of `values` may hold a small float in another form than json's: decided
-    from the numbers (one vectorised pass), so the search of the text for its forms is left out for
-    an array of ids, or of logprobs none of which is that close to zero."""
-    if values.dtype.kind != "f":
-        return False
-    size = np.abs(values)
-    return bool(((size < SMALL_FLOATS_BELOW) & (size > 0)).any())
-
-
-def _text(value: Any) -> bytes:
-    """The canonical JSON of an array a record holds: numpy's numbers written by orjson, mended to
-    json's forms where a small float may need it (`routed_experts`, JSON from the header, by
-    `canonical_bytes`)."""
-    if isinstance(value, np.ndarray):
-        out = orjson.dumps(value, option=_NUMPY)
-        return json_number_text(out) if _needs_mending(value) else out
-    return canonical_bytes(value)
-
-
 def _carried(
     reply: dict[str, Any], tokens: bytes | memoryview
 ) -> list[tuple[int, dict[str, Any], dict[str, Any]]] | None:
@@ -157,36 +130,6 @@ def _apart(
     return _with_output(reply, output)
 
 
-def written_whole(reply: dict[str, Any], tokens: bytes | memoryview) -> tuple[bytes, dict[str, Any]] | None:
-    """The reply's canonical JSON as it would be if each output item its records (`tokens`, version 2)
-    name as their token item carried exactly their record's arrays, written from the reply apart from
-    those arrays and from the arrays themselves (their text from numpy, never from the reply's
-    per-token Python objects); and the reply apart.  None when there is no array to take off, an item
-    lacks one its record holds, or a string of the reply begins like a placeholder.
-
-    Not a check by itself: bytes equal to the reply's canonical JSON (their digest is the one its
-    receipt names) prove the items carried their records' arrays, so the reply apart is lossless."""
-    carried = _carried(reply, tokens)
-    if carried is None:
-        return None
-    apart = _apart(reply, carried)
-    marked = list(reply_output_of(apart))
-    texts: list[bytes] = []
-    for index, _, held in carried:
-        marked[index] = {**marked[index]}
-        for name, value in held.items():
-            marked[index][name] = f"{_PLACE}{len(texts)}"
-            texts.append(_text(value))
-    pieces = canonical_bytes(_with_output(reply, marked), finite=True).split(_PLACE_TEXT)
-    if len(pieces) != len(texts) + 1:
-        return None  # a string of the reply's own starts with NUL: written the usual way
-    out = [pieces[0]]
-    for piece in pieces[1:]:
-        number, _, rest = piece.partition(b'"')
-        out += (texts[int(number)], rest)
-    return b"".join(out), apart
-
-
 def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[str, Any] | None:
     """`reply` (a `/run` reply's payload) without the arrays of each output item its records (`tokens`,
     a version 2 payload beside it) refer to as their token item; None when there is none, or when any
@@ -201,18 +144,13 @@ def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[s
 
 
 def reply_to_store(
-    reply: dict[str, Any],
-    reply_bytes: bytes,
-    tokens: bytes | None,
-    tokens_media_type: str | None,
-    *,
-    apart: dict[str, Any] | None = None,
+    reply: dict[str, Any], reply_bytes: bytes, tokens: bytes | None, tokens_media_type: str | None
 ) -> tuple[bytes, str]:
     """The bytes the trainer stores for a try's reply and their media type: apart from its records'
     arrays where its records (`tokens`, as stored beside it) refer to it and hold every array its
-    items carry, else `reply_bytes` (its canonical JSON) whole.  `apart`: the reply apart already
-    proven lossless (`written_whole`'s, whose JSON had the receipt's digest), not compared again."""
-    if apart is None and tokens is not None and tokens_media_type == TOKENS_REPLY_MEDIA_TYPE:
+    items carry, else `reply_bytes` (its canonical JSON) whole."""
+    apart = None
+    if tokens is not None and tokens_media_type == TOKENS_REPLY_MEDIA_TYPE:
         apart = take_arrays_off(reply, tokens)
     if apart is not None:
         # `apart` is part of the reply whose canonical JSON `reply_bytes` is: nothing in it that
@@ -253,5 +191,4 @@ __all__ = [
     "put_arrays_back",
     "reply_to_store",
     "take_arrays_off",
-    "written_whole",
 ]

@@ -156,13 +156,6 @@ def json_canonical_bytes(value: Any) -> bytes:
     return _CANONICAL.encode(value).encode()
 
 
-def json_number_text(out: bytes) -> bytes:
-    """orjson's text of a list of finite numbers (an array of token ids or logprobs, written by orjson
-    from numpy) in json's forms: canonical JSON of those numbers, where orjson's small floats are
-    mended as in `canonical_bytes` (a list of numbers holds no string a mend could touch)."""
-    return _mended(out, None)
-
-
 def _mended(out: bytes, sites: Sites | None) -> bytes:
     """orjson's text `out` (of a value `_rewritable` holds for) with its small floats in json's form:
     at `sites` (numpy's), searched for here when not given (numpy's on a large text, else in bytes)."""

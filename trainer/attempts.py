@@ -33,13 +33,13 @@ from eventstore.events import (
     SiblingSealed,
 )
 from payloads import PayloadClaim
-from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE, reply_to_store, written_whole
+from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE, reply_to_store
 from payloads.token_arrays import TokenArrays
 from projections.ledger import AttemptState, GroupState, LedgerState
 from protocol.digests import canonical_bytes
 from protocol.ids import capture_key, group_id_of, rollout_id_of
 from protocol.streams import group_stream
-from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE, refer_to_reply, reply_output_of
+from protocol.token_codec import refer_to_reply, reply_output_of
 from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply, RunRequest, validation_line
 from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
@@ -341,9 +341,8 @@ class Attempts:
         # The reply itself is a payload, stored before the seal under the digest the agent's receipt
         # names (`RunReply.digest()`: its canonical JSON), so a trainer gets `response` back.  Every
         # payload is hashed once: its claim's digest is the one the receipt and the seal name.
-        beside = self._beside(reply, reply_payload, carried)
-        reply_bytes, reply_claim, apart = self._reply_json(
-            reply_payload, beside, receipt.result_digest, carried.reply_json if carried is not None else None
+        reply_bytes, reply_claim = self._reply_json(
+            reply_payload, receipt.result_digest, carried.reply_json if carried is not None else None
         )
         digest = reply_claim.digest
         try:
@@ -381,13 +380,11 @@ class Attempts:
                 raise _Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            tokens_bytes, tokens_type = beside if beside is not None else _beside_reply(tokens, reply_payload)
+            tokens_bytes, tokens_type = _beside_reply(tokens, reply_payload)
             tokens_claim = self.payloads.claim(tokens_bytes, tokens_type)
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
             # A real Gym agent's reply carries the arrays its records hold: stored apart from them.
-            stored, stored_type = reply_to_store(
-                reply_payload, reply_bytes, tokens_bytes, tokens_type, apart=apart
-            )
+            stored, stored_type = reply_to_store(reply_payload, reply_bytes, tokens_bytes, tokens_type)
             stored_claim = reply_claim if stored is reply_bytes else self.payloads.claim(stored, stored_type)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
@@ -423,45 +420,19 @@ class Attempts:
         ]
         return _Kept(group_id, group.agent_name, head, rollout_receipt, receipt)
 
-    def _beside(
-        self, reply: RunReply, reply_payload: dict[str, Any], carried: Completed | None
-    ) -> tuple[bytes, str] | None:
-        """The token records the `/run` answer carried, as they are stored beside the reply; None
-        where it carried none (fetched once the receipt verifies), carried ones that failed their
-        check (refused where they are read), or a masked reply that is retried (kept without them)."""
-        if carried is None or (reply.masked() and self.ctx.settings.mask_sample_retries):
-            return None
-        tokens = carried.tokens
-        return None if not isinstance(tokens, TokenArrays) else _beside_reply(tokens, reply_payload)
-
     def _reply_json(
-        self,
-        reply_payload: dict[str, Any],
-        beside: tuple[bytes, str] | None,
-        receipt_digest: str,
-        carried_json: bytes | None = None,
-    ) -> tuple[bytes, PayloadClaim, dict[str, Any] | None]:
-        """The reply's canonical JSON, its claim, and the reply apart from its records' arrays where
-        that is proven here (else None: `reply_to_store` compares the arrays item by item).
-
-        The JSON the completion frame carried (`carried_json`, of the value the trainer holds) is it
-        when it hashes to the receipt's digest: nothing is written.  Else, beside records that refer
-        to the reply, it is written from the reply apart and the records' arrays (`written_whole`: no
-        per-token Python object written); when that hashes to the receipt's digest it is the reply's,
-        and the reply apart loses nothing.  Otherwise (another agent's arrays, a wrong receipt) the
-        reply's own canonical JSON, to verify as ever."""
+        self, reply_payload: dict[str, Any], receipt_digest: str, carried_json: bytes | None
+    ) -> tuple[bytes, PayloadClaim]:
+        """The reply's canonical JSON and its claim.  The JSON a completion frame carried (of the value
+        the trainer holds, `Completed.reply_json`) is it when it hashes to the receipt's digest: taken
+        as it came, nothing written (a real Gym reply's is 290 KB at 9k tokens, its logprobs' small
+        floats mended one by one).  Otherwise the reply's own canonical JSON, to verify as ever."""
         if carried_json is not None:
             claim = self.payloads.claim(carried_json, REPLY_MEDIA_TYPE)
             if claim.digest == receipt_digest:
-                return carried_json, claim, None
-        if beside is not None and beside[1] == TOKENS_REPLY_MEDIA_TYPE:
-            written = written_whole(reply_payload, beside[0])
-            if written is not None:
-                claim = self.payloads.claim(written[0], REPLY_MEDIA_TYPE)
-                if claim.digest == receipt_digest:
-                    return written[0], claim, written[1]
+                return carried_json, claim
         reply_bytes = canonical_bytes(reply_payload)
-        return reply_bytes, self.payloads.claim(reply_bytes, REPLY_MEDIA_TYPE), None
+        return reply_bytes, self.payloads.claim(reply_bytes, REPLY_MEDIA_TYPE)
 
     async def seal(self, kept: _Kept | AttemptOutcome) -> AttemptOutcome:
         """The one atomic append of a kept try: its reply, then its seal (or hold) and the ACK debt."""

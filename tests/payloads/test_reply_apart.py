@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,15 +16,12 @@ from payloads import PayloadPlane, open_payload_store
 from payloads.replies import (
     REPLY_APART_MEDIA_TYPE,
     REPLY_MEDIA_TYPE,
-    _json_ready,
-    _text,
     put_arrays_back,
     reply_to_store,
     take_arrays_off,
-    written_whole,
 )
 from projections.payload_audit import PAYLOAD_INTACT, PayloadAuditSummary, PayloadFacts, check_payloads
-from protocol.digests import SMALL_FLOATS_BELOW, canonical_bytes, json_canonical_bytes, sha256_digest
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import (
     TOKENS_MEDIA_TYPE,
     TOKENS_REPLY_MEDIA_TYPE,
@@ -188,9 +184,6 @@ def test_stored_apart_only_where_made_whole_is_the_reply(
     stored, media_type = reply_to_store(reply, whole, tokens, TOKENS_REPLY_MEDIA_TYPE)
     assert media_type == REPLY_APART_MEDIA_TYPE
     assert canonical_bytes(put_arrays_back(orjson.loads(stored), tokens)) == whole
-    # Written from the records' arrays, the reply's canonical JSON is the same bytes, the reply apart
-    # the same value.
-    assert written_whole(reply, tokens) == (whole, orjson.loads(stored))
     # The same records beside a reply whose first item was edited after they were read.
     output = list(reply_output_of(reply))
     first = dict(output[0])
@@ -212,59 +205,6 @@ def test_stored_apart_only_where_made_whole_is_the_reply(
         assert canonical_bytes(put_arrays_back(orjson.loads(stored), tokens)) == edited_whole
     else:
         assert stored == edited_whole and edited_whole != whole
-    # Written from the records, the text is the edited reply's exactly when the reply apart loses
-    # nothing (the trainer holds it to the receipt's digest: equal bytes are the proof).
-    written = written_whole(edited, tokens)
-    assert written is not None
-    if written[0] == edited_whole:
-        assert canonical_bytes(put_arrays_back(written[1], tokens)) == edited_whole
-    else:
-        assert media_type == REPLY_MEDIA_TYPE
-
-
-# Around each bound where orjson's text of a float and json's part or meet again.
-_EDGES = [
-    SMALL_FLOATS_BELOW,
-    np.nextafter(SMALL_FLOATS_BELOW, 0),
-    1e-5,
-    np.nextafter(1e-5, 0),
-    1e-9,
-    np.nextafter(1e-9, 0),
-    1e-10,
-    5e-324,
-    1e16,
-    np.nextafter(1e16, 0),
-    -0.0,
-    0.0,
-]
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.one_of(
-            st.floats(allow_nan=False, allow_infinity=False),
-            st.floats(allow_nan=False, allow_infinity=False, min_value=-1e-3, max_value=1e-3),
-            st.sampled_from(_EDGES).map(float),
-            st.sampled_from(_EDGES).map(lambda x: -float(x)),
-        ),
-        max_size=40,
-    ),
-    st.lists(st.integers(0, 2**63 - 1), max_size=40),
-    st.booleans(),
-)
-def test_an_arrays_text_is_its_numbers_canonical_json(
-    floats: list[float], ids: list[int], float32: bool
-) -> None:
-    """What `written_whole` writes for each array is json's text of its numbers, whether or not it
-    holds a float orjson writes in its own form (only those arrays are searched for them)."""
-    with np.errstate(over="ignore"):
-        values = np.array(floats, dtype=np.float32 if float32 else np.float64)
-    values[~np.isfinite(values)] = 1.0  # past float32's range: no logprob a record holds
-    ready = _json_ready(values)
-    assert _text(ready) == json_canonical_bytes(ready.tolist())
-    ids_array = np.array(ids, dtype=np.uint64 if ids and max(ids) >= 2**32 else np.uint32)
-    assert _text(ids_array) == json_canonical_bytes(ids_array.tolist())
 
 
 def test_the_audit_makes_each_reply_stored_apart_whole(tmp_path: Path) -> None:
@@ -359,16 +299,3 @@ def test_run_replied_names_the_records_a_reply_stored_apart_is_made_whole_from()
     v3 = {**base, "failure_kind": None, "reply": claim(whole, REPLY_MEDIA_TYPE).model_dump(mode="json")}
     read = RunReplied.model_validate(upcast("RunReplied", 3, RunReplied.schema_version, v3))
     assert read.reply_claim() == claim(whole, REPLY_MEDIA_TYPE) and read.apart_from is None
-
-
-def test_a_string_that_begins_like_a_placeholder_is_written_the_usual_way() -> None:
-    """The reply's canonical JSON is written from the records with a placeholder (a string starting
-    with NUL) where each array goes: a reply of the agent's own holding such a string gets None."""
-    reply, tokens = _two_calls()
-    written = written_whole(reply, tokens)
-    assert written is not None and written[0] == canonical_bytes(reply)
-    odd = {**reply, "note": "\x000"}
-    assert written_whole(odd, tokens) is None
-    # Elsewhere in a string, NUL is no placeholder's start: written as ever.
-    fine = {**reply, "note": "a\x000"}
-    assert written_whole(fine, tokens) == (canonical_bytes(fine), {**written[1], "note": "a\x000"})
