@@ -13,7 +13,9 @@ Version 1, little-endian:
     offset 0   b"RLCP"              magic
            4   u8 version (1), 3 zero bytes
            8   u32 R, the reply's length;  u32 C, the receipt's length
-          16   the reply: the JSON the agent would have answered `/run` with
+          16   the reply: the JSON the agent would have answered `/run` with (a participant's
+               canonical JSON of it, which the trainer stores as it came where it hashes to the
+               receipt's digest)
       16 + R   the receipt: `CompletionReceipt` as JSON
   16 + R + C   the token records in their binary form (`protocol.token_codec`), to the end
 """
