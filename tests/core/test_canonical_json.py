@@ -355,7 +355,8 @@ def test_a_reply_with_small_logprobs_is_written_without_the_standard_library(
 
 def test_canonical_json_needs_no_numpy() -> None:
     """A participant's core install has no numpy: the module imports without it and writes the same
-    bytes by the searches in bytes (a fresh interpreter, numpy's import refused)."""
+    bytes by the searches in bytes, and the lineage widens u4 ids by byte slices to the same digest
+    (a fresh interpreter, numpy's import refused)."""
     import subprocess
     import sys
 
@@ -366,6 +367,11 @@ def test_canonical_json_needs_no_numpy() -> None:
         "v = {'lp': [-1.5e-7, -2.5e-05, -0.25] * 3000, 't': 'x' * 20000}\n"
         "std = json.dumps(v, sort_keys=True, separators=(',', ':'), ensure_ascii=False).encode()\n"
         "assert digests.canonical_bytes(v) == std\n"
+        "import struct; from protocol import lineage\n"
+        "assert lineage._np is None\n"
+        "ids = [0, 1, 2**32 - 1, 151935] * 50\n"
+        "packed = struct.pack(f'<{len(ids)}I', *ids)\n"
+        "assert lineage.u4_token_digest(len(ids), packed) == lineage.token_digest(ids)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
