@@ -19,7 +19,7 @@ The trainer has the reply's canonical JSON without writing it where the particip
 frame carried it (bytes that hash to the receipt's digest); `take_arrays_off` compares each item's
 arrays with its record's in orjson's text of both (equal text is equal JSON, types included).
 
-Every direction reads the mapping from the same stored records (`_token_items`), so the items
+Both directions read the mapping from the same stored records (`_token_items`), so the items
 written apart and the items made whole are one rule.
 """
 
@@ -101,46 +101,27 @@ def _with_output(reply: dict[str, Any], output: list[Any]) -> dict[str, Any]:
     return {**reply, "response": {**reply["response"], "output": output}}
 
 
-def _carried(
-    reply: dict[str, Any], tokens: bytes | memoryview
-) -> list[tuple[int, dict[str, Any], dict[str, Any]]] | None:
-    """(index, item, the arrays its record holds) for each output item the records (`tokens`, version
-    2) name as their token item; None when none does, or when such an item is missing or lacks one of
-    its record's arrays (the reply then stays whole)."""
-    output = reply_output_of(reply)
-    if not _carries_arrays(output):
-        return None
-    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
-    carried = []
-    for record, index in _token_items(arrays):
-        item = output[index] if index < len(output) else None
-        held = _record_arrays(arrays, record)
-        if not isinstance(item, dict) or not all(name in item for name in held):
-            return None
-        carried.append((index, item, held))
-    return carried or None
-
-
-def _apart(
-    reply: dict[str, Any], carried: list[tuple[int, dict[str, Any], dict[str, Any]]]
-) -> dict[str, Any]:
-    output = list(reply_output_of(reply))
-    for index, item, held in carried:
-        output[index] = {k: v for k, v in item.items() if k not in held}
-    return _with_output(reply, output)
-
-
 def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[str, Any] | None:
     """`reply` (a `/run` reply's payload) without the arrays of each output item its records (`tokens`,
     a version 2 payload beside it) refer to as their token item; None when there is none, or when any
     such item's arrays are not its record's (then the reply is stored whole).  New dicts where arrays
     are taken off; `reply` unchanged."""
-    carried = _carried(reply, tokens)
-    if carried is None or not all(
-        _same_text(item[name], value) for _, item, held in carried for name, value in held.items()
-    ):
+    output = reply_output_of(reply)
+    if not _carries_arrays(output):
         return None
-    return _apart(reply, carried)
+    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
+    apart = list(output)
+    taken = False
+    for record, index in _token_items(arrays):
+        item = output[index] if index < len(output) else None
+        if not isinstance(item, dict):
+            return None
+        held = _record_arrays(arrays, record)
+        if not all(name in item and _same_text(item[name], value) for name, value in held.items()):
+            return None
+        apart[index] = {k: v for k, v in item.items() if k not in held}
+        taken = True
+    return _with_output(reply, apart) if taken else None
 
 
 def reply_to_store(

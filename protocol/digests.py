@@ -70,10 +70,6 @@ _WALK_ABOVE: Final = 4096
 _BYTES_PER_NODE: Final = 64
 
 
-# orjson writes every integer, and every finite float but those of 0 < |x| < this, in json's text.
-SMALL_FLOATS_BELOW: Final = 1e-4
-
-
 def _small_floats(value: Any, budget: int) -> bool | None:
     """Whether `value` holds a float that orjson writes in another form than json: 0 < |x| < 1e-4
     (`1e-5` as `0.00001`, `1.5e-7` as `1.5e-7` for json's `1.5e-07`), or NaN or an infinity (orjson
@@ -97,7 +93,7 @@ def _small_floats(value: Any, budget: int) -> bool | None:
                 return None
             stack.extend(item)
         elif kind is float:
-            if 0.0 < abs(item) < SMALL_FLOATS_BELOW or not math.isfinite(item):
+            if 0.0 < abs(item) < 1e-4 or not math.isfinite(item):
                 return True
         else:  # a float or str subclass, a dataclass, ...: the text decides
             return None
@@ -156,13 +152,6 @@ def json_canonical_bytes(value: Any) -> bytes:
     return _CANONICAL.encode(value).encode()
 
 
-def _mended(out: bytes, sites: Sites | None) -> bytes:
-    """orjson's text `out` (of a value `_rewritable` holds for) with its small floats in json's form:
-    at `sites` (numpy's), searched for here when not given (numpy's on a large text, else in bytes)."""
-    sites = sites if sites is not None else _sites(out)
-    return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
-
-
 def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     """Canonical JSON as UTF-8 bytes: exactly `canonical_json(value).encode()`, faster.  `finite`:
     the caller knows `value` holds no NaN or infinity (orjson.loads gave it: it refuses both), so
@@ -174,7 +163,8 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     differs, sites = _json_writes_otherwise(out, value, finite)
     if differs:
         if _rewritable(value):
-            return _mended(out, sites)  # searched once, and only to mend
+            sites = sites if sites is not None else _sites(out)  # searched once, and only to mend
+            return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
         return json_canonical_bytes(value)
     return out
 
