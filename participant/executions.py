@@ -732,6 +732,7 @@ class ExecutionRegistry:
             ready_to_commit=not blocking and not parked_without_boundary and not completed,
             heartbeat_s=self.heartbeat_s,
             progress=[e.progress(now) for e in blocking if e.state is ExecState.PARK_REQUESTED],
+            completed_attempts=[e.ref for e in completed[:MAX_LIST_ITEMS]],
         )
 
     # -- acknowledgement and retirement ---------------------------------------------------------

@@ -65,6 +65,7 @@ from trainer.gym.errors import (
     NotReadyError,
     StaleCheckpointError,
 )
+from trainer.retires import RetireRelay
 
 
 @dataclass
@@ -158,10 +159,11 @@ class _Prepare:
 
 
 class Checkpointer:
-    def __init__(self, ctx: Context, tries: Attempts, relay: AckRelay) -> None:
+    def __init__(self, ctx: Context, tries: Attempts, relay: AckRelay, retires: RetireRelay) -> None:
         self.ctx = ctx
         self.tries = tries
         self.relay = relay
+        self.retires = retires
         self._lock = asyncio.Lock()
         # Participants still being driven to a decided outcome, and the CheckpointResumed appenders.
         self._finishers: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -813,6 +815,7 @@ class Checkpointer:
         except GymError as exc:
             log.warning("reconcile: status of %s unavailable: %s", name, exc)
             return
+        await self.retires.owe_strays(name, status)
         active = status.active_checkpoint_id
         if (
             active is None

@@ -169,7 +169,7 @@ class RolloutCoordinator:
         self.tries = Attempts(self.ctx, self.payloads)
         self.relay = AckRelay(self.ctx)
         self.retires = RetireRelay(self.ctx)
-        self.checkpointer = Checkpointer(self.ctx, self.tries, self.relay)
+        self.checkpointer = Checkpointer(self.ctx, self.tries, self.relay, self.retires)
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._epoch_reason: Literal["start", "recovery"] = "start"

@@ -26,6 +26,7 @@ from projections.ledger import LedgerState, RetireDebt, debt_key
 from protocol.ids import group_id_of
 from protocol.retry import RetryState
 from protocol.streams import group_stream, trainer_stream
+from protocol.wire import AgentStatus, AttemptRef
 from trainer.attempts import retire_answer
 from trainer.context import Context, log
 from trainer.core import retire_debt as core
@@ -68,6 +69,39 @@ class RetireRelay:
     def owed_agents(self) -> list[str]:
         """Agents this trainer owes a retire (of a try of its own groups)."""
         return [a for a in self.ctx.journal.ledger.retires if self.owed(a)]
+
+    async def owe_strays(self, agent_name: str, status: AgentStatus) -> int:
+        """Owes a retire for each stray result in the agent's status (trainer.core.retire_debt.strays):
+        a try the log settled as retired that the agent holds finished again.  Returns how many."""
+        ctx = self.ctx
+        found = core.strays(
+            ctx.journal.ledger,
+            ctx.driver,
+            agent_name,
+            status.execution_incarnation,
+            status.completed_attempts,
+        )
+        by_group: dict[str, list[AttemptRef]] = defaultdict(list)
+        for owed in found:
+            by_group[group_id_of(owed.rollout_id)].append(
+                AttemptRef(rollout_id=owed.rollout_id, attempt_index=owed.attempt_index)
+            )
+        written = 0
+        for gid, refs in by_group.items():
+            # Built again on the ledger the append is written against: owed once, whoever gets there first.
+            def build(ledger: LedgerState, refs: list[AttemptRef] = refs) -> list[Event]:
+                return list(core.strays(ledger, ctx.driver, agent_name, status.execution_incarnation, refs))
+
+            written += len(await ctx.journal.append(group_stream(gid), build))
+        if written:
+            log.warning(
+                "agent %s holds %d result(s) of tries the log retired (it lost its state and ran them "
+                "again): retires owed to release them",
+                agent_name,
+                written,
+            )
+            ctx.retire_wakeup.set()
+        return written
 
     async def _run(self) -> None:
         ctx = self.ctx

@@ -17,26 +17,70 @@ later checkpoints and is the stranded result the audit names.  So the loss recor
                                                      per spell (RetireDeliveryStuck) and called on at the
                                                      cap: a debt is never dropped here
 
+A stray result is one an agent holds for a try the log settled as retired (its agent answered the
+retire cancelled, tombstoned or done): the agent restarted on an empty state directory, its tombstones
+went with it, and a late `/run` of the try (a stale process's, a duplicate delivery) ran it again.
+Nothing else would release it (the log's outcome of the try is final), so every later checkpoint
+would carry it.  Found in an agent's status (`strays`), it is owed a retire like a lost try's, and
+paid the same way: the agent answers `completed_unacknowledged`, the receipt is fetched and the ACK
+owed releases it (docs/protocol.md, Stray results).
+
 Paying twice is harmless: the agent's retire of a try it no longer holds answers done or tombstoned,
 and an ACK it already accepted is accepted again (idempotent); the fold records the first payment.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal, get_args
 
-from eventstore.events import AckOwed, Event, ReceiptFetched, RetirePaid, RetirePaidOutcome
+from eventstore.events import AckOwed, Event, ReceiptFetched, RetireOwed, RetirePaid, RetirePaidOutcome
+from projections.ledger import LedgerState, debt_key
+from projections.ownership import Driver, owner_of_try
 from protocol.ids import capture_key
 from protocol.retry import RetryPolicy, RetryState
-from protocol.wire import CompletionReceipt
-from trainer.core.attempt import CallFailed, RetireAnswer, RetireRefused
+from protocol.wire import AttemptRef, CompletionReceipt
+from trainer.core.attempt import CallFailed, RetireAnswer, RetireOutcome, RetireRefused
 from trainer.core.debt import AckRetry, on_ack_failure
 
 # One agent's owed retires failing (transport, a checkpoint phase in the way): jittered backoff within
 # this budget, then reported stuck once and called at the cap from then on.  The cap bounds the probe
 # an agent away for hours gets: one retire every 2.5-5 s.
 RETIRE_OWED_POLICY = RetryPolicy(max_calls=16, deadline_s=60.0, base_s=0.05, cap_s=5.0)
+
+
+# The retire answers after which the agent holds nothing of a try: a result of it found later is stray.
+HELD_NOTHING: Final = frozenset(get_args(RetireOutcome))
+
+
+def strays(
+    ledger: LedgerState, driver: Driver, agent_name: str, incarnation: str, held: Sequence[AttemptRef]
+) -> list[RetireOwed]:
+    """The retires owed for the stray results among `held`, the finished tries agent `agent_name`
+    (process `incarnation`) reports holding: tries of this trainer's groups at that agent that the log
+    settled as retired, with no ACK or retire owed for them already."""
+    acks, retires = ledger.debts.get(agent_name, {}), ledger.retires.get(agent_name, {})
+    found: list[RetireOwed] = []
+    for ref in held:
+        rid, n = ref.rollout_id, ref.attempt_index
+        key = debt_key(rid, n)
+        owner = owner_of_try(ledger, rid)
+        if key in acks or key in retires or owner is None or owner.agent_name != agent_name:
+            continue
+        attempt = ledger.attempt(rid, n)
+        if (
+            driver.drives(owner)
+            and attempt is not None
+            and attempt.status in ("retired", "discarded")
+            and attempt.retire_outcome in HELD_NOTHING
+        ):
+            found.append(
+                RetireOwed(
+                    agent_name=agent_name, rollout_id=rid, attempt_index=n, execution_incarnation=incarnation
+                )
+            )
+    return found
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,10 @@ from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key, mint_incarnation
 from protocol.tokens import TokenRecordError, token_records_from_reply
 from protocol.wire import (
+    MAX_LIST_ITEMS,
     AcknowledgeResult,
     AgentStatus,
+    AttemptRef,
     Capabilities,
     CompletionReceipt,
     RetireResponse,
@@ -174,6 +176,9 @@ class ReducedMode:
             parked_without_boundary=0,
             # Never ready: a checkpoint cannot include this agent.
             ready_to_commit=False,
+            completed_attempts=[
+                AttemptRef(rollout_id=rid, attempt_index=n) for rid, n in list(self._held)[:MAX_LIST_ITEMS]
+            ],
         )
 
     def refuse_checkpoint(self, op: str, checkpoint_id: str) -> NotParticipantError:
