@@ -13,9 +13,12 @@ from projections.audit import NO_STRANDED_RESULT, audit_log
 from projections.base import decode, fold
 from projections.figures import LogFigures
 from projections.ledger import LedgerProjection, LedgerState
+from projections.ownership import Driver
 from protocol.streams import operator_stream
+from protocol.wire import AttemptRef
 from tests.projections.builder import AGENT, LogBuilder
 from tests.projections.tamper import append_raw
+from trainer.core.retire_debt import strays
 
 
 def ledger_of(store: EventStore) -> LedgerState:
@@ -187,3 +190,71 @@ def test_a_v1_retire_paid_reads_as_v2_without_a_mark(store_url: str) -> None:
         assert ledger_of(store).retires == {}
     finally:
         store.close()
+
+
+# --- stray results (trainer.core.retire_debt.strays) ---------------------------------------------
+
+HOLDER = "c" * 32
+
+
+def retired_then_replaced(log: LogBuilder, group_id: str, trainer: str | None = None) -> str:
+    """Try 0 retired at the agent (cancelled), try 1 sealed with its ACK owed; returns the rollout id."""
+    rid = f"{group_id}_g0"
+    log.reserve(group_id, 1, trainer=trainer)
+    log.mint(group_id, 1)
+    log.dispatch(rid)
+    log.replace(rid, 1, retire="cancelled")
+    log.dispatch(rid, 1)
+    log.seal(rid, 1)
+    return rid
+
+
+def strays_of(
+    store: EventStore, held: list[tuple[str, int]], agent: str = AGENT, trainer: str | None = None
+) -> list[tuple[str, str, int, str | None]]:
+    found = strays(
+        ledger_of(store),
+        Driver.of(trainer, [AGENT, "agent-b"]),
+        agent,
+        HOLDER,
+        [AttemptRef(rollout_id=rid, attempt_index=n) for rid, n in held],
+    )
+    return [(e.agent_name, e.rollout_id, e.attempt_index, e.execution_incarnation) for e in found]
+
+
+def test_a_retired_try_held_again_is_a_stray_owed_a_retire_once(store: EventStore, log: LogBuilder) -> None:
+    rid = retired_then_replaced(log, "p")
+    assert strays_of(store, [(rid, 0)]) == [(AGENT, rid, 0, HOLDER)]
+    log.group("p", [RetireOwed(agent_name=AGENT, rollout_id=rid, attempt_index=0)])
+    assert strays_of(store, [(rid, 0)]) == []  # owed already: recorded once
+
+
+def test_only_a_settled_retired_try_of_this_trainers_group_at_that_agent_is_a_stray(
+    store: EventStore, log: LogBuilder
+) -> None:
+    rid = retired_then_replaced(log, "p", trainer="A")
+    log.reserve("q", 1, trainer="A")
+    log.mint("q", 1)
+    log.dispatch("q_g0")
+    assert strays_of(store, [(rid, 0)], trainer="A") == [(AGENT, rid, 0, HOLDER)]
+    assert strays_of(store, [(rid, 0)], trainer="B") == []  # another trainer's group
+    assert strays_of(store, [(rid, 0)], agent="agent-b", trainer="A") == []  # the try ran at another agent
+    # The sealed replacement (its ACK owed), a try in flight, one never minted, a group never reserved.
+    held = [(rid, 1), ("q_g0", 0), (rid, 5), ("zz_g0", 0)]
+    assert strays_of(store, held, trainer="A") == []
+    log.ack(rid, 1)
+    assert strays_of(store, [(rid, 1)], trainer="A") == []  # sealed, ACKed, held again: not a retired try
+
+
+def test_a_stray_being_released_is_not_owed_again_until_its_ack_is_accepted(
+    store: EventStore, log: LogBuilder
+) -> None:
+    rid = retired_then_replaced(log, "p")
+    log.group("p", [RetireOwed(agent_name=AGENT, rollout_id=rid, attempt_index=0)])
+    log.owe(rid, 0)
+    pay_stray = RetirePaid(rollout_id=rid, attempt_index=0, outcome="released")
+    log.group("p", [pay_stray])
+    assert strays_of(store, [(rid, 0)]) == []  # its ACK is owed: the relay releases it
+    log.ack(rid, 0)
+    # Released, then held again (the agent lost its state once more): a stray again.
+    assert strays_of(store, [(rid, 0)]) == [(AGENT, rid, 0, HOLDER)]
