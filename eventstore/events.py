@@ -324,12 +324,15 @@ class RetireOwed(Event):
     that agent a retire of it, because the agent may still hold a finished result of it (it answered
     `completed_unacknowledged`, or finished while away) that nothing else would ever release.  Paid by
     `RetirePaid` once the agent answers again (docs/protocol.md, Retire debts); the result is released,
-    never adopted: the group is already dead-lettered."""
+    never adopted: the group is already dead-lettered.  Also owed for a stray result: the agent's
+    status shows it holding a finished result of a try the log settled as retired (it restarted on an
+    empty state directory and a late `/run` ran the try again); released the same way, never sealed."""
 
     agent_name: Identifier
     rollout_id: Identifier
     attempt_index: AttemptIndex
-    # The agent process that answered retire with `completed_unacknowledged` (None: none did).
+    # The agent process that answered retire with `completed_unacknowledged`, or that reported the
+    # stray result (None: none did).
     execution_incarnation: Incarnation | None = None
 
 
