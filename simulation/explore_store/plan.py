@@ -82,6 +82,9 @@ class Plan:
     pools: dict[int, int] = field(default_factory=dict)
     # Agents whose wall clock steps back a day at each of their restarts (their records' times go back).
     clock_back: frozenset[str] = frozenset()
+    # The late /run's agent (`before_run`) restarts with its state directory lost, not kept: it forgot
+    # the retire, runs the try, and holds a result of a try the log retired (a stray result).
+    late_run_lost: bool = False
 
     def name_of(self, key: str) -> str:
         return self.names.get(key, key)
@@ -112,6 +115,7 @@ class Plan:
             "collision": self.collision,
             "pools": dict(sorted(self.pools.items())),
             "clock_back": sorted(self.clock_back),
+            "late_run_lost": self.late_run_lost,
         }
 
 
@@ -120,7 +124,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     into every id (trainers, agents, groups, checkpoints), so seeds replayed on one log do not meet.
     `fleet=False` leaves out the draws of several trainers on one fleet (shared names, an intruder, a
     group id collision, a small run pool, a stale prepare after a presumed abort, agent clocks stepped
-    back at a restart): the plans as they
+    back at a restart, a late /run's agent restarted with its state lost): the plans as they
     were before those existed, so the seeds that found bugs before them replay what found them."""
     rng = random.Random(seed)
     trainers: list[TrainerPlan] = []
@@ -178,6 +182,8 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
         crash = CrashPoint(rng.randrange(len(trainers)), "after_prepare", 1, True)
     restarted = sorted({a for a, _ in restarts})
     clock_back = frozenset(a for a in restarted if rng.random() < 0.5) if fleet else frozenset()
+    # Drawn last, as above.
+    late_run_lost = fleet and crash is not None and crash.where == "before_run" and rng.random() < 0.5
     return Plan(
         seed,
         f"x{seed}{tag}-",
@@ -192,6 +198,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
         collision,
         pools,
         clock_back,
+        late_run_lost,
     )
 
 

@@ -139,6 +139,9 @@ class ScheduleRun:
     collided: bool = False
     # The writers of refused starts (the intrusion): none of them may have written a row.
     refused_writers: list[str] = field(default_factory=list)
+    # The late /runs on their way (`before_run`): the owner's last reconciliation waits for them, so a
+    # result one of them leaves at a restarted agent is the trainer's to release, not left for its next run.
+    late_runs: set[asyncio.Future[Any]] = field(default_factory=set)
     _started: dict[int, asyncio.Event] = field(default_factory=dict)
 
     def started(self, t: int) -> asyncio.Event:

@@ -118,7 +118,9 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
         inc.work_done.set()
         await inc.may_close.wait()
         await _until_intruded(run, t)
+        await _late_runs_landed(run)
         await coord.checkpointer.recover()
+        await _until_released(coord)
         _raise_if_stopped(coord)
         await coord.close()
     finally:
@@ -137,6 +139,24 @@ async def _until_intruded(run: ScheduleRun, t: int) -> None:
     if run.plan.intruder is not None and run.plan.intruder[0] == t:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.intruded.wait(), FLEET_GATE_S)
+
+
+async def _late_runs_landed(run: ScheduleRun) -> None:
+    """Before the owner's last reconciliation: every late /run has reached its agent (within
+    FLEET_GATE_S), so a stray result one of them left is there to be found."""
+    pending = [f for f in run.late_runs if not f.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=FLEET_GATE_S)
+
+
+async def _until_released(coord: RolloutCoordinator) -> None:
+    """After the last reconciliation: the retires it found owed (stray results) paid and their ACKs
+    accepted, within FLEET_GATE_S, before the close (what is still held then, the checker names)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(FLEET_GATE_S):
+            while coord.retires.owed_agents():
+                await asyncio.sleep(0.02)
+        await coord.wait_idle(FLEET_GATE_S)
 
 
 async def _intrude(

@@ -180,7 +180,8 @@ class FaultyPool:
     ) -> Reply:
         """A stale owner's /run held in the network: it arrives once the successor has recovered and
         retired the try at the agent (the agent's durable records say so; the wait is bounded, as
-        the successor may have had no reason to), and the agent has restarted on its state directory.
+        the successor may have had no reason to), and the agent has restarted, on its state directory
+        or (`late_run_lost`) on an empty one.
         It is on its way whatever becomes of the process that sent it (no trainer's task carries it)."""
         inc, agent, run = self.inc, self.agent, self.run
         rid, _, index = _subject_of(body, agent.key).partition("#")
@@ -197,14 +198,20 @@ class FaultyPool:
                 if not retired:
                     await asyncio.sleep(0.02)
             run.counts["late_runs_after_retire" if retired else "late_runs_not_retired"] += 1
-            agent.restart(True)
-            run.counts["agent_restarts_kept"] += 1
+            # With its state lost (the plan's `late_run_lost`) the agent forgot the retire and runs the
+            # try: the result is a stray the trainer must release (docs/protocol.md, Stray results).
+            keep = not run.plan.late_run_lost
+            agent.restart(keep)
+            run.counts["agent_restarts_kept" if keep else "agent_restarts_lost"] += 1
+            if not keep:
+                run.counts["late_runs_on_lost_state"] += 1
             return await agent.call(method, target, headers, body)
 
         context = contextvars.copy_context()
         context.run(INCARNATION.set, None)
         delivery = asyncio.get_running_loop().create_task(arrive(), context=context)
         delivery.add_done_callback(_consume)
+        run.late_runs.add(delivery)
         return await asyncio.shield(delivery)
 
     async def _deliver(

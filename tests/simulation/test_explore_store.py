@@ -43,6 +43,9 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     assert c["stale_prepares"] >= 5, c
     # Agents whose wall clock stepped back a day at a restart (their new records dated before the old).
     assert c["agent_clock_jumps_back"] >= 5, c
+    # A late /run reaching an agent restarted with its state lost: the retired try ran again there and
+    # its result was a stray the trainer released (the checker names any result left held).
+    assert c["late_runs_on_lost_state"] >= 3, c
 
 
 def test_the_plan_is_a_pure_function_of_the_seed() -> None:
@@ -63,6 +66,7 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
     # Without the fleet's draws a plan is what it was before they existed (the regression seeds').
     bare = sim.plan_of(4242, fleet=False)
     assert not (bare.names or bare.intruder or bare.collision or bare.pools or bare.clock_back)
+    assert not bare.late_run_lost and any(p.late_run_lost for p in plans)
     assert bare.trainers == sim.plan_of(4242).trainers and bare.faults == sim.plan_of(4242).faults
 
 
