@@ -56,6 +56,7 @@ from trainer.core.checkpoint import (
     step,
     unpaid_at_decision,
 )
+from trainer.core.retire_debt import owed_keys
 from trainer.errors import CheckpointBusy, CheckpointDecided, CoordinatorStopped, FencedOff, UnknownCheckpoint
 from trainer.gym import GymClient
 from trainer.gym.errors import (
@@ -810,12 +811,13 @@ class Checkpointer:
         leftover is undone at the agent and nothing is recorded.
         """
         ctx = self.ctx
+        owed_before = owed_keys(ctx.journal.ledger, name)
         try:
             status = await client.status()
         except GymError as exc:
             log.warning("reconcile: status of %s unavailable: %s", name, exc)
             return
-        await self.retires.owe_strays(name, status)
+        await self.retires.owe_strays(name, status, owed_before)
         active = status.active_checkpoint_id
         if (
             active is None

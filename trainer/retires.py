@@ -70,16 +70,14 @@ class RetireRelay:
         """Agents this trainer owes a retire (of a try of its own groups)."""
         return [a for a in self.ctx.journal.ledger.retires if self.owed(a)]
 
-    async def owe_strays(self, agent_name: str, status: AgentStatus) -> int:
+    async def owe_strays(self, agent_name: str, status: AgentStatus, owed_before: frozenset[str]) -> int:
         """Owes a retire for each stray result in the agent's status (trainer.core.retire_debt.strays):
-        a try the log settled as retired that the agent holds finished again.  Returns how many."""
+        a try the log settled that the agent holds finished again.  `owed_before`: the debts owed to
+        the agent before its status was asked for.  Returns how many."""
         ctx = self.ctx
+        incarnation = status.execution_incarnation
         found = core.strays(
-            ctx.journal.ledger,
-            ctx.driver,
-            agent_name,
-            status.execution_incarnation,
-            status.completed_attempts,
+            ctx.journal.ledger, ctx.driver, agent_name, incarnation, status.completed_attempts, owed_before
         )
         by_group: dict[str, list[AttemptRef]] = defaultdict(list)
         for owed in found:
@@ -90,12 +88,12 @@ class RetireRelay:
         for gid, refs in by_group.items():
             # Built again on the ledger the append is written against: owed once, whoever gets there first.
             def build(ledger: LedgerState, refs: list[AttemptRef] = refs) -> list[Event]:
-                return list(core.strays(ledger, ctx.driver, agent_name, status.execution_incarnation, refs))
+                return list(core.strays(ledger, ctx.driver, agent_name, incarnation, refs, owed_before))
 
             written += len(await ctx.journal.append(group_stream(gid), build))
         if written:
             log.warning(
-                "agent %s holds %d result(s) of tries the log retired (it lost its state and ran them "
+                "agent %s holds %d result(s) of tries the log settled (it lost its state and ran them "
                 "again): retires owed to release them",
                 agent_name,
                 written,

@@ -210,7 +210,11 @@ def retired_then_replaced(log: LogBuilder, group_id: str, trainer: str | None = 
 
 
 def strays_of(
-    store: EventStore, held: list[tuple[str, int]], agent: str = AGENT, trainer: str | None = None
+    store: EventStore,
+    held: list[tuple[str, int]],
+    agent: str = AGENT,
+    trainer: str | None = None,
+    owed_before: frozenset[str] = frozenset(),
 ) -> list[tuple[str, str, int, str | None]]:
     found = strays(
         ledger_of(store),
@@ -218,6 +222,7 @@ def strays_of(
         agent,
         HOLDER,
         [AttemptRef(rollout_id=rid, attempt_index=n) for rid, n in held],
+        owed_before,
     )
     return [(e.agent_name, e.rollout_id, e.attempt_index, e.execution_incarnation) for e in found]
 
@@ -229,7 +234,7 @@ def test_a_retired_try_held_again_is_a_stray_owed_a_retire_once(store: EventStor
     assert strays_of(store, [(rid, 0)]) == []  # owed already: recorded once
 
 
-def test_only_a_settled_retired_try_of_this_trainers_group_at_that_agent_is_a_stray(
+def test_only_a_settled_try_of_this_trainers_group_at_that_agent_is_a_stray(
     store: EventStore, log: LogBuilder
 ) -> None:
     rid = retired_then_replaced(log, "p", trainer="A")
@@ -243,7 +248,32 @@ def test_only_a_settled_retired_try_of_this_trainers_group_at_that_agent_is_a_st
     held = [(rid, 1), ("q_g0", 0), (rid, 5), ("zz_g0", 0)]
     assert strays_of(store, held, trainer="A") == []
     log.ack(rid, 1)
-    assert strays_of(store, [(rid, 1)], trainer="A") == []  # sealed, ACKed, held again: not a retired try
+    # Sealed and ACKed, then held again: a stray, unless its ACK was owed when the agent was asked (the
+    # agent answered before the ACK reached it, and the log folded the ACK before the answer was read).
+    assert strays_of(store, [(rid, 1)], trainer="A") == [(AGENT, rid, 1, HOLDER)]
+    assert strays_of(store, [(rid, 1)], trainer="A", owed_before=frozenset({f"{rid}/1"})) == []
+
+
+def test_a_failed_try_is_a_stray_once_its_group_is_dead_lettered(store: EventStore, log: LogBuilder) -> None:
+    lost_after_finishing(log, "p")
+    pay(log, "p", "tombstoned")  # the agent held nothing of it then
+    assert strays_of(store, [("p_g0", 0)]) == [(AGENT, "p_g0", 0, HOLDER)]
+    log.reserve("q", 1)
+    log.mint("q", 1)
+    log.dispatch("q_g0")
+    log.fail("q_g0")
+    assert strays_of(store, [("q_g0", 0)]) == []  # failed, its group still open: the trainer decides
+
+
+def test_a_try_of_an_archived_group_held_again_is_a_stray(store: EventStore, log: LogBuilder) -> None:
+    rid = retired_then_replaced(log, "p")
+    log.ack(rid, 1)
+    log.seal_group("p", {0: 1})
+    log.claim("p", 1)
+    log.checkpoint("c1")
+    log.checkpoint("c2")
+    assert "p" in ledger_of(store).archived
+    assert strays_of(store, [(rid, 1), (rid, 0)]) == [(AGENT, rid, 1, HOLDER), (AGENT, rid, 0, HOLDER)]
 
 
 def test_a_stray_being_released_is_not_owed_again_until_its_ack_is_accepted(

@@ -17,11 +17,11 @@ later checkpoints and is the stranded result the audit names.  So the loss recor
                                                      per spell (RetireDeliveryStuck) and called on at the
                                                      cap: a debt is never dropped here
 
-A stray result is one an agent holds for a try the log settled as retired (its agent answered the
-retire cancelled, tombstoned or done): the agent restarted on an empty state directory, its tombstones
-went with it, and a late `/run` of the try (a stale process's, a duplicate delivery) ran it again.
-Nothing else would release it (the log's outcome of the try is final), so every later checkpoint
-would carry it.  Found in an agent's status (`strays`), it is owed a retire like a lost try's, and
+A stray result is one an agent holds for a try the log has settled (`settled`: retired with the agent
+holding nothing, sealed and ACKed, failed in a dead-lettered group, archived): the agent restarted on
+an empty state directory, its tombstones and its record of the ACK went with it, and a late `/run` of
+the try (a stale process's, a duplicate delivery) ran it again.  Nothing else would release it (the
+log's outcome of the try is final), so every later checkpoint would carry it.  Found in an agent's status (`strays`), it is owed a retire like a lost try's, and
 paid the same way: the agent answers `completed_unacknowledged`, the receipt is fetched and the ACK
 owed releases it (docs/protocol.md, Stray results).
 
@@ -38,7 +38,7 @@ from typing import Final, Literal, get_args
 from eventstore.events import AckOwed, Event, ReceiptFetched, RetireOwed, RetirePaid, RetirePaidOutcome
 from projections.ledger import LedgerState, debt_key
 from projections.ownership import Driver, owner_of_try
-from protocol.ids import capture_key
+from protocol.ids import capture_key, group_id_of
 from protocol.retry import RetryPolicy, RetryState
 from protocol.wire import AttemptRef, CompletionReceipt
 from trainer.core.attempt import CallFailed, RetireAnswer, RetireOutcome, RetireRefused
@@ -54,33 +54,55 @@ RETIRE_OWED_POLICY = RetryPolicy(max_calls=16, deadline_s=60.0, base_s=0.05, cap
 HELD_NOTHING: Final = frozenset(get_args(RetireOutcome))
 
 
+def settled(ledger: LedgerState, rollout_id: str, attempt_index: int) -> bool:
+    """Whether the log will never take a result of this try again: its group is archived; its result
+    was taken (sealed or held, even if its round was discarded later); its agent answered its retire
+    holding nothing; or it failed in a group that is dead-lettered."""
+    attempt = ledger.attempt(rollout_id, attempt_index)
+    if attempt is None:
+        return group_id_of(rollout_id) in ledger.archived
+    if attempt.status in ("sealed", "held") or attempt.rollout_receipt is not None:
+        return True
+    if attempt.status in ("retired", "discarded"):
+        return attempt.retire_outcome in HELD_NOTHING
+    group = ledger.group_of(rollout_id)
+    return attempt.status == "failed" and group is not None and group.status == "dead_lettered"
+
+
 def strays(
-    ledger: LedgerState, driver: Driver, agent_name: str, incarnation: str, held: Sequence[AttemptRef]
+    ledger: LedgerState,
+    driver: Driver,
+    agent_name: str,
+    incarnation: str,
+    held: Sequence[AttemptRef],
+    owed_before: frozenset[str] = frozenset(),
 ) -> list[RetireOwed]:
     """The retires owed for the stray results among `held`, the finished tries agent `agent_name`
     (process `incarnation`) reports holding: tries of this trainer's groups at that agent that the log
-    settled as retired, with no ACK or retire owed for them already."""
+    settled (`settled`), with no ACK or retire owed for them, now or before the agent was asked
+    (`owed_before`, debt keys: one paid meanwhile was held for that debt when the agent answered)."""
     acks, retires = ledger.debts.get(agent_name, {}), ledger.retires.get(agent_name, {})
     found: list[RetireOwed] = []
     for ref in held:
         rid, n = ref.rollout_id, ref.attempt_index
         key = debt_key(rid, n)
-        owner = owner_of_try(ledger, rid)
-        if key in acks or key in retires or owner is None or owner.agent_name != agent_name:
+        if key in acks or key in retires or key in owed_before:
             continue
-        attempt = ledger.attempt(rid, n)
-        if (
-            driver.drives(owner)
-            and attempt is not None
-            and attempt.status in ("retired", "discarded")
-            and attempt.retire_outcome in HELD_NOTHING
-        ):
+        owner = owner_of_try(ledger, rid)
+        if owner is None or owner.agent_name != agent_name or not driver.drives(owner):
+            continue
+        if settled(ledger, rid, n):
             found.append(
                 RetireOwed(
                     agent_name=agent_name, rollout_id=rid, attempt_index=n, execution_incarnation=incarnation
                 )
             )
     return found
+
+
+def owed_keys(ledger: LedgerState, agent_name: str) -> frozenset[str]:
+    """The debt keys of every ACK and retire owed to `agent_name` (`strays`' `owed_before`)."""
+    return frozenset(ledger.debts.get(agent_name, {})) | frozenset(ledger.retires.get(agent_name, {}))
 
 
 @dataclass(frozen=True)
