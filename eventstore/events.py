@@ -325,8 +325,8 @@ class RetireOwed(Event):
     `completed_unacknowledged`, or finished while away) that nothing else would ever release.  Paid by
     `RetirePaid` once the agent answers again (docs/protocol.md, Retire debts); the result is released,
     never adopted: the group is already dead-lettered.  Also owed for a stray result: the agent's
-    status shows it holding a finished result of a try the log settled as retired (it restarted on an
-    empty state directory and a late `/run` ran the try again); released the same way, never sealed."""
+    status shows it holding a finished result of a try the log settled (it restarted on an empty
+    state directory and a late `/run` ran the try again); released the same way, never sealed."""
 
     agent_name: Identifier
     rollout_id: Identifier

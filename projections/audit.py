@@ -541,7 +541,15 @@ def _owed(st: AuditState, ev: RecordedEvent, e: AckOwed) -> None:
             [t.fetched_at, ev.position],
             f"the receipt owed for {rid}#{index} differs from the one fetched at {t.fetched_at}",
         )
-    if t is not None and t.reply_digest is not None and receipt.result_digest != t.reply_digest:
+    # An ACK owed while a retire is owed for the try releases a result nothing takes (docs/protocol.md,
+    # Retire debts): it may be another execution's (a stray), so it is not held to the reply's digest.
+    releasing = t is not None and t.retire_owed is not None and t.retire_paid is None
+    if (
+        t is not None
+        and t.reply_digest is not None
+        and receipt.result_digest != t.reply_digest
+        and not releasing
+    ):
         st.violate(
             RECEIPT_MATCHES,
             [t.replied, ev.position],
@@ -628,8 +636,13 @@ def _retired(st: AuditState, ev: RecordedEvent, e: AttemptRetired) -> None:
 
 def _retire_owed(st: AuditState, ev: RecordedEvent, e: RetireOwed) -> None:
     t = st.tries.get(_key(e.rollout_id, e.attempt_index))
-    if t is not None and t.retire_owed is None:
+    if t is None:
+        return
+    if t.retire_owed is None:
         t.retire_owed = ev.position
+    elif t.retire_paid is not None:
+        # Owed again after it was paid (a stray result of the try): a new debt, unpaid.
+        t.retire_owed, t.retire_paid, t.retire_paid_outcome = ev.position, None, None
 
 
 def _retire_paid(st: AuditState, ev: RecordedEvent, e: RetirePaid) -> None:

@@ -620,7 +620,7 @@ class AgentStatus(WireModel):
     # One per try asked to park that is still on its way to a boundary (PARK_REQUESTED).
     progress: list[TryProgress] = Field(default_factory=list)
     # The finished tries it holds unacknowledged (the first MAX_LIST_ITEMS): the trainer releases any
-    # its log settled as retired, a stray result (docs/protocol.md, Stray results).
+    # its log has settled, a stray result (docs/protocol.md, Stray results).
     completed_attempts: list[AttemptRef] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
 
 

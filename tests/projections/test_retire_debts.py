@@ -8,15 +8,23 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from eventstore import EventStore, open_store
-from eventstore.events import OperatorMark, RetireOwed, RetirePaid, RetirePaidOutcome, RunFailed
-from projections.audit import NO_STRANDED_RESULT, audit_log
+from eventstore.events import (
+    AckOwed,
+    OperatorMark,
+    ReceiptFetched,
+    RetireOwed,
+    RetirePaid,
+    RetirePaidOutcome,
+    RunFailed,
+)
+from projections.audit import NO_STRANDED_RESULT, RECEIPT_MATCHES, audit_log
 from projections.base import decode, fold
 from projections.figures import LogFigures
 from projections.ledger import LedgerProjection, LedgerState
 from projections.ownership import Driver
 from protocol.streams import operator_stream
 from protocol.wire import AttemptRef
-from tests.projections.builder import AGENT, LogBuilder
+from tests.projections.builder import AGENT, LogBuilder, completion_receipt
 from tests.projections.tamper import append_raw
 from trainer.core.retire_debt import strays
 
@@ -288,3 +296,36 @@ def test_a_stray_being_released_is_not_owed_again_until_its_ack_is_accepted(
     log.ack(rid, 0)
     # Released, then held again (the agent lost its state once more): a stray again.
     assert strays_of(store, [(rid, 0)]) == [(AGENT, rid, 0, HOLDER)]
+
+
+def test_a_stray_released_is_judged_as_a_release_not_against_the_sealed_reply(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """A sealed try run again by an agent that lost its state: the receipt fetched to release it is
+    another execution's (another digest); the audit accepts the release, and still checks ACKs owed
+    outside one."""
+    log.reserve("p", 1)
+    log.mint("p", 1)
+    log.dispatch("p_g0")
+    log.reply("p_g0")
+    log.seal("p_g0")
+    log.ack("p_g0")
+    again = completion_receipt("p_g0", 0, digest="sha256:" + "e" * 64, generation=2)
+    log.group("p", [RetireOwed(agent_name=AGENT, rollout_id="p_g0", attempt_index=0)])
+    log.group(
+        "p",
+        [
+            ReceiptFetched(agent_name=AGENT, receipt=again),
+            AckOwed(agent_name=AGENT, receipt=again),
+            RetirePaid(rollout_id="p_g0", attempt_index=0, outcome="released"),
+        ],
+    )
+    log.ack("p_g0")
+    report = audit_log(store)
+    assert report.ok, report.as_json()
+    # The same receipt owed with no retire owed for the try: the reply's digest is checked.
+    log.group(
+        "p", [ReceiptFetched(agent_name=AGENT, receipt=again), AckOwed(agent_name=AGENT, receipt=again)]
+    )
+    [violation] = audit_log(store).violations
+    assert violation.rule == RECEIPT_MATCHES and "the reply had" in violation.message
