@@ -85,6 +85,10 @@ class Plan:
     # The late /run's agent (`before_run`) restarts with its state directory lost, not kept: it forgot
     # the retire, runs the try, and holds a result of a try the log retired (a stray result).
     late_run_lost: bool = False
+    # (agent, n-th /run to it): that /run is delivered to it again once its trainer's work is done,
+    # the agent restarted with its state lost first (a duplicate delivery after a lost restart): the try
+    # runs again, and its result is a stray of a try the log settled.
+    replay: tuple[str, int] | None = None
 
     def name_of(self, key: str) -> str:
         return self.names.get(key, key)
@@ -116,6 +120,7 @@ class Plan:
             "pools": dict(sorted(self.pools.items())),
             "clock_back": sorted(self.clock_back),
             "late_run_lost": self.late_run_lost,
+            "replay": self.replay,
         }
 
 
@@ -124,7 +129,8 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     into every id (trainers, agents, groups, checkpoints), so seeds replayed on one log do not meet.
     `fleet=False` leaves out the draws of several trainers on one fleet (shared names, an intruder, a
     group id collision, a small run pool, a stale prepare after a presumed abort, agent clocks stepped
-    back at a restart, a late /run's agent restarted with its state lost): the plans as they
+    back at a restart, a late /run's agent restarted with its state lost, a /run delivered again after
+    a lost restart): the plans as they
     were before those existed, so the seeds that found bugs before them replay what found them."""
     rng = random.Random(seed)
     trainers: list[TrainerPlan] = []
@@ -184,6 +190,11 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     clock_back = frozenset(a for a in restarted if rng.random() < 0.5) if fleet else frozenset()
     # Drawn last, as above.
     late_run_lost = fleet and crash is not None and crash.where == "before_run" and rng.random() < 0.5
+    # Drawn last, as above; not where an intruder tries an agent (a lost state directory loses the
+    # agent's binding too, and the refusal is not what the schedule can ask for then).
+    replay = (rng.choice(names), rng.randint(1, 3)) if fleet and rng.random() < 0.25 else None
+    if intruder is not None:
+        replay = None
     return Plan(
         seed,
         f"x{seed}{tag}-",
@@ -199,6 +210,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
         pools,
         clock_back,
         late_run_lost,
+        replay,
     )
 
 

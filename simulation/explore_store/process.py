@@ -142,6 +142,12 @@ class ScheduleRun:
     # The late /runs on their way (`before_run`): the owner's last reconciliation waits for them, so a
     # result one of them leaves at a restarted agent is the trainer's to release, not left for its next run.
     late_runs: set[asyncio.Future[Any]] = field(default_factory=set)
+    # The plan's replay: agent key -> the /run to deliver again (its try "rollout_id#attempt_index",
+    # method, target, headers, body), and the tries so delivered (the checker allows them a second run).
+    replays: dict[str, tuple[str, str, bytes, tuple[tuple[bytes, bytes], ...], bytes]] = field(
+        default_factory=dict
+    )
+    replayed: set[str] = field(default_factory=set)
     _started: dict[int, asyncio.Event] = field(default_factory=dict)
 
     def started(self, t: int) -> asyncio.Event:

@@ -118,9 +118,11 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
         inc.work_done.set()
         await inc.may_close.wait()
         await _until_intruded(run, t)
+        if inc is run.incarnations[t][-1]:
+            await _replay_on_lost_state(run, t)
         await _late_runs_landed(run)
         await coord.checkpointer.recover()
-        await _until_released(coord)
+        await _until_released(run, t, coord)
         _raise_if_stopped(coord)
         await coord.close()
     finally:
@@ -141,6 +143,24 @@ async def _until_intruded(run: ScheduleRun, t: int) -> None:
             await asyncio.wait_for(run.intruded.wait(), FLEET_GATE_S)
 
 
+async def _replay_on_lost_state(run: ScheduleRun, t: int) -> None:
+    """The plan's replay, by trainer `t`'s last process once its work is done: its agent restarts with
+    its state directory lost and gets the recorded /run again, so the try runs a second time and the
+    agent holds a result of a try the log settled.  The reconciliation that follows must release it."""
+    for key in run.plan.trainers[t].agents:
+        recorded = run.replays.pop(key, None)
+        if recorded is None:
+            continue
+        subject, method, target, headers, body = recorded
+        agent = run.agents[key]
+        agent.restart(False)
+        run.counts["agent_restarts_lost"] += 1
+        run.replayed.add(subject)
+        with contextlib.suppress(Exception):
+            await agent.call(method, target, headers, body)
+        run.counts["replays_on_lost_state"] += 1
+
+
 async def _late_runs_landed(run: ScheduleRun) -> None:
     """Before the owner's last reconciliation: every late /run has reached its agent (within
     FLEET_GATE_S), so a stray result one of them left is there to be found."""
@@ -149,12 +169,19 @@ async def _late_runs_landed(run: ScheduleRun) -> None:
         await asyncio.wait(pending, timeout=FLEET_GATE_S)
 
 
-async def _until_released(coord: RolloutCoordinator) -> None:
-    """After the last reconciliation: the retires it found owed (stray results) paid and their ACKs
-    accepted, within FLEET_GATE_S, before the close (what is still held then, the checker names)."""
+async def _until_released(run: ScheduleRun, t: int, coord: RolloutCoordinator) -> None:
+    """After the last reconciliation: the retires owed (stray results) paid and their ACKs accepted,
+    and trainer `t`'s agents holding no finished result, within FLEET_GATE_S, before the close (a
+    reconciliation whose `/status` call a fault broke is done again by the coordinator's own loop,
+    every `reconcile_every_s`; what is still held at the deadline, the checker names)."""
+
+    def holding() -> bool:
+        agents = [run.agents[key] for key in run.plan.trainers[t].agents]
+        return any(agent.registry.status().completed_unacknowledged for agent in agents)
+
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(FLEET_GATE_S):
-            while coord.retires.owed_agents():
+            while coord.retires.owed_agents() or holding():
                 await asyncio.sleep(0.02)
         await coord.wait_idle(FLEET_GATE_S)
 

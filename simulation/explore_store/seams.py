@@ -146,6 +146,10 @@ class FaultyPool:
             run.counts["agent_restarts_kept" if keep else "agent_restarts_lost"] += 1
             run.counts["agent_clock_jumps_back"] += agent.clock_back
         run.kind_calls[(agent.key, kind)] += 1
+        if kind == "run" and run.plan.replay == (agent.key, run.kind_calls[(agent.key, kind)]):
+            run.replays.setdefault(
+                agent.key, (_subject_of(body, agent.key), method, target, tuple(headers), body)
+            )
         fault = run.plan.faults.get((agent.key, kind, run.kind_calls[(agent.key, kind)]))
         run.per_try[(kind, _subject_of(body, agent.key))] += 1
         if fault is not None:

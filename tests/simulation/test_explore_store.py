@@ -46,6 +46,8 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     # A late /run reaching an agent restarted with its state lost: the retired try ran again there and
     # its result was a stray the trainer released (the checker names any result left held).
     assert c["late_runs_on_lost_state"] >= 3, c
+    # A /run delivered again to its agent restarted with its state lost, after the try was settled.
+    assert c["replays_on_lost_state"] >= 5, c
 
 
 def test_the_plan_is_a_pure_function_of_the_seed() -> None:
@@ -67,6 +69,7 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
     bare = sim.plan_of(4242, fleet=False)
     assert not (bare.names or bare.intruder or bare.collision or bare.pools or bare.clock_back)
     assert not bare.late_run_lost and any(p.late_run_lost for p in plans)
+    assert bare.replay is None and any(p.replay for p in plans)
     assert bare.trainers == sim.plan_of(4242).trainers and bare.faults == sim.plan_of(4242).faults
 
 

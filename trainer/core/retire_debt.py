@@ -57,7 +57,8 @@ HELD_NOTHING: Final = frozenset(get_args(RetireOutcome))
 def settled(ledger: LedgerState, rollout_id: str, attempt_index: int) -> bool:
     """Whether the log will never take a result of this try again: its group is archived; its result
     was taken (sealed or held, even if its round was discarded later); its agent answered its retire
-    holding nothing; or it failed in a group that is dead-lettered."""
+    holding nothing; or it failed and its sibling moved on (a later try, a seal, the group
+    dead-lettered)."""
     attempt = ledger.attempt(rollout_id, attempt_index)
     if attempt is None:
         return group_id_of(rollout_id) in ledger.archived
@@ -66,7 +67,17 @@ def settled(ledger: LedgerState, rollout_id: str, attempt_index: int) -> bool:
     if attempt.status in ("retired", "discarded"):
         return attempt.retire_outcome in HELD_NOTHING
     group = ledger.group_of(rollout_id)
-    return attempt.status == "failed" and group is not None and group.status == "dead_lettered"
+    sibling = ledger.sibling(rollout_id)
+    return (
+        attempt.status == "failed"
+        and group is not None
+        and sibling is not None
+        and (
+            group.status == "dead_lettered"
+            or sibling.status == "sealed"
+            or sibling.current_attempt > attempt_index
+        )
+    )
 
 
 def strays(
