@@ -99,6 +99,10 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
 #              refuses every try an earlier one of its state directory recorded, `EvidenceLog.earlier`);
 #              every one of the 19 late-run seeds of the slice failed so, and with the evidence read
 #              regardless of order (a retire anywhere wins) the checker saw none of them;
+#   55         (slice, fleet plan) a retired try ran again at an agent restarted on an empty state
+#              directory, reached by a stale owner's late /run after the successor's last
+#              reconciliation: nothing released its result (fixed: stray results, `retire_debt.strays`;
+#              the fleet plans now draw the corner, `late_run_lost` and `replay`);
 #   96         (the connection killed during a recovering process's load) the per-group read of an
 #              archived group's version was outside the outage budget: the load failed
 #              (fixed: `Journal.load` takes every version from the fold).  Seed 41 failed so too.
