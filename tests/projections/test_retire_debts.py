@@ -271,6 +271,8 @@ def test_a_failed_try_is_a_stray_once_its_group_is_dead_lettered(store: EventSto
     log.dispatch("q_g0")
     log.fail("q_g0")
     assert strays_of(store, [("q_g0", 0)]) == []  # failed, its group still open: the trainer decides
+    log.replace("q_g0", 1)
+    assert strays_of(store, [("q_g0", 0)]) == [(AGENT, "q_g0", 0, HOLDER)]  # its sibling moved on
 
 
 def test_a_try_of_an_archived_group_held_again_is_a_stray(store: EventStore, log: LogBuilder) -> None:

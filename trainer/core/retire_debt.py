@@ -18,7 +18,7 @@ later checkpoints and is the stranded result the audit names.  So the loss recor
                                                      cap: a debt is never dropped here
 
 A stray result is one an agent holds for a try the log has settled (`settled`: retired with the agent
-holding nothing, sealed and ACKed, failed in a dead-lettered group, archived): the agent restarted on
+holding nothing, sealed and ACKed, failed with its sibling moved on, archived): the agent restarted on
 an empty state directory, its tombstones and its record of the ACK went with it, and a late `/run` of
 the try (a stale process's, a duplicate delivery) ran it again.  Nothing else would release it (the
 log's outcome of the try is final), so every later checkpoint would carry it.  Found in an agent's status (`strays`), it is owed a retire like a lost try's, and
