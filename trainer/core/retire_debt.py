@@ -21,9 +21,10 @@ A stray result is one an agent holds for a try the log has settled (`settled`: r
 holding nothing, sealed and ACKed, failed with its sibling moved on, archived): the agent restarted on
 an empty state directory, its tombstones and its record of the ACK went with it, and a late `/run` of
 the try (a stale process's, a duplicate delivery) ran it again.  Nothing else would release it (the
-log's outcome of the try is final), so every later checkpoint would carry it.  Found in an agent's status (`strays`), it is owed a retire like a lost try's, and
-paid the same way: the agent answers `completed_unacknowledged`, the receipt is fetched and the ACK
-owed releases it (docs/protocol.md, Stray results).
+log's outcome of the try is final), so every later checkpoint would carry it.  Found in an agent's
+status (`strays`), it is owed a retire like a lost try's, and paid the same way: the agent answers
+`completed_unacknowledged`, the receipt is fetched and the ACK owed releases it (docs/protocol.md,
+Stray results).
 
 Paying twice is harmless: the agent's retire of a try it no longer holds answers done or tombstoned,
 and an ACK it already accepted is accepted again (idempotent); the fold records the first payment.
