@@ -104,6 +104,17 @@ def agent_episodes(
         return asyncio.run(play(env))
 
 
+def stored_as_trainer(
+    reply: RunReply, records: list[TokenEntry]
+) -> tuple[tuple[bytes, str], tuple[bytes, str]]:
+    """A rollout's two payloads as the trainer stores them (trainer.attempts), with their media types:
+    the records beside the reply (their output items referring to the reply's), and the reply's
+    canonical JSON (whole: the reference agent's carries no arrays)."""
+    payload = reply.payload()
+    tokens, media_type = refer_to_reply(encode_entries(records), reply_output_of(payload))
+    return (tokens, media_type), reply_to_store(payload, canonical_bytes(payload), tokens, media_type)
+
+
 def agent_records(
     n: int, prompt_tokens: int, gen_tokens: int, turns: tuple[int, int]
 ) -> list[list[TokenEntry]]:
@@ -201,17 +212,7 @@ def run(
     json_claims = plane.put(
         [(encode_json([r.record() for r in e]), TOKENS_JSON_MEDIA_TYPE) for _, e in episodes]
     )
-    # As the trainer stores them (trainer.attempts): the records beside the reply, the reply's
-    # canonical JSON (whole: the reference agent's carries no arrays).
-    stored = []
-    for reply, records in episodes:
-        payload = reply.payload()
-        tokens, media_type = refer_to_reply(encode_entries(records), reply_output_of(payload))
-        stored += [
-            (tokens, media_type),
-            reply_to_store(payload, canonical_bytes(payload), tokens, media_type),
-        ]
-    put = plane.put(stored)
+    put = plane.put([part for reply, records in episodes for part in stored_as_trainer(reply, records)])
     binary_claims: list[Claims] = [(put[i], put[i + 1]) for i in range(0, len(put), 2)]
     rules = ResultRules.of({})
     contents = [plane.get(c) for c, _ in binary_claims]
