@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
 
 from benchmarks.rollout_sizes import add_size_options, size_settings
 from eventstore import open_store
@@ -23,47 +24,46 @@ from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS
 from projections.ledger import GroupState
 from protocol.wire import CompletionReceipt
 from simulation.run import SimConfig, run_simulation
-from trainer import RolloutCoordinator
-from trainer.attempts import Attempts
+from trainer import attempts as trainer_attempts
+from trainer.core.group import kept, seal_if_complete
 
 
-class SealOnlyAttempts(Attempts):
+def seal_only(
+    group: GroupState | None, agent_name: str, rollout_receipt: RolloutReceipt, receipt: CompletionReceipt
+) -> list[Event]:
     """The seeds' policy: hold without a debt; owe every sibling only when the group seals."""
-
-    def keep_events(
-        self, group: GroupState, rollout_receipt: RolloutReceipt, receipt: CompletionReceipt
-    ) -> list[Event]:
-        if group.mode == "sibling":
-            return super().keep_events(group, rollout_receipt, receipt)
-        rid, n = rollout_receipt.rollout_id, rollout_receipt.attempt_index
-        seals = self.seal_if_complete(group, rid, rollout_receipt)
-        held: list[Event] = [SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt)]
-        if not seals:
-            return held
-        debts: list[Event] = []
-        for sibling in group.siblings.values():
-            attempt = sibling.attempts.get(sibling.current_attempt)
-            if sibling.rollout_id == rid:
-                debts.append(AckOwed(agent_name=group.agent_name, receipt=receipt))
-            elif attempt is not None and attempt.receipt is not None:
-                debts.append(AckOwed(agent_name=group.agent_name, receipt=attempt.receipt))
-        return [*held, *debts, *seals]
+    if group is None or group.status != "open" or group.mode == "sibling":
+        return kept(group, agent_name, rollout_receipt, receipt)
+    rid, n = rollout_receipt.rollout_id, rollout_receipt.attempt_index
+    seals = seal_if_complete(group, rollout_receipt)
+    held: list[Event] = [SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt)]
+    if not seals:
+        return held
+    debts: list[Event] = []
+    for sibling in group.siblings.values():
+        attempt = sibling.current
+        if sibling.rollout_id == rid:
+            debts.append(AckOwed(agent_name=group.agent_name, receipt=receipt))
+        elif attempt is not None and attempt.receipt is not None:
+            debts.append(AckOwed(agent_name=group.agent_name, receipt=attempt.receipt))
+    return [*held, *debts, *seals]
 
 
-class BaselineCoordinator(RolloutCoordinator):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.tries = SealOnlyAttempts(self.ctx, self.payloads)
-        self.checkpointer.tries = self.tries
+@contextmanager
+def seeds_policy() -> Iterator[None]:
+    """The seeds' policy in place of the trainer's own keep rule while a run lasts (one process)."""
+    saved = trainer_attempts.__dict__["kept"]
+    trainer_attempts.__dict__["kept"] = seal_only
+    try:
+        yield
+    finally:
+        trainer_attempts.__dict__["kept"] = saved
 
 
 async def main(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, factory in (
-            ("seeds (debt at seal)", BaselineCoordinator),
-            ("ours (debt on arrival)", RolloutCoordinator),
-        ):
+        for name, policy in (("seeds (debt at seal)", seeds_policy), ("ours (debt on arrival)", nullcontext)):
             store = open_store(f"sqlite:///{Path(tmp) / (name[:4] + '.db')}", migrate_schema=True)
             config = SimConfig(
                 groups=args.groups,
@@ -77,7 +77,8 @@ async def main(args: argparse.Namespace) -> None:
                 **size_settings(args),
             )
             try:
-                summary = await run_simulation(store, config, coordinator_factory=factory)
+                with policy():
+                    summary = await run_simulation(store, config)
             finally:
                 store.close()
             rows.append((name, summary))

@@ -36,7 +36,7 @@ from benchmarks.rollout_sizes import positive
 from eventstore import open_store
 from projections.base import fold
 from projections.ledger import GroupState, LedgerProjection, LedgerState
-from trainer.coordinator import _sealed
+from trainer.sealed import sealed_of as _sealed
 
 console = Console(width=120)
 SAMPLE_GROUPS = 200

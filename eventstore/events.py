@@ -17,7 +17,7 @@ from protocol.digests import Digest
 from protocol.ids import AttemptIndex, Identifier, Incarnation
 from protocol.levels import TargetLevel
 from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
-from protocol.wire import AttemptRef, CompletionReceipt, ContinuationRef, ResumeReport, TryWork
+from protocol.wire import AttemptRef, CompletionReceipt, ContinuationRef, ResumeReport, AttemptWork
 
 # Media types of the payloads events claim (token records: protocol.token_codec; replies:
 # payloads.replies).
@@ -394,7 +394,7 @@ class AttemptRetired(Event, version=3):
     execution_generation: int | None = Field(default=None, ge=0)
     execution_incarnation: Incarnation | None = None
     cause: RetireCause | None = None
-    work: TryWork | None = None
+    work: AttemptWork | None = None
     continuation: ContinuationRef | None = None
 
 
@@ -434,9 +434,12 @@ class AttemptAdopted(Event):
     attempt_index: AttemptIndex
 
 
-class GroupDeadLettered(Event):
+class GroupDeadLettered(Event, version=2):
+    """Version 2 renamed `tries` to `attempts` (one name per idea, as on the wire); version 1 rows are
+    upcast with the same list under the new name."""
+
     group_id: Identifier
-    tries: list[AttemptRef]
+    attempts: list[AttemptRef]
     reasons: list[str]
     # The retry budget that ran out ("infra", "data", or "tries" for the one-budget groups of v1
     # reservations); None when the group stopped for another reason (a stranded try).

@@ -55,6 +55,13 @@ def _run_failed_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "kind": kind}
 
 
+@upcaster("GroupDeadLettered", 1)
+def _group_dead_lettered_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 named the group's attempts `tries`."""
+    rest = {k: v for k, v in data.items() if k != "tries"}
+    return {**rest, "attempts": data.get("tries", [])}
+
+
 @upcaster("RunDispatched", 1)
 def _run_dispatched_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 recorded neither the try's prompt digest nor a continuation to resume."""

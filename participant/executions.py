@@ -82,8 +82,8 @@ from protocol.wire import (
     RunReply,
     RunRequest,
     TokenEntry,
-    TryProgress,
-    TryWork,
+    AttemptProgress,
+    AttemptWork,
 )
 
 log = logging.getLogger("participant")
@@ -249,17 +249,17 @@ class Execution:
             self.model_s += now - self.in_call_since
             self.in_call_since = None
 
-    def work(self, now: float | None = None) -> TryWork:
+    def work(self, now: float | None = None) -> AttemptWork:
         """What the try has cost so far (the model call in progress counted up to `now`)."""
         now = time.monotonic() if now is None else now
         running = now - self.in_call_since if self.in_call_since is not None else 0.0
-        return TryWork(
+        return AttemptWork(
             model_s=round(self.model_s + running, 6),
             generated_tokens=self.recorded_tokens + self.call_tokens,
         )
 
-    def progress(self, now: float) -> TryProgress:
-        return TryProgress(
+    def progress(self, now: float) -> AttemptProgress:
+        return AttemptProgress(
             rollout_id=self.request.rollout_id,
             attempt_index=self.request.attempt_index,
             model_calls_done=len(self.tokens),

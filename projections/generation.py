@@ -1,6 +1,6 @@
 """Generation kept and generation thrown away by checkpoints, folded from the log.
 
-Every figure is the agents' own measure of a try's work (`protocol.wire.TryWork`: model-call seconds,
+Every figure is the agents' own measure of a try's work (`protocol.wire.AttemptWork`: model-call seconds,
 parked time excluded, and tokens generated), as the log recorded it:
 
 - a finished try's work comes with its receipt (`ReceiptFetched`, once per try);

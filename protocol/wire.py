@@ -297,7 +297,7 @@ def gym_reply(payload: Any, rollout_id: str, attempt_index: int) -> RunReply:
     return RunReply.model_validate(data)
 
 
-class TryWork(WireModel):
+class AttemptWork(WireModel):
     """What one try has cost the agent so far: seconds inside model calls (parked time not counted)
     and tokens generated (the current call's partial count included).  Reported by the agent, so the
     log can say how much generation a retire threw away and how much a seal kept."""
@@ -402,7 +402,7 @@ class CompletionReceipt(WireModel):
     manifest_capture_key: Identifier
     terminal_model_call_id: str
     # The execution's work (None from agents that do not report it).
-    work: TryWork | None = None
+    work: AttemptWork | None = None
     # The try was asked to resume a continuation: what the agent did (None: it was not asked).
     resume: ResumeReport | None = None
 
@@ -571,7 +571,7 @@ class RetireResponse(WireModel):
     # The agent process that answered: an adoption accepts a receipt only from the same incarnation.
     execution_generation: Generation | None = None
     # What the cancelled execution had done when it was cancelled (`retired`), as the agent measured it.
-    work: TryWork | None = None
+    work: AttemptWork | None = None
     # The try's latest committed turn boundary, offered to a replacement (None: none to offer).
     continuation: ContinuationRef | None = None
     # The try had been asked to resume a continuation: what the agent did.
@@ -590,14 +590,14 @@ class CheckpointRequest(WireModel):
     checkpoint_id: Identifier
 
 
-class TryProgress(WireModel):
+class AttemptProgress(WireModel):
     """A try a prepare asked to park that has not reached a boundary yet, and how recently it made
     progress of its own (a boundary, a token record, a heartbeat from its runner)."""
 
     rollout_id: Identifier
     attempt_index: AttemptIndex
     model_calls_done: int = Field(ge=0)
-    work: TryWork
+    work: AttemptWork
     since_progress_s: float = Field(ge=0)
     in_model_call: bool
 
@@ -618,7 +618,7 @@ class AgentStatus(WireModel):
     # promise, and a try is never judged stuck from the agent's side).
     heartbeat_s: float | None = Field(default=None, gt=0)
     # One per try asked to park that is still on its way to a boundary (PARK_REQUESTED).
-    progress: list[TryProgress] = Field(default_factory=list)
+    progress: list[AttemptProgress] = Field(default_factory=list)
     # The finished tries it holds unacknowledged (the first MAX_LIST_ITEMS): the trainer releases any
     # its log has settled, a stray result (docs/protocol.md, Stray results).
     completed_attempts: list[AttemptRef] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)

@@ -9,7 +9,7 @@ interval: running tries are asked to park (at their next boundary, or within a s
 the trainer judges the ones still blocking on every poll with the real decision
 (`trainer.core.blocking.judge`), retiring what it says, until nothing blocks (committed) or the prepare
 deadline passes (aborted).  Tries the trainer loses are replaced, and groups dead-lettered, by the real
-group rules (`projections.group_core`: budgets, a try lost to a checkpoint spending none, the losses
+group rules (`trainer.core.budget`: budgets, a try lost to a checkpoint spending none, the losses
 a rollout has had).  A try's rollout deadline runs only outside prepares.
 
 The checker then asserts progress, however often the trainer checkpoints: every group sealed, or
@@ -27,9 +27,9 @@ from typing import Literal
 
 from eventstore.events import PromptRef, RetireCause
 from gym_agent.durations import Durations
-from projections.group_core import checkpoint_losses, round_exhausted, sibling_exhausted
 from projections.ledger import AttemptState, GroupState, SiblingState
 from trainer.core.blocking import Blocking, judge, last_resort_s
+from trainer.core.budget import checkpoint_losses, round_exhausted, sibling_exhausted
 
 # The virtual clock's tick: the reference agent's heartbeat and decode slice.
 TICK_S = 0.5

@@ -12,7 +12,7 @@ of a rollout under a try of its own.
 
 The agent's decisions are the real ones (`participant.continuations`: the index fold, `decide_resume`,
 `check_continuation`; `participant.states.resume_decision`), the trainer's too
-(`projections.group_core.continuation_to_resume`), and the resources are the reference server's own
+(`trainer.core.group.continuation_to_resume`), and the resources are the reference server's own
 book (`gym_resources.book.Book`).  Then a checker that reads only what happened (model calls made,
 boundaries committed, the resources' journal) asserts: no completed turn of a lineage was generated
 again on it; no side effect stands twice; every bank session a finished try played holds exactly one
@@ -39,12 +39,12 @@ from participant.continuations import (
     turn_figures,
 )
 from participant.states import RestartFromPrompt, resume_decision
-from projections.group_core import continuation_to_resume
 from projections.ledger import AttemptState, GroupState
 from protocol.digests import sha256_digest
 from protocol.ids import capture_key
 from protocol.resources import MutationKey
 from protocol.wire import ContinuationRef, ResourceRevision, TokenEntry
+from trainer.core.group import continuation_to_resume
 
 MAX_TRIES = 12
 STEP_BOUND = 3000

@@ -20,9 +20,9 @@ from typing import Any
 from eventstore import EventStore
 from protocol.ids import MAX_ID_LENGTH
 from simulation.run import Agents, RunFacts, SimConfig, summarize_run, workload_payload
-from trainer.context import log
 from trainer.eventloop import wait_at_most
 from trainer.journal import Journal
+from trainer.settings import log
 
 
 def workload_rows(config: SimConfig, names: list[str]) -> list[list[dict[str, Any]]]:

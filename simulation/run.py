@@ -35,13 +35,13 @@ from projections.generation import GENERATION_EVENTS, GenerationFigures, generat
 from protocol.streams import checkpoint_stream, group_stream, trainer_stream
 from protocol.wire import CrashAfter, RateFaults
 from simulation.config import DEFAULT_FAULTS, RUN_ID, Fault, SimConfig, parse_faults
-from trainer.checkpoint import CheckpointOutcome
-from trainer.context import log
+from trainer.checkpoints import CheckpointOutcome
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import ClaimWhilePrepared, CoordinatorStopped
 from trainer.eventloop import wait_at_most
 from trainer.gym import GymClient
 from trainer.gym.errors import AgentUnavailableError, GymError, NotFoundError, UnauthorizedError
+from trainer.settings import log
 
 # A claim that meets a prepared checkpoint waits for its decision (each one bounded by the prepare
 # deadline), a few checkpoints in a row at most.
@@ -130,8 +130,8 @@ class CheckpointLoop:
                 await self._task
             # What the cancelled checkpoint had already handed to the writer is written after it was
             # cancelled: recovery reads the log once that is in, or it misses a started prepare.
-            await self.coord.journal.settle()
-        await self.coord.checkpointer.recover()
+            await self.coord.settle_appends()
+        await self.coord.finish_checkpoints()
 
     async def finish(self) -> None:
         """Lets the checkpoint in flight (if any) finish: cancelling it would leave it undecided, and
@@ -142,7 +142,7 @@ class CheckpointLoop:
             return
         self._stop.set()
         await self._task
-        await self.coord.checkpointer.recover()
+        await self.coord.finish_checkpoints()
 
 
 async def claim_as_sealed(coord: RolloutCoordinator, claimed: list[str]) -> None:
@@ -168,7 +168,7 @@ async def claim_as_sealed(coord: RolloutCoordinator, claimed: list[str]) -> None
                         raise
             claimed.append(group_id)
         except Exception as exc:
-            if isinstance(exc, CoordinatorStopped) and coord.ctx.stopping and coord.journal.stopped is None:
+            if isinstance(exc, CoordinatorStopped) and coord.closing and coord.stopped is None:
                 # The run closed its coordinator (its end, or an interrupt) while this claim waited:
                 # the group stays sealed and unclaimed for the resumed run, not a failure of the loop.
                 return
@@ -416,7 +416,7 @@ async def run_simulation(
             if timer is not None:
                 timer.cancel()
             await coord.close()
-            await coord.journal.drain()
+            await coord.drain()
             await agents.stop_supervising()
     return await summarize_run(store, config, run_id, agents, facts)
 
@@ -532,7 +532,7 @@ async def _drive_run(
                     await feeder
 
     # A resumed run numbers its checkpoints on from those its earlier part took (ids are never reused).
-    taken = sum(1 for c in coord.journal.checkpoints.checkpoints if c.startswith(f"{run_id}-ckpt-"))
+    taken = sum(1 for c in coord.checkpoints.checkpoints if c.startswith(f"{run_id}-ckpt-"))
     checkpoints = CheckpointLoop(
         coord, config.checkpoint_every_s, lambda k: f"{run_id}-ckpt-{taken + k}", outcomes
     )
@@ -547,7 +547,7 @@ async def _drive_run(
                 await work
             await checkpoints.interrupt()
             await coord.close()  # its drivers stop: what is open now stays open
-            await coord.journal.drain()  # and what they had queued is in the log
+            await coord.drain()  # and what they had queued is in the log
             ledger = coord.ledger
             open_ = coord.open_groups()
             known = sum(1 for g in group_ids if ledger.knows_group(g))
@@ -585,6 +585,7 @@ async def _drive_run(
     turns = await agents.turn_counts()
     effects = await asyncio.to_thread(agents.side_effects)
     ledger = coord.ledger
+    own = coord.journal_figures()
     return RunFacts(
         wall_s=elapsed,
         groups_claimed=len(claimed),
@@ -594,10 +595,10 @@ async def _drive_run(
         debts_outstanding=sum(
             1 for a, r in ledger.unpaid_debts() if r.rollout_id.startswith(run_id) and a in agents.clients
         ),
-        journal_appends=coord.journal.appends,
-        journal_batches=coord.journal.batches,
-        payload_puts=coord.payloads.puts,
-        payload_store_calls=coord.payloads.put_calls,
+        journal_appends=own["appends"],
+        journal_batches=own["batches"],
+        payload_puts=own["payload_puts"],
+        payload_store_calls=own["payload_store_calls"],
         turns=turns,
         side_effects=effects,
     )

@@ -1,7 +1,7 @@
 """The trainer's rollout coordinator: the hand-off protocol driven only through the event log."""
 
-from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
-from trainer.coordinator import RolloutCoordinator, SealedGroup
+from trainer.checkpoints import CheckpointOutcome, PreparedCheckpoint
+from trainer.coordinator import RolloutCoordinator
 from trainer.errors import (
     AgentShared,
     AlreadyClaimed,
@@ -17,6 +17,7 @@ from trainer.errors import (
     UnknownCheckpoint,
     UnknownGroup,
 )
+from trainer.sealed import SealedGroup
 
 __all__ = [
     "AgentShared",

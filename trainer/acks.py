@@ -27,15 +27,15 @@ from eventstore.events import (
     RunFailed,
 )
 from projections.ledger import LedgerState, debt_key
-from protocol.ids import capture_key
+from protocol.ids import capture_key, group_id_of
 from protocol.retry import RetryState
 from protocol.streams import group_stream, trainer_stream
 from protocol.wire import CompletionReceipt
-from trainer.attempts import group_id_of
-from trainer.context import Context, log
+from trainer.agents import Agents
 from trainer.core import debt as debt_core
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.eventloop import wait_at_most
+from trainer.gate import Gate
 from trainer.gym import GymClient
 from trainer.gym.errors import (
     AgentTimeoutError,
@@ -43,6 +43,8 @@ from trainer.gym.errors import (
     ConnectionLostError,
     GymError,
 )
+from trainer.journal import Journal
+from trainer.settings import Settings, log
 from trainer.stops import log_stop
 
 IDLE_POLL_S = 0.5
@@ -52,8 +54,21 @@ MAX_REFETCHES = 3
 
 
 class AckRelay:
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+    def __init__(
+        self,
+        journal: Journal,
+        agents: Agents,
+        settings: Settings,
+        gate: Gate,
+        answered: Callable[[str], None],
+    ) -> None:
+        self.journal = journal
+        self.agents = agents
+        self.settings = settings
+        self.gate = gate
+        # An agent that accepted an ACK is reachable again: the retires owed to it are called now.
+        self._answered = answered
+        self._wakeup = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Per agent: the failed /acknowledge calls of the current spell (trainer.core.debt.ACK_POLICY).
         self._failures: dict[str, RetryState] = {}
@@ -69,6 +84,10 @@ class AckRelay:
         self.requests = 0
         self._task: asyncio.Task[None] | None = None
 
+    def wake(self) -> None:
+        """Something is owed now (a debt recorded, an agent back): the relay sends at once."""
+        self._wakeup.set()
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ack-relay")
 
@@ -82,15 +101,14 @@ class AckRelay:
         """Agents this trainer owes an ACK.  A debt belongs to its group's trainer
         (projections.ownership): another trainer's debt to an agent of the same name is that trainer's
         to pay, to its own agent."""
-        ledger = self.ctx.journal.ledger
-        driver = self.ctx.driver
+        ledger = self.journal.ledger
+        driver = self.agents.driver
         return [a for a in ledger.debts if any(k not in self._mismatched for k, _ in driver.debts(ledger, a))]
 
     async def _run(self) -> None:
-        ctx = self.ctx
-        while not ctx.stopping:
-            await wait_at_most(ctx.ack_wakeup.wait(), IDLE_POLL_S)
-            ctx.ack_wakeup.clear()
+        while not self.gate.closing:
+            await wait_at_most(self._wakeup.wait(), IDLE_POLL_S)
+            self._wakeup.clear()
             agents = [a for a in self.owed_agents() if time.monotonic() >= self._not_before.get(a, 0.0)]
             try:
                 await asyncio.gather(*(self.send(a) for a in agents))
@@ -103,12 +121,12 @@ class AckRelay:
         async with self._locks[agent_name]:
             owed = [
                 r
-                for key, r in self.ctx.driver.debts(self.ctx.journal.ledger, agent_name)
+                for key, r in self.agents.driver.debts(self.journal.ledger, agent_name)
                 if key not in self._mismatched
             ][:MAX_BATCH]
             if not owed:
                 return True
-            client = self.ctx.agents.get(agent_name)
+            client = self.agents.get(agent_name)
             if client is None:
                 log.error("debts owed to unknown agent %s: no client to send them", agent_name)
                 return False
@@ -122,15 +140,15 @@ class AckRelay:
                     now,
                     random.random(),
                     f"{type(exc).__name__}: {exc}",
-                    self.ctx.settings.ack_policy,
+                    self.settings.ack_policy,
                 )
                 self._failures[agent_name] = retry.state
                 self._not_before[agent_name] = now + retry.delay_s
                 if retry.stuck and agent_name not in self.stuck:
                     # Reported once per spell; the debts stay owed in the log and are sent on.
                     self.stuck[agent_name] = retry.reason
-                    await self.ctx.journal.append(
-                        trainer_stream(self.ctx.settings.trainer_id),
+                    await self.journal.append(
+                        trainer_stream(self.settings.trainer_id),
                         [
                             AckDeliveryStuck(
                                 agent_name=agent_name,
@@ -145,7 +163,7 @@ class AckRelay:
                         "`ledger debt list`): %s",
                         agent_name,
                         len(owed),
-                        self.ctx.settings.ack_policy.cap_s,
+                        self.settings.ack_policy.cap_s,
                         retry.reason,
                     )
                 else:
@@ -158,7 +176,7 @@ class AckRelay:
                     )
                 return False
             self._failures.pop(agent_name, None)
-            self.ctx.answered(agent_name)
+            self._answered(agent_name)
             self.stuck.pop(agent_name, None)
             self._not_before.pop(agent_name, None)
             by_group: dict[str, list[tuple[CompletionReceipt, list[Event]]]] = defaultdict(list)
@@ -187,7 +205,7 @@ class AckRelay:
             # Concurrently, so the journal writes them all in one batch.
             appended = await asyncio.gather(
                 *(
-                    self.ctx.journal.append(group_stream(group_id), _still_owed(agent_name, items))
+                    self.journal.append(group_stream(group_id), _still_owed(agent_name, items))
                     for group_id, items in by_group.items()
                 )
             )
@@ -239,7 +257,7 @@ class AckRelay:
                 fresh,
             )
             return []
-        attempt = self.ctx.journal.ledger.attempt(rid, n)
+        attempt = self.journal.ledger.attempt(rid, n)
         recorded_digest = attempt.reply_digest if attempt is not None and attempt.reply_digest else None
         same_reply = fresh.result_identity == sent.result_identity and fresh.result_digest == (
             recorded_digest or sent.result_digest
@@ -270,7 +288,7 @@ class AckRelay:
         checkpoint carries them: they are sent, not waited for); False if the time ran out."""
         deadline = time.monotonic() + timeout_s
         while True:
-            owed = self.ctx.driver.debts(self.ctx.journal.ledger, agent_name)
+            owed = self.agents.driver.debts(self.journal.ledger, agent_name)
             if not any(k not in self._mismatched and k not in carried for k, _ in owed):
                 return True
             if time.monotonic() >= deadline:

@@ -14,14 +14,17 @@ records logprobs, not when the coordinator is imported.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eventstore import EventIdConflict, EventStore, NewEvent
 from eventstore.events import LogprobsComputed, RolloutReceipt
+from payloads import PayloadCorrupt, PayloadMissing
 from protocol.digests import sha256_digest
 from protocol.ids import group_id_of
 from protocol.streams import logprobs_stream
 from trainer.errors import LogprobsMismatch
+from trainer.journal import Journal
+from trainer.payload_io import PayloadIO
 
 
 @dataclass(frozen=True)
@@ -107,3 +110,37 @@ def write(store: EventStore, decided: OwnLogprobs, source: str) -> bool:
             f"{event.policy_version!r}"
         ) from None
     return not result.idempotent
+
+
+async def record(
+    journal: Journal,
+    payloads: PayloadIO,
+    store: EventStore,
+    trainer_id: str | None,
+    rollout_id: str,
+    attempt_index: int,
+    logprobs: Sequence[float],
+    policy_version: str,
+) -> bool:
+    """Checks `logprobs` against the sealed attempt's token records, stores them and records their
+    `LogprobsComputed` (`RolloutCoordinator.record_logprobs`).  False when the log already holds this
+    very result."""
+    attempt = journal.ledger.attempt(rollout_id, attempt_index)
+    if attempt is None or attempt.status != "sealed" or attempt.rollout_receipt is None:
+        state = "unknown" if attempt is None else attempt.status
+        raise LogprobsMismatch(f"attempt ({rollout_id}, {attempt_index}) is {state}, not sealed")
+    receipt = attempt.rollout_receipt
+    claim = receipt.tokens_claim()
+    content: bytes | None
+    try:
+        content = (await payloads.get_many([claim]))[claim.digest]
+    except PayloadMissing:
+        content = None  # decide names it
+    except PayloadCorrupt as exc:
+        raise LogprobsMismatch(f"({rollout_id}, {attempt_index}): {exc}") from None
+    decided = decide(receipt, content, claim.media_type, rollout_id, attempt_index, logprobs, policy_version)
+    [decided_claim] = await payloads.put([(decided.content, decided.media_type)])
+    decided = replace(decided, event=decided.event.model_copy(update={"logprobs": decided_claim}))
+    source = f"trainer:{trainer_id or ''}"
+    # Idempotent by event id: a write retried after an outage that had committed is a no-op.
+    return await journal.read(lambda: write(store, decided, source), "recording trainer logprobs")

@@ -9,7 +9,7 @@ still held the result (the ACK relay then pays that debt and the agent discards 
 adopted).  Failures back off per agent with jitter within `RETIRE_OWED_POLICY`; spent, the agent is
 reported stuck (`RetireDeliveryStuck`, once per spell) and called at the longest wait: a retire owed is
 never dropped here.  Any successful exchange with the agent meanwhile (an accepted `/acknowledge`, a
-reconcile's `/health`: `Context.answered`) lifts the wait, so its owed retires are called at once.  Nothing is called while a checkpoint is in flight (its prepare fences retires).
+reconcile's `/health`: `RetireRelay.answered`) lifts the wait, so its owed retires are called at once.  Nothing is called while a checkpoint is in flight (its prepare fences retires).
 """
 
 from __future__ import annotations
@@ -27,13 +27,16 @@ from protocol.ids import group_id_of
 from protocol.retry import RetryState
 from protocol.streams import group_stream, trainer_stream
 from protocol.wire import AgentStatus, AttemptRef
+from trainer.agents import Agents
 from trainer.attempts import retire_answer
-from trainer.context import Context, log
 from trainer.core import retire_debt as core
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.eventloop import wait_at_most
+from trainer.gate import Gate
 from trainer.gym import GymClient
 from trainer.gym.errors import GymError
+from trainer.journal import Journal
+from trainer.settings import Settings, log
 from trainer.stops import log_stop
 
 IDLE_POLL_S = 0.5
@@ -42,8 +45,17 @@ MAX_BATCH = 200
 
 
 class RetireRelay:
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+    def __init__(
+        self, journal: Journal, agents: Agents, settings: Settings, gate: Gate, wake_acks: Callable[[], None]
+    ) -> None:
+        self.journal = journal
+        self.agents = agents
+        self.settings = settings
+        self.gate = gate
+        # A retire answered with a result still held owes its ACK: the ACK relay sends it at once.
+        self._wake_acks = wake_acks
+        self._wakeup = asyncio.Event()
+        self._answered: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Per agent: the failed owed retires of the current spell (RETIRE_OWED_POLICY).
         self._failures: dict[str, RetryState] = {}
@@ -53,6 +65,16 @@ class RetireRelay:
         self.paid = 0
         self.released = 0
         self._task: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        """A retire is owed now (an attempt declared lost, a stray found): the relay calls at once."""
+        self._wakeup.set()
+
+    def answered(self, agent_name: str) -> None:
+        """An exchange with the agent succeeded: it is reachable again, so the retires owed to it are
+        called now rather than after the backoff of their last failure."""
+        self._answered.add(agent_name)
+        self._wakeup.set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="retire-relay")
@@ -64,20 +86,20 @@ class RetireRelay:
                 await self._task
 
     def owed(self, agent_name: str) -> list[RetireDebt]:
-        return self.ctx.driver.retires(self.ctx.journal.ledger, agent_name)
+        return self.agents.driver.retires(self.journal.ledger, agent_name)
 
     def owed_agents(self) -> list[str]:
         """Agents this trainer owes a retire (of a try of its own groups)."""
-        return [a for a in self.ctx.journal.ledger.retires if self.owed(a)]
+        return [a for a in self.journal.ledger.retires if self.owed(a)]
 
     async def owe_strays(self, agent_name: str, status: AgentStatus, owed_before: frozenset[str]) -> int:
         """Owes a retire for each stray result in the agent's status (trainer.core.retire_debt.strays):
         a try the log settled that the agent holds finished again.  `owed_before`: the debts owed to
         the agent before its status was asked for.  Returns how many."""
-        ctx = self.ctx
         incarnation = status.execution_incarnation
+        driver = self.agents.driver
         found = core.strays(
-            ctx.journal.ledger, ctx.driver, agent_name, incarnation, status.completed_attempts, owed_before
+            self.journal.ledger, driver, agent_name, incarnation, status.completed_attempts, owed_before
         )
         by_group: dict[str, list[AttemptRef]] = defaultdict(list)
         for owed in found:
@@ -88,9 +110,9 @@ class RetireRelay:
         for gid, refs in by_group.items():
             # Built again on the ledger the append is written against: owed once, whoever gets there first.
             def build(ledger: LedgerState, refs: list[AttemptRef] = refs) -> list[Event]:
-                return list(core.strays(ledger, ctx.driver, agent_name, incarnation, refs, owed_before))
+                return list(core.strays(ledger, driver, agent_name, incarnation, refs, owed_before))
 
-            written += len(await ctx.journal.append(group_stream(gid), build))
+            written += len(await self.journal.append(group_stream(gid), build))
         if written:
             log.warning(
                 "agent %s holds %d result(s) of tries the log settled (it lost its state and ran them "
@@ -98,19 +120,18 @@ class RetireRelay:
                 agent_name,
                 written,
             )
-            ctx.retire_wakeup.set()
+            self.wake()
         return written
 
     async def _run(self) -> None:
-        ctx = self.ctx
-        while not ctx.stopping:
-            await wait_at_most(ctx.retire_wakeup.wait(), IDLE_POLL_S)
-            ctx.retire_wakeup.clear()
-            for agent in ctx.answered_agents:
+        while not self.gate.closing:
+            await wait_at_most(self._wakeup.wait(), IDLE_POLL_S)
+            self._wakeup.clear()
+            for agent in self._answered:
                 # Back: called now, not after the backoff of its last failure (the spell goes on).
                 self._not_before.pop(agent, None)
-            ctx.answered_agents.clear()
-            if ctx.active_checkpoint is not None:
+            self._answered.clear()
+            if self.gate.in_flight:
                 continue
             now = time.monotonic()
             agents = [a for a in self.owed_agents() if now >= self._not_before.get(a, 0.0)]
@@ -123,12 +144,12 @@ class RetireRelay:
     async def pay(self, agent_name: str) -> bool:
         """One retire for each try owed to `agent_name`, oldest first; False once one fails."""
         async with self._locks[agent_name]:
-            client = self.ctx.agents.get(agent_name)
+            client = self.agents.get(agent_name)
             if client is None:
                 log.error("retires owed to unknown agent %s: no client to call", agent_name)
                 return False
             for debt in self.owed(agent_name)[:MAX_BATCH]:
-                if self.ctx.stopping or self.ctx.active_checkpoint is not None:
+                if self.gate.closing or self.gate.in_flight:
                     return False
                 if not await self._pay_one(agent_name, client, debt):
                     return False
@@ -154,7 +175,7 @@ class RetireRelay:
         self._failures.pop(agent_name, None)
         self._not_before.pop(agent_name, None)
         self.stuck.pop(agent_name, None)
-        written = await self.ctx.journal.append(
+        written = await self.journal.append(
             group_stream(group_id_of(rid)), _still_owed(agent_name, debt_key(rid, n), step.events)
         )
         if written:
@@ -162,7 +183,7 @@ class RetireRelay:
             if any(isinstance(e, AckOwed) for e in written):
                 # The ACK is what makes the agent discard the result: sent now, not at the next poll.
                 self.released += 1
-                self.ctx.ack_wakeup.set()
+                self._wake_acks()
             log.info("retire owed to %s for %s#%d paid: %s", agent_name, rid, n, written[-1])
         return True
 
@@ -173,7 +194,7 @@ class RetireRelay:
             now,
             random.random(),
             reason,
-            self.ctx.settings.retire_owed_policy,
+            self.settings.retire_owed_policy,
         )
         self._failures[agent_name] = retry.state
         self._not_before[agent_name] = now + retry.delay_s
@@ -185,8 +206,8 @@ class RetireRelay:
         # Reported once per spell; the retires stay owed in the log and are called on at the cap.
         self.stuck[agent_name] = retry.reason
         owed = len(self.owed(agent_name))
-        await self.ctx.journal.append(
-            trainer_stream(self.ctx.settings.trainer_id),
+        await self.journal.append(
+            trainer_stream(self.settings.trainer_id),
             [
                 RetireDeliveryStuck(
                     agent_name=agent_name, retires=owed, calls=retry.state.calls, reason=retry.reason[:500]
@@ -197,7 +218,7 @@ class RetireRelay:
             "retires owed to %s stuck (%d tries, still called every ~%.0f s): %s",
             agent_name,
             owed,
-            self.ctx.settings.retire_owed_policy.cap_s,
+            self.settings.retire_owed_policy.cap_s,
             retry.reason,
         )
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from trainer.context import log
 from trainer.errors import CoordinatorStopped, FencedOff
+from trainer.settings import log
 
 # The record's attribute that carries the stop it tells of.
 _STOP: Final = "coordinator_stop"

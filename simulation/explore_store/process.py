@@ -72,7 +72,7 @@ class Incarnation:
         """The stale variant needs an owner epoch to be stale about: a process stopped before it took
         one and then released would be the newest owner, so there it is a plain crash."""
         assert self.crash is not None
-        return self.crash.stale and self.coord is not None and self.coord.journal.owner is not None
+        return self.crash.stale and self.coord is not None and self.coord.owns_epoch
 
     def at_append(self, where: CrashWhere, n: int) -> None:
         """In the store's thread, before or after the n-th append."""

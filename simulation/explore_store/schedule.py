@@ -26,7 +26,7 @@ from simulation.explore_store.process import (
     waiting,
 )
 from simulation.explore_store.seams import FaultyPool, FaultyStore
-from trainer.checkpoint import PreparedCheckpoint
+from trainer.checkpoints import PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import AgentShared, AlreadyClaimed, CoordinatorStopped, FencedOff, GroupConflict
 from trainer.gym import GymClient
@@ -113,7 +113,7 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
                 continue
             if checkpointed and not coord.open_groups() and not coord.sealed_unclaimed():
                 break
-            await coord.journal.wait_changed(0.05)
+            await coord.wait_changed(0.05)
         await coord.wait_idle(20.0)
         inc.work_done.set()
         await inc.may_close.wait()
@@ -121,7 +121,7 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
         if inc is run.incarnations[t][-1]:
             await _replay_on_lost_state(run, t)
         await _late_runs_landed(run)
-        await coord.checkpointer.recover()
+        await coord.finish_checkpoints()
         await _until_released(run, t, coord)
         _raise_if_stopped(coord)
         await coord.close()
@@ -181,7 +181,7 @@ async def _until_released(run: ScheduleRun, t: int, coord: RolloutCoordinator) -
 
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(FLEET_GATE_S):
-            while coord.retires.owed_agents() or holding():
+            while coord.owed_retire_agents() or holding():
                 await asyncio.sleep(0.02)
         await coord.wait_idle(FLEET_GATE_S)
 
@@ -210,8 +210,9 @@ async def _intrude(
     except TimeoutError:
         run.problems.append(f"{key} never bound to trainer {owner}: trainer {t}'s intrusion was not tried")
         return
-    intruding = RolloutCoordinator(store, {**clients, foreign.name: _client(foreign, inc, run)}, **settings)
-    run.refused_writers.append(intruding.journal.writer)
+    foreign_client = _client(foreign, inc, run)
+    intruding = RolloutCoordinator(store, {**clients, foreign.name: foreign_client}, **settings)
+    run.refused_writers.append(intruding.writer)
     try:
         await intruding.start()
     except AgentShared:
@@ -221,8 +222,8 @@ async def _intrude(
         # counted, so which one it hits is the threads' doing): a start goes on without an agent away,
         # and binds it at its first call.  So the start is no refusal (its rows are its own), and the
         # agent must refuse this trainer at that first call instead.
-        run.refused_writers.remove(intruding.journal.writer)
-        await _refused_at_first_call(run, t, key, owner, intruding.ctx.client(foreign.name))
+        run.refused_writers.remove(intruding.writer)
+        await _refused_at_first_call(run, t, key, owner, foreign_client)
     finally:
         # Not started (or started in error): closed without a word to the log.
         with contextlib.suppress(Exception):
@@ -279,10 +280,10 @@ async def _collide(run: ScheduleRun, t: int, coord: RolloutCoordinator) -> None:
 
 
 def _raise_if_stopped(coord: RolloutCoordinator) -> None:
-    if coord.journal.fenced is not None:
-        raise coord.journal.fenced
-    if coord.journal.stopped is not None:
-        raise coord.journal.stopped
+    if coord.fenced is not None:
+        raise coord.fenced
+    if coord.stopped is not None:
+        raise coord.stopped
     if coord.errors:
         raise coord.errors[0]
 

@@ -21,7 +21,7 @@ from gym_agent.server import ThreadAgent, serve_in_thread
 from projections.runner import rebuild
 from simulation.run import RunInterrupted, RunStalled, SimConfig, run_simulation
 from trainer import RolloutCoordinator
-from trainer.checkpoint import CheckpointOutcome
+from trainer.checkpoints import CheckpointOutcome
 from trainer.gym import GymClient
 
 # Far above what any of these runs takes; reached only if a run waits for ever (the fault under test).

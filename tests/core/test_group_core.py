@@ -1,16 +1,19 @@
-"""The group rules shared by the recovery plan and the drivers (projections.group_core)."""
+"""The group's budgets and moves, shared by the recovery plan and the drivers (trainer.core.budget,
+trainer.core.group): table row by table row, without a server."""
 
 from __future__ import annotations
 
 from eventstore.events import PromptRef
-from projections.group_core import (
+from projections.ledger import AttemptState, AttemptStatus, GroupState, SiblingState
+from trainer.core.budget import (
     attempt_action,
+    checkpoint_losses,
     dead_letter_reason,
     failure_budget,
-    round_step,
+    round_exhausted,
     sibling_exhausted,
 )
-from projections.ledger import AttemptState, AttemptStatus, GroupState, SiblingState
+from trainer.core.group import NEVER_SENT, AttemptOutcome, on_round, round_next
 
 
 def attempt(gi: int, n: int, status: AttemptStatus, *failures: str, mask: bool | None = None) -> AttemptState:
@@ -86,19 +89,21 @@ def test_an_interrupted_round_is_continued_not_rerun() -> None:
     retire) the fourth; the round is rerun only if it fails."""
     held = {gi: [attempt(gi, 0, "held")] for gi in range(3)}
     g = group("prompt_group", {**held, 3: [attempt(3, 0, "dispatched")]})
-    step = round_step(g)
-    assert step.verdict == "settle"
-    assert [(gi, action) for gi, _, action in step.settle] == [(3, "retire_or_adopt")]
+    step = round_next(g)
+    assert step.move == "settle"
+    assert step.settle == ((3, "retire_or_adopt"),)
     g.siblings[3].attempts[0].status = "retired"
-    assert round_step(g).verdict == "rerun"
+    g.siblings[3].attempts[0].retire_outcome = "cancelled"
+    assert round_next(g).move == "give_up"  # then rerun whole (on_round), at levels other than turn
 
 
 def test_a_round_seals_when_every_sibling_is_held_and_dead_letters_when_spent() -> None:
     g = group("prompt_group", {gi: [attempt(gi, 0, "held")] for gi in range(2)})
-    assert round_step(g).verdict == "seal"
+    assert round_next(g).move == "seal"
     g = group("prompt_group", {0: [attempt(0, 0, "held")], 1: [attempt(1, 0, "retired", "env: bad")]}, data=1)
-    step = round_step(g)
-    assert step.verdict == "dead_letter" and "data budget" in step.reason
+    assert round_next(g).move == "give_up"
+    step = on_round(g, {0: AttemptOutcome("finished"), 1: AttemptOutcome("retired", "env: bad", recorded=True)})
+    assert step.move == "dead_letter" and "data budget" in step.reason
 
 
 def test_a_round_interrupted_between_its_dispatches_is_rerun_not_completed() -> None:
@@ -107,15 +112,17 @@ def test_a_round_interrupted_between_its_dispatches_is_rerun_not_completed() -> 
         "prompt_group",
         {0: [attempt(0, 0, "held")], 1: [attempt(1, 0, "dispatched")], 2: [attempt(2, 0, "minted")]},
     )
-    step = round_step(g)
-    assert step.verdict == "rerun" and step.interrupted
-    assert [(gi, action) for gi, _, action in step.settle] == [(1, "retire_or_adopt")]
+    step = round_next(g)
+    assert step.move == "give_up" and step.interrupted
+    assert step.settle == ((1, "retire_or_adopt"),)
     fresh = group("prompt_group", {gi: [attempt(gi, 0, "minted")] for gi in range(3)})
-    assert round_step(fresh).verdict == "settle" and not round_step(fresh).interrupted
+    assert round_next(fresh).move == "settle" and not round_next(fresh).interrupted
     spent = group(
         "prompt_group", {0: [attempt(0, 0, "dispatched")], 1: [attempt(1, 0, "minted")]}, max_tries=1
     )
-    assert round_step(spent).verdict == "dead_letter"
+    assert round_next(spent).move == "give_up" and round_exhausted(spent) == "tries"
+    retired = AttemptOutcome("retired", "retired", "cancelled")
+    assert on_round(spent, {0: retired, 1: NEVER_SENT}).move == "dead_letter"
 
 
 def test_a_refused_request_ends_the_retries_at_once() -> None:
@@ -128,7 +135,7 @@ def test_a_refused_request_ends_the_retries_at_once() -> None:
     # prompt_group: whichever sibling was refused, the round is dead-lettered, not rerun.
     other = attempt(0, 0, "retired", "http: 503")
     rounds = group("prompt_group", {0: [other], 1: [attempt(1, 0, "retired", "refused: HTTP 422")]})
-    assert round_step(rounds).verdict == "dead_letter"
+    assert round_next(rounds).move == "give_up" and round_exhausted(rounds) == "data"
     # A retryable failure still leaves room for another try.
     assert (
         sibling_exhausted(group("sibling", {0: [other]}), group("sibling", {0: [other]}).siblings[0]) is None
@@ -142,8 +149,6 @@ def _lost(gi: int, n: int) -> AttemptState:
 
 
 def test_a_try_lost_to_a_checkpoint_spends_no_budget() -> None:
-    from projections.group_core import checkpoint_losses, round_exhausted
-
     # sibling mode: one try per budget, the first lost to a checkpoint: not exhausted.
     g = group("sibling", {0: [_lost(0, 0)]}, max_tries=1, infra=1)
     assert sibling_exhausted(g, g.siblings[0]) is None

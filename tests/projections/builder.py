@@ -350,7 +350,7 @@ class LogBuilder:
     def dead_letter(self, group_id: str, tries: dict[int, int]) -> list[int]:
         refs = [AttemptRef(rollout_id=f"{group_id}_g{i}", attempt_index=a) for i, a in sorted(tries.items())]
         return self.group(
-            group_id, [GroupDeadLettered(group_id=group_id, tries=refs, reasons=["budget spent"])]
+            group_id, [GroupDeadLettered(group_id=group_id, attempts=refs, reasons=["budget spent"])]
         )
 
     def claim(self, group_id: str, step: int) -> list[int]:

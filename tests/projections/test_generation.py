@@ -10,13 +10,13 @@ from eventstore import EventStore
 from eventstore.events import AttemptRetired, GroupAbandoned, ReceiptFetched
 from projections.figures import LogFigures
 from projections.generation import GENERATION_EVENTS, WARN_SHARE, generation_figures
-from protocol.wire import AttemptRef, TryWork
+from protocol.wire import AttemptRef, AttemptWork
 from tests.projections.builder import AGENT, LogBuilder, completion_receipt
 
 
 def receipt(log: LogBuilder, rollout_id: str, n: int, model_s: float, tokens: int) -> None:
     r = completion_receipt(rollout_id, n).model_copy(
-        update={"work": TryWork(model_s=model_s, generated_tokens=tokens)}
+        update={"work": AttemptWork(model_s=model_s, generated_tokens=tokens)}
     )
     log.group(rollout_id.rpartition("_g")[0], [ReceiptFetched(agent_name=AGENT, receipt=r)])
 
@@ -39,7 +39,7 @@ def retired(
                 outcome="cancelled",
                 checkpoint_id=checkpoint_id,
                 cause=cause,
-                work=TryWork(model_s=model_s, generated_tokens=tokens),
+                work=AttemptWork(model_s=model_s, generated_tokens=tokens),
             )
         ],
     )

@@ -13,9 +13,9 @@ from projections.recovery import (
     RECOVERY_SCHEMA_VERSION,
     RestoreRefused,
     RolloutRecoveryState,
-    plan_recovery,
 )
 from tests.projections.builder import LogBuilder
+from trainer.core.recovery import plan_recovery
 
 
 def ledger_of(store: EventStore) -> LedgerState:

@@ -7,9 +7,9 @@ from projections.audit import CHECKPOINT_CLEAN, DEBT_UNTIL_ACCEPTED, audit_log
 from projections.base import fold
 from projections.ledger import LedgerProjection, LedgerState
 from projections.ownership import AgentRef, Driver, owner_of_try, trainer_debts
-from projections.recovery import plan_recovery
 from tests.projections.builder import LogBuilder
 from tests.projections.test_ledger import checkpoints_of
+from trainer.core.recovery import plan_recovery
 
 
 def ledger_of(store: EventStore) -> LedgerState:

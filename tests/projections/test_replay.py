@@ -15,11 +15,12 @@ from sqlalchemy import create_engine, text
 from eventstore import EventStore, RecordedEvent
 from projections.audit import audit_log
 from projections.base import ReplayRefused, fold_many
-from projections.recovery import RolloutRecoveryState, plan_recovery
+from projections.recovery import RolloutRecoveryState
 from projections.runner import ProjectionRunner, default_projections, load_replay, rebuild
 from projections.sql import list_checkpoints
 from tests.projections.builder import LogBuilder
 from tests.projections.simulator import Simulator
+from trainer.core.recovery import plan_recovery
 
 
 def live_hashes(events: list[RecordedEvent]) -> list[dict[str, str]]:

@@ -15,8 +15,8 @@ from projections.audit import audit_log
 from projections.ledger import GroupState
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
-from trainer.coordinator import SealedGroup
 from trainer.gym import GymClient, NotReadyError, StaleCheckpointError
+from trainer.sealed import SealedGroup
 
 
 def types(store: EventStore, stream: str) -> list[str]:

@@ -40,7 +40,7 @@ from eventstore import EventStore, open_store
 from eventstore.events import PromptRef
 from simulation.run import CheckpointLoop, claim_as_sealed
 from trainer import RolloutCoordinator
-from trainer.checkpoint import CheckpointOutcome
+from trainer.checkpoints import CheckpointOutcome
 from trainer.eventloop import run_async
 from trainer.gym import GymClient
 

@@ -24,9 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from eventstore.events import AttemptRetired, Event, RetireOwed, RunFailed
+from eventstore.events import (
+    AttemptRetired,
+    ContinuationDeclined,
+    ContinuationResumed,
+    Event,
+    RetireOwed,
+    RunFailed,
+)
 from protocol.retry import RetryPolicy, RetryState, next_step
-from protocol.wire import ContinuationRef, ResumeReport, TryWork
+from protocol.wire import AttemptWork, ContinuationRef, ResumeReport
 
 # Transport failures of retire and adopt calls: half a minute of an agent away (a Gym server's restart),
 # then lost.  The deadline binds, not the calls: at the 2 s cap, waits drawn from 1-2 s, 16 calls ran
@@ -53,7 +60,7 @@ class RetireAnswer:
     execution_generation: int | None = None
     execution_incarnation: str | None = None
     # What the cancelled execution had done (`retired`), as the agent measured it.
-    work: TryWork | None = None
+    work: AttemptWork | None = None
     # The try's latest committed turn boundary the agent offers (docs/turns.md), and what the try did
     # with the continuation it was asked to resume, if it was.
     continuation: ContinuationRef | None = None
@@ -130,7 +137,7 @@ class Settled:
     # The agent process that answered the retire (recorded with its `AttemptRetired`).
     execution_generation: int | None = None
     execution_incarnation: str | None = None
-    work: TryWork | None = None
+    work: AttemptWork | None = None
     continuation: ContinuationRef | None = None
     resume: ResumeReport | None = None
 
@@ -249,3 +256,12 @@ def _lost(state: Retiring, reason: str) -> Next:
         execution_incarnation=state.adopt_incarnation,
     )
     return Next(state, Settled("lost", reason), (failed, owed))
+
+
+def resume_events(rid: str, n: int, resume: ResumeReport | None) -> list[Event]:
+    """What an attempt asked to resume a continuation did, as the log records it (none: it was not asked)."""
+    if resume is None:
+        return []
+    if resume.outcome == "resumed":
+        return [ContinuationResumed(rollout_id=rid, attempt_index=n, resume=resume)]
+    return [ContinuationDeclined(rollout_id=rid, attempt_index=n, resume=resume)]

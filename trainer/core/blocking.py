@@ -2,7 +2,7 @@
 
 A checkpoint waits for the model calls in progress to reach their boundary, within its prepare
 deadline.  Whether a try is stuck is judged from its own progress as its agent reports it
-(`protocol.wire.TryProgress`: a boundary, a token record, a heartbeat of its runner), never from
+(`protocol.wire.AttemptProgress`: a boundary, a token record, a heartbeat of its runner), never from
 other tries:
 
     a try whose agent promised to report progress every `heartbeat_s`, and that went STALL_BEATS

@@ -49,19 +49,15 @@ from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eventstore import EventStore, open_store
 from eventstore.events import Mode
-from payloads.token_arrays import decode_payload
 from projections.base import fold
 from projections.checkpoints import CheckpointsProjection, CheckpointState
 from protocol.ids import Identifier
 from protocol.streams import group_stream
-from trainer.attempts import check_row
-from trainer.checkpoint import CheckpointOutcome, PreparedCheckpoint
-from trainer.context import log
+from trainer.checkpoints import CheckpointOutcome, PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import AlreadyClaimed, ClaimWhilePrepared, InvalidRow
 from trainer.gym import GymClient
@@ -101,6 +97,8 @@ from trainer.ray_gym.spinup import (
     read_global_config,
     start_gym,
 )
+from trainer.rows import check_row
+from trainer.settings import log
 
 # NeMo RL's own actor options: restart for ever, retry a task in flight for ever.
 ACTOR_OPTIONS: dict[str, Any] = {"max_restarts": -1, "max_task_retries": -1}
@@ -262,8 +260,8 @@ class LedgerGym:
             )
         if coord.errors:
             raise coord.errors[0]
-        if coord.journal.stopped is not None:
-            raise coord.journal.stopped
+        if coord.stopped is not None:
+            raise coord.stopped
 
     async def run_rollouts(
         self,
@@ -281,7 +279,7 @@ class LedgerGym:
         runs = split_groups(rows, self.config.num_generations)
         for run in runs:
             agent = run[0]["agent_ref"]["name"]
-            if agent not in coord.ctx.agents:
+            if agent not in coord.agent_names:
                 raise RowError(f"row {run[0]['_rowidx']} names agent {agent!r}, which the Gym does not run")
         for run in runs:  # every prompt, before its digest or any group: a bad one refuses the call
             try:
@@ -313,7 +311,7 @@ class LedgerGym:
                         f"{len(pending)} group(s) of this call still open after {self.config.call_budget_s:g} s"
                     )
                 mark = time.monotonic()
-                await coord.journal.wait_changed(0.5)
+                await coord.wait_changed(0.5)
                 waited += time.monotonic() - mark
                 continue
             gid = order.pop(0)
@@ -410,7 +408,7 @@ class LedgerGym:
             self._metrics = None
         if self.coord is not None:
             await self.coord.close()
-            await self.coord.journal.drain()
+            await self.coord.drain()
             self.coord = None
         for client in self.clients.values():
             await client.aclose()
@@ -613,7 +611,7 @@ class LedgerGym:
 
     def _log_checkpoint_id(self, coord: RolloutCoordinator, name: str) -> str:
         base = self._base_id(name)
-        known = coord.journal.checkpoints.checkpoints
+        known = coord.checkpoints.checkpoints
         log_id, k = base, 0
         while log_id in known:
             k += 1
@@ -647,7 +645,7 @@ class LedgerGym:
             )
             return str(write_manifest(Path(checkpoint_dir), manifest))
 
-        answer["manifest"] = await coord.journal.read(write, "binding the checkpoint to the trainer's")
+        answer["manifest"] = await coord.read_log(write, "binding the checkpoint to the trainer's")
         return answer
 
     def metrics_port(self) -> int | None:
@@ -658,7 +656,7 @@ class LedgerGym:
         store, coord = self.store, self.coord
         assert store is not None and coord is not None
         # Through the journal: a database outage is ridden out as the coordinator's own reads are.
-        return await coord.journal.read(
+        return await coord.read_log(
             lambda: {gid: read_group(gid, store.read_stream(group_stream(gid))) for gid in gids},
             "reading group streams",
         )
@@ -758,22 +756,20 @@ class LedgerGym:
                 left = deadline - time.monotonic()
                 if left <= 0 or not await coord.wait_checkpoint_decided(left):
                     raise CallBudgetSpent(
-                        f"group {group.group_id} waited for checkpoint {coord.ctx.active_checkpoint!r} "
+                        f"group {group.group_id} waited for checkpoint {coord.active_checkpoint!r} "
                         f"to be decided until the call's budget ({self.config.call_budget_s:g} s) ran out"
                     ) from None
 
-        found = await coord.payloads.get_many(
-            [c for s in record.seals.values() for c in (s.reply, s.tokens) if c is not None]
-        )
-        out = []
-        for gi, rowidx in enumerate(group.rows):
-            seal = record.seals[gi]
+        seals = [record.seals[gi] for gi in range(len(group.rows))]
+        for gi, seal in enumerate(seals):
             if seal.reply is None:
                 raise RowError(f"group {group.group_id}: sibling {gi}'s reply was not kept")
-            reply = orjson.loads(found[seal.reply.digest])
-            arrays = decode_payload(
-                found[seal.tokens.digest], seal.tokens.media_type, check_canonical=False, reply=reply
-            )
+        read = await coord.read_payloads([(seal.reply, seal.tokens) for seal in seals])
+        out = []
+        for gi, rowidx in enumerate(group.rows):
+            seal = seals[gi]
+            reply, arrays = read[gi]
+            assert reply is not None and arrays is not None
             result = row_result(
                 group.row_dicts[gi],
                 reply,

@@ -38,8 +38,8 @@ from payloads.token_arrays import TokenArrays, decode_arrays
 from protocol.lineage import LineageError
 from protocol.token_codec import TokenCodecError, encode_records
 from protocol.wire import TokenEntry
-from trainer.context import log as logger
 from trainer.ray_gym.rows import PER_ROW_KEYS
+from trainer.settings import log as logger
 
 LEDGER_ROLLOUT_ID: Final = "_ledger_rollout_id"
 LEDGER_ATTEMPT_INDEX: Final = "_ledger_attempt_index"

@@ -1,16 +1,10 @@
-"""The group state machine's rules, from a group's folded state alone: shared by the recovery plan
-and the group drivers, so what recovery plans and what a driver does cannot disagree.
+"""What a group's attempts have spent of its retry budgets, from the group's folded state alone (the
+group's moves, `trainer.core.group`, ask it before they replace or rerun anything).
 
-    a try            minted -> dispatch; replied or completed_unacknowledged -> adopt;
-                     dispatched or failed -> retire_or_adopt; held/sealed/retired/discarded -> none
-    a sibling        (sibling mode) its try settled without a result -> replace, or dead-letter the
-                     group when a budget is spent
-    a round          (prompt_group) every sibling of the round held -> seal; one settled without a
-                     result -> abandon the round and rerun it whole, or dead-letter when a budget is
-                     spent; otherwise settle its tries.  A round a crash interrupted after every
-                     try left the trainer is continued (its held results are valid, its tries in
-                     flight adopted or retired: all from one policy version); one interrupted
-                     between its dispatches is rerun whole (sending the rest now would mix versions)
+What an attempt needs before its group can move on:
+
+    minted -> dispatch; replied or completed_unacknowledged -> adopt;
+    dispatched or failed -> retire_or_adopt; held/sealed/retired/discarded -> none
 
 Two retry budgets, each with its own dead-letter reason: infrastructure failures (the agent away, a
 transport error, a deadline: another try may well succeed) and data failures (the environment failed,
@@ -22,13 +16,11 @@ doing and spends no budget; the trainer bounds those per rollout instead (traine
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from eventstore.events import RetryBudget
 from projections.ledger import AttemptState, GroupState, SiblingState
 from protocol.failures import budget_of_failure_kind
-from protocol.wire import ContinuationRef
 
 AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
 Budget = RetryBudget
@@ -130,49 +122,6 @@ def dead_letter_reason(budget: Budget, group: GroupState) -> str:
     return f"{budget} budget spent ({limits[budget]})"
 
 
-@dataclass(frozen=True)
-class RoundStep:
-    """prompt_group: what the current round needs."""
-
-    verdict: Literal["settle", "seal", "rerun", "dead_letter"]
-    settle: tuple[tuple[int, AttemptState, AttemptAction], ...] = ()
-    reason: str = ""
-    # Some of the round's tries left the trainer and some never did (a crash between dispatches).
-    interrupted: bool = False
-
-
-def round_step(group: GroupState) -> RoundStep:
-    siblings = sorted(group.siblings.values(), key=lambda s: s.generation_index)
-    currents = [(s.generation_index, s.current) for s in siblings]
-    settle = tuple(
-        (gi, a, action) for gi, a in currents if a is not None and (action := attempt_action(a)) is not None
-    )
-    failed = [a for _, a in currents if a is not None and a.status in ("retired", "discarded")]
-    unsent = [a for _, a in currents if a is not None and a.status == "minted"]
-    if unsent and len(unsent) < len(currents):
-        # Sending the rest now would mix policy versions within the group: rerun it whole, after
-        # settling (adopting or retiring) what already left, so nothing strands.
-        budget = round_exhausted(group)
-        verdict: Literal["rerun", "dead_letter"] = "dead_letter" if budget is not None else "rerun"
-        sent = tuple(item for item in settle if item[2] != "dispatch")
-        reason = (
-            dead_letter_reason(budget, group)
-            if budget is not None
-            else "round interrupted between its dispatches"
-        )
-        return RoundStep(verdict, sent, reason, interrupted=True)
-    if failed:
-        budget = round_exhausted(group)
-        if budget is not None:
-            return RoundStep("dead_letter", settle, dead_letter_reason(budget, group))
-        return RoundStep("rerun", settle)
-    if settle:
-        return RoundStep("settle", settle)
-    if siblings and all(s.status == "held" for s in siblings):
-        return RoundStep("seal")
-    return RoundStep("settle")
-
-
 def round_exhausted(group: GroupState) -> Budget | None:
     """prompt_group: the budget the rounds so far have spent (each round counts once, for the kind
     of its first failed try); a refused try of any round spends the data budget at once."""
@@ -196,15 +145,3 @@ def _round_attempts(group: GroupState, round_index: int) -> AttemptState | None:
 
 def sibling_exhausted(group: GroupState, sibling: SiblingState) -> Budget | None:
     return exhausted_budget(group, [sibling.attempts[i] for i in sorted(sibling.attempts)])
-
-
-def continuation_to_resume(
-    group: GroupState, replaced: AttemptState, offer: ContinuationRef | None = None
-) -> ContinuationRef | None:
-    """What a replacement of `replaced` resumes (docs/turns.md): at target level `turn`, the
-    continuation the replaced try's agent offered with its retire (`offer`, or the one the log
-    recorded), if it is of the same rollout; otherwise nothing, and it plays from its prompt."""
-    offer = offer or replaced.offered
-    if group.target_level != "turn" or offer is None or offer.rollout_id != replaced.rollout_id:
-        return None
-    return offer
