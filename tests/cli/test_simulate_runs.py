@@ -134,9 +134,9 @@ async def test_an_interrupted_run_winds_down_another_run_ends_and_a_resumed_one_
         assert isinstance(coord, HeldAtPrepare)
         submitted = sum(1 for g in [*coord.ledger.groups, *coord.ledger.archived] if g.startswith("first-"))
         seen.append((decided, submitted))
-        preparing = coord.ctx.checkpoint_in_flight and any(
+        preparing = (coord.active_checkpoint is not None) and any(
             c.status == "preparing" and c.checkpoint_id.startswith("first-")
-            for c in coord.ctx.journal.checkpoints.checkpoints.values()
+            for c in coord.checkpoints.checkpoints.values()
         )
         if coord.held is not None:
             assert decided >= 1 and coord.open_groups() and submitted < total and preparing, (

@@ -102,7 +102,9 @@ def test_a_round_seals_when_every_sibling_is_held_and_dead_letters_when_spent() 
     assert round_next(g).move == "seal"
     g = group("prompt_group", {0: [attempt(0, 0, "held")], 1: [attempt(1, 0, "retired", "env: bad")]}, data=1)
     assert round_next(g).move == "give_up"
-    step = on_round(g, {0: AttemptOutcome("finished"), 1: AttemptOutcome("retired", "env: bad", recorded=True)})
+    step = on_round(
+        g, {0: AttemptOutcome("finished"), 1: AttemptOutcome("retired", "env: bad", recorded=True)}
+    )
     assert step.move == "dead_letter" and "data budget" in step.reason
 
 

@@ -26,6 +26,13 @@ def gid(prefix: str = "p") -> str:
     return f"{prefix}{next(_ids)}"
 
 
+def set_setting(coord: RolloutCoordinator, **values: Any) -> None:
+    """Changes a setting of a running coordinator (a test's gate on a lease): every part of it holds
+    the one `Settings` value, so it is changed in place."""
+    for name, value in values.items():
+        object.__setattr__(coord.settings, name, value)
+
+
 PROMPT = PromptRef(sample_id="s1", task_name="math")
 PAYLOAD: dict[str, Any] = {"responses_create_params": {"input": [{"role": "user", "content": "2+2?"}]}}
 

@@ -505,7 +505,7 @@ async def test_a_database_restart_mid_append_is_ridden_out(own_cluster: PgCluste
                     await asyncio.to_thread(own_cluster.pg_ctl, "stop", "-m", "immediate")
                     into_the_outage = asyncio.create_task(coord.submit(groups[2], PROMPT, "h", 3, PAYLOAD))
                     async with asyncio.timeout(120):  # a bound, not a speed: the retry comes at once
-                        while coord.journal.outage_retries == 0:
+                        while coord.journal_figures()["outage_retries"] == 0:
                             assert not into_the_outage.done(), "an append succeeded with the database down"
                             await asyncio.sleep(0.05)
                     await asyncio.to_thread(own_cluster.pg_ctl, "start")

@@ -56,7 +56,7 @@ TRAINER = textwrap.dedent(
         carried = carried.split(",")
         async with AsyncExitStack() as held:
             for rid in carried:
-                await held.enter_async_context(coord.ctx.live_attempt(rid, 0).lock)
+                await held.enter_async_context(coord._attempts.live(rid, 0).lock)
             for spec in groups.split(","):
                 gid, n = spec.split(":")
                 await coord.submit(gid, PromptRef(sample_id="s", task_name="t"), "a", int(n), {})

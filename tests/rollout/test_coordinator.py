@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from typing import Any
 
 import pytest
@@ -14,9 +13,9 @@ from eventstore import EventStore
 from projections.audit import audit_log
 from projections.ledger import GroupState
 from protocol.wire import AttemptFault
-from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
+from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid, set_setting
 from trainer.gym import GymClient, NotReadyError, StaleCheckpointError
-from trainer.sealed import SealedGroup
+from trainer.sealed import SealedGroup, sealed_of
 
 
 def types(store: EventStore, stream: str) -> list[str]:
@@ -143,7 +142,7 @@ async def test_a_try_running_past_its_deadline_is_retired_and_replaced(
         async def retire_then_lengthen(
             rollout_id: str, attempt_index: int, checkpoint_id: str | None = None
         ) -> Any:
-            coord.ctx.settings = dataclasses.replace(coord.ctx.settings, rollout_timeout_s=600.0)
+            set_setting(coord, rollout_timeout_s=600.0)
             return await retire(rollout_id, attempt_index, checkpoint_id)
 
         client.retire = retire_then_lengthen  # type: ignore[method-assign]
@@ -197,12 +196,12 @@ async def test_a_retire_that_overtakes_its_checkpoints_prepare_still_retires(
                     raise
 
             client.retire = overtaken  # type: ignore[method-assign]
-            coord.ctx.active_checkpoint = "ck-race"
-            outcome = await asyncio.wait_for(coord.tries.resolve(g, f"{g}_g0", 0), 10)
+            coord._gate.hold("ck-race")
+            outcome = await asyncio.wait_for(coord._attempts.resolve(g, f"{g}_g0", 0), 10)
             assert (outcome.kind, outcome.retire_outcome) == ("retired", "cancelled")
             status = await client.status()
             assert (status.phase, status.running, status.park_requested) == ("preparing", 0, 0)
-            coord.ctx.active_checkpoint = None
+            coord._gate.release()
             await client.abort("ck-race")
 
 
@@ -236,9 +235,9 @@ async def _checkpoint_meeting_a_finished_try(
             return answer
 
         client.prepare = prepare_seen  # type: ignore[method-assign]
-        coord.ctx.live_attempt(f"{g}_g0", 0)
+        coord._attempts.live(f"{g}_g0", 0)
         async with coord:
-            live = coord.ctx.live_attempt(f"{g}_g0", 0)
+            live = coord._attempts.live(f"{g}_g0", 0)
             async with live.lock:
                 await coord.submit(g, PROMPT, "a", 1, PAYLOAD)
                 async with asyncio.timeout(30):
@@ -300,13 +299,13 @@ async def test_groups_handed_out_and_not_yet_claimed_are_built_once(
     """A consumer collecting a batch holds what `sealed_groups` handed out unclaimed while the rest
     seal: each group's SealedGroup is built once, when handed out, not again at every batch after."""
     built: list[str] = []
-    build = coordinator_module._sealed
+    build = sealed_of
 
     def counted(group: GroupState) -> SealedGroup:
         built.append(group.group_id)
         return build(group)
 
-    monkeypatch.setattr(coordinator_module, "_sealed", counted)
+    monkeypatch.setattr(coordinator_module, "sealed_of", counted)
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         coord = coordinator(store, {"a": client}, mode="sibling")
@@ -316,6 +315,6 @@ async def test_groups_handed_out_and_not_yet_claimed_are_built_once(
                 await coord.submit(g, PROMPT, "a", 2, PAYLOAD)
             batch = [s.group_id async for s in coord.sealed_groups()]  # none claimed
             assert sorted(batch) == sorted(groups)
-            assert coord.journal.batches > len(groups)  # the loop woke at many batches meanwhile
+            assert coord.journal_figures()["batches"] > len(groups)  # the loop woke at many batches meanwhile
             assert sorted(built) == sorted(groups), built
             assert {s.group_id for s in coord.sealed_unclaimed()} == set(groups)

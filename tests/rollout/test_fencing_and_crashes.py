@@ -53,7 +53,7 @@ async def test_a_stale_coordinator_is_fenced_off(pg_url: str, make_agent: MakeAg
             assert outcomes[(a, b).index(survivor)] is None
             with pytest.raises(FencedOff):
                 await fenced[0].claim_for_training(g, 0)
-            await survivor.journal.catch_up()
+            await survivor.catch_up()
             assert g not in survivor.open_groups()
             assert (await cb.status()).completed_unacknowledged == 0
             await a.close()
@@ -237,7 +237,7 @@ async def test_a_coordinator_fenced_off_while_it_resumes_a_commit_says_so_once(
             with pytest.raises(FencedOff):
                 await commit
             async with asyncio.timeout(30):  # a bound: the gate is the resume's own task finishing
-                while coord.checkpointer._completions:
+                while coord._finisher._completions:
                     await asyncio.sleep(0.02)
             with contextlib.suppress(FencedOff, CoordinatorStopped):
                 await coord.close()

@@ -53,7 +53,7 @@ async def test_every_exported_figure_is_the_logs(store: EventStore, make_agent: 
             await coord.wait_idle(240)
             for _ in range(2):
                 assert (await coord.checkpoint(gid("ck"))).committed
-            batches = coord.journal.batches
+            batches = coord.journal_figures()["batches"]
             # A debt no agent will pay (its agent does not exist): it must show as unpaid.
             receipt = CompletionReceipt(
                 rollout_id="orphan_g0",
@@ -65,7 +65,7 @@ async def test_every_exported_figure_is_the_logs(store: EventStore, make_agent: 
                 terminal_model_call_id="c",
             )
             store.append("group-orphan", [AckOwed(agent_name="ghost", receipt=receipt)])
-            await coord.journal.catch_up()
+            await coord.catch_up()
             ledger_debts = Counter(a for a, _ in coord.ledger.unpaid_debts())
     head = store.head()
     store.save_position("a-subscriber", max(0, head - 5))

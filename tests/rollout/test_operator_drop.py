@@ -42,7 +42,7 @@ async def test_a_kept_debt_blocks_checkpoints_until_the_operator_drops_it(
                 await coord.submit(g, PROMPT, "h", 1, PAYLOAD)
                 await coord.wait_idle(30)
                 # The gate: one ACK pass has run and left the debt kept (owed, not resent).
-                assert await coord.relay.flush("h", 10)
+                assert await coord._acks.flush("h", 10)
                 assert [r.rollout_id for _, r in coord.ledger.unpaid_debts("h")] == [f"{g}_g0"]
                 blocked = await coord.checkpoint("c1")
                 assert not blocked.committed and "unpaid" in (blocked.reason or ""), blocked

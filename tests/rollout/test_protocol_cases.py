@@ -89,21 +89,21 @@ async def test_case3_a_commit_that_keeps_failing_is_stuck_never_resumed(
         assert not any(isinstance(e, CheckpointParticipantFinished) for e in stream)
         stuck = [e for e in stream if isinstance(e, CheckpointParticipantStuck)]
         assert len(stuck) == 1 and stuck[0].step == "commit" and stuck[0].agent_name == "a"
-        assert coord.journal.checkpoints.stuck()[0][:2] == ("c3", "a")
-        assert coord.checkpointer._finishers, "the decided commit is still being retried"
+        assert coord.checkpoints.stuck()[0][:2] == ("c3", "a")
+        assert coord._finisher.busy(), "the decided commit is still being retried"
         # The directory can be written again: the retried commit lands, the agent resumes, and
         # only then is the checkpoint resumed in the log.
         (tmp_path / "a" / "checkpoints").unlink()
         await asyncio.wait_for(_until_resumed(coord, "c3"), 30)
         assert (await client.status()).phase == "idle"
-        assert coord.journal.checkpoints.stuck() == []
+        assert coord.checkpoints.stuck() == []
         await coord.close()
 
 
 async def _until_resumed(coord: RolloutCoordinator, checkpoint_id: str) -> None:
-    while coord.journal.checkpoints.checkpoints[checkpoint_id].status != "resumed":
+    while coord.checkpoints.checkpoints[checkpoint_id].status != "resumed":
         await asyncio.sleep(0.1)
-        await coord.journal.catch_up()
+        await coord.catch_up()
 
 
 class _AbortFailsOnce(GymClient):
@@ -208,7 +208,7 @@ async def test_case6_another_trainers_cut_does_not_archive_this_trainers_rolled_
             await t1.wait_idle(30)
             assert (await t1.checkpoint("t1-c1")).committed
             await t1.claim_for_training(g, 0)
-            await t2.journal.catch_up()
+            await t2.catch_up()
             assert (await t2.checkpoint("t2-c1")).committed
             assert g in t2.ledger.groups, "T2's cut archived T1's group"
             await t1.close()
@@ -277,14 +277,16 @@ async def test_an_agent_left_prepared_by_an_aborted_checkpoint_is_reconciled_whi
         coord = coordinator(sqlite_store, {"a": client}, reconcile_every_s=0.2)
         await coord.start()
         stream = checkpoint_stream("cx")
-        await coord.journal.append(stream, [CheckpointPrepareStarted(checkpoint_id="cx", participants=["a"])])
+        await coord._journal.append(
+            stream, [CheckpointPrepareStarted(checkpoint_id="cx", participants=["a"])]
+        )
         await client.prepare("cx", timeout_s=1.0)
-        await coord.journal.append(
+        await coord._journal.append(
             stream, [CheckpointAborted(checkpoint_id="cx", participants=["a"], reason="test: abort lost")]
         )
         assert (await client.status()).phase == "prepared"
         async with asyncio.timeout(20):
-            while "a" not in coord.journal.checkpoints.checkpoints["cx"].finished:
+            while "a" not in coord.checkpoints.checkpoints["cx"].finished:
                 await asyncio.sleep(0.1)
         assert (await client.status()).phase == "idle"
         finished = [

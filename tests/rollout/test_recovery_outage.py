@@ -128,13 +128,13 @@ async def test_recovery_rides_out_a_connection_killed_during_its_fold(
                 again, {"a": client}, mode="sibling", trainer_id="T", outage_budget_s=30
             )
             try:
-                assert gates.killed["read_all"] == 1 and recovered.journal.outage_retries >= 1
+                assert gates.killed["read_all"] == 1 and recovered.journal_figures()["outage_retries"] >= 1
                 assert gates.group_versions_read == 0, "a round trip per archived group"
                 assert set(groups) <= recovered.ledger.archived.keys()
                 # The fencing tokens it adopted are the log's, archived groups' included.
                 for g in groups:
                     stream = group_stream(g)
-                    assert recovered.journal.versions[stream] == first.stream_version(stream)
+                    assert recovered._journal.versions[stream] == first.stream_version(stream)
                 # And it goes on writing: a new group runs, is claimed and checkpointed.
                 late = gid("fold")
                 await recovered.submit(late, PROMPT, "a", 2, PAYLOAD)

@@ -167,7 +167,7 @@ async def stuck_after_losing(
     g, proxy, direct, coord, client = await lose_a_finished_try(store, make_agent, owed_policy)
     try:
         async with asyncio.timeout(30):
-            while not coord.retires.stuck:
+            while not coord._retires.stuck:
                 await asyncio.sleep(0.02)
         yield g, proxy, direct, coord
     finally:
@@ -197,7 +197,7 @@ async def test_a_try_lost_while_its_agent_was_away_is_released_when_it_comes_bac
         assert (await direct.status()).completed_unacknowledged == 1
         await proxy.start()
         await paid(coord, direct)
-        assert coord.retires.paid == 1 and coord.retires.released == 1
+        assert coord._retires.paid == 1 and coord._retires.released == 1
         group = coord.ledger.groups.get(g) or coord.ledger.archived[g]
         assert group.status == "dead_lettered"
     assert_released_not_adopted(sqlite_store, g)
@@ -211,7 +211,7 @@ async def test_an_agent_that_answers_again_has_its_owed_retires_called_at_once(
     async with stuck_after_losing(sqlite_store, make_agent, OWED_AT_LENGTH) as (g, proxy, direct, coord):
         await proxy.start()
         await paid(coord, direct)
-        assert coord.retires.paid == 1 and coord.retires.released == 1
+        assert coord._retires.paid == 1 and coord._retires.released == 1
     assert_released_not_adopted(sqlite_store, g)
 
 
@@ -224,13 +224,13 @@ async def test_an_operator_drops_the_retire_owed_to_an_agent_gone_for_good(
         drop = ["debt", "drop", f"{g}_g0", "0", "--reason", "agent host decommissioned", "--db", sqlite_url]
         result = CliRunner().invoke(app, drop)
         assert result.exit_code == 0 and "dropped the retire owed" in result.output, result.output
-        await coord.journal.catch_up()  # what its next append does: the log has another writer's row
-        assert coord.retires.owed_agents() == [] and coord.ledger.retires == {}
+        await coord.catch_up()  # what its next append does: the log has another writer's row
+        assert coord.owed_retire_agents() == [] and coord.ledger.retires == {}
         called = AwayAfterRetire.calls
         # Three passes of the relay, each of which called the stuck agent (at OWED's cap) while owed.
         await asyncio.sleep(3 * IDLE_POLL_S)
         assert AwayAfterRetire.calls == called
-        assert coord.retires.paid == 0  # paid by the operator, not by a retire the agent answered
+        assert coord._retires.paid == 0  # paid by the operator, not by a retire the agent answered
     assert not [e for e in events(sqlite_store, g) if isinstance(e, RetirePaid)]  # the operator's stream
     report = audit_log(sqlite_store)
     assert report.ok, report.as_json()
@@ -251,7 +251,7 @@ async def test_a_trainer_restarted_before_the_agent_is_back_still_pays_the_retir
         assert [d.rollout_id for d in recovered.ledger.retires["a"].values()] == [f"{g}_g0"]
         await proxy.start()
         await paid(recovered, direct)
-        assert recovered.retires.paid == 1
+        assert recovered._retires.paid == 1
     finally:
         await recovered.close()
         await again.aclose()

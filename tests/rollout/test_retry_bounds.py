@@ -41,14 +41,14 @@ async def test_an_ack_relay_that_keeps_failing_reports_the_agent_stuck_and_pays_
             async with coord:
                 await coord.submit(g, PROMPT, "h", 2, PAYLOAD)
                 async with asyncio.timeout(60):  # a bound, not a speed: the gate is the report
-                    while "h" not in coord.relay.stuck:
+                    while "h" not in coord._acks.stuck:
                         await asyncio.sleep(0.02)
-                assert "3 calls failed" in coord.relay.stuck["h"] and "not JSON" in coord.relay.stuck["h"]
+                assert "3 calls failed" in coord._acks.stuck["h"] and "not JSON" in coord._acks.stuck["h"]
                 assert garbage.hits >= policy.max_calls
                 assert len(coord.ledger.unpaid_debts("h")) == 2  # never dropped by giving up
                 garbage.times = garbage.hits  # the agent answers again
                 await coord.wait_idle(60)
-                assert coord.ledger.unpaid_debts("h") == [] and "h" not in coord.relay.stuck
+                assert coord.ledger.unpaid_debts("h") == [] and "h" not in coord._acks.stuck
             assert (await client.status()).completed_unacknowledged == 0
     # The durable evidence, once for the spell: the agent, its debts, the calls spent and why.
     events = [decode(e) for e in store.read_stream(trainer_stream(None))]
@@ -101,10 +101,10 @@ async def test_a_receipt_the_agent_keeps_changing_is_refetched_at_most_max_refet
             async with coord:
                 await coord.submit(g, PROMPT, "h", 1, PAYLOAD)
                 async with asyncio.timeout(60):  # a bound; the gate: owed in the log, no longer sent
-                    while not (coord.ledger.unpaid_debts("h") and not coord.relay.owed_agents()):
+                    while not (coord.ledger.unpaid_debts("h") and not coord.owed_ack_agents()):
                         await asyncio.sleep(0.02)
                 sent = acks.hits
-                assert await coord.relay.send("h")  # nothing left to send: no call
+                assert await coord._acks.send("h")  # nothing left to send: no call
                 assert acks.hits == sent == MAX_REFETCHES + 1
             assert (await client.status()).completed_unacknowledged == 1
     rejected = [e.data["error"] for e in store.read_stream(f"group-{g}") if e.type == "AckRejected"]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 from eventstore import EventStore
 from projections.audit import audit_log
 from protocol.ids import rollout_id_of
 from protocol.streams import group_stream
 from protocol.wire import AttemptFault
-from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
+from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid, set_setting
 from trainer.gym import GymClient
 
 
@@ -35,7 +34,7 @@ async def test_a_try_queued_behind_the_run_pool_spends_none_of_its_lease(
         coord = coordinator(sqlite_store, {"a": client}, mode="sibling", rollout_timeout_s=8.0)
 
         def lease_setting(seconds: float) -> None:
-            coord.ctx.settings = dataclasses.replace(coord.ctx.settings, rollout_timeout_s=seconds)
+            set_setting(coord, rollout_timeout_s=seconds)
 
         async with coord:
             await coord.submit(first, PROMPT, "a", 1, PAYLOAD)
@@ -49,15 +48,15 @@ async def test_a_try_queued_behind_the_run_pool_spends_none_of_its_lease(
             await coord.submit(second, PROMPT, "a", 1, PAYLOAD)
 
             async def queued() -> None:
-                while coord.queued_tries() != 1:
+                while coord.queued_attempts() != 1:
                     await asyncio.sleep(0.02)
 
             await asyncio.wait_for(queued(), 30)
             lease_setting(600.0)
-            assert (await coord.metrics())["coordinator/queued_tries"] == 1.0
+            assert (await coord.metrics())["coordinator/queued_attempts"] == 1.0
             assert rollout_id_of(second, 0) not in await client.debug_runs()
             await coord.wait_idle(60)
-            assert coord.queued_tries() == 0
+            assert coord.queued_attempts() == 0
         events = list(sqlite_store.read_all())
         of_second = [e.type for e in events if e.stream_id == group_stream(second)]
         assert "RunFailed" not in of_second and "GroupSealed" in of_second

@@ -332,7 +332,7 @@ async def test_a_debt_recorded_after_the_prepare_aborts_the_commit(
             await coord.wait_idle(30)
             ck = gid("ck")
             await _prepared(coord, ck)
-            driver = type(coord.ctx.driver)
+            driver = type(coord._agents.driver)
             real = driver.unpaid
 
             def unpaid_since(self: Any, ledger: Any, names: list[str], **kw: Any) -> dict[str, int]:

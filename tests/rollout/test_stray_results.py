@@ -88,7 +88,7 @@ async def released_after_a_late_run(
                 while await held(restarted) or coord.ledger.retires or coord.ledger.unpaid_debts():
                     await asyncio.sleep(0.05)
             await coord.wait_idle(30)
-            assert coord.retires.released == 1
+            assert coord._retires.released == 1
             await coord.close()
             bound = await restarted.bind_driver("another-trainer")
             assert bound is not None and bound.trainer_id == "another-trainer"

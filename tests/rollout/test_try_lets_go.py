@@ -35,7 +35,7 @@ async def test_a_stored_try_holds_none_of_its_answer_while_its_seal_waits(
     async with client:
         coord = coordinator(store, {"a": client}, mode="sibling", rollout_timeout_s=60.0)
         async with coord:
-            journal = coord.journal
+            journal = coord._journal
             append = journal.append
             sealing, release = asyncio.Event(), asyncio.Event()
 

@@ -47,7 +47,7 @@ async def settle(coord: RolloutCoordinator, agent: str, timeout_s: float = 30.0)
             if coord.errors:
                 raise coord.errors[0]
             await asyncio.sleep(0.05)
-        assert await coord.relay.flush(agent, timeout_s)
+        assert await coord._acks.flush(agent, timeout_s)
 
 
 def group_events(url: str, group_id: str) -> list[str]:
@@ -100,7 +100,7 @@ async def test_two_trainers_share_a_log_and_each_recovers_only_its_own_groups(
             assert "GroupSealed" not in group_events(sqlite_url, "B-2")
 
             # A trainer cannot claim another trainer's group.
-            await a2.journal.catch_up()
+            await a2.catch_up()
             with pytest.raises(UnknownGroup, match="belongs to trainer 'B'"):
                 await a2.claim_for_training("B-1", 0)
             await a2.claim_for_training("A-1", 0)
@@ -110,7 +110,7 @@ async def test_two_trainers_share_a_log_and_each_recovers_only_its_own_groups(
             assert "GroupSealed" in group_events(sqlite_url, "B-2")
             assert "GroupTakenOver" in group_events(sqlite_url, "B-2")
             assert "GroupTakenOver" not in group_events(sqlite_url, "A-1")
-            await b2.journal.catch_up()
+            await b2.catch_up()
             with pytest.raises(UnknownGroup):
                 await b2.claim_for_training("A-2", 1)
             await b2.claim_for_training("B-1", 0)
@@ -150,13 +150,13 @@ async def test_a_group_id_another_trainer_reserved_refuses_that_submit_alone(
             assert not b.ledger.knows_group("p0")  # the gate: B has not folded A's reservation
             with pytest.raises(GroupConflict, match="reserved by trainer 'A'"):
                 await b.submit("p0", PROMPT, "agent-b", 2, PAYLOAD)
-            assert b.journal.fenced is None
+            assert b.fenced is None
             await b.submit("p1", PROMPT, "agent-b", 2, PAYLOAD)
             # And once B has folded it, the same submit is refused the same way.
             with pytest.raises(GroupConflict, match="reserved by trainer 'A'"):
                 await b.submit("p0", PROMPT, "agent-b", 2, PAYLOAD)
             await asyncio.gather(settle(a, "agent-a"), settle(b, "agent-b"))
-            assert b.journal.fenced is None and a.journal.fenced is None
+            assert b.fenced is None and a.fenced is None
             assert "GroupSealed" in group_events(sqlite_url, "p0")
             assert "GroupSealed" in group_events(sqlite_url, "p1")
             await a.close()
@@ -200,23 +200,23 @@ async def test_two_agents_of_one_name_keep_each_trainers_debts_its_own(
             b = RolloutCoordinator(stores[1], {"ag": cb}, trainer_id="B", **kw)  # type: ignore[arg-type]
             await a.start()
             await b.start()
-            await a.relay.stop()  # the gate: A's debts stay owed until A pays them below
+            await a._acks.stop()  # the gate: A's debts stay owed until A pays them below
             await a.submit("A-1", PROMPT, "ag", 1, PAYLOAD)
             async with asyncio.timeout(30):
                 while a.open_groups():
                     await asyncio.sleep(0.02)
             assert len(a.ledger.debts["ag"]) == 1
-            await b.journal.catch_up()
-            assert b.relay.owed_agents() == []
-            assert await b.relay.send("ag")
-            assert await b.relay.flush("ag", 0.0)  # nothing of B's is owed: done at once
+            await b.catch_up()
+            assert b.owed_ack_agents() == []
+            assert await b._acks.send("ag")
+            assert await b._acks.flush("ag", 0.0)  # nothing of B's is owed: done at once
             outcome = await b.checkpoint("B-ck0")
             assert outcome.committed, outcome.reason
             assert "AckRejected" not in group_events(sqlite_url, "A-1")
-            await a.journal.catch_up()
+            await a.catch_up()
             assert len(a.ledger.debts["ag"]) == 1  # still owed to A's own agent
             assert (await ca.status()).completed_unacknowledged == 1
-            assert await a.relay.flush("ag", 10.0)
+            assert await a._acks.flush("ag", 10.0)
             assert (await ca.status()).completed_unacknowledged == 0
             assert "AckAccepted" in group_events(sqlite_url, "A-1")
             await a.close()

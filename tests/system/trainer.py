@@ -119,8 +119,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 print(f"--- task {task.get_name()}", file=sys.stderr)
                 task.print_stack(limit=12, file=sys.stderr)
             print(
-                f"open groups {coord.open_groups()} active checkpoint {coord.ctx.active_checkpoint} "
-                f"owed {coord.relay.owed_agents()} position {coord.journal.position} errors {coord.errors}",
+                f"open groups {coord.open_groups()} active checkpoint {coord.active_checkpoint} "
+                f"owed {coord.owed_ack_agents()} position {coord.position} errors {coord.errors}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -135,7 +135,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             # The journal retries DatabaseUnavailable silently; surface each retry burst here.
             seen = 0
             while True:
-                n = coord.journal.outage_retries
+                n = coord.journal_figures()["outage_retries"]
                 if n != seen:
                     log.warning(
                         "trainer %s: the log is unavailable, retrying with backoff (%d retries)", tid, n
@@ -153,7 +153,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 return True
             if args.max_unscored <= 0:
                 return False
-            await coord.journal.read(backlog.refresh, "the logprob backlog")
+            await coord.read_log(backlog.refresh, "the logprob backlog")
             return bool(backlog.unscored > args.max_unscored)
 
         async def feed() -> None:
@@ -197,9 +197,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             "claimed": len(claimed),
             "checkpoints_committed": sum(o.outcome == "committed" for o in checkpoints),
             "checkpoints_aborted": sum(o.outcome == "aborted" for o in checkpoints),
-            "outage_retries": coord.journal.outage_retries,
+            "outage_retries": coord.journal_figures()["outage_retries"],
             "wall_s": round(time.monotonic() - started, 2),
-            "stats": coord.stats,
         }
     finally:
         for client in clients.values():

@@ -221,7 +221,8 @@ def _planned(
     group: GroupState, decision: Decision, settle: list[AttemptToSettle], replace: list[SiblingToReplace]
 ) -> None:
     """A driver's decision as the plan lists it: the attempts it settles, the replacements it mints."""
-    for index, action in decision.settle:
+    # A replacement's own attempt is settled once minted: the plan lists the replacement.
+    for index, action in decision.settle if decision.move in ("settle", "give_up") else ():
         attempt = group.siblings[index].current
         if attempt is not None and not (decision.move == "give_up" and action == "dispatch"):
             settle.append(_attempt_to_settle(group, index, attempt, action))
