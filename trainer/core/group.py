@@ -473,10 +473,14 @@ def moves_table() -> str:
 
 
 def mermaid() -> str:
-    """The group's life, its edges labelled with the table's moves."""
+    """The group's life by mode, its edges labelled with the table's moves."""
     lines = ["```mermaid", "stateDiagram-v2", "    direction LR"]
     for mode in _MODES:
+        names = ("settling", "held_or_sealed", "sealed", "round_rerun", "dead_lettered")
         lines.append(f'    state "{mode}" as {mode} {{')
+        lines += [
+            f'        state "{n}" as {mode}_{n}' for n in names if mode == "prompt_group" or "round" not in n
+        ]
         edges: dict[tuple[Move, str], list[str]] = {}
         for end in _ENDINGS:
             for turn in (True, False):
@@ -484,23 +488,30 @@ def mermaid() -> str:
                 target = {"wait": "held_or_sealed", "replace": "settling", "abandon": "round_rerun"}.get(
                     move, "dead_lettered"
                 )
-                label = f"{end}{' at turn' if turn else ''}"
-                edges.setdefault((move, target), []).append(label)
+                edges.setdefault((move, target), []).append(f"{end} {'at' if turn else 'below'} turn")
         for (move, target), labels in sorted(edges.items()):
-            lines.append(f"        settling --> {target}: {move} ({', '.join(_merge(labels))})")
+            lines.append(f"        {mode}_settling --> {mode}_{target}: {move} ({', '.join(_merge(labels))})")
+        lines.append(f"        {mode}_held_or_sealed --> {mode}_sealed: every sibling sealed")
         if mode == "prompt_group":
-            lines.append("        held_or_sealed --> sealed: every sibling held")
-            lines.append("        round_rerun --> settling: GroupAbandoned + a replacement per sibling")
-        lines.append("        settling --> dead_lettered: a budget spent")
+            lines.append(
+                f"        {mode}_round_rerun --> {mode}_settling: GroupAbandoned + a replacement each"
+            )
+        lines.append(f"        {mode}_settling --> {mode}_dead_lettered: a budget spent")
         lines.append("    }")
     lines.append("```")
     return "\n".join(lines)
 
 
 def _merge(labels: Iterable[str]) -> list[str]:
-    """`x` and `x at turn` read as `x`."""
+    """`x at turn` and `x below turn` together read as `x`."""
     found = list(dict.fromkeys(labels))
-    return [lb for lb in found if not (lb.endswith(" at turn") and lb.removesuffix(" at turn") in found)]
+    out: list[str] = []
+    for label in found:
+        end = label.rsplit(" ", 2)[0]
+        both = f"{end} at turn" in found and f"{end} below turn" in found
+        if (end if both else label) not in out:
+            out.append(end if both else label)
+    return out
 
 
 def generated_doc() -> str:
