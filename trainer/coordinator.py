@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 from eventstore import EventStore
-from eventstore.events import Event, GroupClaimedForTraining, Mode, PromptRef, TrainerEpochTaken
+from eventstore.events import Mode, PromptRef, TrainerEpochTaken
 from eventstore.payload_stores import payload_plane
 from payloads import PayloadClaim, PayloadPlane
 from payloads.token_arrays import TokenArrays
@@ -36,7 +36,7 @@ from projections.ledger import GroupState, LedgerState
 from projections.recovery import RestoreRefused
 from protocol.levels import TargetLevel
 from protocol.retry import RetryPolicy
-from protocol.streams import group_stream, trainer_stream
+from protocol.streams import trainer_stream
 from trainer import own_logprobs
 from trainer.acks import AckRelay
 from trainer.agents import Agents
@@ -46,12 +46,8 @@ from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
 from trainer.core.retire_debt import RETIRE_OWED_POLICY
 from trainer.errors import (
-    AlreadyClaimed,
-    ClaimWhilePrepared,
     CoordinatorStopped,
     FencedOff,
-    NotSealed,
-    UnknownGroup,
 )
 from trainer.gate import Gate
 from trainer.groups import Groups
@@ -62,7 +58,7 @@ from trainer.payload_io import PayloadIO
 from trainer.recovery import recover
 from trainer.retires import RetireRelay
 from trainer.rows import check_row
-from trainer.sealed import SealedGroup, read_payloads, sealed_of, with_payloads
+from trainer.sealed import SealedGroup, Training, read_payloads, with_payloads
 from trainer.settings import Settings, log
 
 _T = TypeVar("_T")
@@ -134,6 +130,7 @@ class RolloutCoordinator:
         self._groups = Groups(
             store, journal, self._agents, settings, self._attempts, self.errors, self.check_alive
         )
+        self._training = Training(journal, self._groups, gate, self._payloads)
         self._started = False
         self._epoch_reason: Literal["start", "recovery"] = "start"
         # What `metrics()` reports, folded from the log (so a restart does not reset a count).
@@ -375,29 +372,13 @@ class RolloutCoordinator:
     # --- training ---------------------------------------------------------------------------------
 
     def sealed_unclaimed(self) -> list[SealedGroup]:
-        return [sealed_of(g) for g in self._unclaimed()]
+        """This trainer's sealed groups no training step claimed yet (no payload read)."""
+        return self._training.sealed_unclaimed()
 
-    def _unclaimed(self) -> list[GroupState]:
-        groups = self.ledger.groups
-        return [g for g in map(groups.__getitem__, self.ledger.sealed_unclaimed_ids()) if self.owns(g)]
-
-    async def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
-        """Sealed, unclaimed groups as they seal.  With `until_idle`, ends once no group is open."""
-        seen: set[str] = set()
-        while True:
-            # Each group's SealedGroup is built once, when it is handed out: groups handed out and not
-            # yet claimed (a training step collecting its batch) are passed over at every batch.
-            for group in self._unclaimed():
-                if group.group_id not in seen:
-                    seen.add(group.group_id)
-                    yield await self.with_payloads(sealed_of(group))
-            if self._journal.fenced is not None:
-                raise self._journal.fenced
-            if self._journal.stopped is not None:
-                raise self._journal.stopped
-            if until_idle and self._groups.idle() and all(g.group_id in seen for g in self._unclaimed()):
-                return
-            await self._journal.wait_changed(0.5)
+    def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
+        """Sealed, unclaimed groups as they seal, their payloads read.  With `until_idle`, ends once
+        no group is open."""
+        return self._training.sealed_groups(until_idle=until_idle)
 
     async def with_payloads(self, group: SealedGroup) -> SealedGroup:
         """The group with its siblings' replies and token records read by their claims, checked
@@ -415,34 +396,10 @@ class RolloutCoordinator:
     ) -> None:
         """Records that training consumed the sealed group, at `train_step` when the trainer names
         one (None: it named none; nothing is made up), `call_id` the caller's own identity that a
-        retry of it keeps (e.g. a Ray task id)."""
+        retry of it keeps (e.g. a Ray task id).  `ClaimWhilePrepared` while a checkpoint is prepared
+        and undecided; `AlreadyClaimed`, `NotSealed`, `UnknownGroup` for a group it cannot claim."""
         self.check_alive()
-
-        def build(ledger: LedgerState) -> list[Event]:
-            # Checked when the append is built: the gate is raised before CheckpointPrepareStarted is
-            # queued and lowered after the decision is written, so no claim lands between the two.
-            held = self._gate.checkpoint
-            if held is not None:
-                raise ClaimWhilePrepared(
-                    f"group {group_id!r} cannot be claimed while checkpoint {held!r} is prepared and "
-                    "undecided: claim it after the commit or abort"
-                )
-            group = ledger.groups.get(group_id)
-            if group is None:
-                if group_id in ledger.archived:
-                    raise AlreadyClaimed(f"group {group_id!r} was trained on and archived")
-                raise UnknownGroup(f"unknown group {group_id!r}")
-            if not self.owns(group):
-                raise UnknownGroup(
-                    f"group {group_id!r} belongs to trainer {group.trainer_id!r}, not this one"
-                )
-            if group.status != "sealed":
-                raise NotSealed(f"group {group_id!r} is {group.status}, not sealed")
-            if group.claims:
-                raise AlreadyClaimed(f"group {group_id!r} was claimed for step {group.claims[-1].train_step}")
-            return [GroupClaimedForTraining(group_id=group_id, train_step=train_step, call_id=call_id)]
-
-        await self._journal.append(group_stream(group_id), build)
+        await self._training.claim(group_id, train_step, call_id)
 
     # --- checkpoints ------------------------------------------------------------------------------
 

@@ -1,19 +1,26 @@
-"""A sealed group as training takes it, and the read of its payloads: each sibling's reply and token
-records by their claims, checked against them.  `sealed_groups` and `LedgerGym` read through here."""
+"""A sealed group as training takes it: handed out as it seals, its payloads read (each sibling's reply
+and token records by their claims, checked against them), and claimed for a training step.
+`RolloutCoordinator.sealed_groups` and `LedgerGym` read through here."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from eventstore.events import Event, GroupClaimedForTraining
 from payloads import PayloadClaim
 from payloads.token_arrays import TokenArrays, decode_payload
-from projections.ledger import GroupState
+from projections.ledger import GroupState, LedgerState
+from protocol.streams import group_stream
 from protocol.wire import AttemptRef
+from trainer.errors import AlreadyClaimed, ClaimWhilePrepared, NotSealed, UnknownGroup
+from trainer.gate import Gate
+from trainer.groups import Groups
+from trainer.journal import Journal
 from trainer.payload_io import PayloadIO
 
 
@@ -98,3 +105,65 @@ async def with_payloads(payloads: PayloadIO, group: SealedGroup) -> SealedGroup:
     """The group with its siblings' replies and token records read (`read_payloads`)."""
     read = await read_payloads(payloads, list(zip(group.reply_claims, group.token_claims, strict=True)))
     return dataclasses.replace(group, replies=[r for r, _ in read], tokens=[t for _, t in read])
+
+
+class Training:
+    """The hand-out of this trainer's sealed groups and their claims for training."""
+
+    def __init__(self, journal: Journal, groups: Groups, gate: Gate, payloads: PayloadIO) -> None:
+        self.journal = journal
+        self.groups = groups
+        self.gate = gate
+        self.payloads = payloads
+
+    def sealed_unclaimed(self) -> list[SealedGroup]:
+        return [sealed_of(g) for g in self._unclaimed()]
+
+    def _unclaimed(self) -> list[GroupState]:
+        ledger = self.journal.ledger
+        groups = ledger.groups
+        return [g for g in map(groups.__getitem__, ledger.sealed_unclaimed_ids()) if self.groups.owns(g)]
+
+    async def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
+        seen: set[str] = set()
+        while True:
+            # Each group's SealedGroup is built once, when it is handed out: groups handed out and not
+            # yet claimed (a training step collecting its batch) are passed over at every batch.
+            for group in self._unclaimed():
+                if group.group_id not in seen:
+                    seen.add(group.group_id)
+                    yield await with_payloads(self.payloads, sealed_of(group))
+            if self.journal.fenced is not None:
+                raise self.journal.fenced
+            if self.journal.stopped is not None:
+                raise self.journal.stopped
+            if until_idle and self.groups.idle() and all(g.group_id in seen for g in self._unclaimed()):
+                return
+            await self.journal.wait_changed(0.5)
+
+    async def claim(self, group_id: str, train_step: int | None, call_id: str | None) -> None:
+        def build(ledger: LedgerState) -> list[Event]:
+            # Checked when the append is built: the gate is raised before CheckpointPrepareStarted is
+            # queued and lowered after the decision is written, so no claim lands between the two.
+            held = self.gate.checkpoint
+            if held is not None:
+                raise ClaimWhilePrepared(
+                    f"group {group_id!r} cannot be claimed while checkpoint {held!r} is prepared and "
+                    "undecided: claim it after the commit or abort"
+                )
+            group = ledger.groups.get(group_id)
+            if group is None:
+                if group_id in ledger.archived:
+                    raise AlreadyClaimed(f"group {group_id!r} was trained on and archived")
+                raise UnknownGroup(f"unknown group {group_id!r}")
+            if not self.groups.owns(group):
+                raise UnknownGroup(
+                    f"group {group_id!r} belongs to trainer {group.trainer_id!r}, not this one"
+                )
+            if group.status != "sealed":
+                raise NotSealed(f"group {group_id!r} is {group.status}, not sealed")
+            if group.claims:
+                raise AlreadyClaimed(f"group {group_id!r} was claimed for step {group.claims[-1].train_step}")
+            return [GroupClaimedForTraining(group_id=group_id, train_step=train_step, call_id=call_id)]
+
+        await self.journal.append(group_stream(group_id), build)

@@ -37,8 +37,8 @@ from trainer.core.group import (
     retire_events,
     round_next,
     sibling_next,
-    with_generated,
 )
+from trainer.diagrams import with_generated
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "state-machines.md"
 FINISHED = AttemptOutcome("finished")
@@ -241,7 +241,9 @@ def test_a_sibling_whose_end_is_recorded_takes_its_move() -> None:
 
 
 def test_an_ended_attempt_s_unrecorded_retire_is_appended_first() -> None:
-    [retired] = retire_events("g_g0", 0, AttemptOutcome("retired", "x", "cancelled", continuation=offer(0, 0)))
+    [retired] = retire_events(
+        "g_g0", 0, AttemptOutcome("retired", "x", "cancelled", continuation=offer(0, 0))
+    )
     assert retired.continuation == offer(0, 0)  # type: ignore[attr-defined]
     assert retire_events("g_g0", 0, AttemptOutcome("retired", "x", "cancelled", recorded=True)) == []
     assert retire_events("g_g0", 0, NEVER_SENT) == []  # never sent: nothing to record of it

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import trainer.coordinator as coordinator_module
+import trainer.sealed as sealed_module
 from eventstore import EventStore
 from projections.audit import audit_log
 from projections.ledger import GroupState
@@ -305,7 +305,7 @@ async def test_groups_handed_out_and_not_yet_claimed_are_built_once(
         built.append(group.group_id)
         return build(group)
 
-    monkeypatch.setattr(coordinator_module, "sealed_of", counted)
+    monkeypatch.setattr(sealed_module, "sealed_of", counted)
     agent = make_agent("a")
     async with GymClient(agent.url, "a") as client:
         coord = coordinator(store, {"a": client}, mode="sibling")
