@@ -49,7 +49,7 @@ from trainer.stops import log_stop
 
 IDLE_POLL_S = 0.5
 MAX_BATCH = 2000
-# A try whose receipt the agent keeps changing is re-fetched this often, then left unpaid and logged.
+# An attempt whose receipt the agent keeps changing is re-fetched this often, then left unpaid and logged.
 MAX_REFETCHES = 3
 
 
@@ -217,9 +217,9 @@ class AckRelay:
             return True
 
     async def _refetch(self, agent_name: str, client: GymClient, sent: CompletionReceipt) -> list[Event]:
-        """The agent refused the receipt we owe it: ask it for its current receipt of that try.
+        """The agent refused the receipt we owe it: ask it for its current receipt of that attempt.
 
-        Owed again (ReceiptFetched + AckOwed, so the next pass ACKs it) only if it names the same try,
+        Owed again (ReceiptFetched + AckOwed, so the next pass ACKs it) only if it names the same attempt,
         its token list and the very reply we recorded (identity and digest): then only our record of
         the receipt was off (e.g. its execution generation or terminal call).  A receipt for another
         reply is a verify failure, recorded as such; it is owed all the same, so the agent's copy is

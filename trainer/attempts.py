@@ -123,7 +123,7 @@ class Attempts:
     # --- the whole attempt -------------------------------------------------------------------------
 
     async def settle(self, group_id: str, generation_index: int, attempt_index: int) -> AttemptOutcome:
-        """Plays the try if it was never dispatched; otherwise finds out what became of it."""
+        """Plays the attempt if it was never dispatched; otherwise finds out what became of it."""
         ledger = self.journal.ledger
         group = ledger.groups[group_id]
         sibling = group.siblings[generation_index]
@@ -146,8 +146,8 @@ class Attempts:
         dispatched = asyncio.Event()
 
         async def dispatch() -> None:
-            # Recorded once the /run holds a connection, right before it is sent: the try's lease
-            # starts here, never while it waits behind other tries in this trainer's own pool.
+            # Recorded once the /run holds a connection, right before it is sent: the attempt's lease
+            # starts here, never while it waits behind other attempts in this trainer's own pool.
             await self.journal.append(
                 group_stream(group.group_id),
                 [
@@ -211,7 +211,7 @@ class Attempts:
                     failure = exc
                 else:
                     # Stored: the reply, its bytes, the HTTP body and the token records are not held
-                    # while the append waits for the journal's group commit (most of a try's time
+                    # while the append waits for the journal's group commit (most of an attempt's time
                     # between its answer and its seal; their buffers, freed in bursts, fragment the heap).
                     reply = None
                     live.outcome = await self.seal(result)
@@ -261,7 +261,7 @@ class Attempts:
     async def resolve(
         self, group_id: str, rollout_id: str, attempt_index: int, why: RetireFor | None = None
     ) -> AttemptOutcome:
-        """Retire the try; adopt it if it finished (docs/protocol.md, Retire or adopt).  Settles it once.
+        """Retire the attempt; adopt it if it finished (docs/protocol.md, Retire or adopt).  Settles it once.
         `why`: a checkpoint's prepare retires it (recorded with its `AttemptRetired` if it was running)."""
         refusal = self.agents.driver.refusal(self.journal.ledger, rollout_id, "settle", group_id)
         if refusal is not None:
@@ -278,7 +278,7 @@ class Attempts:
     async def _resolve_locked(
         self, group_id: str, rid: str, n: int, why: RetireFor | None = None
     ) -> AttemptOutcome:
-        """Performs the retire/adopt steps of trainer.core.attempt until the try is settled."""
+        """Performs the retire/adopt steps of trainer.core.attempt until the attempt is settled."""
         group = self.journal.ledger.groups[group_id]
         client = self.agents.client(group.agent_name)
         state = core.Retiring(rid, n, policy=self.settings.retire_policy, agent_name=group.agent_name)
@@ -338,7 +338,7 @@ class Attempts:
         self, group_id: str, client: GymClient, rid: str, n: int, incarnation: str | None
     ) -> tuple[core.Input, AttemptOutcome | None]:
         """Re-POST /run marked adopt-only: the agent replays the stored reply or answers not found,
-        and never runs the try again.  The receipt must come from `incarnation` (the agent process that
+        and never runs the attempt again.  The receipt must come from `incarnation` (the agent process that
         answered retire)."""
         group = self.journal.ledger.groups[group_id]
         try:

@@ -26,7 +26,7 @@ class AgentShared(RolloutError):
 
 
 class NotOwned(RolloutError):
-    """An act on a try or debt another trainer owns (or at an agent this one does not drive): refused,
+    """An act on an attempt or debt another trainer owns (or at an agent this one does not drive): refused,
     nothing done (projections.ownership)."""
 
 
@@ -62,7 +62,7 @@ class GroupConflict(RolloutError, ValueError):
 
 
 class LogprobsMismatch(RolloutError, ValueError):
-    """Logprobs a trainer computed do not fit the sealed try's token records (or the try is not sealed)."""
+    """Logprobs a trainer computed do not fit the sealed attempt's token records (or the attempt is not sealed)."""
 
 
 class CheckpointRefused(RolloutError):

@@ -18,7 +18,7 @@ It also pins glibc's mmap threshold (`tune_malloc`): a buffer of `MMAP_THRESHOLD
 dynamic, glibc raises the threshold to the size of the first such buffer freed, and from then on
 those buffers come from the heap, whose high-water stays resident: the trainer's RSS stepped up with
 each burst of intake while its Python objects stayed flat (docs/performance.md).  The pin was 64 KiB
-first; that mapped and faulted in afresh every HTTP body, token record and driver copy of a try
+first; that mapped and faulted in afresh every HTTP body, token record and driver copy of an attempt
 (page faults were 35 % of the trainer's CPU at 64k tokens, `munmap` 9 %).  Under 1 MiB they now come
 from the heap, and the trim threshold (`TRIM_THRESHOLD`, 16 MiB) keeps free() from shrinking the
 heap's top after every burst only for the next to grow it again.
@@ -29,7 +29,7 @@ the JSON parser's buffers) at once; glibc keeps the freed pages inside the heap 
 its top): sampled with `mallinfo2` over a 2,000-group soak at 9k, the bytes in use fell back to
 26-30 MiB between bursts while the heap's free bytes rose from about 10 to 40-65 MiB, so RSS grew
 with fragmentation, not with anything held (docs/performance.md).  A trim walks the heap and
-returns those pages, off the tries' path.
+returns those pages, off the attempts' path.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def tune_malloc() -> bool:
     return bool(set_here) and all(set_here)
 
 
-# How often the loop gives the heap's free pages back (`trim_heap`): a timer, off every try's path.
+# How often the loop gives the heap's free pages back (`trim_heap`): a timer, off every attempt's path.
 TRIM_EVERY_S = 2.0
 _trims = 0
 

@@ -186,7 +186,7 @@ class Journal:
 
         Past the budget the journal stops for good (`CoordinatorStopped`): a coordinator that cannot
         record its decisions must not make any; its debts stay in the log for the next one.  A
-        connection the database refused (`DatabaseRefused`) stops it at the first try.
+        connection the database refused (`DatabaseRefused`) stops it at the first attempt.
         """
         if self.stopped is not None:
             raise self.stopped
@@ -389,7 +389,7 @@ class Journal:
         began = time.monotonic()
         try:
             # A retry after the database went away mid-commit names the same versions and the same
-            # deterministic event ids: if the first try committed, the retry is a no-op.
+            # deterministic event ids: if the first attempt committed, the retry is a no-op.
             results = await self._ride_out(lambda: self._write_sync(ready), what)
         except (CoordinatorStopped, FencedOff) as exc:
             for request in ready:
@@ -667,7 +667,7 @@ class _Request:
     events: list[Event] = field(default_factory=list)
     # The append starts its stream: finding it there is `StreamExists`, not a fence.
     create: bool = False
-    # (expected version, events with their ids), fixed on the first try so that retries repeat it.
+    # (expected version, events with their ids), fixed on the first attempt so that retries repeat it.
     prepared: tuple[int, list[NewEvent]] | None = None
 
 

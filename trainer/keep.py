@@ -100,7 +100,7 @@ class Keeper:
         carried: Completed | None = None,
     ) -> Kept | AttemptOutcome:
         """Receipt, verify, tokens, and the payloads stored: what `seal` appends, or the outcome of a
-        try that is owed, not sealed (already recorded).  Nothing of the reply's or the records' bytes
+        attempt that is owed, not sealed (already recorded).  Nothing of the reply's or the records' bytes
         is in what it returns, so a caller that lets go of `reply` and `carried` holds none of them.
         `carried`: the `/run` answer, with the receipt and token records if it carried them (then
         they are not fetched; either is checked exactly as a fetched one)."""
@@ -223,7 +223,7 @@ class Keeper:
 def build_rollout_receipt(
     reply: RunReply, receipt: CompletionReceipt, tokens: TokenArrays, tokens_claim: PayloadClaim
 ) -> RolloutReceipt:
-    """The sealed record of a try; `tokens` the records in their canonical binary form (what is
+    """The sealed record of an attempt; `tokens` the records in their canonical binary form (what is
     stored), `tokens_claim` the claim of those bytes."""
     key = capture_key(reply.rollout_id, reply.attempt_index)
     if receipt.manifest_capture_key != key:

@@ -1,10 +1,10 @@
 """Logprobs the trainer computed on its own policy workers, recorded as a `LogprobsComputed`.
 
 NeMo RL computes `prev_logprobs` itself; recording them in the log (instead of running a second model in
-a logprob worker) keeps one result per try and policy version either way.  The token records are
+a logprob worker) keeps one result per attempt and policy version either way.  The token records are
 checked against the sealed receipt exactly as a worker checks them (`verify_token_records`), the array
 is stored in the worker's encoding and media type, and the event id is the worker's
-(`result_event_id`): a worker that later scores the same try under the same version gets this result
+(`result_event_id`): a worker that later scores the same attempt under the same version gets this result
 back, or `EventIdConflict` when its numbers differ, and nothing is scored twice.
 
 The worker modules need torch and numpy (the `workers` extra), so they are imported when a trainer
@@ -45,7 +45,7 @@ def decide(
     logprobs: Sequence[float],
     policy_version: str,
 ) -> OwnLogprobs:
-    """Checks `logprobs` against the try's token records (`content`, the payload the receipt claims);
+    """Checks `logprobs` against the attempt's token records (`content`, the payload the receipt claims);
     `LogprobsMismatch` names the first misfit."""
     import numpy as np
     import torch
@@ -92,7 +92,7 @@ def decide(
 
 def write(store: EventStore, decided: OwnLogprobs, source: str) -> bool:
     """The event, whose claim names the array already stored; False when the log already holds this
-    try's result."""
+    attempt's result."""
     from workers.logprobs import result_event_id
 
     event = decided.event

@@ -1,6 +1,6 @@
 """The retire relay: pays the retires the log says are owed (docs/protocol.md, Retire debts).
 
-A try declared lost at its agent (`RunFailed` agent_lost) leaves a `RetireOwed` in the log: the agent
+An attempt declared lost at its agent (`RunFailed` agent_lost) leaves a `RetireOwed` in the log: the agent
 may still hold a finished result of it, which only a retire (then the ACK of its receipt) releases.
 This relay reads the owed retires from the ledger projection (so they survive any crash and are paid by
 whichever process of the trainer runs next), calls `/retire` for each, and records what the answer
@@ -89,7 +89,7 @@ class RetireRelay:
         return self.agents.driver.retires(self.journal.ledger, agent_name)
 
     def owed_agents(self) -> list[str]:
-        """Agents this trainer owes a retire (of a try of its own groups)."""
+        """Agents this trainer owes a retire (of an attempt of its own groups)."""
         return [a for a in self.journal.ledger.retires if self.owed(a)]
 
     async def owe_strays(self, agent_name: str, status: AgentStatus, owed_before: frozenset[str]) -> int:
@@ -115,7 +115,7 @@ class RetireRelay:
             written += len(await self.journal.append(group_stream(gid), build))
         if written:
             log.warning(
-                "agent %s holds %d result(s) of tries the log settled (it lost its state and ran them "
+                "agent %s holds %d result(s) of attempts the log settled (it lost its state and ran them "
                 "again): retires owed to release them",
                 agent_name,
                 written,
@@ -142,7 +142,7 @@ class RetireRelay:
                 return
 
     async def pay(self, agent_name: str) -> bool:
-        """One retire for each try owed to `agent_name`, oldest first; False once one fails."""
+        """One retire for each attempt owed to `agent_name`, oldest first; False once one fails."""
         async with self._locks[agent_name]:
             client = self.agents.get(agent_name)
             if client is None:
@@ -215,7 +215,7 @@ class RetireRelay:
             ],
         )
         log.error(
-            "retires owed to %s stuck (%d tries, still called every ~%.0f s): %s",
+            "retires owed to %s stuck (%d attempts, still called every ~%.0f s): %s",
             agent_name,
             owed,
             self.settings.retire_owed_policy.cap_s,

@@ -1,17 +1,17 @@
-"""OpenTelemetry spans per try, built from the log: `/run` -> receipt -> seal -> ACK.
+"""OpenTelemetry spans per attempt, built from the log: `/run` -> receipt -> seal -> ACK.
 
 Off by default (the optional extra `otel`).  The spans are made from the events' own timestamps
 (`recorded_at`), after the fact, so tracing costs the hand-off nothing and shows what the log
-recorded, crashes and restarts included.  Every try of a rollout shares one trace, whose id is derived
-from the rollout id: a rollout's tries, replacements and adoptions line up in one trace view.
+recorded, crashes and restarts included.  Every attempt of a rollout shares one trace, whose id is derived
+from the rollout id: a rollout's attempts, replacements and adoptions line up in one trace view.
 
     from opentelemetry import trace
     emit_try_spans(store.read_all(0), trace.get_tracer("rollout-ledger"))
 
-Per try: a `try` span (attributes `ledger.rollout_id`, `ledger.attempt_index`, `ledger.group_id`,
+Per attempt: a `attempt` span (attributes `ledger.rollout_id`, `ledger.attempt_index`, `ledger.group_id`,
 `ledger.agent`, `ledger.outcome`) with children `run` (dispatch to reply or failure), `receipt`
 (reply to the fetched receipt), `seal` (receipt to the seal or hold) and `ack` (debt to its payment);
-retires and adoptions are span events.  Each child carries the try's id and agent and what its step
+retires and adoptions are span events.  Each child carries the attempt's id and agent and what its step
 recorded (`SEGMENT_ATTRIBUTES`); the provider's resource names the service (`tracer_resource`).
 """
 
@@ -28,11 +28,11 @@ from protocol.ids import group_id_of
 
 
 @dataclass
-class TryTimeline:
+class AttemptTimeline:
     rollout_id: str
     attempt_index: int
     agent: str = ""
-    # event type -> (recorded_at, data) of its first occurrence for this try
+    # event type -> (recorded_at, data) of its first occurrence for this attempt
     marks: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
 
     def at(self, *types: str) -> float | None:
@@ -70,9 +70,9 @@ _TRY_EVENTS = frozenset(
 )
 
 
-def fold_tries(events: Iterable[RecordedEvent]) -> dict[tuple[str, int], TryTimeline]:
-    """Each try's marks, in log order (a pure fold)."""
-    tries: dict[tuple[str, int], TryTimeline] = {}
+def fold_attempts(events: Iterable[RecordedEvent]) -> dict[tuple[str, int], AttemptTimeline]:
+    """Each attempt's marks, in log order (a pure fold)."""
+    attempts: dict[tuple[str, int], AttemptTimeline] = {}
     for event in events:
         kind = event.type
         if kind in _TRY_EVENTS:
@@ -84,11 +84,11 @@ def fold_tries(events: Iterable[RecordedEvent]) -> dict[tuple[str, int], TryTime
             key = (receipt["rollout_id"], receipt["attempt_index"])
         else:
             continue
-        timeline = tries.setdefault(key, TryTimeline(*key))
+        timeline = attempts.setdefault(key, AttemptTimeline(*key))
         timeline.marks.setdefault(kind, (event.recorded_at, data))
         if kind == "RunDispatched":
             timeline.agent = data.get("agent_name", "")
-    return tries
+    return attempts
 
 
 SERVICE_NAME: Final = "rollout-ledger"
@@ -157,7 +157,7 @@ def _ack_attributes(marks: Marks) -> dict[str, Any]:
     return {"ledger.ack": "owed"}
 
 
-# What each child span says beyond the try's id and agent, from the events of its step.
+# What each child span says beyond the attempt's id and agent, from the events of its step.
 SEGMENT_ATTRIBUTES: Final[dict[str, Callable[[Marks], dict[str, Any]]]] = {
     "run": _run_attributes,
     "receipt": _receipt_attributes,
@@ -176,12 +176,12 @@ def _ns(seconds: float) -> int:
 
 
 def emit_try_spans(events: Iterable[RecordedEvent], tracer: Any) -> int:
-    """Emits the spans of every try the events mention; returns how many tries were traced."""
+    """Emits the spans of every try the events mention; returns how many attempts were traced."""
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
     count = 0
-    for timeline in fold_tries(events).values():
+    for timeline in fold_attempts(events).values():
         start = timeline.at(*timeline.marks)
         if start is None:
             continue
@@ -198,7 +198,7 @@ def emit_try_spans(events: Iterable[RecordedEvent], tracer: Any) -> int:
             )
         )
         root = tracer.start_span(
-            "try",
+            "attempt",
             context=parent,
             start_time=_ns(start),
             attributes={

@@ -32,12 +32,13 @@ async def test_each_try_is_a_trace_of_its_rollout(sqlite_store: EventStore, make
     for i in range(2):
         rid = f"{g}_g{i}"
         mine = {s.name: s for s in spans if s.context is not None and s.context.trace_id == trace_id_of(rid)}
-        assert set(mine) == {"try", "run", "receipt", "seal", "ack"}
-        root = mine["try"]
+        assert set(mine) == {"attempt", "run", "receipt", "seal", "ack"}
+        root = mine["attempt"]
         assert root.context is not None
         attributes = {name: dict(span.attributes or {}) for name, span in mine.items()}
         assert (
-            attributes["try"]["ledger.rollout_id"] == rid and attributes["try"]["ledger.outcome"] == "sealed"
+            attributes["attempt"]["ledger.rollout_id"] == rid
+            and attributes["attempt"]["ledger.outcome"] == "sealed"
         )
         for name in ("run", "receipt", "seal", "ack"):
             parent = mine[name].parent
@@ -48,7 +49,7 @@ async def test_each_try_is_a_trace_of_its_rollout(sqlite_store: EventStore, make
             assert span.start_time is not None and span.end_time is not None
             start[name], end[name] = span.start_time, span.end_time
         assert start["run"] <= end["run"] <= end["receipt"]
-        assert end["receipt"] <= end["seal"] <= end["ack"] <= end["try"]
+        assert end["receipt"] <= end["seal"] <= end["ack"] <= end["attempt"]
         # Every span names its service and run, and each step says what it recorded.
         for span in mine.values():
             assert span.resource.attributes["service.name"] == SERVICE_NAME

@@ -19,7 +19,7 @@ class CheckpointOutcome:
     adopted: int = 0
     retired: int = 0
     acked_during_prepare: int = 0
-    # Finished, unACKed tries the agents carried across the checkpoint (paid after the decision).
+    # Finished, unACKed attempts the agents carried across the checkpoint (paid after the decision).
     carried: int = 0
     # Participants still being driven to the decision in the background (their step is stuck).
     stuck: list[str] = field(default_factory=list)
@@ -47,7 +47,7 @@ class PreparedCheckpoint:
     adopted: int = 0
     retired: int = 0
     acked_during_prepare: int = 0
-    # Per participant: the finished, unACKed tries its prepare carried (CheckpointCommitted.carried).
+    # Per participant: the finished, unACKed attempts its prepare carried (CheckpointCommitted.carried).
     carried: dict[str, list[AttemptRef]] = field(default_factory=dict)
 
     def carried_keys(self) -> dict[str, frozenset[str]]:

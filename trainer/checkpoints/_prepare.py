@@ -154,7 +154,7 @@ class Checkpoints:
         raise UnknownCheckpoint(f"checkpoint {checkpoint_id!r} is not prepared by this coordinator")
 
     def _release(self) -> None:
-        """Ends the checkpoint at the trainer: tries' deadlines run again, reconciliation resumes."""
+        """Ends the checkpoint at the trainer: attempts' deadlines run again, reconciliation resumes."""
         self._held = None
         self.gate.release()
 
@@ -192,7 +192,7 @@ class Checkpoints:
             deadline = time.monotonic() + self.settings.prepare_timeout_s
             try:
                 # The deadline bounds everything prepare does, adoptions included: an adoption
-                # whose replay waits on a try parked by this very checkpoint must not hold it open.
+                # whose replay waits on an attempt parked by this very checkpoint must not hold it open.
                 async with asyncio.timeout_at(_loop_time_at(deadline) + PREPARE_GRACE_S):
                     await asyncio.gather(*(self._prepare(checkpoint_id, n, deadline, state) for n in names))
             except TimeoutError:
@@ -334,13 +334,13 @@ class Checkpoints:
                     return
                 now = time.monotonic()
                 if exc.status.blocking_attempts:
-                    # The agent waited for its tries to park before answering: it paces this loop.
+                    # The agent waited for its attempts to park before answering: it paces this loop.
                     unchanged, last_owed = RetryState(), None
                     continue
                 owed = frozenset((a.rollout_id, a.attempt_index) for a in exc.attempts)
                 if owed == last_owed:
-                    # Only the trainer can unblock it (finished tries to ACK or adopt) and nothing changed.
-                    unchanged = unchanged.failed(now, "not ready, the same tries blocking")
+                    # Only the trainer can unblock it (finished attempts to ACK or adopt) and nothing changed.
+                    unchanged = unchanged.failed(now, "not ready, the same attempts blocking")
                     await asyncio.sleep(not_ready_wait(unchanged, now, random.random(), deadline - now))
                 else:
                     unchanged = RetryState()

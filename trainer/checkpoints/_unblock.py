@@ -35,9 +35,9 @@ class PrepareState:
     adopted: int = 0
     retired: int = 0
     acked: int = 0
-    # Per agent: the finished, unACKed tries it carries across the checkpoint (its prepared answer's).
+    # Per agent: the finished, unACKed attempts it carries across the checkpoint (its prepared answer's).
     carried: dict[str, list[AttemptRef]] = field(default_factory=dict)
-    # Per agent: the blocking tries the last resort may not retire (the prepare waits for them).
+    # Per agent: the blocking attempts the last resort may not retire (the prepare waits for them).
     protected: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
 
@@ -52,8 +52,8 @@ class Unblocker:
         self.acks = acks
 
     def _blocking(self, exc: NotReadyError) -> list[Blocking]:
-        """The tries the answer names as blocking, with their own progress and the log's count of the
-        tries their rollouts lost to checkpoints."""
+        """The attempts the answer names as blocking, with their own progress and the log's count of the
+        attempts their rollouts lost to checkpoints."""
         ledger = self.journal.ledger
         progress = {(p.rollout_id, p.attempt_index): p for p in exc.status.progress}
         found = []
@@ -75,14 +75,14 @@ class Unblocker:
         self, checkpoint_id: str, name: str, exc: NotReadyError, deadline: float, state: PrepareState
     ) -> str | None:
         """Pays, adopts or retires what keeps `name` from being ready; the reason the prepare fails
-        instead if the agent names a try this trainer does not own (it would act on another's)."""
+        instead if the agent names an attempt this trainer does not own (it would act on another's)."""
         ledger = self.journal.ledger
         driver = self.agents.driver
         for ref in [*exc.attempts, *exc.status.blocking_attempts]:
             refusal = driver.refusal(ledger, ref.rollout_id, "settle")
             if refusal is not None and ledger.attempt(ref.rollout_id, ref.attempt_index) is not None:
-                # A try of another trainer's group at this agent: two trainers drive one agent.
-                return f"the agent holds a try this trainer may not settle ({refusal})"
+                # An attempt of another trainer's group at this agent: two trainers drive one agent.
+                return f"the agent holds an attempt this trainer may not settle ({refusal})"
         owed = {key for key, _ in driver.debts(ledger, name)}
         to_adopt = []
         for ref in exc.attempts:
@@ -94,7 +94,7 @@ class Unblocker:
         results = await asyncio.gather(*adopt)
         state.adopted += sum(results)
         await self.acks.send(name)
-        # The tries still on their way to a boundary: waited for while they make progress of their
+        # The attempts still on their way to a boundary: waited for while they make progress of their
         # own; retired when stuck, or at the last resort (trainer.core.blocking).
         blocking = self._blocking(exc)
         log.debug(
@@ -126,7 +126,7 @@ class Unblocker:
         attempt = self.journal.ledger.attempt(rollout_id, attempt_index)
         if attempt is None:
             log.warning(
-                "prepare names (%s, %d), a try this log never minted: cannot adopt it",
+                "prepare names (%s, %d), an attempt this log never minted: cannot adopt it",
                 rollout_id,
                 attempt_index,
             )
@@ -137,7 +137,7 @@ class Unblocker:
     async def _retire(self, checkpoint_id: str, retire: Retire) -> bool:
         rid, n = retire.rollout_id, retire.attempt_index
         if self.journal.ledger.attempt(rid, n) is None:
-            log.warning("prepare blocked by (%s, %d), a try this log never minted", rid, n)
+            log.warning("prepare blocked by (%s, %d), an attempt this log never minted", rid, n)
             return False
         log.warning("checkpoint %s retires (%s, %d): %s", checkpoint_id, rid, n, retire.reason)
         why = RetireFor(retire.cause, checkpoint_id, retire.reason)

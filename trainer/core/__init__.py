@@ -10,8 +10,8 @@ does are the same code, and every transition is tested without a server (tests/c
     retry        one retry budget (calls, deadline, jittered backoff) and its verdicts: in
                  `protocol/retry.py`, below the workers too, which ride out outages with it
     checkpoint   a participant's prepare, commit/resume and abort steps; the checkpoint's decision
-    attempt      retire answers, adoption checks and when a try is declared lost
-    group        replace, abandon or dead-letter after a try failed (two budgets: infra and data)
+    attempt      retire answers, adoption checks and when an attempt is declared lost
+    group        replace, abandon or dead-letter after an attempt failed (two budgets: infra and data)
     debt         what an ACK answer proves: paid, refused, dropped on evidence of a newer generation
-    retire_debt  a retire owed to an agent for a try declared lost there: what its answer proves
+    retire_debt  a retire owed to an agent for an attempt declared lost there: what its answer proves
 """

@@ -3,19 +3,19 @@
     retire --retired--------------> settled "retired" (cancelled while running)
            --tombstoned-----------> settled "retired" (never started there)
            --done-----------------> settled "retired" (already done for good; in reduced mode, a
-                                    try POSTed with no reply held, the answer saying how it ended)
+                                    attempt POSTed with no reply held, the answer saying how it ended)
            --completed_unack.-----> adopt (re-POST /run, adopt-only, expecting that incarnation)
     adopt  --adopted--------------> settled "finished" (the shell recorded seal/hold and the debt)
            --not_found / other inc-> retire again (the agent restarted: it no longer has the result)
            --garbage x LIMIT------> settled "stranded" (a result nobody can describe; group dead-lettered)
     any call failing in transport ---> the same call again after a jittered wait, within RETIRE_POLICY;
-                                       spent: settled "lost" (`RunFailed` agent_lost: the try is
+                                       spent: settled "lost" (`RunFailed` agent_lost: the attempt is
                                        declared lost and its group dead-lettered; `RetireOwed`: a
                                        retire of it is owed to the agent, trainer.core.retire_debt)
     a checkpoint in the way (409) ---> retire again after a wait, within PHASE_WAIT_POLICY; spent: lost
 
 Adoption never starts a new execution: the re-POST carries the adopt-only mark, and a receipt from
-another agent process (incarnation) than the one that answered retire is refused (the try is retired
+another agent process (incarnation) than the one that answered retire is refused (the attempt is retired
 again).
 """
 
@@ -41,7 +41,7 @@ from protocol.wire import AttemptWork, ContinuationRef, ResumeReport
 RETIRE_POLICY = RetryPolicy(max_calls=40, deadline_s=30.0, base_s=0.05, cap_s=2.0)
 # A checkpoint phase in the way of a retire (the agent is committing or paused): waited out this long.
 PHASE_WAIT_POLICY = RetryPolicy(max_calls=2000, deadline_s=600.0, base_s=0.05, cap_s=1.0)
-# Adoptions answered with something that is not a receipt of this try before it is declared stranded.
+# Adoptions answered with something that is not a receipt of this attempt before it is declared stranded.
 ADOPT_GARBAGE_LIMIT = 3
 
 SettledKind = Literal["finished", "retired", "stranded", "lost"]
@@ -61,11 +61,11 @@ class RetireAnswer:
     execution_incarnation: str | None = None
     # What the cancelled execution had done (`retired`), as the agent measured it.
     work: AttemptWork | None = None
-    # The try's latest committed turn boundary the agent offers (docs/turns.md), and what the try did
+    # The attempt's latest committed turn boundary the agent offers (docs/turns.md), and what the attempt did
     # with the continuation it was asked to resume, if it was.
     continuation: ContinuationRef | None = None
     resume: ResumeReport | None = None
-    # What the caller knows of a try done at the agent (reduced mode: how its POST ended).
+    # What the caller knows of an attempt done at the agent (reduced mode: how its POST ended).
     detail: str = ""
 
 
@@ -85,7 +85,7 @@ class CallFailed:
 @dataclass(frozen=True)
 class AdoptResult:
     """How an adoption ended: `adopted` (recorded by the shell), `garbage` (not a receipt of this
-    try), `other_incarnation` (a receipt from another process than the one retire described),
+    attempt), `other_incarnation` (a receipt from another process than the one retire described),
     `not_found` (the agent has no record of it), `gone` (acknowledged or cancelled meanwhile)."""
 
     kind: Literal["adopted", "garbage", "other_incarnation", "not_found", "gone"]
@@ -112,7 +112,7 @@ class Retiring:
     failures: RetryState = field(default_factory=RetryState)
     waits: RetryState = field(default_factory=RetryState)
     policy: RetryPolicy = RETIRE_POLICY
-    # The agent the try runs at: a try declared lost there is owed a retire of it (`RetireOwed`), so a
+    # The agent the attempt runs at: an attempt declared lost there is owed a retire of it (`RetireOwed`), so a
     # finished result the agent still holds when it comes back is released.  None: no one to owe it to
     # (the simulator, which models no retire relay).
     agent_name: str | None = None

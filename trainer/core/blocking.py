@@ -1,21 +1,21 @@
-"""A prepare's blocking tries: wait for each, or retire it and say why (no I/O).
+"""A prepare's blocking attempts: wait for each, or retire it and say why (no I/O).
 
 A checkpoint waits for the model calls in progress to reach their boundary, within its prepare
-deadline.  Whether a try is stuck is judged from its own progress as its agent reports it
+deadline.  Whether an attempt is stuck is judged from its own progress as its agent reports it
 (`protocol.wire.AttemptProgress`: a boundary, a token record, a heartbeat of its runner), never from
-other tries:
+other attempts:
 
-    a try whose agent promised to report progress every `heartbeat_s`, and that went STALL_BEATS
+    an attempt whose agent promised to report progress every `heartbeat_s`, and that went STALL_BEATS
     of them without any (and at least park_grace_s)                        -> retire, `stalled`
-    any other try (progressing, or its agent promises nothing)            -> wait
-    ... until `last_resort_s` before the prepare deadline: every try still blocking is retired so the
+    any other attempt (progressing, or its agent promises nothing)            -> wait
+    ... until `last_resort_s` before the prepare deadline: every attempt still blocking is retired so the
     checkpoint can pass (`checkpoint`), unless one of them is protected    -> then wait on, retire none
 
-A try is protected when its rollout already lost `max_checkpoint_retires` tries to checkpoints
+An attempt is protected when its rollout already lost `max_checkpoint_retires` attempts to checkpoints
 (its sibling in sibling mode, its group's rounds in prompt_group mode: `checkpoint_losses`): the
 checkpoint waits for it, and aborts at its deadline if it must, rather than cancel it again.  Retiring
 the others then would throw their work away for a checkpoint that fails anyway.  So every rollout
-makes progress however often the trainer checkpoints.  A `stalled` try is stuck whatever the
+makes progress however often the trainer checkpoints.  A `stalled` attempt is stuck whatever the
 checkpoint does (its rollout deadline would retire it too), so it is not bounded by this rule.
 """
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from eventstore.events import RetireCause
 
-# A try is stalled after this many of its agent's heartbeat intervals without progress.
+# An attempt is stalled after this many of its agent's heartbeat intervals without progress.
 STALL_BEATS = 4
-# Time before the prepare deadline at which the tries still blocking are retired (the last resort):
+# Time before the prepare deadline at which the attempts still blocking are retired (the last resort):
 # enough for their retires, the ACKs they lead to and one more prepare call.
 LAST_RESORT_S = 5.0
 
@@ -41,7 +41,7 @@ class Blocking:
     attempt_index: int
     # Seconds since its last progress, as its agent reports it; None when the agent reports none.
     since_progress_s: float | None
-    # Tries its rollout already lost to checkpoints (the log's count).
+    # Attempts its rollout already lost to checkpoints (the log's count).
     checkpoint_losses: int
 
 
@@ -56,7 +56,7 @@ class Retire:
 @dataclass(frozen=True)
 class Verdict:
     retire: tuple[Retire, ...] = ()
-    # Tries the last resort may not retire (their rollouts lost their share to checkpoints already).
+    # Attempts the last resort may not retire (their rollouts lost their share to checkpoints already).
     protected: tuple[tuple[str, int], ...] = ()
 
 
@@ -67,8 +67,8 @@ def last_resort_s(prepare_timeout_s: float) -> float:
 
 
 def stall_after_s(heartbeat_s: float | None, park_grace_s: float) -> float | None:
-    """Seconds without progress of its own after which a try is stuck; None when its agent makes no
-    promise to report progress (its tries are waited for until the last resort)."""
+    """Seconds without progress of its own after which an attempt is stuck; None when its agent makes no
+    promise to report progress (its attempts are waited for until the last resort)."""
     if heartbeat_s is None:
         return None
     return max(park_grace_s, STALL_BEATS * heartbeat_s)
@@ -84,7 +84,7 @@ def judge(
     max_checkpoint_retires: int,
     checkpoint_id: str,
 ) -> Verdict:
-    """What to do about the tries blocking one agent's prepare, `left_s` before its deadline."""
+    """What to do about the attempts blocking one agent's prepare, `left_s` before its deadline."""
     stall = stall_after_s(heartbeat_s, park_grace_s)
     stalled = [
         b

@@ -7,9 +7,9 @@ What an attempt needs before its group can move on:
     dispatched or failed -> retire_or_adopt; held/sealed/retired/discarded -> none
 
 Two retry budgets, each with its own dead-letter reason: infrastructure failures (the agent away, a
-transport error, a deadline: another try may well succeed) and data failures (the environment failed,
+transport error, a deadline: another attempt may well succeed) and data failures (the environment failed,
 the result did not verify, the sample was masked: the prompt itself may be at fault).  `max_tries`
-caps the tries of a sibling (or the rounds of a prompt group) whatever their causes, but one: a try a
+caps the attempts of a sibling (or the rounds of a prompt group) whatever their causes, but one: an attempt a
 checkpoint's prepare retired as its last resort (`AttemptRetired` cause `checkpoint`) is the trainer's
 doing and spends no budget; the trainer bounds those per rollout instead (trainer.core.blocking).
 """
@@ -28,15 +28,15 @@ Budget = RetryBudget
 # RunFailed kinds that say the prompt or its result is at fault, not the infrastructure.
 DATA_FAILURE_KINDS: frozenset[str] = frozenset({"env", "verify", "refused"})
 # A data failure no retry can get past: the agent refused the request itself (400, 413, 422), and a
-# new try sends the same request.  One ends the group's retries at once (its data budget is spent).
+# new attempt sends the same request.  One ends the group's retries at once (its data budget is spent).
 FINAL_FAILURE_KINDS: frozenset[str] = frozenset({"refused"})
 
-# A try in these states may be running at the agent, or finished there without the trainer knowing.
+# An attempt in these states may be running at the agent, or finished there without the trainer knowing.
 _IN_FLIGHT: frozenset[str] = frozenset({"dispatched", "failed"})
 
 
 def attempt_action(attempt: AttemptState) -> AttemptAction | None:
-    """What a try needs before its group can move on (None: it owns its outcome already)."""
+    """What an attempt needs before its group can move on (None: it owns its outcome already)."""
     if attempt.status == "minted":
         return "dispatch"
     if attempt.status == "replied" or attempt.retire_outcome == "completed_unacknowledged":
@@ -47,7 +47,7 @@ def attempt_action(attempt: AttemptState) -> AttemptAction | None:
 
 
 def failure_budget(attempt: AttemptState) -> Literal["infra", "data"]:
-    """Which budget a try that ended without a usable result spends: a masked reply's the one its Gym
+    """Which budget an attempt that ended without a usable result spends: a masked reply's the one its Gym
     `failure_kind` names (`protocol.failures`; data when it names none), else by the failures."""
     if attempt.mask_sample:
         return budget_of_failure_kind(attempt.failure_kind) if attempt.failure_kind else "data"
@@ -56,19 +56,19 @@ def failure_budget(attempt: AttemptState) -> Literal["infra", "data"]:
 
 
 def refused(attempt: AttemptState) -> bool:
-    """The agent refused the try's request itself: every later try would be refused the same way."""
+    """The agent refused the attempt's request itself: every later attempt would be refused the same way."""
     return any(f.partition(":")[0] in FINAL_FAILURE_KINDS for f in attempt.failures)
 
 
 def lost_to_checkpoint(attempt: AttemptState) -> bool:
-    """A checkpoint's prepare retired the try as its last resort: the trainer's doing, not the try's
-    failure, so it spends no budget (a rollout loses at most `max_checkpoint_retires` tries so)."""
+    """A checkpoint's prepare retired the attempt as its last resort: the trainer's doing, not the attempt's
+    failure, so it spends no budget (a rollout loses at most `max_checkpoint_retires` attempts so)."""
     return attempt.retire_cause == "checkpoint"
 
 
 def checkpoint_losses(group: GroupState, sibling: SiblingState) -> int:
-    """Tries this sibling's rollout lost to checkpoints: its own in sibling mode; in prompt_group mode
-    the group's rounds (a round lost to a checkpoint throws every sibling's try away with it)."""
+    """Attempts this sibling's rollout lost to checkpoints: its own in sibling mode; in prompt_group mode
+    the group's rounds (a round lost to a checkpoint throws every sibling's attempt away with it)."""
     if group.mode == "prompt_group":
         rounds = {
             a.attempt_index
@@ -81,7 +81,7 @@ def checkpoint_losses(group: GroupState, sibling: SiblingState) -> int:
 
 
 def spent(group: GroupState, attempts: list[AttemptState]) -> dict[Budget, int]:
-    """The failures of `attempts` (settled without a result) counted against each budget; a try lost
+    """The failures of `attempts` (settled without a result) counted against each budget; an attempt lost
     to a checkpoint counts against none."""
     counted = [a for a in attempts if not lost_to_checkpoint(a)]
     counts: dict[Budget, int] = {"infra": 0, "data": 0, "tries": len(counted)}
@@ -92,7 +92,7 @@ def spent(group: GroupState, attempts: list[AttemptState]) -> dict[Budget, int]:
 
 
 def exhausted_budget(group: GroupState, attempts: list[AttemptState]) -> Budget | None:
-    """The budget a sibling's (or a round's) tries so far have spent, if any: no new try then."""
+    """The budget a sibling's (or a round's) attempts so far have spent, if any: no new attempt then."""
     if any(refused(a) for a in attempts):
         return "data"
     counts = spent(group, attempts)
@@ -124,7 +124,7 @@ def dead_letter_reason(budget: Budget, group: GroupState) -> str:
 
 def round_exhausted(group: GroupState) -> Budget | None:
     """prompt_group: the budget the rounds so far have spent (each round counts once, for the kind
-    of its first failed try); a refused try of any round spends the data budget at once."""
+    of its first failed attempt); a refused attempt of any round spends the data budget at once."""
     if any(refused(a) for s in group.siblings.values() for a in s.attempts.values()):
         return "data"
     rounds = [_round_attempts(group, n) for n in range(group.attempts_used)]
@@ -132,8 +132,8 @@ def round_exhausted(group: GroupState) -> Budget | None:
 
 
 def _round_attempts(group: GroupState, round_index: int) -> AttemptState | None:
-    """One try standing for a finished round: its try lost to a checkpoint (the round spends no
-    budget then), else its first try that failed, else any of the round."""
+    """One try standing for a finished round: its attempt lost to a checkpoint (the round spends no
+    budget then), else its first attempt that failed, else any of the round."""
     tries = [s.attempts[round_index] for s in group.siblings.values() if round_index in s.attempts]
     lost = [a for a in tries if lost_to_checkpoint(a)]
     if lost:

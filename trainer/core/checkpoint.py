@@ -291,7 +291,7 @@ def leftover_call(phase: str) -> Op | None:
 
 
 def not_ready_wait(unchanged: RetryState, now: float, jitter: float, deadline_left_s: float) -> float:
-    """After a `not_ready` prepare answer that named the same blocking tries as the one before it (the
+    """After a `not_ready` prepare answer that named the same blocking attempts as the one before it (the
     trainer's ACKs and adoptions changed nothing yet): the wait before asking again, growing with each
     such answer (FINISH_POLICY's backoff), never past the prepare deadline.  An agent answers
     `not_ready` at once when only the trainer can unblock it, so without this wait a trainer that

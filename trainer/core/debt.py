@@ -121,7 +121,7 @@ def on_operator_drop(
     retires: Mapping[str, Mapping[str, RetireDebt]] | None = None,
 ) -> OperatorDrop:
     """`debts`: the ledger's unpaid debts (agent -> debt key -> receipt); `retires`: its retires owed
-    (agent -> debt key).  Only a debt the log holds unpaid can be dropped: the try's ACK debt, else the
+    (agent -> debt key).  Only a debt the log holds unpaid can be dropped: the attempt's ACK debt, else the
     retire owed for it (the agent is gone for good: nothing left there to release); anything else is
     refused with nothing to record."""
     key = debt_key(rollout_id, attempt_index)

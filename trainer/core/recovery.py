@@ -47,14 +47,14 @@ class AttemptToSettle(_Model):
 
 
 class SiblingToReplace(_Model):
-    """A sibling to mint a try for: a replacement of `replaces`, or (None) its first try, never minted."""
+    """A sibling to mint an attempt for: a replacement of `replaces`, or (None) its first attempt, never minted."""
 
     group_id: str
     rollout_id: str
     generation_index: int
     replaces: int | None
     next_attempt: int
-    # At target level turn: the boundary the replacement resumes (the replaced try's offer, by the
+    # At target level turn: the boundary the replacement resumes (the replaced attempt's offer, by the
     # drivers' own rule `continuation_to_resume`); None: it plays from its prompt.
     continues: ContinuationRef | None = None
 

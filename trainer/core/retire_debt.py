@@ -1,16 +1,16 @@
 """A retire owed to an agent (docs/protocol.md, Retire debts): what its answers prove, what to record.
 
-A try declared lost (trainer.core.attempt: its agent away past RETIRE_POLICY) may still be finished at
+An attempt declared lost (trainer.core.attempt: its agent away past RETIRE_POLICY) may still be finished at
 the agent, which then holds its result until someone releases it; a held result blocks the agent's
 later checkpoints and is the stranded result the audit names.  So the loss records a debt
 (`RetireOwed`), folded from the log like an ACK debt, and paid when the agent answers again:
 
-    retire  --retired / tombstoned / done ---------> RetirePaid (the agent holds nothing of the try)
-            --completed_unacknowledged ------------> fetch the try's receipt (it holds a finished result)
-    receipt --of this try, from the process that --> RetirePaid released + ReceiptFetched + AckOwed: the
+    retire  --retired / tombstoned / done ---------> RetirePaid (the agent holds nothing of the attempt)
+            --completed_unacknowledged ------------> fetch the attempt's receipt (it holds a finished result)
+    receipt --of this attempt, from the process that --> RetirePaid released + ReceiptFetched + AckOwed: the
               answered the retire                    ACK relay pays it and the agent discards the result
                                                      (released, never adopted: the group is dead-lettered)
-            --of another try or another process ---> failed (retired again: the agent may have restarted)
+            --of another attempt or another process ---> failed (retired again: the agent may have restarted)
     retire refused by a checkpoint phase (409) ----> failed: called again after the wait
     a call failing in transport -------------------> failed: the agent's next call after a jittered wait
                                                      within RETIRE_OWED_POLICY; spent, reported stuck once
@@ -20,9 +20,9 @@ later checkpoints and is the stranded result the audit names.  So the loss recor
 A stray result is one an agent holds for a try the log has settled (`settled`: retired with the agent
 holding nothing, sealed and ACKed, failed with its sibling moved on, archived): the agent restarted on
 an empty state directory, its tombstones and its record of the ACK went with it, and a late `/run` of
-the try (a stale process's, a duplicate delivery) ran it again.  Nothing else would release it (the
-log's outcome of the try is final), so every later checkpoint would carry it.  Found in an agent's
-status (`strays`), it is owed a retire like a lost try's, and paid the same way: the agent answers
+the attempt (a stale process's, a duplicate delivery) ran it again.  Nothing else would release it (the
+log's outcome of the attempt is final), so every later checkpoint would carry it.  Found in an agent's
+status (`strays`), it is owed a retire like a lost attempt's, and paid the same way: the agent answers
 `completed_unacknowledged`, the receipt is fetched and the ACK owed releases it (docs/protocol.md,
 Stray results).
 
@@ -51,14 +51,14 @@ from trainer.core.debt import AckRetry, on_ack_failure
 RETIRE_OWED_POLICY = RetryPolicy(max_calls=16, deadline_s=60.0, base_s=0.05, cap_s=5.0)
 
 
-# The retire answers after which the agent holds nothing of a try: a result of it found later is stray.
+# The retire answers after which the agent holds nothing of an attempt: a result of it found later is stray.
 HELD_NOTHING: Final = frozenset(get_args(RetireOutcome))
 
 
 def settled(ledger: LedgerState, rollout_id: str, attempt_index: int) -> bool:
     """Whether the log will never take a result of this try again: its group is archived; its result
     was taken (sealed or held, even if its round was discarded later); its agent answered its retire
-    holding nothing; or it failed and its sibling moved on (a later try, a seal, the group
+    holding nothing; or it failed and its sibling moved on (a later attempt, a seal, the group
     dead-lettered)."""
     attempt = ledger.attempt(rollout_id, attempt_index)
     if attempt is None:
@@ -89,8 +89,8 @@ def strays(
     held: Sequence[AttemptRef],
     owed_before: frozenset[str] = frozenset(),
 ) -> list[RetireOwed]:
-    """The retires owed for the stray results among `held`, the finished tries agent `agent_name`
-    (process `incarnation`) reports holding: tries of this trainer's groups at that agent that the log
+    """The retires owed for the stray results among `held`, the finished attempts agent `agent_name`
+    (process `incarnation`) reports holding: attempts of this trainer's groups at that agent that the log
     settled (`settled`), with no ACK or retire owed for them, now or before the agent was asked
     (`owed_before`, debt keys: one paid meanwhile was held for that debt when the agent answered)."""
     acks, retires = ledger.debts.get(agent_name, {}), ledger.retires.get(agent_name, {})
@@ -138,7 +138,7 @@ class RetireDebtStep:
 
 
 def on_retire(owed: OwedRetire, got: RetireAnswer | RetireRefused | CallFailed) -> RetireDebtStep:
-    """After one /retire of an owed try."""
+    """After one /retire of an owed attempt."""
     if isinstance(got, CallFailed):
         return RetireDebtStep("failed", reason=got.error)
     if isinstance(got, RetireRefused):
@@ -151,7 +151,7 @@ def on_retire(owed: OwedRetire, got: RetireAnswer | RetireRefused | CallFailed) 
 
 def on_receipt(owed: OwedRetire, incarnation: str | None, receipt: CompletionReceipt) -> RetireDebtStep:
     """After the receipt fetch of an owed try the agent answered `completed_unacknowledged` for
-    (from `incarnation`): owe the ACK of it, which releases the result, if it is this try's."""
+    (from `incarnation`): owe the ACK of it, which releases the result, if it is this attempt's."""
     rid, n = owed.rollout_id, owed.attempt_index
     if (
         receipt.rollout_id != rid

@@ -130,7 +130,7 @@ _TOKENS_MEDIA = TOKENS_MEDIA_TYPE.encode()
 _ACCEPT_TOKENS = ((b"Accept", _TOKENS_MEDIA + b", application/json;q=0.5"),)
 _JSON: TypeAdapter[Any] = TypeAdapter(Any)
 _COMPLETION_MEDIA = COMPLETION_MEDIA_TYPE.encode()
-# A completed try's receipt and token records in the /run answer; its JSON alone from other agents.
+# A completed attempt's receipt and token records in the /run answer; its JSON alone from other agents.
 _ACCEPT_COMPLETION = ((b"Accept", _COMPLETION_MEDIA + b", application/json;q=0.5"),)
 _FENCE_ERRORS: dict[str, type[GymError]] = {
     CHECKPOINT_CONFLICT: CheckpointConflictError,
@@ -153,7 +153,7 @@ def _media_type(reply: Reply) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Completed:
-    """A `/run` answered: the reply, and the try's receipt and token records where the answer carried
+    """A `/run` answered: the reply, and the attempt's receipt and token records where the answer carried
     them, each as its fetch would have answered: the checked value, or the refusal the fetch would have
     raised (`BadResponseError`); None where the answer did not carry it (fetch it)."""
 
@@ -191,7 +191,7 @@ def _default_ssl_context() -> ssl.SSLContext:
 
 
 def verify_receipt(reply: RunReply, receipt: CompletionReceipt, digest: str | None = None) -> None:
-    """Raises `ReceiptMismatchError` unless `receipt` names this try and this exact reply (docs/protocol.md, Receipts).
+    """Raises `ReceiptMismatchError` unless `receipt` names this attempt and this exact reply (docs/protocol.md, Receipts).
 
     `digest`: the reply's digest where the caller has already taken it (canonical JSON of a reply is
     the trainer's largest encode: once per reply, not twice)."""
@@ -425,21 +425,21 @@ class GymClient:
         on_slot: Callable[[], Awaitable[None]] | None = None,
         with_completion: bool = True,
     ) -> Completed:
-        """`POST /run`: blocks until the try is done; a re-sent call for the same try never reruns it.
+        """`POST /run`: blocks until the attempt is done; a re-sent call for the same attempt never reruns it.
 
-        `adopt_only`: the agent replays a stored reply or answers 404, and never starts the try.
-        `continue_from`: a continuation's digest the new try resumes (docs/turns.md); what the agent
-        did with it is in the try's completion receipt.  A
-        plain Gym agent's reply is completed with the try's identity (`gym_reply`); in reduced mode
+        `adopt_only`: the agent replays a stored reply or answers 404, and never starts the attempt.
+        `continue_from`: a continuation's digest the new attempt resumes (docs/turns.md); what the agent
+        did with it is in the attempt's completion receipt.  A
+        plain Gym agent's reply is completed with the attempt's identity (`gym_reply`); in reduced mode
         the trainer keeps it (its receipt and token records are made here) and replays it itself.
 
         The call first waits for a connection of the run pool (`max_run_connections`; `runs_waiting`
         counts the calls waiting); `on_slot` is awaited once it holds one, right before the request
-        goes out: the trainer records the dispatch and starts the try's lease there, so a try queued in
+        goes out: the trainer records the dispatch and starts the attempt's lease there, so an attempt queued in
         this client spends none of it.  `timeout_s` bounds the wait for a connection too.
 
         `with_completion`: an agent that declares `completion_in_run` is asked (by media type) to
-        answer with the try's receipt and token records too (`protocol.completion`), so the caller need
+        answer with the attempt's receipt and token records too (`protocol.completion`), so the caller need
         not fetch them; what is missing or unreadable in that answer is left None, to be fetched."""
         await self.connect_quietly()
         self.runs_waiting += 1
@@ -600,7 +600,7 @@ class GymClient:
 
     @property
     def carries_completed(self) -> bool:
-        """Whether the agent declared it can carry finished, unACKed tries across a checkpoint (an
+        """Whether the agent declared it can carry finished, unACKed attempts across a checkpoint (an
         agent not asked yet is not asked to: an older one would refuse the field)."""
         seen = self.capabilities_seen
         return seen is not None and FEATURE_CARRY_COMPLETED in seen.features
@@ -630,7 +630,7 @@ class GymClient:
         return receipt
 
     async def token_capture(self, capture_key: str) -> TokenArrays:
-        """The try's token records in their canonical binary form, as arrays.  An agent that speaks
+        """The attempt's token records in their canonical binary form, as arrays.  An agent that speaks
         the binary form answers in it (no JSON, no per-token Python object on this side); one that
         does not answers JSON, converted once here."""
         if self.reduced is not None:
@@ -696,7 +696,7 @@ class GymClient:
         self, checkpoint_id: str, timeout_s: float = 300.0, carry: bool = False
     ) -> PhaseResponse:
         """Ready: the answer (phase `prepared`; with `carry`, to an agent that can, the finished
-        unACKed tries it carries in `carried`). Not ready: raises `NotReadyError` listing the tries to
+        unACKed attempts it carries in `carried`). Not ready: raises `NotReadyError` listing the attempts to
         ACK/adopt."""
         if self.reduced is not None:
             raise self.reduced.refuse_checkpoint("prepare", checkpoint_id)

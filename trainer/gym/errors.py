@@ -20,7 +20,7 @@ class AgentUnavailableError(GymError):
 
 
 class ConnectionLostError(AgentUnavailableError):
-    """The connection broke mid-exchange (e.g. the drop_reply fault); the try may well have finished."""
+    """The connection broke mid-exchange (e.g. the drop_reply fault); the attempt may well have finished."""
 
 
 class AgentTimeoutError(AgentUnavailableError):
@@ -41,11 +41,11 @@ class UnauthorizedError(GymError):
 
 
 class NotFoundError(GymError):
-    """404: the try (or capture) is unknown to the agent, or not finished yet."""
+    """404: the attempt (or capture) is unknown to the agent, or not finished yet."""
 
 
 class GoneError(GymError):
-    """410: the try is ACKNOWLEDGED, CANCELLED or tombstoned; it will never run or answer again."""
+    """410: the attempt is ACKNOWLEDGED, CANCELLED or tombstoned; it will never run or answer again."""
 
 
 class InvalidRequestError(GymError):

@@ -5,20 +5,20 @@ participant would have given, from what the trainer itself holds, so the coordin
 
 - the completion receipt is made here: the reply's digest computed by the trainer, the token records
   read off the reply (`protocol.tokens`), execution generation `REDUCED_GENERATION` (0; a participant's
-  generations are at least 1), so every receipt of a reduced-mode try says so in the log, and an
+  generations are at least 1), so every receipt of a reduced-mode attempt says so in the log, and an
   incarnation of this client's own (what it holds goes with it, as an agent's goes with its process);
 - acknowledge releases the trainer's own copy; nothing is sent (the agent keeps nothing to release);
 - retire answers from what the trainer holds: a reply in hand is `completed_unacknowledged` (adopting
   it replays the trainer's copy, never a second `/run`); a try the trainer POSTed and holds no reply
   of (the agent answered an error, or the reply was lost) is `done`, saying which; one never POSTed is
-  tombstoned; and a reply that arrives for a retired try afterwards is refused (410);
+  tombstoned; and a reply that arrives for a retired attempt afterwards is refused (410);
 - status is always idle, and a checkpoint cannot include the agent: prepare/commit/resume/abort raise
   `NotParticipantError`, and the checkpointer leaves reduced agents out of its participants.
 
-What remains guaranteed: no try is POSTed twice by the trainer (so none is executed twice on its
+What remains guaranteed: no attempt is POSTed twice by the trainer (so none is executed twice on its
 account), nothing is stranded at the agent (it keeps nothing), every group is sealed or dead-lettered.
-What is lost: a try whose reply was lost cannot be adopted (its work is wasted and a replacement
-runs), a running try cannot be cancelled at the agent (a retire only stops the trainer waiting), and
+What is lost: an attempt whose reply was lost cannot be adopted (its work is wasted and a replacement
+runs), a running attempt cannot be cancelled at the agent (a retire only stops the trainer waiting), and
 checkpoints do not pause the agent.
 """
 
@@ -66,29 +66,29 @@ class ReducedMode:
         self._held: dict[tuple[str, int], _Held] = {}
         self._tombstones: set[tuple[str, int]] = set()
         self._released: set[tuple[str, int]] = set()
-        # Tries POSTed to the agent with no reply held: what became of the POST, as far as we know.
+        # Attempts POSTed to the agent with no reply held: what became of the POST, as far as we know.
         self._posted: dict[tuple[str, int], str] = {}
 
     def capabilities(self) -> Capabilities:
         return Capabilities(agent_name=self.agent_name, execution_incarnation=self.incarnation, features=[])
 
     def posting(self, rollout_id: str, attempt_index: int) -> None:
-        """The try's `/run` is about to leave: from now on it may have run at the agent."""
+        """The attempt's `/run` is about to leave: from now on it may have run at the agent."""
         self._posted.setdefault(
             (rollout_id, attempt_index), "POSTed to the agent; no reply reached the trainer"
         )
 
     def unanswered(self, rollout_id: str, attempt_index: int, error: str) -> None:
-        """The try's `/run` ended without a reply: the agent's error, or the call's."""
+        """The attempt's `/run` ended without a reply: the agent's error, or the call's."""
         self._posted[(rollout_id, attempt_index)] = f"POSTed to the agent, which gave no reply: {error}"[:300]
 
     def retire_detail(self, rollout_id: str, attempt_index: int) -> str:
-        """Why retire called a POSTed try done ("" for any other answer)."""
+        """Why retire called a POSTed attempt done ("" for any other answer)."""
         key = (rollout_id, attempt_index)
         return self._posted.get(key, "") if key in self._tombstones else ""
 
     def keep(self, reply: RunReply) -> RunReply:
-        """Holds a reply the agent answered; refuses one of a try retired meanwhile."""
+        """Holds a reply the agent answered; refuses one of an attempt retired meanwhile."""
         key = (reply.rollout_id, reply.attempt_index)
         if key in self._tombstones or key in self._released:
             raise GoneError(f"reduced mode: try {key} was retired or released; its late reply is dropped")
@@ -96,7 +96,7 @@ class ReducedMode:
         try:
             tokens = token_records_from_reply(reply, ck, time.time())
         except (TokenRecordError, ValueError):
-            tokens = []  # no usable records: the try is owed, never sealed (the trainer's verify says so)
+            tokens = []  # no usable records: the attempt is owed, never sealed (the trainer's verify says so)
         receipt = CompletionReceipt(
             rollout_id=reply.rollout_id,
             attempt_index=reply.attempt_index,

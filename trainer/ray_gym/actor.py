@@ -120,7 +120,7 @@ class LedgerGymConfig(BaseModel):
     db_url: str
     trainer_id: Identifier | None = None
     mode: Mode = "prompt_group"
-    # Budgets: tries per sibling, how long one try may run, how long one call waits for its groups.
+    # Budgets: attempts per sibling, how long one attempt may run, how long one call waits for its groups.
     max_tries: int = Field(default=4, ge=1)
     max_infra_failures: int | None = Field(default=None, ge=1)
     max_data_failures: int | None = Field(default=None, ge=1)
@@ -222,7 +222,7 @@ class LedgerGym:
         self.cfg, self.config = split_config(config)
         if (self.cfg.get("token_capture") or {}).get("enabled"):
             raise ValueError(
-                "token_capture.enabled: the ledger keeps every try's token records itself and returns "
+                "token_capture.enabled: the ledger keeps every attempt's token records itself and returns "
                 "them in message_log; turn NeMo RL's token capture off with LedgerGym"
             )
         self.rules = ResultRules.of(self.cfg)

@@ -1,4 +1,4 @@
-"""One sealed try as NeMo RL's per-row result, in the types NeMo RL reads (its `NemoGym` actor's).
+"""One sealed attempt as NeMo RL's per-row result, in the types NeMo RL reads (its `NemoGym` actor's).
 
 NeMo RL's `run_async_nemo_gym_rollout` (`nemo_rl/experience/rollouts.py`) and the single controller's
 `_result_to_completion` (`nemo_rl/experience/rollout_manager.py`) read, per row:
@@ -11,10 +11,10 @@ NeMo RL's `run_async_nemo_gym_rollout` (`nemo_rl/experience/rollouts.py`) and th
 - `input_message_log`: the first message;
 - `full_result`: the Gym's reply with the row's task fields, where NeMo RL looks for
   `instance_config.mask_sample` (the sample stays in its group for advantages, out of the loss) and
-  `reward`; the row's own `_ng_rollout_id` (when NeMo RL set one) is kept, and the ledger's try is
+  `reward`; the row's own `_ng_rollout_id` (when NeMo RL set one) is kept, and the ledger's attempt is
   named beside it (`_ledger_rollout_id`, `_ledger_attempt_index`).
 
-Built from what the log holds: the reply and the try's token records, read by the seal's claims
+Built from what the log holds: the reply and the attempt's token records, read by the seal's claims
 from the payload plane as arrays (`payloads.token_arrays.TokenArrays`, views of the stored payload):
 each message's tensors are made from those arrays in one vectorised copy each (int64 ids, float32
 logprobs, the dtypes NeMo RL's tensors have), never through a Python object per token.  The rules
@@ -43,7 +43,7 @@ from trainer.settings import log as logger
 
 LEDGER_ROLLOUT_ID: Final = "_ledger_rollout_id"
 LEDGER_ATTEMPT_INDEX: Final = "_ledger_attempt_index"
-# The reply's own identity keys on the ledger's wire (the try, not NeMo RL's row).
+# The reply's own identity keys on the ledger's wire (the attempt, not NeMo RL's row).
 _WIRE_IDS: Final = ("_ng_rollout_id", "_ng_attempt_index")
 # Token arrays NeMo RL's actor takes off the reply's output items before it hands `full_result` on.
 _TOKEN_ARRAYS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts")
@@ -60,7 +60,7 @@ _ROUTES_DTYPES: Final = ("int8", "int16", "int32")
 
 
 class ResultDataError(ValueError):
-    """A sealed try NeMo RL could not train on (no generated turn, turns that do not extend one
+    """A sealed attempt NeMo RL could not train on (no generated turn, turns that do not extend one
     another, NaN logprobs, malformed routes): deterministic, so NeMo RL classes it as data."""
 
 
@@ -153,7 +153,7 @@ Tokens = TokenArrays | Sequence[TokenEntry]
 
 
 def as_arrays(tokens: Tokens) -> TokenArrays:
-    """The try's token records as arrays: as read from the store, or (records built in memory, the
+    """The attempt's token records as arrays: as read from the store, or (records built in memory, the
     tests' and the JSON form's way) through the binary form once.  `ResultDataError` for records
     that have none (a NaN or infinite logprob)."""
     if isinstance(tokens, TokenArrays):
@@ -178,7 +178,7 @@ def whole_prompts(tokens: Tokens) -> list[npt.NDArray[np.int64]]:
 
 
 def message_log(tokens: Tokens, rules: ResultRules) -> list[dict[str, Any]]:
-    """NeMo RL's message log of one try (see the module doc); `ResultDataError` when it has none."""
+    """NeMo RL's message log of one attempt (see the module doc); `ResultDataError` when it has none."""
     import torch
 
     arrays = as_arrays(tokens)
@@ -234,7 +234,7 @@ def message_log(tokens: Tokens, rules: ResultRules) -> list[dict[str, Any]]:
         seen = np.concatenate([prompt, generated])
     if not log:
         raise ResultDataError(
-            "the try produced no generated tokens (the prompt may exceed the model's max_model_len, "
+            "the attempt produced no generated tokens (the prompt may exceed the model's max_model_len, "
             "or every output item was a tool call or reasoning without generation)"
         )
     return log
@@ -244,7 +244,7 @@ def full_result(
     row: Mapping[str, Any], reply: Mapping[str, Any], rollout_id: str, attempt_index: int, mask_sample: bool
 ) -> dict[str, Any]:
     """The reply as NeMo RL's `full_result`: the row's fields (NeMo RL's own ids kept), then the
-    reply's, token arrays off the output items, the ledger's try beside, and the mask where NeMo RL
+    reply's, token arrays off the output items, the ledger's attempt beside, and the mask where NeMo RL
     reads it."""
     full: dict[str, Any] = {k: v for k, v in row.items() if k != "_rowidx"}
     for key, value in reply.items():

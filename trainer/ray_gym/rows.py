@@ -62,7 +62,7 @@ class RowsDeadLettered(RuntimeError):
 
 class RowsLostToInfrastructure(ConnectionError):
     """A group of the call used up its infrastructure budget (agent away, deadlines) or was left
-    with a try it could not settle: NeMo RL's INFRA class (a `ConnectionError`), which re-dispatches
+    with an attempt it could not settle: NeMo RL's INFRA class (a `ConnectionError`), which re-dispatches
     the prompt; the re-dispatch gets groups of its own."""
 
 
@@ -83,7 +83,7 @@ class PlannedGroup:
 
 @dataclass(frozen=True)
 class Seal:
-    """A sibling's sealed try, as its group stream names it."""
+    """A sibling's sealed attempt, as its group stream names it."""
 
     rollout_id: str
     attempt_index: int
@@ -104,7 +104,7 @@ class GroupRecord:
     sealed: bool = False
     dead_letter_reasons: list[str] | None = None
     dead_letter_budget: str | None = None
-    # generation index -> the sealed try
+    # generation index -> the sealed attempt
     seals: dict[int, Seal] = field(default_factory=dict)
 
 
@@ -128,7 +128,7 @@ def call_digest(rows: Sequence[dict[str, Any]]) -> str:
 
 def group_id(prefix: str, digest: str, occurrence: int, k: int) -> str:
     gid = f"{prefix}{digest}-{occurrence}-{k}"
-    if len(gid) + 12 > MAX_ID_LENGTH:  # room for the sibling and try suffixes
+    if len(gid) + 12 > MAX_ID_LENGTH:  # room for the sibling and attempt suffixes
         raise RowError(f"group prefix {prefix!r} is too long")
     return gid
 
