@@ -1,23 +1,26 @@
 """Turn-level resume under faults: seeded schedules of multi-turn rollouts at target level `turn`.
 
-One seed is one schedule: a few rollouts of 3 to 6 turns, each turn a model call, then a tool call on
+One seed is one schedule: a few rollouts of 3 to 6 turns (each its own group, or, in half the
+schedules, the siblings of one prompt group), each turn a model call, then a tool call on
 each resource the rollout uses (the reference resources server's `bank`, export/restore, and for some
 rollouts its `mailer`, restart-only), then the boundary's commit.  A seeded scheduler steps the live
 tries one step at a time and, between any two steps (so at every turn boundary and inside a turn),
 may put a fault: the trainer crashing (recovery retires each live try and mints its replacement,
 which resumes the offered boundary), a checkpoint retiring one try (also while it is taking a
 continuation up), the agent restarting with its state kept or lost, a continuation's payload lost or
-corrupted, and a stale owner (an earlier trainer's late `/run`) asking to resume an earlier boundary
-of a rollout under a try of its own.
+corrupted, a stale owner (an earlier trainer's late `/run`) asking to resume an earlier boundary
+of a rollout under a try of its own, and (in a prompt group) a sibling failing by its own data, which
+reruns its round whole.
 
 The agent's decisions are the real ones (`participant.continuations`: the index fold, `decide_resume`,
 `check_continuation`; `participant.states.resume_decision`), the trainer's too
-(`trainer.core.group.continuation_to_resume`), and the resources are the reference server's own
+(`trainer.core.group`: what a retired attempt's group does next, and what its replacement resumes), and the resources are the reference server's own
 book (`gym_resources.book.Book`).  Then a checker that reads only what happened (model calls made,
 boundaries committed, the resources' journal) asserts: no completed turn of a lineage was generated
 again on it; no side effect stands twice; every bank session a finished try played holds exactly one
 deposit per turn it carried; every resume read one continuation; every rollout finished or ran out
-of its budget.  A seed replays exactly: `ledger simulate --explore 1 --first-seed N`.
+of its budget; and no prompt group at level `turn` gave a round up (rerunning its finished siblings)
+for anything but a failure of its own.  A seed replays exactly: `ledger simulate --explore 1 --first-seed N`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from eventstore.events import PromptRef
+from eventstore.events import PromptRef, ReplacementMinted
 from gym_resources.book import Book, ClassError
 from participant.continuations import (
     Continuation,
@@ -39,12 +42,12 @@ from participant.continuations import (
     turn_figures,
 )
 from participant.states import RestartFromPrompt, resume_decision
-from projections.ledger import AttemptState, GroupState
+from projections.ledger import AttemptState, GroupState, SiblingState
 from protocol.digests import sha256_digest
 from protocol.ids import capture_key
 from protocol.resources import MutationKey
 from protocol.wire import ContinuationRef, ResourceRevision, TokenEntry
-from trainer.core.group import continuation_to_resume
+from trainer.core.group import AttemptOutcome, Decision, on_attempt, on_round
 
 MAX_TRIES = 12
 STEP_BOUND = 3000
@@ -58,6 +61,7 @@ Fault = Literal[
     "payload_lost",
     "payload_corrupt",
     "stale_owner",
+    "own_failure",
 ]
 FAULT_P: dict[Fault, float] = {
     "trainer_crash": 0.02,
@@ -67,6 +71,7 @@ FAULT_P: dict[Fault, float] = {
     "payload_lost": 0.01,
     "payload_corrupt": 0.01,
     "stale_owner": 0.02,
+    "own_failure": 0.01,
 }
 
 
@@ -92,6 +97,7 @@ class Rollout:
     n_turns: int
     resources: tuple[str, ...]
     group: GroupState
+    generation_index: int = 0
     current: int = 0
     finished_by: int | None = None
     dead: bool = False
@@ -116,27 +122,50 @@ class TurnSchedule:
     index: ContinuationIndex = field(default_factory=ContinuationIndex)
     turns_resumed: int = 0
     turns_redone: int = 0
+    # Prompt groups: rounds given up (and why), and finished siblings a round given up threw away.
+    rounds_given_up: int = 0
+    given_up_by_interruption: list[str] = field(default_factory=list)
 
 
-def _group(rollout_id: str) -> GroupState:
-    return GroupState(
-        group_id=rollout_id.rpartition("_g")[0],
+def _group(group_id: str, siblings: int, mode: Literal["sibling", "prompt_group"]) -> GroupState:
+    group = GroupState(
+        group_id=group_id,
         agent_name="agent",
-        mode="sibling",
-        expected_generations=1,
+        mode=mode,
+        expected_generations=siblings,
         max_tries=MAX_TRIES,
-        prompt_ref=PromptRef(sample_id=rollout_id, task_name="turns"),
+        max_infra_failures=MAX_TRIES,
+        max_data_failures=MAX_TRIES,
+        prompt_ref=PromptRef(sample_id=group_id, task_name="turns"),
         target_level="turn",
     )
+    for gi in range(siblings):
+        rid = f"{group_id}_g{gi}"
+        group.siblings[gi] = SiblingState(
+            rollout_id=rid,
+            generation_index=gi,
+            attempts={0: AttemptState(rollout_id=rid, attempt_index=0, status="dispatched")},
+        )
+    group.attempts_used = 1
+    return group
 
 
 def run_turn_schedule(seed: int) -> TurnSchedule:
     rng = random.Random(f"turns|{seed}")
     s = TurnSchedule(seed=seed)
-    for i in range(rng.randint(1, 3)):
-        rid = f"t{seed}x{i}_g0"
-        uses = ("bank", "mailer") if rng.random() < 0.25 else ("bank",)
-        s.rollouts[rid] = Rollout(rid, rng.randint(3, 6), uses, _group(rid))
+    prompt_group = rng.random() < 0.5
+    if prompt_group:
+        siblings = rng.randint(2, 3)
+        group = _group(f"t{seed}pg", siblings, "prompt_group")
+        for gi in range(siblings):
+            rid = f"t{seed}pg_g{gi}"
+            uses = ("bank", "mailer") if rng.random() < 0.25 else ("bank",)
+            s.rollouts[rid] = Rollout(rid, rng.randint(3, 6), uses, group, gi)
+    else:
+        for i in range(rng.randint(1, 3)):
+            rid = f"t{seed}x{i}_g0"
+            uses = ("bank", "mailer") if rng.random() < 0.25 else ("bank",)
+            s.rollouts[rid] = Rollout(rid, rng.randint(3, 6), uses, _group(f"t{seed}x{i}", 1, "sibling"))
     payloads: dict[str, bytes] = {}
     live: dict[tuple[str, int], Run] = {}
     taking: set[str] = set()
@@ -277,21 +306,79 @@ def run_turn_schedule(seed: int) -> TurnSchedule:
         s.finished_lineages[f"{run.lineage}@{run.attempt_index}"] = (run.lineage, rollout.n_turns)
         if not run.stale and rollout.current == run.attempt_index and rollout.finished_by is None:
             rollout.finished_by = run.attempt_index
+            sibling = rollout.group.siblings[rollout.generation_index]
+            sibling.attempts[run.attempt_index].status = "held"
+            sibling.status = "held"
 
-    def retire(rollout: Rollout, agent_has_state: bool = True) -> None:
-        """The trainer retires the rollout's current try (cancelled if it runs) and mints its
-        replacement, which resumes what the agent offered (the real decision)."""
+    def end_attempt(rollout: Rollout, *failures: str) -> AttemptOutcome:
+        """The rollout's current try retired (cancelled if it runs): recorded in its group's state as
+        the log would (its agent's offer with it); the outcome its driver gets."""
         n = rollout.current
         gone = live.pop((rollout.rollout_id, n), None)
         if gone is not None and gone.resuming is not None:
             taking.discard(gone.resuming.digest)
-        offer = s.index.offer(rollout.rollout_id, n) if agent_has_state else None
-        attempt = AttemptState(rollout_id=rollout.rollout_id, attempt_index=n, offered=offer)
-        if n + 1 >= MAX_TRIES:
-            rollout.dead = True
+        offer = s.index.offer(rollout.rollout_id, n)
+        attempt = rollout.group.siblings[rollout.generation_index].attempts[n]
+        attempt.status, attempt.retire_outcome, attempt.offered = "retired", "cancelled", offer
+        attempt.failures += list(failures)
+        return AttemptOutcome(
+            "retired", failures[0] if failures else "retired", "cancelled", continuation=offer
+        )
+
+    def perform(rollout: Rollout, decision: Decision) -> None:
+        """What the group's decision names: its replacements minted and dispatched, or the group
+        dead-lettered."""
+        group = rollout.group
+        if decision.move == "dead_letter":
+            for r in s.rollouts.values():
+                if r.group is group:
+                    r.dead = True
             return
-        rollout.current = n + 1
-        dispatch(rollout, n + 1, continuation_to_resume(rollout.group, attempt, offer))
+        for event in decision.events:
+            if isinstance(event, ReplacementMinted):
+                sibling = group.siblings[event.generation_index]
+                sibling.attempts[event.attempt_index] = AttemptState(
+                    rollout_id=event.rollout_id,
+                    attempt_index=event.attempt_index,
+                    status="dispatched",
+                    continues=event.continues,
+                )
+                sibling.current_attempt, sibling.status = event.attempt_index, "pending"
+                group.attempts_used = max(group.attempts_used, event.attempt_index + 1)
+                replaced = s.rollouts[event.rollout_id]
+                replaced.current, replaced.finished_by = event.attempt_index, None
+                if event.attempt_index >= MAX_TRIES:
+                    replaced.dead = True
+                else:
+                    dispatch(replaced, event.attempt_index, event.continues)
+
+    def retire(rollout: Rollout, *failures: str) -> None:
+        """The trainer retires the rollout's current try and asks its group's decision what comes
+        next (the real one): a replacement resuming what the agent offered, or, in a prompt group,
+        the round given up and rerun whole."""
+        outcome = end_attempt(rollout, *failures)
+        group = rollout.group
+        decision = on_attempt(group, rollout.generation_index, outcome)
+        if decision.move != "give_up":
+            perform(rollout, decision)
+            return
+        s.rounds_given_up += 1
+        if not failures and decision.budget is None:
+            held = [
+                r.rollout_id for r in s.rollouts.values() if r.group is group and r.finished_by is not None
+            ]
+            s.given_up_by_interruption.append(
+                f"{group.group_id}'s round given up for an interruption of {rollout.rollout_id} "
+                f"(finished siblings thrown away: {held or 'none'})"
+            )
+        outcomes = {rollout.generation_index: outcome}
+        for sibling in s.rollouts.values():
+            if sibling.group is group and sibling is not rollout:
+                finished = sibling.finished_by is not None
+                outcomes[sibling.generation_index] = (
+                    AttemptOutcome("finished") if finished else end_attempt(sibling)
+                )
+        perform(rollout, on_round(group, outcomes))
 
     for rollout in s.rollouts.values():
         dispatch(rollout, 0, None)
@@ -321,6 +408,16 @@ def run_turn_schedule(seed: int) -> TurnSchedule:
                 s.index = ContinuationIndex()
             for rollout in open_rollouts():  # each try's /run failed: retired, replaced
                 retire(rollout)
+        elif fault == "own_failure":
+            # A prompt group's sibling fails by its own data (the environment failed): its round is
+            # given up and rerun whole (the only way a finished sibling is thrown away).
+            runs = [
+                r
+                for r in live.values()
+                if not r.stale and s.rollouts[r.rollout_id].group.mode == "prompt_group"
+            ]
+            if runs:
+                retire(s.rollouts[rng.choice(runs).rollout_id], "env: the environment failed")
         elif fault == "payload_lost" and payloads:
             del payloads[rng.choice(sorted(payloads))]
         elif fault == "payload_corrupt" and payloads:
@@ -364,6 +461,7 @@ def check_turns(s: TurnSchedule) -> list[str]:
     for rollout in s.rollouts.values():
         if rollout.finished_by is None and not rollout.dead:
             found.append(f"{rollout.rollout_id} neither finished nor dead-lettered after {s.steps} steps")
+    found += s.given_up_by_interruption
     return found
 
 
@@ -380,6 +478,8 @@ class TurnExploration:
     faults: dict[str, int] = field(default_factory=dict)
     declined: dict[str, int] = field(default_factory=dict)
     side_effects: int = 0
+    prompt_groups: int = 0
+    rounds_given_up: int = 0
     violations: dict[int, list[str]] = field(default_factory=dict)
 
 
@@ -388,12 +488,14 @@ def explore_turns(seeds: int, first_seed: int = 0) -> TurnExploration:
     for seed in range(first_seed, first_seed + seeds):
         s = run_turn_schedule(seed)
         result.rollouts += len(s.rollouts)
-        result.finished += sum(1 for r in s.rollouts.values() if r.finished_by is not None)
+        result.finished += sum(1 for r in s.rollouts.values() if r.finished_by is not None and not r.dead)
         result.dead_lettered += sum(1 for r in s.rollouts.values() if r.dead)
         result.resumes += s.resumes
         result.turns_resumed += s.turns_resumed
         result.turns_redone += s.turns_redone
         result.side_effects += s.book.effects.applied
+        result.prompt_groups += any(r.group.mode == "prompt_group" for r in s.rollouts.values())
+        result.rounds_given_up += s.rounds_given_up
         for k, v in s.faults.items():
             result.faults[k] = result.faults.get(k, 0) + v
         for k, v in s.declined.items():

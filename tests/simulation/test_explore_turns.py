@@ -1,14 +1,19 @@
 """Turn-level resume under faults (simulation/explore_turns.py): seeded schedules with the trainer
 crashing, checkpoints retiring tries (also while one takes a continuation up), the agent restarting
 with its state kept or lost, continuations lost or corrupted and stale owners resuming earlier
-boundaries; the checker finds no completed turn generated twice, no side effect twice, every rollout
-finished or out of budget, and it fails when the agent's rule against a superseded boundary is gone."""
+boundaries, and prompt groups whose siblings fail by their own data; the checker finds no completed
+turn generated twice, no side effect twice, every rollout finished or out of budget, no prompt group
+at level turn giving a round up for an interruption, and it fails when the agent's rule against a
+superseded boundary is gone, or when a prompt group reruns its round for an interruption."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from participant.continuations import ContinuationIndex, decide_resume
+from projections.ledger import GroupState
 from simulation import explore_turns as turns
 
 
@@ -21,6 +26,8 @@ def test_a_slice_of_schedules_keeps_every_completed_turn_once() -> None:
     assert {"superseded", "source_live", "restart_only_resource"} <= set(result.declined)
     assert {"continuation_lost", "continuation_corrupt"} & set(result.declined)
     assert result.finished + result.dead_lettered == result.rollouts and result.side_effects > 0
+    # Prompt groups were drawn, and rounds given up for failures of their own (the legitimate way).
+    assert result.prompt_groups > 30 and result.rounds_given_up > 0
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -42,3 +49,19 @@ def test_the_checker_fails_an_agent_that_resumes_a_superseded_boundary(
     result = turns.explore_turns(150)
     found = [m for ms in result.violations.values() for m in ms]
     assert any("generated again" in m for m in found), found[:5]
+
+
+def test_the_checker_fails_a_prompt_group_that_reruns_its_round_for_an_interruption(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The move below level turn (give the round up) taken at level turn: finished siblings are
+    thrown away for an interruption, which the checker names."""
+    from trainer.core import group
+
+    def below_turn(g: GroupState, gi: int, outcome: group.AttemptOutcome) -> group.Decision:
+        return group.on_attempt(dataclasses.replace(g, target_level="sibling"), gi, outcome)
+
+    monkeypatch.setattr(turns, "on_attempt", below_turn)
+    result = turns.explore_turns(150)
+    found = [m for ms in result.violations.values() for m in ms]
+    assert any("given up for an interruption" in m for m in found), found[:5]
