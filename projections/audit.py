@@ -70,6 +70,7 @@ from projections.payload_audit import (
 )
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
 from projections.turn_audit import TURN_RULES, TurnFacts
+from protocol.failures import DATA_RUN_FAILURES
 from protocol.ids import group_id_of, rollout_id_of
 from protocol.streams import checkpoint_stream, group_of_stream
 from protocol.wire import CompletionReceipt
@@ -99,6 +100,11 @@ ARCHIVED_BY_OWN_CUT: Final = "archived-by-own-cut"
 # No claim of a trainer's group between its checkpoint's CheckpointPrepareStarted and CheckpointCommitted:
 # the trainer saved its state meanwhile, so such a claim is inside the cut but in nothing it saved.
 NO_CLAIM_WHILE_PREPARED: Final = "no-claim-while-prepared"
+# A prompt group at target level `turn` reruns its round whole (`GroupAbandoned`) only for a failure of
+# its own: the round names an attempt that failed by its data (`RunFailed` kind env, verify or refused)
+# or replied a masked sample; an interruption replaces the interrupted sibling alone, its held
+# siblings kept (docs/protocol.md, Prompt groups).
+ROUND_KEPT_AT_TURN: Final = "round-kept-at-turn"
 # Every event on a group's (checkpoint's) stream is written by a process of the trainer that owns the group
 # (took the checkpoint): a writer is a process of the trainer whose TrainerEpochTaken names it.
 ACTS_BY_OWNER: Final = "acts-by-owner"
@@ -123,6 +129,7 @@ RULES: Final = (
     ARCHIVED_BY_OWN_CUT,
     NO_CLAIM_WHILE_PREPARED,
     *TURN_RULES,
+    ROUND_KEPT_AT_TURN,
     ACTS_BY_OWNER,
     EVENT_READABLE,
 )
@@ -172,6 +179,8 @@ class AttemptFacts:
     retire_paid: int | None = None
     retire_paid_outcome: str | None = None
     sealed: int | None = None
+    # Its first failure of its own (a data-kind `RunFailed`, a masked reply), if any.
+    own_failure: int | None = None
 
 
 @with_config(_FORBID)
@@ -181,6 +190,7 @@ class GroupFacts:
     max_tries: int
     expected_generations: int
     reserved: int
+    target_level: str = "sibling"
     sealed: int | None = None
     dead: int | None = None
     abandoned: int | None = None
@@ -351,6 +361,7 @@ def _reserved(st: AuditState, ev: RecordedEvent, e: GroupReserved) -> None:
             expected_generations=e.expected_generations,
             reserved=ev.position,
             trainer_id=e.trainer_id,
+            target_level=e.target_level,
         )
 
 
@@ -474,6 +485,8 @@ def _dispatched(st: AuditState, ev: RecordedEvent, e: RunDispatched) -> None:
 
 
 def _run_failed(st: AuditState, ev: RecordedEvent, e: RunFailed) -> None:
+    if e.kind in DATA_RUN_FAILURES:
+        _own_failure(st, ev, e.rollout_id, e.attempt_index)
     if e.kind != "refused":
         return
     group = st.groups.get(_group_id(ev, e.rollout_id))
@@ -481,7 +494,15 @@ def _run_failed(st: AuditState, ev: RecordedEvent, e: RunFailed) -> None:
         group.refused = ev.position
 
 
+def _own_failure(st: AuditState, ev: RecordedEvent, rollout_id: str, attempt_index: int) -> None:
+    t = st.tries.get(_key(rollout_id, attempt_index))
+    if t is not None and t.own_failure is None:
+        t.own_failure = ev.position
+
+
 def _replied(st: AuditState, ev: RecordedEvent, e: RunReplied) -> None:
+    if e.mask_sample:
+        _own_failure(st, ev, e.rollout_id, e.attempt_index)
     t = st.tries.get(_key(e.rollout_id, e.attempt_index))
     if t is not None:
         t.reply_digest = e.reply_digest
@@ -709,8 +730,19 @@ def _group_sealed(st: AuditState, ev: RecordedEvent, e: GroupSealed) -> None:
 
 def _abandoned(st: AuditState, ev: RecordedEvent, e: GroupAbandoned) -> None:
     group = st.groups.get(e.group_id)
-    if group is not None:
-        group.abandoned = ev.position
+    if group is None:
+        return
+    group.abandoned = ev.position
+    if group.mode != "prompt_group" or group.target_level != "turn":
+        return
+    named = [st.tries.get(_key(a.rollout_id, a.attempt_index)) for a in e.attempts]
+    if not any(t is not None and t.own_failure is not None for t in named):
+        st.violate(
+            ROUND_KEPT_AT_TURN,
+            [ev.position],
+            f"group {e.group_id} runs at level turn, yet its round was rerun whole for no failure of its "
+            f"own ({e.reason[:200]}): an interrupted sibling is replaced alone, its finished siblings kept",
+        )
 
 
 def _dead(st: AuditState, ev: RecordedEvent, e: GroupDeadLettered) -> None:

@@ -35,6 +35,13 @@ DATA_FAILURE_KINDS: Final = frozenset(
 )
 
 
+# `RunFailed` kinds (the trainer's own record of how an attempt failed) that say the prompt or its
+# result is at fault, not the infrastructure; of those, the ones no retry can get past (the agent
+# refused the request itself: 400, 413, 422, and a new attempt sends the same request).
+DATA_RUN_FAILURES: Final = frozenset({"env", "verify", "refused"})
+FINAL_RUN_FAILURES: Final = frozenset({"refused"})
+
+
 def budget_of_failure_kind(kind: str) -> FailureBudget:
     """The budget a try that failed with the Gym's `failure_kind` spends."""
     if kind in INFRA_FAILURE_KINDS or kind.startswith(_INFRA_DOMAINS):

@@ -140,6 +140,7 @@ class LogBuilder:
         mode: str = "sibling",
         max_tries: int = 4,
         trainer: str | None = None,
+        target_level: str = "sibling",
     ) -> list[int]:
         return self.group(
             group_id,
@@ -150,6 +151,7 @@ class LogBuilder:
                     agent_name=self.agent,
                     expected_generations=generations,
                     mode=mode,
+                    target_level=target_level,
                     max_tries=max_tries,
                     payload={"prompt": f"prompt of {group_id}"},
                     trainer_id=trainer,

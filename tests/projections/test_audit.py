@@ -23,6 +23,7 @@ from projections.audit import (
     NO_STRANDED_RESULT,
     RECEIPT_MATCHES,
     RETIRE_BEFORE_REPLACE,
+    ROUND_KEPT_AT_TURN,
     RULES,
     SEAL_BEFORE_ACK,
     TRAINED_ONCE,
@@ -469,3 +470,25 @@ def test_a_result_lost_with_the_process_that_held_it_is_not_stranded(
         assert only(audit(store), NO_STRANDED_RESULT) == [finished + replaced]
     else:
         assert audit(store).ok
+
+
+def test_round_kept_at_turn(store: EventStore, log: LogBuilder) -> None:
+    """A prompt group at level turn reruns its round only for a failure of its own: an interruption
+    (here a retire with no failure recorded) does not abandon it; a sibling's environment failure does."""
+    log.reserve("t", 2, mode="prompt_group", target_level="turn")
+    log.mint("t")
+    log.dispatch("t_g0")
+    log.dispatch("t_g1")
+    log.reply("t_g0")
+    log.hold("t_g0")
+    log.retire("t_g1", 0, "cancelled")  # interrupted: a trainer restart, say
+    abandoned = log.abandon("t", {0: 0, 1: 0})
+    assert only(audit(store), ROUND_KEPT_AT_TURN) == [abandoned]
+    log.reserve("u", 2, mode="prompt_group", target_level="turn")
+    log.mint("u")
+    log.dispatch("u_g0")
+    log.dispatch("u_g1")
+    log.fail("u_g1", kind="env")  # the group's own failure: rerunning the round is right
+    log.retire("u_g1", 0, "cancelled")
+    log.abandon("u", {0: 0, 1: 0})
+    assert only(audit(store), ROUND_KEPT_AT_TURN) == [abandoned]

@@ -20,16 +20,10 @@ from typing import Literal
 
 from eventstore.events import RetryBudget
 from projections.ledger import AttemptState, GroupState, SiblingState
-from protocol.failures import budget_of_failure_kind
+from protocol.failures import DATA_RUN_FAILURES, FINAL_RUN_FAILURES, budget_of_failure_kind
 
 AttemptAction = Literal["adopt", "retire_or_adopt", "dispatch"]
 Budget = RetryBudget
-
-# RunFailed kinds that say the prompt or its result is at fault, not the infrastructure.
-DATA_FAILURE_KINDS: frozenset[str] = frozenset({"env", "verify", "refused"})
-# A data failure no retry can get past: the agent refused the request itself (400, 413, 422), and a
-# new attempt sends the same request.  One ends the group's retries at once (its data budget is spent).
-FINAL_FAILURE_KINDS: frozenset[str] = frozenset({"refused"})
 
 # An attempt in these states may be running at the agent, or finished there without the trainer knowing.
 _IN_FLIGHT: frozenset[str] = frozenset({"dispatched", "failed"})
@@ -52,12 +46,12 @@ def failure_budget(attempt: AttemptState) -> Literal["infra", "data"]:
     if attempt.mask_sample:
         return budget_of_failure_kind(attempt.failure_kind) if attempt.failure_kind else "data"
     kinds = {f.partition(":")[0] for f in attempt.failures}
-    return "data" if kinds & DATA_FAILURE_KINDS else "infra"
+    return "data" if kinds & DATA_RUN_FAILURES else "infra"
 
 
 def refused(attempt: AttemptState) -> bool:
     """The agent refused the attempt's request itself: every later attempt would be refused the same way."""
-    return any(f.partition(":")[0] in FINAL_FAILURE_KINDS for f in attempt.failures)
+    return any(f.partition(":")[0] in FINAL_RUN_FAILURES for f in attempt.failures)
 
 
 def lost_to_checkpoint(attempt: AttemptState) -> bool:
@@ -109,7 +103,7 @@ def dead_letter_reason(budget: Budget, group: GroupState) -> str:
     if budget == "data":
         first = next((a for s in group.siblings.values() for a in s.attempts.values() if refused(a)), None)
         if first is not None:
-            why = next(f for f in first.failures if f.partition(":")[0] in FINAL_FAILURE_KINDS)
+            why = next(f for f in first.failures if f.partition(":")[0] in FINAL_RUN_FAILURES)
             return (
                 f"data budget spent: the agent refused {first.rollout_id}#{first.attempt_index}'s request "
                 f"itself, and a retry sends the same request ({why})"
