@@ -17,7 +17,7 @@ from protocol.digests import Digest
 from protocol.ids import AttemptIndex, Identifier, Incarnation
 from protocol.levels import TargetLevel
 from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
-from protocol.wire import AttemptRef, CompletionReceipt, ContinuationRef, ResumeReport, AttemptWork
+from protocol.wire import AttemptRef, AttemptWork, CompletionReceipt, ContinuationRef, ResumeReport
 
 # Media types of the payloads events claim (token records: protocol.token_codec; replies:
 # payloads.replies).

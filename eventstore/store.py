@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, bindparam, text
@@ -42,10 +42,8 @@ from eventstore.records import (
     decode_events,
     new_event_ids,
 )
+from eventstore.subscription import Subscription
 from protocol.connections import first_line
-
-if TYPE_CHECKING:
-    from eventstore.subscription import Subscription
 
 _BLOBS_IN = text("SELECT digest, content FROM blobs WHERE digest IN :digests").bindparams(
     bindparam("digests", expanding=True)
@@ -292,8 +290,6 @@ class EventStore:
         when none is given.  Delivery is at least once: a subscriber stores its
         position with `Subscription.commit` (in its own transaction when it writes).
         """
-        from eventstore.subscription import Subscription
-
         start = self.subscriber_position(name) if from_position is None else from_position
         return Subscription(self, name, start, poll_interval_s)
 

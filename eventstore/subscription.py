@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 from eventstore.records import RecordedEvent
 
-if TYPE_CHECKING:
-    from eventstore.store import EventStore, UnitOfWork
+
+class Positions(Protocol):
+    """Where a subscriber's position is stored: the store, or one of its write transactions."""
+
+    def save_position(self, name: str, position: int) -> None: ...
+
+
+class Source(Positions, Protocol):
+    """What a subscription reads: the store (`EventStore`), named here by what it is asked for so
+    that the store can hand out subscriptions without the two importing each other."""
+
+    notify: bool
+
+    def read_all(self, from_position: int = 0, *, batch_size: int = ...) -> Iterable[RecordedEvent]: ...
+
+    def listen_connection(self) -> Any: ...
 
 
 class Subscription:
@@ -20,7 +34,7 @@ class Subscription:
     and a restarted subscriber resumes from the stored position.
     """
 
-    def __init__(self, store: EventStore, name: str, position: int, poll_interval_s: float = 0.05) -> None:
+    def __init__(self, store: Source, name: str, position: int, poll_interval_s: float = 0.05) -> None:
         self.store = store
         self.name = name
         self.position = position
@@ -53,7 +67,7 @@ class Subscription:
             self._wait(delay)
             delay = min(delay * 2, self.poll_interval_s)
 
-    def commit(self, position: int | None = None, tx: UnitOfWork | None = None) -> None:
+    def commit(self, position: int | None = None, tx: Positions | None = None) -> None:
         """Stores the subscriber's position (the last event it has fully processed)."""
         value = self.position if position is None else position
         if tx is not None:
