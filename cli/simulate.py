@@ -95,6 +95,15 @@ def simulate(
     ] = None,
     groups: Annotated[int, typer.Option("--groups", min=1)] = 48,
     siblings: Annotated[int, typer.Option("--siblings", min=1)] = 4,
+    in_flight: Annotated[
+        int | None,
+        typer.Option(
+            "--in-flight",
+            min=1,
+            help="Rollouts in flight at once (default: 3 groups' siblings an agent); a group is "
+            "admitted as soon as fewer are.",
+        ),
+    ] = None,
     mode: Annotated[str, typer.Option("--mode", help="sibling | prompt_group")] = "prompt_group",
     faults: Annotated[
         str, typer.Option("--faults", help="drop_reply=P,fail=P,hang=P,crash_after=N")
@@ -365,6 +374,7 @@ def simulate(
         agent_token=agent_token or None,
         groups=groups,
         siblings=siblings,
+        in_flight=in_flight,
         mode=mode,
         faults=faults,
         checkpoint_every_s=checkpoint_every,

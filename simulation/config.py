@@ -38,7 +38,11 @@ class SimConfig:
     rollout_timeout_s: float = 10.0
     park_grace_s: float = 1.0
     seed: int = 0
-    # Groups open at once per agent: keeps the agents (one model thread each) responsive.
+    # Rollouts (attempts) in flight at once, the concurrency a user sets (as a collector's
+    # `num_samples_in_parallel`): a group is admitted as soon as the attempts in flight fall below it.
+    # None: `window_per_agent` groups' siblings an agent (keeps the agents, one model thread each,
+    # responsive).
+    in_flight: int | None = None
     window_per_agent: int = 3
     turns: tuple[int, int] = (1, 3)
     # Token-count means of the reference agents' prompts and of each model call's generation
@@ -127,6 +131,10 @@ class SimConfig:
             else 0.0
         )
         return self.turns[1] * (self.agent_delay_s + call) + (self.turns[1] - 1) * tool
+
+    def window(self, agents: int) -> int:
+        """The rollouts the run keeps in flight at once: `in_flight`, or its default."""
+        return self.in_flight or max(1, self.window_per_agent * self.siblings * max(1, agents))
 
     def stall_after_s(self) -> float:
         """Seconds without any group of the run moving before it is declared stalled: longer than one

@@ -474,15 +474,16 @@ async def _drive_run(
     stop: asyncio.Event,
 ) -> RunFacts:
     names = sorted(agents.clients)
-    window = max(1, config.window_per_agent * len(names))
+    window = config.window(len(names))
     outcomes: list[CheckpointOutcome] = []
     claimed: list[str] = []
     group_ids = [f"{run_id}-p{i}" for i in range(config.groups)]
 
     async def feed() -> None:
         for i, group_id in enumerate(group_ids):
-            while len(coord.open_groups()) >= window:
-                await asyncio.sleep(0.02)
+            # Admitted as soon as the attempts in flight fall below the window, not when a group closes.
+            while coord.attempts_in_flight() >= window:
+                await coord.wait_changed(0.05)
             # Idempotent: a resumed run's groups already in the log are not reserved again.
             await coord.submit(
                 group_id,
