@@ -21,6 +21,7 @@ from eventstore.events import (
     ContinuationDeclined,
     ContinuationResumed,
     Event,
+    GroupAbandoned,
     ReceiptFetched,
     ReplacementMinted,
     SiblingSealed,
@@ -105,3 +106,47 @@ async def test_a_trainer_restart_inside_a_try(
     else:
         assert replacement.continues is None and not _one(events, ContinuationResumed)
         assert generated == sealed.receipt.token_count  # every turn generated again
+
+
+@pytest.mark.parametrize("level", ["turn", "sibling"])
+async def test_a_trainer_restart_inside_a_prompt_group(
+    store: EventStore, make_agent: MakeAgent, tmp_path: Path, level: TargetLevel
+) -> None:
+    """A prompt group of two: g0 finished and held, g1 hanging inside turn 3 when the trainer restarts.
+    At level turn the recovered trainer replaces g1 alone (resuming its boundary) and keeps g0's held
+    result: the group is not abandoned and g0 is sealed at its first attempt.  At sibling the round is
+    rerun whole: both siblings play again."""
+    agent = make_agent("a", turns=(TURNS, TURNS), turn_continuation=True, zero_work=True)
+    g = gid("pg")
+    held, hung = f"{g}_g0", f"{g}_g1"
+    async with GymClient(agent.url, "a") as first, GymClient(agent.url, "a") as second:
+        await first.set_faults(AttemptFault(rollout_id=hung, attempt_index=0, hang_at_turn=HANG_AT))
+        a = coordinator(store, {"a": first}, mode="prompt_group", target_level=level, rollout_timeout_s=120)
+        await a.start()
+        await a.submit(g, PROMPT, "a", 2, PAYLOAD)
+        await _committed_turn(tmp_path / "a", hung, HANG_AT - 1)
+        async with asyncio.timeout(60):
+            while a.ledger.groups[g].siblings[0].status != "held":
+                await a.wait_changed(0.1)
+        await a.close()  # g1 stays at the agent, hanging in turn 3; g0's result is held in the log
+        b = await RolloutCoordinator.recover(store, {"a": second}, rollout_timeout_s=120)
+        await b.wait_idle(60)
+        await b.close()
+    events = [r.decode() for r in store.read_stream(f"group-{g}")]
+    sealed = {e.rollout_id: e.attempt_index for e in events if isinstance(e, SiblingSealed)}
+    replaced = [
+        (e.rollout_id, e.attempt_index, e.continues) for e in events if isinstance(e, ReplacementMinted)
+    ]
+    abandoned = [e for e in events if isinstance(e, GroupAbandoned)]
+    if level == "turn":
+        assert not abandoned
+        assert sealed == {held: 0, hung: 1}
+        [(rid, index, continues)] = replaced
+        assert (rid, index) == (hung, 1) and continues is not None and continues.turn == HANG_AT - 1
+        assert [e.attempt_index for e in _one(events, ContinuationResumed)] == [1]  # type: ignore[attr-defined]
+    else:
+        assert len(abandoned) == 1 and sealed == {held: 1, hung: 1}
+        assert sorted((rid, index) for rid, index, _ in replaced) == [(held, 1), (hung, 1)]
+        assert all(continues is None for _, _, continues in replaced)
+    report = audit_log(store)
+    assert report.ok, report.as_json()["violations"]
