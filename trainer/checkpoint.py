@@ -42,6 +42,7 @@ from trainer.core.checkpoint import (
     Answer,
     Done,
     Failed,
+    NotDriven,
     Op,
     Participant,
     Refused,
@@ -65,6 +66,7 @@ from trainer.gym.errors import (
     InvalidPhaseError,
     NotReadyError,
     StaleCheckpointError,
+    TrainerConflictError,
 )
 from trainer.retires import RetireRelay
 
@@ -231,6 +233,8 @@ class Checkpointer:
             left_out = sorted(set(ctx.agents) - set(participants))
             if left_out:
                 log.warning("checkpoint %s cannot include %s (reduced mode)", checkpoint_id, left_out)
+            # Nor an agent that refused this trainer: it holds nothing of it (trainer.core.refusal).
+            participants = [n for n in participants if n not in ctx.refused]
         return sorted(participants)
 
     def _refuse_new(self, checkpoint_id: str) -> None:
@@ -491,6 +495,9 @@ class Checkpointer:
             except (CheckpointConflictError, StaleCheckpointError, InvalidPhaseError) as exc:
                 state.failures[name] = f"{type(exc).__name__}: {exc}"
                 return
+            except TrainerConflictError as exc:  # not driven any more: fails now (trainer.core.refusal)
+                state.failures[name] = str(ctx.refuse(name, exc.message))
+                return
             except GymError as exc:
                 now = time.monotonic()
                 failures = failures.failed(now, f"{type(exc).__name__}: {exc}")
@@ -704,6 +711,8 @@ class Checkpointer:
             if call.delay_s:
                 await asyncio.sleep(call.delay_s)
             answer = await _phase_answer(client, call.op, p.checkpoint_id)
+            if isinstance(answer, NotDriven):
+                self.ctx.refuse(p.agent_name, answer.message)
             result = step(p, answer, time.monotonic(), random.random())
             p = result.participant
             if result.events:
@@ -878,5 +887,7 @@ async def _phase_answer(client: GymClient, op: Op, checkpoint_id: str) -> Answer
         return Refused("invalid_phase", None, exc.message)
     except CheckpointConflictError as exc:
         return Refused("conflict", None, exc.message)
+    except TrainerConflictError as exc:
+        return NotDriven(exc.message)
     except GymError as exc:
         return Failed(f"{type(exc).__name__}: {exc}"[:300])
