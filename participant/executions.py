@@ -70,7 +70,9 @@ from protocol.wire import (
     AcknowledgeRequest,
     AcknowledgeResult,
     AgentStatus,
+    AttemptProgress,
     AttemptRef,
+    AttemptWork,
     CompletionReceipt,
     ContinuationRef,
     Phase,
@@ -82,8 +84,6 @@ from protocol.wire import (
     RunReply,
     RunRequest,
     TokenEntry,
-    AttemptProgress,
-    AttemptWork,
 )
 
 log = logging.getLogger("participant")

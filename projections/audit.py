@@ -69,6 +69,7 @@ from projections.payload_audit import (
     check_payloads,
 )
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
+from projections.training_audit import TRAINED_ONCE_ACROSS_RESTORES, TrainingFacts
 from projections.turn_audit import TURN_RULES, TurnFacts
 from protocol.failures import DATA_RUN_FAILURES
 from protocol.ids import group_id_of, rollout_id_of
@@ -122,6 +123,7 @@ RULES: Final = (
     CHECKPOINT_CLEAN,
     HASH_CHAIN,
     TRAINED_ONCE,
+    TRAINED_ONCE_ACROSS_RESTORES,
     BOUNDED_RETRIES,
     OWNER_EPOCH,
     RESUMED_BY_EVERY_PARTICIPANT,
@@ -253,6 +255,8 @@ class AuditState:
     own_cuts: dict[str, int] = field(default_factory=dict)
     # What the log says of continuations (turn-level resume: projections/turn_audit.py).
     turns: TurnFacts = field(default_factory=TurnFacts)
+    # Each trainer's line of states across restores (projections/training_audit.py).
+    training: TrainingFacts = field(default_factory=TrainingFacts)
     violations: list[Violation] = field(default_factory=list)
 
     def violate(self, rule: str, positions: Iterable[int | None], message: str) -> None:
@@ -303,7 +307,8 @@ class AuditProjection(TypedProjection[AuditState]):
 
     name: ClassVar[str] = "audit"
     # 5: owed retires (`AttemptFacts.retire_owed`, `retire_paid`).
-    version: ClassVar[int] = 5
+    # 6: each trainer's line of states across restores (`AuditState.training`).
+    version: ClassVar[int] = 6
     state_type: ClassVar[Any] = AuditState
 
     def initial(self) -> AuditState:
@@ -809,6 +814,9 @@ def _claimed(st: AuditState, ev: RecordedEvent, e: GroupClaimedForTraining) -> N
     claimed_group = st.groups.get(e.group_id)
     _check_owner(st, ev, claimed_group.trainer_id if claimed_group else None, f"the claim of {e.group_id}")
     standing = st.claims.setdefault(e.group_id, [])
+    owner = claimed_group.trainer_id if claimed_group else None
+    st.training.claimed(ev.position, owner, e.group_id, bool(standing), e.train_step)
+    _report(st, st.training.found)
     if standing:
         st.violate(
             TRAINED_ONCE,
@@ -833,6 +841,7 @@ def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
     as_of = e.plan.get("as_of_position", ev.position)
     kept: list[tuple[int, str]] = []
     rolled_back: dict[str, int] = {}  # group -> its claims rolled back (made before the plan)
+    st.training.restored(ev.position, e.trainer_id, e.cut_position, e.checkpoint_id, e.claims_kept)
     if not e.claims_kept:  # else the trainer kept its state: every claim stands
         _check_own_cut(st, ev, e, cut)
     while st.claim_log and st.claim_log[-1][0] > cut and not e.claims_kept:
@@ -1093,9 +1102,14 @@ def _apply_turns(
     st: AuditState, position: int, decoded: Event, handler: Callable[[TurnFacts, int, Any], None]
 ) -> None:
     handler(st.turns, position, decoded)
-    for rule, positions, message in st.turns.found:
+    _report(st, st.turns.found)
+
+
+def _report(st: AuditState, found: list[tuple[str, list[int | None], str]]) -> None:
+    """The violations a side fold (turns, training) found, reported and cleared."""
+    for rule, positions, message in found:
         st.violate(rule, positions, message)
-    st.turns.found.clear()
+    found.clear()
 
 
 # --- the row checks and the whole audit -----------------------------------------------

@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, ItemsView, Iterable
 
 from projections.ownership import Driver
+from trainer.core.refusal import driven, on_trainer_conflict, refusal_line
 from trainer.errors import AgentShared, CoordinatorStopped, FencedOff
 from trainer.gate import Gate
 from trainer.gym import GymClient
@@ -39,7 +40,20 @@ class Agents:
         self.errors = errors
         # Each agent's incarnation as last seen (at start and at each reconcile): a change is a restart.
         self.incarnations: dict[str, str] = {}
+        # The agents that refused this trainer at a call after its start (trainer.core.refusal): name ->
+        # the error, not driven since.
+        self.refused: dict[str, AgentShared] = {}
         self._reconciler: asyncio.Task[None] | None = None
+
+    def refuse(self, agent_name: str, message: str) -> AgentShared:
+        """`agent_name` answered `409 trainer_conflict`: it is not driven from now on, and the refusal
+        is reported once (in the coordinator's errors and the log); returns the error to raise."""
+        decided = on_trainer_conflict(self.refused, agent_name, self.client(agent_name).base_url, message)
+        if decided.first:
+            error = self.refused[agent_name] = AgentShared(decided.line)
+            self.errors.append(error)
+            log.error("agent %s is not driven any more: %s", agent_name, decided.line)
+        return self.refused[agent_name]
 
     # --- who they are ------------------------------------------------------------------------------
 
@@ -69,7 +83,7 @@ class Agents:
     def driver(self) -> Driver:
         """This coordinator as the log sees it: its trainer and the agents it drives (every act at an
         agent on an attempt or debt is checked against it: projections.ownership)."""
-        return Driver.of(self.settings.trainer_id, self._clients)
+        return Driver.of(self.settings.trainer_id, driven(self._clients, self.refused))
 
     def waiting_runs(self) -> int:
         """Attempts waiting for a connection of their agent's run pool (`max_run_connections`)."""
@@ -90,7 +104,7 @@ class Agents:
             try:
                 await client.bind_driver(me)
             except TrainerConflictError as exc:
-                raise AgentShared(f"{client.base_url}: {exc.message}") from None
+                raise AgentShared(refusal_line(client.base_url, exc.message)) from None
             except GymError as exc:
                 log.warning("agent %s not bound at start (bound at its first call): %s", name, exc)
 
@@ -151,7 +165,9 @@ class Agents:
 
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(RELEASE_TIMEOUT_S):
-                await asyncio.gather(*(release(n, c) for n, c in self._clients.items()))
+                await asyncio.gather(
+                    *(release(n, c) for n, c in self._clients.items() if n not in self.refused)
+                )
 
     # --- reconciling ----------------------------------------------------------------------------------
 
@@ -178,6 +194,8 @@ class Agents:
             for name, client in sorted(self._clients.items()):
                 if self.gate.in_flight or self.gate.closing:
                     break
+                if name in self.refused:  # another trainer's agent (trainer.core.refusal)
+                    continue
                 try:
                     if not await self.check_identity(name, client):
                         continue

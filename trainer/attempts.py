@@ -38,6 +38,7 @@ from trainer.gym.errors import (
     InvalidRequestError,
     NotFoundError,
     StaleCheckpointError,
+    TrainerConflictError,
 )
 from trainer.journal import Journal
 from trainer.keep import FetchFailed, Garbage, Keeper, Kept, OtherIncarnation
@@ -134,6 +135,9 @@ class Attempts:
         known = recorded_outcome(attempt)
         if known is not None:
             return known
+        refused = self.agents.refused.get(group.agent_name)
+        if refused is not None:  # nothing more is sent to an agent that refused this trainer
+            raise refused
         if attempt.status == "minted":
             return await self._play(group, attempt)
         # Dispatched by an earlier coordinator (or its reply went missing): retire or adopt.
@@ -196,6 +200,10 @@ class Attempts:
             except GymError as exc:
                 failure = exc
         del task  # the answer's only holder from here is `reply`, let go of once it is stored
+        if isinstance(failure, TrainerConflictError):
+            # The agent refuses this trainer: the attempt never ran there, and nothing is recorded or
+            # owed (trainer.core.refusal); the group waits open for a recovery once the agent is free.
+            raise self.agents.refuse(group.agent_name, failure.message)
         if failure is not None and not dispatched.is_set():
             # Failed before it was sent (the agent's identity, the wait for a connection): recorded
             # as a dispatch that failed, and retired at the agent like any other.
@@ -303,6 +311,8 @@ class Attempts:
                 await self._append(group_id, list(step.events))
                 if any(isinstance(e, RetireOwed) for e in step.events):
                     self._wake_retires()
+        if action.kind == "refused":
+            raise self.agents.refuse(group.agent_name, action.reason)
         if action.kind == "finished":
             assert adopted is not None
             return adopted
@@ -357,6 +367,8 @@ class Attempts:
             return core.AdoptResult("not_found", str(exc)[:300]), None
         except GoneError as exc:
             return core.AdoptResult("gone", str(exc)[:300]), None
+        except TrainerConflictError as exc:
+            return core.DriverRefused(exc.message), None
         except (GymError, FetchFailed) as exc:
             return core.CallFailed(f"adoption: {exc}"[:300]), None
 
@@ -366,7 +378,7 @@ class Attempts:
 
 async def retire_answer(
     client: GymClient, rid: str, n: int, checkpoint_id: str | None
-) -> core.RetireAnswer | core.RetireRefused | core.CallFailed:
+) -> core.RetireAnswer | core.RetireRefused | core.CallFailed | core.DriverRefused:
     """One /retire, its answer in the core's terms."""
     try:
         a = await client.retire(rid, n, checkpoint_id)
@@ -376,6 +388,8 @@ async def retire_answer(
         return core.RetireRefused("stale")
     except CheckpointConflictError:
         return core.RetireRefused("conflict")
+    except TrainerConflictError as exc:
+        return core.DriverRefused(exc.message)
     except GymError as exc:
         return core.CallFailed(f"retire: {type(exc).__name__}: {exc}"[:300])
     detail = client.reduced.retire_detail(rid, n) if client.reduced is not None else ""

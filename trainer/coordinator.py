@@ -345,6 +345,9 @@ class RolloutCoordinator:
         request raises `GroupConflict`.  Returns the group as the ledger holds it (None once archived).
         """
         self.check_alive()
+        refused = self._agents.refused.get(agent_name)
+        if refused is not None:  # as at start: nothing written for an agent that refused this trainer
+            raise refused
         check_row(payload or {}, f"group {group_id!r}")
         await self.start()
         return await self._groups.submit(

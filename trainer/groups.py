@@ -24,7 +24,7 @@ from trainer.attempts import Attempts
 from trainer.core import group as core
 from trainer.core.budget import AttemptAction
 from trainer.core.group import NEVER_SENT, AttemptOutcome, Decision
-from trainer.errors import CoordinatorStopped, FencedOff, GroupConflict, StreamExists
+from trainer.errors import AgentShared, CoordinatorStopped, FencedOff, GroupConflict, StreamExists
 from trainer.journal import Journal
 from trainer.settings import Settings, log
 from trainer.stops import log_stop
@@ -78,8 +78,16 @@ class Groups:
         )
 
     def idle(self) -> bool:
-        """No group open here and no driver running."""
-        return not self.open_groups() and all(t.done() for t in self._drivers.values())
+        """No group open here but those waiting on an agent that refused this trainer, and no driver
+        running."""
+        refused = self.agents.refused
+        waiting = [g for g in self.open_groups() if self.journal.ledger.groups[g].agent_name not in refused]
+        return not waiting and all(t.done() for t in self._drivers.values())
+
+    def stuck_on_refusal(self) -> AgentShared | None:
+        """The refusal an open group of this trainer waits on, undriven (its agent refused this trainer)."""
+        groups, refused = self.journal.ledger.groups, self.agents.refused
+        return next((refused[a] for g in self.open_groups() if (a := groups[g].agent_name) in refused), None)
 
     async def wait_drivers(self) -> None:
         """Until every driver running now (and any started meanwhile) has finished."""
@@ -208,6 +216,8 @@ class Groups:
             if not any(e is exc for e in self.errors):  # one stop, said once, however many groups it ends
                 log_stop(f"group {group_id}", exc)
             self.errors.append(exc)
+        except AgentShared:
+            pass  # its agent refused this trainer: said once, where it did; the group waits open
         except Exception as exc:
             log.exception("group %s failed", group_id)
             self.errors.append(exc)

@@ -138,6 +138,10 @@ class Training:
             if self.journal.stopped is not None:
                 raise self.journal.stopped
             if until_idle and self.groups.idle() and all(g.group_id in seen for g in self._unclaimed()):
+                # Groups on an agent that refused this trainer wait open, undriven: said, not waited on.
+                stuck = self.groups.stuck_on_refusal()
+                if stuck is not None:
+                    raise stuck
                 return
             await self.journal.wait_changed(0.5)
 

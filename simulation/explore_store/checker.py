@@ -78,6 +78,7 @@ async def check(run: ScheduleRun) -> list[str]:
         n = len(live_claims.get(gid, []))
         if n != 1:
             violations.append(f"sealed group {gid} trained on {n} times")
+    violations += _trained_twice_across_restores(mine, owners)
     # The fleet: the group id another trainer reserved stays its owner's; a refused start wrote nothing;
     # no try's lease ran out while its /run waited in the trainer's own queue.
     if plan.collision is not None:
@@ -180,6 +181,33 @@ async def check(run: ScheduleRun) -> list[str]:
         if what and n > MAX_CALLS_PER_TRY:
             violations.append(f"{n} {kind} calls for {what} (bound {MAX_CALLS_PER_TRY})")
     return violations
+
+
+def _trained_twice_across_restores(mine: list[Any], owners: dict[str, str | None]) -> list[str]:
+    """No group trained twice by one trainer's state: the groups its state holds are those it claimed,
+    and a restore (not `claims_kept`) brings back the state as it stood at the restore's cut, whatever
+    the log's claims say since (a restore to a checkpoint an earlier restore left behind brings back
+    claims the log let go of)."""
+    found: list[str] = []
+    # trainer id -> its state's groups after each change, by position (the state at any past cut)
+    states: dict[str, list[tuple[int, frozenset[str]]]] = {}
+    for e in mine:
+        if e.type == "TrainerRestored" and not e.data.get("claims_kept"):
+            tid = e.data.get("trainer_id") or ""
+            cut = e.data.get("cut_position") or 0
+            past = [held for at, held in states.get(tid, []) if at <= cut]
+            states.setdefault(tid, []).append((e.position, past[-1] if past else frozenset()))
+        elif e.type == "GroupClaimedForTraining":
+            gid = e.data["group_id"]
+            tid = owners.get(gid) or ""
+            history = states.setdefault(tid, [])
+            held = history[-1][1] if history else frozenset()
+            if gid in held:
+                found.append(
+                    f"group {gid} trained twice: claimed at {e.position} by a state that trained on it"
+                )
+            history.append((e.position, held | {gid}))
+    return found
 
 
 def url_is_own_log(run: ScheduleRun) -> bool:

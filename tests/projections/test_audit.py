@@ -32,6 +32,7 @@ from projections.audit import (
 )
 from projections.base import ReplayRefused
 from projections.runner import rebuild
+from projections.training_audit import TRAINED_ONCE_ACROSS_RESTORES
 from tests.projections.builder import LogBuilder, completion_receipt, rollout_receipt
 from tests.projections.tamper import append_raw
 
@@ -362,6 +363,32 @@ def test_trained_once(store: EventStore, log: LogBuilder) -> None:
     log.restored(store.head(), "c1", {"debts_to_flush": 0})  # the cut keeps the first claim
     second = log.claim("p", 2)
     assert only(audit(store), TRAINED_ONCE) == [first + second]
+
+
+def test_trained_once_across_restores(store: EventStore, log: LogBuilder) -> None:
+    """Steps 3 and 4 saved; a restore to step 3 rolls step 4's claim back and the rerun step 4 claims
+    the group again (legal: the restored state never trained it).  A later restore to the first step 4,
+    on the branch that restore abandoned, brings back a state that trained the group while the log
+    holds no claim of it: claiming it again is training it twice, which only this rule sees (the log's
+    own claims say it is free)."""
+    log.clean_sibling_group("p", 1)
+
+    def checkpoint(checkpoint_id: str) -> int:
+        log.prepare(checkpoint_id)
+        cut = store.head()
+        log.commit(checkpoint_id, cut=cut)
+        log.resume(checkpoint_id)
+        return cut
+
+    step_3 = checkpoint("step_3")
+    [first] = log.claim("p", 4)
+    step_4 = checkpoint("step_4")
+    log.restored(step_3, "step_3", {"debts_to_flush": 0})
+    log.claim("p", 4)
+    checkpoint("step_4.r1")
+    [back] = log.restored(step_4, "step_4", {"debts_to_flush": 0})
+    [again] = log.claim("p", 5)
+    assert only(audit(store), TRAINED_ONCE_ACROSS_RESTORES) == [[first, back, again]]
 
 
 def test_bounded_retries(store: EventStore, log: LogBuilder) -> None:

@@ -27,6 +27,7 @@ from trainer.core.checkpoint import (
     Answer,
     Done,
     Failed,
+    NotDriven,
     Op,
     Participant,
     Refused,
@@ -42,7 +43,13 @@ from trainer.core.retire_debt import owed_keys
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.gate import Gate
 from trainer.gym import GymClient
-from trainer.gym.errors import CheckpointConflictError, GymError, InvalidPhaseError, StaleCheckpointError
+from trainer.gym.errors import (
+    CheckpointConflictError,
+    GymError,
+    InvalidPhaseError,
+    StaleCheckpointError,
+    TrainerConflictError,
+)
 from trainer.journal import Journal
 from trainer.retires import RetireRelay
 from trainer.settings import Settings, log
@@ -164,6 +171,8 @@ class Finisher:
             if call.delay_s:
                 await asyncio.sleep(call.delay_s)
             answer = await _phase_answer(client, call.op, p.checkpoint_id)
+            if isinstance(answer, NotDriven):
+                self.agents.refuse(p.agent_name, answer.message)
             result = step(p, answer, time.monotonic(), random.random())
             p = result.participant
             if result.events:
@@ -364,5 +373,7 @@ async def _phase_answer(client: GymClient, op: Op, checkpoint_id: str) -> Answer
         return Refused("invalid_phase", None, exc.message)
     except CheckpointConflictError as exc:
         return Refused("conflict", None, exc.message)
+    except TrainerConflictError as exc:
+        return NotDriven(exc.message)
     except GymError as exc:
         return Failed(f"{type(exc).__name__}: {exc}"[:300])

@@ -39,6 +39,7 @@ from trainer.gym.errors import (
     InvalidPhaseError,
     NotReadyError,
     StaleCheckpointError,
+    TrainerConflictError,
 )
 from trainer.journal import Journal
 from trainer.settings import Settings, log
@@ -119,6 +120,8 @@ class Checkpoints:
             left_out = sorted(set(self.agents.names) - set(participants))
             if left_out:
                 log.warning("checkpoint %s cannot include %s (reduced mode)", checkpoint_id, left_out)
+            # Nor an agent that refused this trainer: it holds nothing of it (trainer.core.refusal).
+            participants = [n for n in participants if n not in self.agents.refused]
         return sorted(participants)
 
     def _refuse_new(self, checkpoint_id: str) -> None:
@@ -347,6 +350,9 @@ class Checkpoints:
                 last_owed = owed
             except (CheckpointConflictError, StaleCheckpointError, InvalidPhaseError) as exc:
                 state.failures[name] = f"{type(exc).__name__}: {exc}"
+                return
+            except TrainerConflictError as exc:  # not driven any more: fails now (trainer.core.refusal)
+                state.failures[name] = str(self.agents.refuse(name, exc.message))
                 return
             except GymError as exc:
                 now = time.monotonic()
