@@ -114,12 +114,22 @@ def read_manifest(directory: Path) -> CheckpointManifest:
             f"{directory} holds no {MANIFEST_NAME}: the trainer's checkpoint was saved without the ledger's "
             "commit, so no cut of the log is bound to it"
         ) from None
-    except (OSError, ValueError, ValidationError) as exc:
+    except json.JSONDecodeError as exc:  # cut short, or a flipped bit that breaks the JSON: where
+        raise ManifestMismatch(
+            f"{path} is not a ledger checkpoint manifest: at byte {exc.pos}: {exc.msg}"
+        ) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        reason = f"{'.'.join(map(str, first['loc'])) or 'the manifest'}: {first['msg']}"
+        raise ManifestMismatch(f"{path} is not a ledger checkpoint manifest: {reason}") from None
+    except (OSError, ValueError) as exc:
         reason = str(exc).splitlines()[0]
         raise ManifestMismatch(f"{path} is not a ledger checkpoint manifest: {reason}") from None
     expected = sha256_digest(canonical_bytes(manifest.body()))
     if manifest.digest != expected:
-        raise ManifestMismatch(f"{path} does not match its own digest: it was changed after it was written")
+        raise ManifestMismatch(
+            f"{path} does not match its own digest (the record at byte 0): it was changed after it was written"
+        )
     return manifest
 
 
