@@ -7,13 +7,20 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from eventstore.errors import EventIdConflict, EventStoreError, Fenced, NoSuchLog, WrongExpectedVersion
+from eventstore.errors import (
+    BadDatabaseUrl,
+    EventIdConflict,
+    EventStoreError,
+    Fenced,
+    NoSuchLog,
+    WrongExpectedVersion,
+)
 from eventstore.recorder import CheckedAppend, Recorder, RenderedEvent, blob_params, select_columns
 from eventstore.records import GENESIS_HASH, AppendResult, ExpectedVersion, RecordedEvent, chain_hash
 
@@ -206,7 +213,31 @@ def _log_file(url: str) -> Path:
     return path
 
 
+# `PRAGMA synchronous` of a log opened for writing, from the URL's `?synchronous=` (docs/operations.md,
+# What a power cut can lose).  In WAL mode FULL syncs the WAL at every commit, so no append that
+# returned is lost; NORMAL syncs it only at checkpoints (the last appends can be lost, the file stays
+# whole); EXTRA is FULL in WAL mode.  OFF can leave the file corrupt, and is refused.
+SYNCHRONOUS: Final = ("full", "normal", "extra")
+
+
+def split_synchronous(url: str) -> tuple[str, str]:
+    """`url` without its `synchronous` query, and the setting it names (`full` when none);
+    BadDatabaseUrl for any other value."""
+    parsed = make_url(url)
+    value = parsed.query.get("synchronous", SYNCHRONOUS[0])
+    if not isinstance(value, str) or value.lower() not in SYNCHRONOUS:
+        raise BadDatabaseUrl(
+            f"synchronous={value!r} is not a setting of the log: sqlite:///PATH?synchronous=full (the "
+            "default: no append that returned is lost to a power cut), normal (the last appends can be), "
+            "or extra (as full, in WAL mode)"
+        )
+    return parsed.difference_update_query(["synchronous"]).render_as_string(
+        hide_password=False
+    ), value.lower()
+
+
 def _engine(url: str, immediate: bool, read_only: bool = False) -> Engine:
+    url, synchronous = split_synchronous(url)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")
@@ -216,7 +247,7 @@ def _engine(url: str, immediate: bool, read_only: bool = False) -> Engine:
         cursor = dbapi_connection.cursor()
         if not read_only:  # both are writes to the file (a read-only file keeps the mode it has)
             cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()

@@ -19,6 +19,14 @@ from eventstore import upgrade_database
 from eventstore.testing import PgCluster
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--crash-exhaustive",
+        action="store_true",
+        help="tests/crash: every byte prefix and every bit of each durable file, not the CI slice",
+    )
+
+
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
     """A throwaway cluster, started as the `postgres` user when the tests run as root."""
