@@ -45,47 +45,24 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from eventstore import EventStore, open_store
-from eventstore.events import Mode
-from projections.base import fold
-from projections.checkpoints import CheckpointsProjection, CheckpointState
-from protocol.ids import Identifier
-from protocol.streams import group_stream
-from trainer.checkpoints import CheckpointOutcome, PreparedCheckpoint
+from trainer.checkpoints import PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
-from trainer.errors import AlreadyClaimed, ClaimWhilePrepared, InvalidRow
+from trainer.errors import InvalidRow
 from trainer.gym import GymClient
-from trainer.manifest import (
-    CheckpointManifest,
-    ManifestMismatch,
-    check_manifest,
-    config_fingerprint,
-    hash_at,
-    latest_step_dir,
-    log_identity,
-    read_manifest,
-    write_manifest,
-)
-from trainer.ray_gym.results import ResultRules, row_result
+from trainer.ray_gym import checkpoints, delivery
+from trainer.ray_gym.config import LedgerGymConfig, NemoGymConfigLike, split_config
+from trainer.ray_gym.results import ResultRules
 from trainer.ray_gym.rows import (
-    DEFAULT_GROUP_PREFIX,
     ROW_INDEX,
     CallBudgetSpent,
-    GroupRecord,
-    PlannedGroup,
     RowError,
-    RowsDeadLettered,
-    RowsLostToInfrastructure,
     call_digest,
-    group_id,
     plan_call,
-    read_group,
     row_payload,
     split_groups,
 )
@@ -105,98 +82,6 @@ ACTOR_OPTIONS: dict[str, Any] = {"max_restarts": -1, "max_task_retries": -1}
 # The longest an actor that is asked to stop spends closing its coordinator at exit (inside the usual
 # 30 s a supervisor waits between SIGTERM and SIGKILL).
 EXIT_BUDGET_S = 20.0
-LEDGER_SECTION = "ledger"
-# NeMo RL's `NemoGymConfig` is a TypedDict it owns: read by its keys, its other keys left to it.
-NemoGymConfigLike = Mapping[str, Any]
-
-
-class LedgerGymConfig(BaseModel):
-    """The `ledger` section: where the log is, who the trainer is, how groups are driven, and how the
-    Gym servers are reached (`agents` outright, a running Gym's `head_server_url`, or neither: they
-    are started from `NemoGymConfig` as NeMo RL starts them)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    db_url: str
-    trainer_id: Identifier | None = None
-    mode: Mode = "prompt_group"
-    # Budgets: attempts per sibling, how long one attempt may run, how long one call waits for its groups.
-    max_tries: int = Field(default=4, ge=1)
-    max_infra_failures: int | None = Field(default=None, ge=1)
-    max_data_failures: int | None = Field(default=None, ge=1)
-    rollout_timeout_s: float = Field(default=600.0, gt=0)
-    prepare_timeout_s: float = Field(default=300.0, gt=0)
-    park_grace_s: float = Field(default=1.0, gt=0)
-    call_budget_s: float = Field(default=6 * 3600.0, gt=0)
-    # Rows per prompt group when a call holds several equal prompts side by side (rows.py).
-    num_generations: int | None = Field(default=None, ge=1)
-    group_prefix: str = DEFAULT_GROUP_PREFIX
-    # Reaching the agents: outright (nothing started), or through a running Gym's head server.
-    agents: dict[Identifier, str] = Field(default_factory=dict)
-    head_server_url: str | None = None
-    agent_token: str | None = None
-    # Starting Gym: the interpreter that has nemo_gym (None: this one), the servers' working directory
-    # (local server folders are found there first), the address the servers bind and advertise (None:
-    # NeMo RL's, every interface for the head server and this node's address), the spin-up bound.
-    gym_python: str | None = None
-    gym_workdir: str | None = None
-    gym_host: str | None = None
-    gym_dotenv_path: str | None = None
-    spinup_timeout_s: float = Field(default=900.0, gt=0)
-    # Serve the log's figures on /metrics from inside the actor (the `metrics` extra); 0: a free port.
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    metrics_addr: str = "127.0.0.1"
-    # The trainer's checkpoints (NeMo RL's `checkpointing.checkpoint_dir`): at `_spinup` the log is
-    # restored to the checkpoint NeMo RL loads from it (its newest `step_N`, by NeMo RL's own rule),
-    # read from the manifest there.  `restore_checkpoint` names one outright instead (a checkpoint
-    # directory, or the trainer's checkpoint name).  Neither: the log's newest cut of this trainer.
-    checkpoint_dir: str | None = None
-    restore_checkpoint: str | None = None
-
-    def fingerprint(self) -> str:
-        """What decides which groups a call's rows become and whose they are: a checkpoint saved
-        under other values is refused at restore."""
-        return config_fingerprint(
-            {
-                "trainer_id": self.trainer_id,
-                "mode": self.mode,
-                "group_prefix": self.group_prefix,
-                "num_generations": self.num_generations,
-            }
-        )
-
-
-def split_config(config: Any) -> tuple[dict[str, Any], LedgerGymConfig]:
-    """(the NemoGymConfig, its `ledger` section) from what the actor was made with."""
-    if isinstance(config, LedgerGymConfig):
-        return {}, config
-    if not isinstance(config, Mapping):
-        raise TypeError(
-            f"LedgerGym takes a NemoGymConfig mapping or a LedgerGymConfig, not {type(config).__name__}"
-        )
-    cfg = dict(config)
-    inner = dict(cfg.get("initial_global_config_dict") or {})
-    section = cfg.pop(LEDGER_SECTION, None)
-    if section is None:
-        section = inner.pop(LEDGER_SECTION, None)
-        if "initial_global_config_dict" in cfg:
-            cfg["initial_global_config_dict"] = inner
-    if section is None:
-        if "db_url" in cfg:  # a LedgerGymConfig given as a plain dict
-            return {}, _validated(cfg)
-        raise ValueError(
-            "LedgerGym needs a `ledger` section in its NemoGymConfig (env.nemo_gym.ledger: db_url, ...)"
-        )
-    return cfg, _validated(section)
-
-
-def _validated(section: Any) -> LedgerGymConfig:
-    try:
-        return LedgerGymConfig.model_validate(dict(section))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "ledger"
-        raise ValueError(f"ledger.{where}: {first['msg']}") from None
 
 
 def _call_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, bool]:
@@ -288,7 +173,7 @@ class LedgerGym:
                 raise RowError(str(exc)) from None
         call_id = self._call_id()
         digest = call_digest(rows)
-        occurrence, replay = await self._occurrence(digest, len(runs), call_id)
+        occurrence, replay = await delivery.occurrence(self.config, coord, digest, len(runs), call_id)
         planned = plan_call(runs, digest, occurrence, self.config.group_prefix)
         for p in planned:
             await coord.submit(
@@ -302,7 +187,7 @@ class LedgerGym:
         deadline = started + self.config.call_budget_s
         while pending:
             if not order:
-                order = [gid for gid in pending if self._settled(coord, gid)]
+                order = [gid for gid in pending if delivery.settled(coord, gid)]
             if not order:
                 if coord.errors:
                     raise coord.errors[0]
@@ -317,7 +202,9 @@ class LedgerGym:
             gid = order.pop(0)
             group = pending.pop(gid)
             mark = time.monotonic()
-            items = await self._deliver(coord, group, train_step, call_id, tokenizer, deadline)
+            items = await delivery.deliver(
+                self.config, self.rules, coord, group, train_step, call_id, tokenizer, deadline
+            )
             built += time.monotonic() - mark
             for rowidx, result in items:
                 sent += 1
@@ -332,25 +219,21 @@ class LedgerGym:
                     }
                 yield rowidx, result, timing
 
-    # Checkpoints are named by the trainer (NeMo RL: `step_N`); the log's id is that name under the
-    # trainer id (`<trainer_id>.step_N`), `.rK` added when the name was used before (a trainer that
-    # restored to an older step saves the same step again): log ids are never reused.
-
     async def checkpoint(self, checkpoint_id: str, checkpoint_dir: str | None = None) -> dict[str, Any]:
         """The one-call checkpoint: prepare, then commit (or the abort prepare ended in).  Only for a
         trainer that claims nothing between its own save and this call; otherwise prepare, save,
         commit."""
         coord = await self._coordinator()
-        log_id = self._log_checkpoint_id(coord, checkpoint_id)
+        log_id = checkpoints.log_checkpoint_id(self.config, coord, checkpoint_id)
         outcome = await coord.checkpoint(log_id)
-        return await self._bound(coord, log_id, checkpoint_id, outcome, checkpoint_dir)
+        return await checkpoints.bound(self.config, coord, log_id, checkpoint_id, outcome, checkpoint_dir)
 
     async def prepare_checkpoint(self, checkpoint_id: str) -> dict[str, Any]:
         """Split phase, first step, before the trainer saves: `{"prepared": True, ...}` once every
         agent is prepared (no claim is made from now to the decision: what the trainer saves is what
         the cut holds), else the aborted outcome.  Then `commit_checkpoint` (or `abort_checkpoint`)."""
         coord = await self._coordinator()
-        log_id = self._log_checkpoint_id(coord, checkpoint_id)
+        log_id = checkpoints.log_checkpoint_id(self.config, coord, checkpoint_id)
         self._prepared[checkpoint_id] = log_id
         result = await coord.prepare_checkpoint(log_id)
         if isinstance(result, PreparedCheckpoint):
@@ -362,7 +245,7 @@ class LedgerGym:
                 "checkpoint_id": log_id,
             }
         self._prepared.pop(checkpoint_id, None)
-        return {"prepared": False, **_outcome(result), "checkpoint_id": log_id}
+        return {"prepared": False, **checkpoints.outcome_of(result), "checkpoint_id": log_id}
 
     async def commit_checkpoint(
         self, checkpoint_id: str, checkpoint_dir: str | None = None
@@ -373,14 +256,17 @@ class LedgerGym:
         coord = await self._coordinator()
         log_id = self._prepared.pop(checkpoint_id, checkpoint_id)
         outcome = await coord.commit_checkpoint(log_id)
-        return await self._bound(coord, log_id, checkpoint_id, outcome, checkpoint_dir)
+        return await checkpoints.bound(self.config, coord, log_id, checkpoint_id, outcome, checkpoint_dir)
 
     async def abort_checkpoint(
         self, checkpoint_id: str, reason: str = "aborted by the trainer"
     ) -> dict[str, Any]:
         coord = await self._coordinator()
         log_id = self._prepared.pop(checkpoint_id, checkpoint_id)
-        return {**_outcome(await coord.abort_checkpoint(log_id, reason)), "checkpoint_id": log_id}
+        return {
+            **checkpoints.outcome_of(await coord.abort_checkpoint(log_id, reason)),
+            "checkpoint_id": log_id,
+        }
 
     async def record_logprobs(
         self, rollout_id: str, attempt_index: int, logprobs: list[float], policy_version: str
@@ -511,7 +397,9 @@ class LedgerGym:
                 }
                 self._close_at_exit(asyncio.get_running_loop())
                 try:
-                    restore_to = await asyncio.to_thread(self._restore_point, store) if restore else None
+                    restore_to = (
+                        await asyncio.to_thread(checkpoints.restore_point, c, store) if restore else None
+                    )
                     self.coord = await RolloutCoordinator.recover(
                         store,
                         self.clients,
@@ -545,243 +433,13 @@ class LedgerGym:
                     )
             return self.coord
 
-    def _restore_point(self, store: EventStore) -> str | None:
-        """The log's checkpoint the trainer loaded: from the manifest of the directory named by
-        `restore_checkpoint`, or of the one NeMo RL loads from `checkpoint_dir` (its newest
-        `step_N`), checked against this log, trainer and settings; a name the log knows; or None (the
-        trainer's newest cut in the log).  `ManifestMismatch` for what does not fit (one line)."""
-        c = self.config
-        projection = CheckpointsProjection()
-        kinds = sorted(t.__name__ for t in projection.handles or ())
-        checkpoints = fold(projection, store.read_all(0, types=kinds))
-        mine = [k for k in checkpoints.checkpoints.values() if k.trainer_id == c.trainer_id]
-        directory: Path | None = None
-        if c.restore_checkpoint is not None:
-            named = Path(c.restore_checkpoint)
-            if not named.is_dir():
-                return self._named_checkpoint(c.restore_checkpoint, mine)
-            directory = named
-        elif c.checkpoint_dir is not None:
-            directory = latest_step_dir(Path(c.checkpoint_dir))
-            if directory is None:
-                committed = [k.checkpoint_id for k in mine if k.status in ("committed", "resumed")]
-                if committed:
-                    raise ManifestMismatch(
-                        f"the trainer loaded no checkpoint ({c.checkpoint_dir} has no step_N), but the log "
-                        f"holds {len(committed)} committed checkpoint(s) of trainer {c.trainer_id!r} "
-                        f"(newest {committed[-1]}): a fresh run takes a new ledger.trainer_id or log"
-                    )
-                return None
-        if directory is None:
-            return None
-        manifest = read_manifest(directory)
-        check_manifest(
-            manifest,
-            identity=log_identity(store),
-            cut_hash=hash_at(store, manifest.cut_position),
-            trainer_id=c.trainer_id,
-            fingerprint=c.fingerprint(),
-            where=directory,
-        )
-        known = checkpoints.checkpoints.get(manifest.checkpoint_id)
-        if known is not None and known.cut_position not in (None, manifest.cut_position):
-            raise ManifestMismatch(
-                f"{directory} names cut {manifest.cut_position} for checkpoint {manifest.checkpoint_id}, "
-                f"the log's cut of it is {known.cut_position}"
-            )
-        return manifest.checkpoint_id
-
-    def _named_checkpoint(self, name: str, mine: list[CheckpointState]) -> str:
-        """The log's checkpoint a trainer's name (or the log's own id) stands for: its newest
-        committed use."""
-        base = self._base_id(name)
-        uses = [k for k in mine if k.checkpoint_id in (name, base) or k.checkpoint_id.startswith(f"{base}.r")]
-        committed = [k for k in uses if k.status in ("committed", "resumed") and k.cut_position is not None]
-        if not committed:
-            raise ManifestMismatch(
-                f"ledger.restore_checkpoint {name!r} is no committed checkpoint of trainer "
-                f"{self.config.trainer_id!r} in the log"
-            )
-        return max(committed, key=lambda k: k.cut_position or 0).checkpoint_id
-
-    def _base_id(self, name: str) -> str:
-        stem = Path(name).name.removeprefix("tmp_")
-        trainer = self.config.trainer_id
-        return f"{trainer}.{stem}" if trainer else stem
-
-    def _log_checkpoint_id(self, coord: RolloutCoordinator, name: str) -> str:
-        base = self._base_id(name)
-        known = coord.checkpoints.checkpoints
-        log_id, k = base, 0
-        while log_id in known:
-            k += 1
-            log_id = f"{base}.r{k}"
-        return log_id
-
-    async def _bound(
-        self,
-        coord: RolloutCoordinator,
-        log_id: str,
-        name: str,
-        outcome: CheckpointOutcome,
-        checkpoint_dir: str | None,
-    ) -> dict[str, Any]:
-        """The outcome, with the manifest written into the trainer's directory when it committed."""
-        answer = {**_outcome(outcome), "checkpoint_id": log_id}
-        if not outcome.committed or checkpoint_dir is None or outcome.cut_position is None:
-            return answer
-        store = coord.store
-        cut = outcome.cut_position
-
-        def write() -> str:
-            manifest = CheckpointManifest(
-                checkpoint_id=log_id,
-                trainer_checkpoint=Path(name).name.removeprefix("tmp_"),
-                trainer_id=self.config.trainer_id,
-                cut_position=cut,
-                cut_hash=hash_at(store, cut),
-                log_identity=log_identity(store),
-                config_fingerprint=self.config.fingerprint(),
-            )
-            return str(write_manifest(Path(checkpoint_dir), manifest))
-
-        answer["manifest"] = await coord.read_log(write, "binding the checkpoint to the trainer's")
-        return answer
+    def _call_id(self) -> str | None:
+        """The Ray task this call runs as: the same on every retry of it (None outside a Ray actor)."""
+        return delivery.call_id()
 
     def metrics_port(self) -> int | None:
         """The port `/metrics` is served on (after spin-up), if any."""
         return self._metrics.port if self._metrics is not None else None
-
-    async def _records(self, gids: list[str]) -> dict[str, GroupRecord]:
-        store, coord = self.store, self.coord
-        assert store is not None and coord is not None
-        # Through the journal: a database outage is ridden out as the coordinator's own reads are.
-        return await coord.read_log(
-            lambda: {gid: read_group(gid, store.read_stream(group_stream(gid))) for gid in gids},
-            "reading group streams",
-        )
-
-    def _call_id(self) -> str | None:
-        """The Ray task this call runs as: the same on every retry of it (None outside a Ray actor)."""
-        try:
-            import ray
-        except ImportError:
-            return None
-        if not ray.is_initialized():
-            return None
-        context = ray.get_runtime_context()
-        if context.get_actor_id() is None:
-            return None
-        task_id: str | None = context.get_task_id()
-        return task_id
-
-    async def _occurrence(
-        self, digest: str, groups: int, call_id: str | None = None
-    ) -> tuple[int, list[str]]:
-        """The occurrence of these rows this call runs as, and the groups it delivers again first.
-
-        Claims are read as the ledger stands them (a restore of the trainer rolls claims back; a
-        restart of this actor alone does not).  The first occurrence that no other call has a
-        standing claim on and that the ledger did not give up on (no group dead-lettered: NeMo RL's
-        own retry of such rows is a new request) is resumed: its groups are submitted again
-        (idempotent) and delivered, claimed again where a restore rolled their claims back.  One
-        whose standing claims are all this very call's (`call_id`, a Ray task id the retries keep)
-        is resumed whatever else holds: its first attempt delivered those groups, the retry yields
-        them again first, in claim order (Ray drops what its caller has), then the rest."""
-        coord = self.coord
-        assert coord is not None
-        prefix = self.config.group_prefix
-        occurrence = 0
-        while True:
-            gids = [group_id(prefix, digest, occurrence, k) for k in range(groups)]
-            known = [g for g in gids if coord.ledger.knows_group(g)]
-            if not known:
-                return occurrence, []
-            records = await self._records(known)
-            standing = [
-                (position, call, gid)
-                for gid, record in records.items()
-                for position, call in record.claims
-                if position in self._standing_claims(coord, gid)
-            ]
-            mine = call_id is not None and bool(standing) and all(c == call_id for _, c, _ in standing)
-            foreign = any(call is None or call != call_id for _, call, _ in standing)
-            given_up = any(r.dead_letter_reasons is not None for r in records.values())
-            if mine or not (foreign or given_up):
-                return occurrence, [gid for _, _, gid in sorted(standing)]
-            occurrence += 1
-
-    @staticmethod
-    def _standing_claims(coord: RolloutCoordinator, gid: str) -> set[int]:
-        group = coord.ledger.groups.get(gid) or coord.ledger.archived.get(gid)
-        return {c.position for c in group.claims} if group is not None else set()
-
-    @staticmethod
-    def _settled(coord: RolloutCoordinator, gid: str) -> bool:
-        group = coord.ledger.groups.get(gid)
-        return (group.status != "open") if group is not None else gid in coord.ledger.archived
-
-    async def _deliver(
-        self,
-        coord: RolloutCoordinator,
-        group: PlannedGroup,
-        train_step: int | None,
-        call_id: str | None,
-        tokenizer: Any,
-        deadline: float,
-    ) -> list[tuple[int, dict[str, Any]]]:
-        """Claims the group (durably, before anything is yielded) and builds its rows' results."""
-        [record] = (await self._records([group.group_id])).values()
-        if record.dead_letter_reasons is not None:
-            detail = (
-                f"group {group.group_id} (rows {group.rows}) used up its {record.dead_letter_budget or 'retry'} "
-                "budget: " + "; ".join(record.dead_letter_reasons[:5])
-            )
-            raise (
-                RowsDeadLettered(detail)
-                if record.dead_letter_budget == "data"
-                else RowsLostToInfrastructure(detail)
-            )
-        if not record.sealed or len(record.seals) != len(group.rows):
-            raise RowError(f"group {group.group_id} left play without a seal of every row")
-        while True:
-            try:
-                await coord.claim_for_training(group.group_id, train_step, call_id=call_id)
-                break
-            except AlreadyClaimed:
-                break  # a retry replaying what its first attempt claimed
-            except ClaimWhilePrepared:
-                # The trainer is saving a checkpoint: the group goes out once it is decided, so that
-                # what it saves and the cut hold the same claims.
-                left = deadline - time.monotonic()
-                if left <= 0 or not await coord.wait_checkpoint_decided(left):
-                    raise CallBudgetSpent(
-                        f"group {group.group_id} waited for checkpoint {coord.active_checkpoint!r} "
-                        f"to be decided until the call's budget ({self.config.call_budget_s:g} s) ran out"
-                    ) from None
-
-        seals = [record.seals[gi] for gi in range(len(group.rows))]
-        for gi, seal in enumerate(seals):
-            if seal.reply is None:
-                raise RowError(f"group {group.group_id}: sibling {gi}'s reply was not kept")
-        read = await coord.read_payloads([(seal.reply, seal.tokens) for seal in seals])
-        out = []
-        for gi, rowidx in enumerate(group.rows):
-            seal = seals[gi]
-            reply, arrays = read[gi]
-            assert reply is not None and arrays is not None
-            result = row_result(
-                group.row_dicts[gi],
-                reply,
-                arrays,
-                rollout_id=seal.rollout_id,
-                attempt_index=seal.attempt_index,
-                mask_sample=seal.mask_sample,
-                rules=self.rules,
-                tokenizer=tokenizer,
-            )
-            out.append((rowidx, result))
-        return out
 
 
 def _python() -> str:
@@ -819,13 +477,3 @@ def ledger_gym_actor(**options: Any) -> Any:
     import ray
 
     return ray.remote(**ACTOR_OPTIONS)(LedgerGym).options(**options)
-
-
-def _outcome(outcome: CheckpointOutcome) -> dict[str, Any]:
-    """A decided checkpoint as the actor answers it (plain data across the Ray boundary)."""
-    return {
-        "committed": outcome.committed,
-        "reason": outcome.reason,
-        "prepare_wait_s": outcome.prepare_wait_s,
-        "cut_position": outcome.cut_position,
-    }
