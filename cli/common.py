@@ -8,6 +8,7 @@ it, so a command costs only what it needs and runs with only the extras it needs
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,12 +94,17 @@ EXTRAS: Final = {
 }
 
 
-def require_extra(extra: str, what: str, *modules: str) -> None:
-    """Imports `modules`; when one is missing, ends the command with one line naming the extra that
-    brings it and the command that installs it (exit status 2)."""
+def require_extra(extra: str, what: str, *modules: str, load: bool = True) -> None:
+    """Imports `modules` (with `load=False` only looks them up, for a package whose import must wait:
+    Ray settles its network at import, after `prepare_loopback`); when one is missing, ends the
+    command with one line naming the extra that brings it and the command that installs it (exit
+    status 2)."""
     for name in modules:
         try:
-            importlib.import_module(name)
+            if load:
+                importlib.import_module(name)
+            elif importlib.util.find_spec(name) is None:
+                raise ImportError(f"no module named {name!r}", name=name)
         except ImportError as exc:
             missing = exc.name or name
             error(

@@ -353,7 +353,8 @@ def simulate(
         except EpisodeTooLong as exc:
             raise typer.BadParameter(str(exc)) from None
     if use_ray:
-        require_extra("ray", "ledger simulate --ray", "ray")
+        # Looked up, not imported: the run imports Ray after telling it to stay on loopback.
+        require_extra("ray", "ledger simulate --ray", "ray", load=False)
     if metrics_port is not None:
         require_extra("metrics", "--metrics-port", "prometheus_client")
     if otel:
@@ -479,6 +480,7 @@ def _run(
     from eventstore import open_store
     from simulation.run import RunInterrupted, RunStalled, SimulationError
     from trainer.errors import CoordinatorStopped, FencedOff
+    from trainer.ray_gym.local import RayNotLoopback
     from trainer.stops import said_by_caller
 
     store = open_store(url, migrate_schema=True)
@@ -518,7 +520,7 @@ def _run(
                 f"(if it has stopped too: ledger simulate --resume {config.run_id})"
             )
             raise typer.Exit(2) from None
-        except SimulationError as exc:
+        except (SimulationError, RayNotLoopback) as exc:
             error(str(exc))
             raise typer.Exit(2) from None
         if otel:
