@@ -612,7 +612,10 @@ def _verdict(summary: Mapping[str, Any], failing: bool) -> str:
     clean), with the figures that say so."""
     audit = summary["audit_violations"]
     figures = f"{summary['stranded']} stranded, {summary['duplicate_executions']} duplicate executions, " + (
-        "audit not run" if audit is None else f"{audit} audit violations"
+        "audit not run"
+        if audit is None
+        else f"{audit} audit violations"
+        + (f" ({summary['audit_rules']} rules)" if summary.get("audit_rules") else "")
     )
     if "rows" in summary:  # the Ray run: every row back once
         figures += f", {summary['rows_delivered']}/{summary['rows']} rows delivered"
@@ -669,7 +672,10 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("side effects", ("side_effects_applied", "side_effects_reverted", "side_effects_twice")),
     ("agents", ("agent_restarts", "reduced_mode_agents")),
     ("rows", ("rows", "rows_delivered", "rows_delivered_twice")),
-    ("the promise", ("stranded", "duplicate_executions", "audit_violations")),
+    (
+        "the promise",
+        ("stranded", "duplicate_executions", "audit_violations", "audit_rules", "audit_rules_broken"),
+    ),
     ("the log", ("events", "journal_appends", "journal_batches", "payload_puts", "payload_store_calls")),
 )
 

@@ -165,10 +165,11 @@ async def run(directory: Path, steps: int = 3, prompts: int = 2) -> dict[str, An
         for p in processes:
             p.close()
     from eventstore import open_store
+    from eventstore.payload_stores import payload_plane
 
     store = open_store(db_url)
     try:
-        report = audit_log(store)
+        report = audit_log(store, payloads=payload_plane(store))  # `ledger audit`'s, payloads included
     finally:
         store.close()
     summary = {
