@@ -114,16 +114,37 @@ def require_extra(extra: str, what: str, *modules: str, load: bool = True) -> No
             raise typer.Exit(2) from None
 
 
+# The most of one value a command echoes back (an id, a URL, a name the user typed), and of one
+# error line: a longer one is cut, saying how long it was.
+ECHO_LIMIT: Final = 120
+ERROR_LIMIT: Final = 1000
+
+
+def bounded(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text` as a command echoes it: whole up to `limit` characters, else its first `limit` and how
+    long it was.  Print it markup-escaped and with `highlight=False`: rich's highlighter takes
+    minutes over one long word (100,000 characters), which a user may type."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
+
+
 def error(message: str) -> None:
-    """`error: MESSAGE` on stderr as one line (never wrapped at the terminal's width), markup-free."""
-    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    """`error: MESSAGE` on stderr as one line (never wrapped at the terminal's width), markup-free,
+    unhighlighted and bounded (`bounded`, `ERROR_LIMIT`): the message may carry what the user typed."""
+    err_console.print(
+        f"[red]error:[/red] {escape(bounded(message, ERROR_LIMIT))}", soft_wrap=True, highlight=False
+    )
 
 
 __all__ = [
     "AUDITOR_ENV",
+    "ECHO_LIMIT",
+    "ERROR_LIMIT",
     "WRITER_ENV",
     "DbOption",
     "Role",
+    "bounded",
     "clear_errors",
     "console",
     "db_url",

@@ -198,7 +198,11 @@ def _log_file(url: str) -> Path:
     """The file of the log at `url`; `NoSuchLog` when there is none (it is never made here)."""
     database = make_url(url).database
     path = Path(database or "")
-    if not database or not path.is_file():
+    try:
+        there = bool(database) and path.is_file()
+    except OSError as exc:  # a name the file system cannot hold (too long): no log there either
+        raise NoSuchLog(f"no log at {path}: {exc.strerror}; check --db / $LEDGER_DB") from None
+    if not there:
         raise NoSuchLog(
             f"no log at {path.absolute() if database else '(no path)'}: check --db / $LEDGER_DB "
             "(only `ledger db upgrade`, `ledger simulate` and the workers make a new log)"
