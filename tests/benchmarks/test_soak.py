@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,9 @@ from projections.audit import RULES
 from projections.payload_audit import PAYLOAD_RULES, PAYLOAD_STORED
 from protocol.streams import group_stream
 from tests.projections.builder import LogBuilder
+from tests.userenv import ledger_command, user_env
+from tests.workers.tries import seal_group
+from workers.policy import DEFAULT_POLICY_SPEC, load_policy
 
 
 def run(pg_url: str, tmp_path: Path, name: str, *sizes: str) -> dict[str, Any]:
@@ -108,3 +112,35 @@ def test_the_soaks_verdict_is_the_whole_audit_payloads_included(pg_url: str, tmp
     assert result["summary"]["stranded"] == 0 and result["summary"]["duplicate_executions"] == 0
     assert result["audit"]["rules_checked"] == len(RULES) + len(PAYLOAD_RULES)
     assert result["audit"]["by_rule"] == {PAYLOAD_STORED: 1}, result["audit"]
+
+
+def test_the_token_sample_leaves_out_what_a_prune_removed_during_the_run(tmp_path: Path) -> None:
+    """`ledger payloads prune` while a soak runs removes some of the run's token records (recorded as
+    `PayloadsPruned`): the soak's closing sample reads the others and counts those, where it once
+    read them all and crashed on the first one gone, printing no summary.  The run's groups are
+    sealed with real token records, trained and archived; the prune is the real command."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade_database(url)
+    store = open_store(url)
+    try:
+        policy = load_policy(DEFAULT_POLICY_SPEC)
+        log = LogBuilder(store)
+        for step in range(1, 4):
+            seal_group(store, policy, f"soakrun-p{step}", 2)
+            log.claim(f"soakrun-p{step}", step)
+            log.checkpoint(f"c{step}")
+        log.checkpoint("c4")
+        before = soak.sealed_tokens(store, "soakrun")
+        assert (before.size, before.pruned) == (6, 0) and before.mean > 0
+        prune = ["payloads", "prune", "--db", url, "--grace-s", "0", "--unscored", "--keep-newest", "1"]
+        pruned = subprocess.run(
+            [ledger_command(), *prune],
+            capture_output=True, text=True, env=user_env(COLUMNS="200"), cwd=tmp_path, timeout=300,
+        )  # fmt: skip
+        assert pruned.returncode == 0 and "pruned 2 done group(s)" in pruned.stdout, (
+            pruned.stdout + pruned.stderr
+        )
+        after = soak.sealed_tokens(store, "soakrun")
+        assert (after.size, after.pruned) == (2, 4) and after.mean > 0
+    finally:
+        store.close()
