@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.tree import Tree
 
-from cli.common import DbOption, Role, clear_errors, console, db_url, err_console
+from cli.common import DbOption, Role, bounded, clear_errors, console, db_url, err_console, error
 
 if TYPE_CHECKING:  # imported by the commands that use them: `ledger --help` stays light
     from eventstore import EventStore, RecordedEvent
@@ -292,11 +292,18 @@ def show(
     """The whole history of one sibling across its tries."""
     from projections.swimlane import render_html
     from projections.timeline import timeline
+    from protocol.ids import ID_RE, MAX_ID_LENGTH
 
+    if len(rollout_id) > MAX_ID_LENGTH or not ID_RE.match(rollout_id):
+        error(
+            f"{bounded(rollout_id)!r} is not a rollout id (at most {MAX_ID_LENGTH} characters of "
+            "A-Z, a-z, 0-9, '.', '_', '-', e.g. p7_g2)"
+        )
+        raise typer.Exit(2)
     with _store(db) as store:
         tl = timeline(store, rollout_id)
     if not tl.entries:
-        err_console.print(f"no events about {escape(rollout_id)}")
+        err_console.print(f"no events about {escape(rollout_id)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     tree = Tree(f"[bold]{escape(rollout_id)}[/bold] (group {escape(tl.group_id)})")
     group_branch = tree.add("group")

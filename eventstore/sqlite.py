@@ -19,6 +19,7 @@ from eventstore.errors import (
     EventStoreError,
     Fenced,
     NoSuchLog,
+    ReadOnlyLog,
     WrongExpectedVersion,
 )
 from eventstore.recorder import CheckedAppend, Recorder, RenderedEvent, blob_params, select_columns
@@ -52,6 +53,8 @@ class SqliteRecorder(Recorder):
         `mode=ro` (a missing file is `NoSuchLog`, never created)."""
         if not create and not read_only:
             _log_file(url)
+        if not read_only:
+            _check_writable(url)
         if read_only:
             url = _read_only_url(url)
             return _engine(url, immediate=False, read_only=True), _engine(
@@ -201,11 +204,45 @@ def _read_only_url(url: str) -> str:
     return parsed.set(database=f"file:{quote(str(path))}", query=query).render_as_string(hide_password=False)
 
 
+def _check_writable(url: str) -> None:
+    """`ReadOnlyLog` in one line when this process cannot write the log at `url`: its file, or its
+    folder (where SQLite makes the `-wal` and `-shm` files, unless both are there to write).  SQLite
+    opens a read-only file read-only without a word and refuses the first write; taken for an outage,
+    that was waited out (30 s) before anything said why.  `os.access` answers for this process as it
+    is, root included: a read-only mount is read-only to root too."""
+    database = make_url(url).database
+    if not database:
+        return
+    path = Path(database).absolute()
+    try:
+        sidecars = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+        if path.exists() and not os.access(path, os.W_OK):
+            what = f"the file {path}"
+        elif path.parent.is_dir() and not os.access(path.parent, os.W_OK):
+            if all(s.exists() and os.access(s, os.W_OK) for s in sidecars):
+                return
+            what = f"its folder {path.parent}"
+        else:
+            return
+    except OSError:  # a path the file system cannot hold: opening it says so
+        return
+    raise ReadOnlyLog(
+        f"database sqlite:///{path} cannot be written here ({what} is read-only for this process; not "
+        "retried): the commands that append (simulate, the workers, debt drop, payloads, projections "
+        "run) need a log they can write; the read-only ones (audit, status, show, snapshot, tail, debt "
+        "list) open it as it is"
+    )
+
+
 def _log_file(url: str) -> Path:
     """The file of the log at `url`; `NoSuchLog` when there is none (it is never made here)."""
     database = make_url(url).database
     path = Path(database or "")
-    if not database or not path.is_file():
+    try:
+        there = bool(database) and path.is_file()
+    except OSError as exc:  # a name the file system cannot hold (too long): no log there either
+        raise NoSuchLog(f"no log at {path}: {exc.strerror}; check --db / $LEDGER_DB") from None
+    if not there:
         raise NoSuchLog(
             f"no log at {path.absolute() if database else '(no path)'}: check --db / $LEDGER_DB "
             "(only `ledger db upgrade`, `ledger simulate` and the workers make a new log)"

@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
-# The Triton kernels are checked on the CPU through the interpreter; triton reads this when a kernel is defined.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-# A local Ray started by any test binds loopback only (trainer/ray_gym/local.py); Ray reads this at import.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
