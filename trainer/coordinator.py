@@ -52,8 +52,9 @@ from trainer.errors import (
 from trainer.gate import Gate
 from trainer.groups import Groups
 from trainer.gym import GymClient
-from trainer.journal import OUTAGE_BUDGET_S, Journal
+from trainer.journal import Journal
 from trainer.keep import Keeper
+from trainer.logview import OUTAGE_BUDGET_S
 from trainer.payload_io import PayloadIO
 from trainer.recovery import recover
 from trainer.retires import RetireRelay

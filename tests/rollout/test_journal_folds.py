@@ -15,7 +15,8 @@ from eventstore.events import Event
 from projections.ledger import LedgerProjection, LedgerState
 from tests.rollout.conftest import gid
 from tests.rollout.test_journal_batching import minted, reserved
-from trainer.journal import CATCH_UP_PAGE, Journal, _new_event
+from trainer.journal import Journal, _new_event
+from trainer.logview import CATCH_UP_PAGE
 
 # A safety net for a broken journal, never reached when it works: every wait below is on a gate.
 GATE_S = 30.0
