@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from protocol import mutants
 from protocol.resources import MutationKey, ResourceClass, ResourceInfo, ToolResult
 
 JOURNAL_FILE: Final = "resources.jsonl"
@@ -173,7 +174,7 @@ class Book:
             return ToolResult(output=output, revision=0, applied=True), None
         s = self.session(name, session)
         text = key.text()
-        if text in s.applied:
+        if text in s.applied and not mutants.active("mutation_key_ignored"):
             _, output = s.applied[text]
             line = {"op": "repeat", "resource": name, "session": session, "key": text, "attempt": attempt}
             self._see(line)

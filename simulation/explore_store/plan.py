@@ -89,6 +89,9 @@ class Plan:
     # the agent restarted with its state lost first (a duplicate delivery after a lost restart): the try
     # runs again, and its result is a stray of a try the log settled.
     replay: tuple[str, int] | None = None
+    # The agent whose every adopt-only /run reply is altered on its way back (its reward changed: a
+    # lying agent, a corrupting proxy), so it no longer hashes to the digest its receipt names.
+    tamper: str | None = None
 
     def name_of(self, key: str) -> str:
         return self.names.get(key, key)
@@ -121,6 +124,7 @@ class Plan:
             "clock_back": sorted(self.clock_back),
             "late_run_lost": self.late_run_lost,
             "replay": self.replay,
+            "tamper": self.tamper,
         }
 
 
@@ -130,7 +134,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     `fleet=False` leaves out the draws of several trainers on one fleet (shared names, an intruder, a
     group id collision, a small run pool, a stale prepare after a presumed abort, agent clocks stepped
     back at a restart, a late /run's agent restarted with its state lost, a /run delivered again after
-    a lost restart): the plans as they
+    a lost restart, adopt replies altered in flight): the plans as they
     were before those existed, so the seeds that found bugs before them replay what found them."""
     rng = random.Random(seed)
     trainers: list[TrainerPlan] = []
@@ -195,6 +199,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     replay = (rng.choice(names), rng.randint(1, 3)) if fleet and rng.random() < 0.25 else None
     if intruder is not None:
         replay = None
+    tamper = rng.choice(names) if fleet and rng.random() < 0.3 else None  # drawn last, as above
     return Plan(
         seed,
         f"x{seed}{tag}-",
@@ -211,6 +216,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
         clock_back,
         late_run_lost,
         replay,
+        tamper,
     )
 
 
