@@ -44,10 +44,9 @@ MUTANTS: Final[Mapping[str, Mutant]] = {
     "pg_debt_at_group_seal": Mutant(
         "prompt_group: a held sibling's ACK debt is recorded only when the whole group seals",
         "real",
-        "audit no-stranded-result; checker: an agent holds finished results nobody released",
-        ("no-stranded-result", "nobody released"),
-        80,
-        fast=False,
+        "audit debt-with-result (no-stranded-result, once its group fails)",
+        ("debt-with-result", "no-stranded-result"),
+        10,
     ),
     "replace_without_retire": Mutant(
         "a lost reply answered by minting the next try, the old one neither retired nor adopted",
@@ -68,14 +67,15 @@ MUTANTS: Final[Mapping[str, Mutant]] = {
         "real",
         "audit debt-dropped-on-evidence",
         ("debt-dropped-on-evidence",),
-        40,
+        60,
     ),
     "commit_with_unpaid_debt": Mutant(
         "a checkpoint committed while a debt is unpaid at its cut (no flush, no check at the decision)",
         "real",
         "audit checkpoint-clean",
         ("checkpoint-clean",),
-        10,
+        40,
+        fast=False,
     ),
     "stale_owner_unfenced": Mutant(
         "a stale owner's appends (and the /run each RunDispatched gates) not fenced by the owner epoch",
@@ -90,7 +90,7 @@ MUTANTS: Final[Mapping[str, Mutant]] = {
         "real",
         "audit receipt-matches (adopt replies altered in flight: `Plan.tamper`)",
         ("receipt-matches",),
-        20,
+        40,
     ),
     "agent_forgets_tombstones": Mutant(
         "a restarted agent forgets the tries an earlier process of its state directory recorded",

@@ -271,7 +271,9 @@ def run_turn_schedule(seed: int) -> TurnSchedule:
         for i, name in enumerate(s.rollouts[run.rollout_id].resources):
             key = MutationKey(rollout_id=run.rollout_id, lineage=run.lineage, turn=turn, call=i)
             args = {"amount": 10 * turn} if name == "bank" else {"to": "u", "body": f"turn {turn}"}
-            s.book.call(name, run.lineage, key, "deposit" if name == "bank" else "send", args, run.attempt_index)
+            s.book.call(
+                name, run.lineage, key, "deposit" if name == "bank" else "send", args, run.attempt_index
+            )
 
     # Tool calls in flight when their try was retired or its agent restarted: the resources server
     # still gets them, at some later step, after the try's replacement may have restored the session

@@ -89,9 +89,9 @@ class Plan:
     # the agent restarted with its state lost first (a duplicate delivery after a lost restart): the try
     # runs again, and its result is a stray of a try the log settled.
     replay: tuple[str, int] | None = None
-    # The agent whose every adopt-only /run reply is altered on its way back (its reward changed: a
-    # lying agent, a corrupting proxy), so it no longer hashes to the digest its receipt names.
-    tamper: str | None = None
+    # Every adopt-only /run reply is altered on its way back (its reward changed: a lying agent, a
+    # corrupting proxy), so it no longer hashes to the digest its agent's receipt names.
+    tamper: bool = False
 
     def name_of(self, key: str) -> str:
         return self.names.get(key, key)
@@ -199,7 +199,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     replay = (rng.choice(names), rng.randint(1, 3)) if fleet and rng.random() < 0.25 else None
     if intruder is not None:
         replay = None
-    tamper = rng.choice(names) if fleet and rng.random() < 0.3 else None  # drawn last, as above
+    tamper = fleet and rng.random() < 0.5  # drawn last, as above
     return Plan(
         seed,
         f"x{seed}{tag}-",

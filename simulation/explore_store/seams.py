@@ -178,7 +178,7 @@ class FaultyPool:
         reply = await self._deliver(method, target, headers, body, timeouts)
         if fault == "duplicate":
             reply = await self._deliver(method, target, headers, body, timeouts)
-        if kind == "run" and agent.key == run.plan.tamper and (ADOPT_ONLY, b"1") in headers:
+        if kind == "run" and run.plan.tamper and (ADOPT_ONLY, b"1") in headers:
             reply = _altered(reply)
             run.counts["adopt_replies_altered"] += reply.status == 200
         await inc.at_call("after_call", n)

@@ -48,6 +48,10 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     assert c["late_runs_on_lost_state"] >= 3, c
     # A /run delivered again to its agent restarted with its state lost, after the try was settled.
     assert c["replays_on_lost_state"] >= 5, c
+    # Claims tried while a checkpoint was prepared (refused), adopt replies altered in flight, and the
+    # operator's prune and collect at the end deleting something (the checker: nothing still needed).
+    assert c["claims_refused_while_prepared"] >= 20 and c["adopt_replies_altered"] >= 10, c
+    assert c["payloads_pruned"] >= 10 and c["payloads_collected"] >= 20, c
 
 
 def test_the_plan_is_a_pure_function_of_the_seed() -> None:
@@ -70,6 +74,7 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
     assert not (bare.names or bare.intruder or bare.collision or bare.pools or bare.clock_back)
     assert not bare.late_run_lost and any(p.late_run_lost for p in plans)
     assert bare.replay is None and any(p.replay for p in plans)
+    assert not bare.tamper and any(p.tamper for p in plans)
     assert bare.trainers == sim.plan_of(4242).trainers and bare.faults == sim.plan_of(4242).faults
 
 
