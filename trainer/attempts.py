@@ -8,6 +8,7 @@ try is settled once however many parties race for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from payloads import PayloadClaim
 from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE, reply_to_store
 from payloads.token_arrays import TokenArrays
 from projections.ledger import AttemptState, GroupState, LedgerState
+from protocol import mutants
 from protocol.digests import canonical_bytes
 from protocol.ids import capture_key, group_id_of, rollout_id_of
 from protocol.streams import group_stream
@@ -291,6 +293,9 @@ class Attempts:
                 group.group_id,
                 [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind=kind)],
             )
+            if mutants.active("replace_without_retire"):
+                live.outcome = AttemptOutcome("retired", reason)
+                return live.outcome
             live.outcome = await self._resolve_locked(group.group_id, rid, n)
             return live.outcome
 
@@ -354,7 +359,8 @@ class Attempts:
         )
         digest = reply_claim.digest
         try:
-            verify_receipt(reply, receipt, digest)
+            if not (adopted and mutants.active("adopt_unverified")):
+                verify_receipt(reply, receipt, digest)
             if reply.masked() and ctx.settings.mask_sample_retries:
                 await self.payloads.put([(reply_bytes, REPLY_MEDIA_TYPE)], claims=[reply_claim])
                 await self._append(
@@ -455,6 +461,9 @@ class Attempts:
                 return [*kept.head, owed]
             return [*kept.head, *self.keep_events(current, kept.rollout_receipt, kept.receipt)]
 
+        if mutants.active("ack_before_durable"):
+            with contextlib.suppress(GymError):
+                await ctx.client(kept.agent_name).acknowledge([kept.receipt])
         await ctx.journal.append(group_stream(kept.group_id), build)
         ctx.ack_wakeup.set()
         return FINISHED
@@ -477,6 +486,11 @@ class Attempts:
                 events.append(GroupSealed(group_id=group.group_id, attempts=_sealed_refs(group, rid, n)))
             return events
         events = [SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt), owed]
+        if mutants.active("pg_debt_at_group_seal"):
+            sealed = self.seal_if_complete(group, rid, rollout_receipt)
+            held = [a.receipt for s in group.siblings.values() if (a := s.attempts.get(s.current_attempt))]
+            owed_all = [AckOwed(agent_name=group.agent_name, receipt=r) for r in [receipt, *held] if r]
+            return [events[0], *sealed, *(owed_all if sealed else [])]
         return events + self.seal_if_complete(group, rid, rollout_receipt)
 
     @staticmethod

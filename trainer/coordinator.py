@@ -53,6 +53,7 @@ from projections.group_core import (
     sibling_exhausted,
 )
 from projections.ledger import GroupState, LedgerState
+from protocol import mutants
 from protocol.ids import rollout_id_of
 from protocol.levels import TargetLevel, effective_level
 from protocol.retry import RetryPolicy
@@ -783,7 +784,7 @@ class RolloutCoordinator:
         def build(ledger: LedgerState) -> list[Event]:
             # Checked when the append is built: the flag is raised before CheckpointPrepareStarted is
             # queued and lowered after the decision is written, so no claim lands between the two.
-            held = self.ctx.active_checkpoint
+            held = None if mutants.active("claim_while_prepared") else self.ctx.active_checkpoint
             if held is not None:
                 raise ClaimWhilePrepared(
                     f"group {group_id!r} cannot be claimed while checkpoint {held!r} is prepared and "
