@@ -18,6 +18,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="tests/crash: every byte prefix and every bit of each durable file, not the CI slice",
     )
+    parser.addoption(
+        "--mutants",
+        choices=("fast", "all"),
+        default="fast",
+        help="fast (default): the catalogue's fast slice only; all: every mutant within its seed budget",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -57,15 +63,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 # --- the mutant catalogue (tests/mutants): its fast slice runs by default, the rest with --mutants=all --
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--mutants",
-        choices=("fast", "all"),
-        default="fast",
-        help="fast (default): the catalogue's fast slice only; all: every mutant within its seed budget",
-    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
