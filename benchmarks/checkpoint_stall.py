@@ -13,57 +13,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 from benchmarks.rollout_sizes import add_size_options, size_settings
 from eventstore import open_store
-from eventstore.events import AckOwed, Event, RolloutReceipt, SiblingHeld
 from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS
-from projections.ledger import GroupState
-from protocol.wire import CompletionReceipt
+from protocol import mutants
 from simulation.run import SimConfig, run_simulation
-from trainer import attempts as trainer_attempts
-from trainer.core.group import kept, seal_if_complete
-
-
-def seal_only(
-    group: GroupState | None, agent_name: str, rollout_receipt: RolloutReceipt, receipt: CompletionReceipt
-) -> list[Event]:
-    """The seeds' policy: hold without a debt; owe every sibling only when the group seals."""
-    if group is None or group.status != "open" or group.mode == "sibling":
-        return kept(group, agent_name, rollout_receipt, receipt)
-    rid, n = rollout_receipt.rollout_id, rollout_receipt.attempt_index
-    seals = seal_if_complete(group, rollout_receipt)
-    held: list[Event] = [SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt)]
-    if not seals:
-        return held
-    debts: list[Event] = []
-    for sibling in group.siblings.values():
-        attempt = sibling.current
-        if sibling.rollout_id == rid:
-            debts.append(AckOwed(agent_name=group.agent_name, receipt=receipt))
-        elif attempt is not None and attempt.receipt is not None:
-            debts.append(AckOwed(agent_name=group.agent_name, receipt=attempt.receipt))
-    return [*held, *debts, *seals]
-
-
-@contextmanager
-def seeds_policy() -> Iterator[None]:
-    """The seeds' policy in place of the trainer's own keep rule while a run lasts (one process)."""
-    saved = trainer_attempts.__dict__["kept"]
-    trainer_attempts.__dict__["kept"] = seal_only
-    try:
-        yield
-    finally:
-        trainer_attempts.__dict__["kept"] = saved
 
 
 async def main(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, policy in (("seeds (debt at seal)", seeds_policy), ("ours (debt on arrival)", nullcontext)):
+        for name, policy in (
+            # The seeds' policy is the catalogue's first mutant: enabled in this process for its run.
+            ("seeds (debt at seal)", lambda: mutants.enabled("pg_debt_at_group_seal")),
+            ("ours (debt on arrival)", nullcontext),
+        ):
             store = open_store(f"sqlite:///{Path(tmp) / (name[:4] + '.db')}", migrate_schema=True)
             config = SimConfig(
                 groups=args.groups,

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from participant.records import FileDamaged, RecordReader, cut_torn_tail, parsed_records, seal_json
+from protocol import mutants
 from protocol.resources import MutationKey, ResourceClass, ResourceInfo, ToolResult
 
 JOURNAL_FILE: Final = "resources.jsonl"
@@ -221,7 +222,7 @@ class Book:
             return ToolResult(output=output, revision=0, applied=True), None
         s = self.session(name, session)
         text = key.text()
-        if text in s.applied:
+        if text in s.applied and not mutants.active("mutation_key_ignored"):
             _, output = s.applied[text]
             line = {"op": "repeat", "resource": name, "session": session, "key": text, "attempt": attempt}
             self._see(line)

@@ -38,6 +38,7 @@ from participant.states import RestartFromPrompt, resume_decision
 from payloads._errors import PayloadMissing, PayloadStoreError
 from payloads._local import LocalDirPayloadStore
 from payloads._store import PayloadStore
+from protocol import mutants
 from protocol.digests import Digest, canonical_bytes, sha256_digest
 from protocol.ids import AttemptIndex, Identifier
 from protocol.wire import (
@@ -254,7 +255,7 @@ def decide_resume(
             return Declined("source_live", f"try {holder[1]} that committed it still runs here")
         return Declined("already_resumed", f"try {holder[1]} resumed it and still runs here")
     furthest = index.furthest.get(ref.lineage)
-    if furthest is not None and furthest[0] > ref.turn:
+    if furthest is not None and furthest[0] > ref.turn and not mutants.active("resume_superseded_boundary"):
         return Declined(
             "superseded", f"lineage {ref.lineage} was carried on to turn {furthest[0]} ({furthest[1]})"
         )

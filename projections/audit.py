@@ -80,6 +80,9 @@ NO_REUSED_TRY: Final = "no-reused-try"
 SEAL_BEFORE_ACK: Final = "seal-before-ack"
 DEBT_UNTIL_ACCEPTED: Final = "debt-until-accepted"
 NO_STRANDED_RESULT: Final = "no-stranded-result"
+# A try held or sealed carries its ACK debt: its AckOwed is the very next row (the one append that
+# records the result records the debt), unless it was owed already.
+DEBT_WITH_RESULT: Final = "debt-with-result"
 # A retire answer of `tombstoned` for a try the agent had finished: it no longer knows the try at all
 # (it restarted and lost its stored replies), so it holds nothing that could strand.
 _AGENT_HOLDS_NOTHING: Final = frozenset({"tombstoned"})
@@ -117,6 +120,7 @@ RULES: Final = (
     SEAL_BEFORE_ACK,
     DEBT_UNTIL_ACCEPTED,
     NO_STRANDED_RESULT,
+    DEBT_WITH_RESULT,
     RETIRE_BEFORE_REPLACE,
     RECEIPT_MATCHES,
     GROUP_SEAL_COMPLETE,
@@ -257,6 +261,9 @@ class AuditState:
     turns: TurnFacts = field(default_factory=TurnFacts)
     # Each trainer's line of states across restores (projections/training_audit.py).
     training: TrainingFacts = field(default_factory=TrainingFacts)
+    # A try just held or sealed with no debt owed yet: (its key, that row's position); the next row
+    # must be its AckOwed (debt-with-result).
+    debt_due: tuple[str, int] | None = None
     violations: list[Violation] = field(default_factory=list)
 
     def violate(self, rule: str, positions: Iterable[int | None], message: str) -> None:
@@ -308,7 +315,8 @@ class AuditProjection(TypedProjection[AuditState]):
     name: ClassVar[str] = "audit"
     # 5: owed retires (`AttemptFacts.retire_owed`, `retire_paid`).
     # 6: each trainer's line of states across restores (`AuditState.training`).
-    version: ClassVar[int] = 6
+    # 7: `AuditState.debt_due`.
+    version: ClassVar[int] = 7
     state_type: ClassVar[Any] = AuditState
 
     def initial(self) -> AuditState:
@@ -316,6 +324,8 @@ class AuditProjection(TypedProjection[AuditState]):
 
     def apply(self, state: AuditState, event: RecordedEvent, decoded: Event) -> None:
         state.position = event.position
+        if state.debt_due is not None:
+            _check_debt_due(state, event, decoded)
         handler = _HANDLERS.get(type(decoded))
         if handler is not None:
             handler(state, event, decoded)
@@ -326,6 +336,8 @@ class AuditProjection(TypedProjection[AuditState]):
 
     def finish(self, state: AuditState) -> None:
         """The checks that need the whole log: finished tries that nothing ever owed."""
+        if state.debt_due is not None:  # the log ends on a hold or seal without its debt
+            _check_debt_due(state, None, None)
         for key, t in state.tries.items():
             if t.finished is None or t.owed is not None or t.paid is not None:
                 continue
@@ -681,6 +693,30 @@ def _held(st: AuditState, ev: RecordedEvent, e: SiblingHeld) -> None:
     t = st.tries.get(_key(e.rollout_id, e.attempt_index))
     if t is not None and t.finished is None:
         t.finished = ev.position
+    _debt_due(st, ev, e.rollout_id, e.attempt_index, t)
+
+
+def _debt_due(st: AuditState, ev: RecordedEvent, rollout_id: str, index: int, t: AttemptFacts | None) -> None:
+    """A try held or sealed: unless its debt is owed already, the next row must be its AckOwed."""
+    if t is not None and t.owed is None:
+        st.debt_due = (_key(rollout_id, index), ev.position)
+
+
+def _check_debt_due(st: AuditState, ev: RecordedEvent | None, decoded: Event | None) -> None:
+    key, at = st.debt_due or ("", 0)
+    st.debt_due = None
+    if (
+        isinstance(decoded, AckOwed)
+        and _key(decoded.receipt.rollout_id, decoded.receipt.attempt_index) == key
+    ):
+        return
+    rid, _, index = key.rpartition("/")
+    st.violate(
+        DEBT_WITH_RESULT,
+        [at, ev.position if ev is not None else None],
+        f"try {rid}#{index} was held or sealed at {at} without its ACK debt: its AckOwed is not in the append "
+        "that records the result (a crash after it would leave a result the log never owes)",
+    )
 
 
 def _sealed(st: AuditState, ev: RecordedEvent, e: SiblingSealed) -> None:
@@ -698,6 +734,7 @@ def _sealed(st: AuditState, ev: RecordedEvent, e: SiblingSealed) -> None:
         t.sealed = ev.position
         if t.finished is None:
             t.finished = ev.position
+    _debt_due(st, ev, e.rollout_id, e.attempt_index, t)
 
 
 def _group_sealed(st: AuditState, ev: RecordedEvent, e: GroupSealed) -> None:
@@ -1226,6 +1263,8 @@ def audit_events(
                 st.violate(EVENT_READABLE, [position], f"{exc.reason}; the auditor skipped this event")
         if decoded is not None:
             st.position = position
+            if st.debt_due is not None:
+                _check_debt_due(st, ev, decoded)
             handler = handlers.get(decoded.__class__)
             if handler is not None:
                 handler(st, ev, decoded)

@@ -32,6 +32,7 @@ from eventstore import RecordedEvent
 from eventstore.events import Event, LogprobsComputed, LogprobsRefused, PayloadsPruned, SiblingSealed
 from payloads import PayloadClaim, StoredPayload
 from projections.payload_audit import CLAIMS_OF
+from protocol import mutants
 from protocol.streams import LOGPROBS_STREAM_PREFIX, group_of_stream
 
 DEFAULT_GRACE_S: Final = 3600.0
@@ -151,6 +152,8 @@ def prune_plan(
     its last position), but the newest `keep_newest` of them, any group with a payload put within
     `grace_s`, any group with a sealed try the logprob queue has not scored (unless `unscored_too`: no
     worker scores this log), and any payload another group or no group still claims."""
+    if mutants.active("payload_pruned_while_claimed"):
+        done = {g: 0 for g in refs.by_group}
     candidates = sorted(
         (g for g in done if g not in refs.pruned_groups and refs.by_group.get(g)), key=lambda g: (done[g], g)
     )

@@ -9,6 +9,7 @@ the groups in play (`forget_group`), not the trainer's history.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 from eventstore.events import Event, FailureKind, RetireCause, RetireOwed, RunDispatched, RunFailed
 from projections.ledger import AttemptState, GroupState, LedgerState
+from protocol import mutants
 from protocol.ids import capture_key, group_id_of
 from protocol.streams import group_stream
 from protocol.wire import RunReply
@@ -230,6 +232,9 @@ class Attempts:
                 group.group_id,
                 [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind=kind)],
             )
+            if mutants.active("replace_without_retire"):
+                live.outcome = AttemptOutcome("retired", reason)
+                return live.outcome
             live.outcome = await self._resolve_locked(group.group_id, rid, n)
             return live.outcome
 
@@ -255,6 +260,9 @@ class Attempts:
         (`trainer.core.group.kept`: the seal or hold and the ACK debt)."""
         if isinstance(result, AttemptOutcome):
             return result
+        if mutants.active("ack_before_durable"):
+            with contextlib.suppress(GymError):
+                await self.agents.client(result.agent_name).acknowledge([result.receipt])
 
         def build(ledger: LedgerState) -> list[Event]:
             group = ledger.groups.get(result.group_id)

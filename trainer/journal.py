@@ -53,6 +53,7 @@ from eventstore import (
 from eventstore.events import Event
 from eventstore.records import UNIT_SEPARATOR, uuid5_text
 from projections.ledger import LedgerState, lookahead
+from protocol import mutants
 from protocol.streams import group_of_stream, is_group_stream
 from trainer.errors import CoordinatorStopped, FencedOff, StreamExists
 from trainer.logview import LogView
@@ -313,7 +314,7 @@ class Journal(LogView):
         to the trainer's own stream is fenced by its expected version already; one after it in the
         same batch expects the version that append leaves."""
         owner = self.owner
-        if owner is None or stream == owner.stream_id:
+        if owner is None or stream == owner.stream_id or mutants.active("stale_owner_unfenced"):
             return None
         return Fence(owner.stream_id, chain.get(owner.stream_id, owner.version))
 

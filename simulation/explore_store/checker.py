@@ -8,11 +8,13 @@ from collections import Counter
 from typing import Any
 
 from eventstore import open_store
+from eventstore.payload_stores import payload_plane
 from participant.evidence import read_evidence
 from projections.ownership import AgentRef
 from protocol.wire import AgentStatus
 from simulation.agent_audit import AgentSeen, audit_agents
 from simulation.explore_store.process import ScheduleRun
+from simulation.explore_store.retention import live_payloads_gone
 from trainer.core.attempt import RETIRE_POLICY
 
 # Calls of one kind about one try (or one checkpoint at one agent), at most: each retry loop has a
@@ -29,10 +31,14 @@ async def check(run: ScheduleRun) -> list[str]:
         events = await asyncio.to_thread(lambda: list(store.read_all(0)))
         from projections.audit import audit_log
 
-        report = await asyncio.to_thread(audit_log, store)
+        # With the payload plane: every payload an event claims is stored (or pruned) and intact.
+        report = await asyncio.to_thread(audit_log, store, None, payload_plane(store))
+        mine = [e for e in events if plan.prefix in e.stream_id]
+        # The operator's prune and collect took nothing a group still in play needs.
+        groups = {g.group_id for tp in plan.trainers for g in tp.groups}
+        violations += await asyncio.to_thread(live_payloads_gone, store, mine, groups)
     finally:
         await asyncio.to_thread(store.close)
-    mine = [e for e in events if plan.prefix in e.stream_id]
     by_type: dict[str, list[Any]] = {}
     for e in mine:
         by_type.setdefault(e.type, []).append(e)

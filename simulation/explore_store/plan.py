@@ -93,6 +93,9 @@ class Plan:
     # checkpoint, then to an older one (abandoning the newest's branch), then to the abandoned one
     # (which must be refused), then to its newest again; claims and checkpoints between.
     rewind: int | None = None
+    # Every adopt-only /run reply is altered on its way back (its reward changed: a lying agent, a
+    # corrupting proxy), so it no longer hashes to the digest its agent's receipt names.
+    tamper: bool = False
 
     def name_of(self, key: str) -> str:
         return self.names.get(key, key)
@@ -126,6 +129,7 @@ class Plan:
             "late_run_lost": self.late_run_lost,
             "replay": self.replay,
             "rewind": self.rewind,
+            "tamper": self.tamper,
         }
 
 
@@ -135,7 +139,8 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     `fleet=False` leaves out the draws of several trainers on one fleet (shared names, an intruder, a
     group id collision, a small run pool, a stale prepare after a presumed abort, agent clocks stepped
     back at a restart, a late /run's agent restarted with its state lost, a /run delivered again after
-    a lost restart, a trainer's state rewound to older and abandoned checkpoints): the plans as they
+    a lost restart, a trainer's state rewound to older and abandoned checkpoints, adopt replies altered
+    in flight): the plans as they
     were before those existed, so the seeds that found bugs before them replay what found them."""
     rng = random.Random(seed)
     trainers: list[TrainerPlan] = []
@@ -202,6 +207,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
         replay = None
     # Drawn last, as above.
     rewind = rng.randrange(len(trainers)) if fleet and rng.random() < 0.3 else None
+    tamper = fleet and rng.random() < 0.5  # drawn last, as above
     return Plan(
         seed,
         f"x{seed}{tag}-",
@@ -219,6 +225,7 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
         late_run_lost,
         replay,
         rewind,
+        tamper,
     )
 
 

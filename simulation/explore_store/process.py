@@ -150,6 +150,8 @@ class ScheduleRun:
         default_factory=dict
     )
     replayed: set[str] = field(default_factory=set)
+    # The tries whose AckOwed an append has written (an /acknowledge may name only these).
+    owed_durable: set[tuple[str, int]] = field(default_factory=set)
     _started: dict[int, asyncio.Event] = field(default_factory=dict)
 
     def started(self, t: int) -> asyncio.Event:

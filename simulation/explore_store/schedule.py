@@ -26,10 +26,18 @@ from simulation.explore_store.process import (
     task_factory,
     waiting,
 )
+from simulation.explore_store.retention import prune_and_collect
 from simulation.explore_store.seams import FaultyPool, FaultyStore
 from trainer.checkpoints import PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
-from trainer.errors import AgentShared, AlreadyClaimed, CoordinatorStopped, FencedOff, GroupConflict
+from trainer.errors import (
+    AgentShared,
+    AlreadyClaimed,
+    ClaimWhilePrepared,
+    CoordinatorStopped,
+    FencedOff,
+    GroupConflict,
+)
 from trainer.gym import GymClient
 from trainer.gym.errors import GymError, TrainerConflictError
 
@@ -104,13 +112,20 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
             # same moment): a dead process must not go on looping here.
             inc.check()
             _raise_if_stopped(coord)
-            for group in coord.sealed_unclaimed():
+            sealed = coord.sealed_unclaimed()
+            # Before a split checkpoint, the last group sealed is claimed while the trainer saves (the
+            # claim is refused until the decision: ClaimWhilePrepared), and after it.
+            due_with = claimed_here + len(sealed) - 1 >= tp.checkpoint_after or not coord.open_groups()
+            held_back = sealed[-1:] if not checkpointed and tp.checkpoint != "one_call" and due_with else []
+            for group in sealed[: len(sealed) - len(held_back)]:
                 await coord.claim_for_training(group.group_id, run.claims[t])
                 run.claims[t] += 1
                 claimed_here += 1
-            if not checkpointed and (claimed_here >= tp.checkpoint_after or not coord.open_groups()):
+            if not checkpointed and (
+                held_back or claimed_here >= tp.checkpoint_after or not coord.open_groups()
+            ):
                 checkpointed = True
-                await _checkpoint(coord, f"{tp.trainer_id}-ck{inc.number}", tp.checkpoint)
+                await _checkpoint(run, t, coord, f"{tp.trainer_id}-ck{inc.number}", tp.checkpoint)
                 continue
             if checkpointed and not coord.open_groups() and not coord.sealed_unclaimed():
                 break
@@ -289,16 +304,32 @@ def _raise_if_stopped(coord: RolloutCoordinator) -> None:
         raise coord.errors[0]
 
 
-async def _checkpoint(coord: RolloutCoordinator, cid: str, kind: CheckpointKind) -> None:
+async def _checkpoint(
+    run: ScheduleRun, t: int, coord: RolloutCoordinator, cid: str, kind: CheckpointKind
+) -> None:
     if kind == "one_call":
         await coord.checkpoint(cid)
         return
     prepared = await coord.prepare_checkpoint(cid)
     if isinstance(prepared, PreparedCheckpoint):
+        await _claims_while_prepared(run, t, coord)
         if kind == "split_commit":
             await coord.commit_checkpoint(cid)
         else:
             await coord.abort_checkpoint(cid, "the trainer chose to abort (schedule)")
+
+
+async def _claims_while_prepared(run: ScheduleRun, t: int, coord: RolloutCoordinator) -> None:
+    """The trainer's training loop going on while it saves: a claim between the prepare and the
+    decision must be refused (`ClaimWhilePrepared`), as the cut holds exactly the claims it saved with
+    (the auditor's no-claim-while-prepared); the group is claimed after the decision."""
+    for group in coord.sealed_unclaimed():
+        try:
+            await coord.claim_for_training(group.group_id, run.claims[t])
+        except ClaimWhilePrepared:
+            run.counts["claims_refused_while_prepared"] += 1
+        else:
+            run.claims[t] += 1
 
 
 async def _drive_trainer(run: ScheduleRun, t: int) -> None:
@@ -554,4 +585,8 @@ async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
                 run.problems.append(f"harness error: {task.exception()!r}")
     finally:
         loop.set_task_factory(previous)
+    # The trainers are done: an operator prunes the done groups' payloads and collects the rest.
+    pruned, collected = await asyncio.to_thread(prune_and_collect, url)
+    run.counts["payloads_pruned"] += pruned
+    run.counts["payloads_collected"] += collected
     return run

@@ -52,6 +52,10 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     # then asked to restore to the abandoned one, refused every time (the checker names any group
     # a restored state trained that is claimed again).
     assert c["restores_to_older"] >= 5 and c["abandoned_restores_refused"] == c["restores_to_older"], c
+    # Claims tried while a checkpoint was prepared (refused), adopt replies altered in flight, and the
+    # operator's prune and collect at the end deleting something (the checker: nothing still needed).
+    assert c["claims_refused_while_prepared"] >= 20 and c["adopt_replies_altered"] >= 10, c
+    assert c["payloads_pruned"] >= 10 and c["payloads_collected"] >= 20, c
 
 
 def test_the_plan_is_a_pure_function_of_the_seed() -> None:
@@ -75,6 +79,7 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
     assert not bare.late_run_lost and any(p.late_run_lost for p in plans)
     assert bare.replay is None and any(p.replay for p in plans)
     assert bare.rewind is None and any(p.rewind is not None for p in plans)
+    assert not bare.tamper and any(p.tamper for p in plans)
     assert bare.trainers == sim.plan_of(4242).trainers and bare.faults == sim.plan_of(4242).faults
 
 

@@ -28,6 +28,8 @@ def test_a_slice_of_schedules_keeps_every_completed_turn_once() -> None:
     assert result.finished + result.dead_lettered == result.rollouts and result.side_effects > 0
     # Prompt groups were drawn, and rounds given up for failures of their own (the legitimate way).
     assert result.prompt_groups > 30 and result.rounds_given_up > 0
+    # Tool calls of retired tries landed late, some after their turn ran again: answered from the record.
+    assert result.late_tool_calls > 20 and result.repeats > 5
 
 
 def test_a_seed_replays_exactly() -> None:

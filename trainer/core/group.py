@@ -47,6 +47,7 @@ from eventstore.events import (
     SiblingSealed,
 )
 from projections.ledger import AttemptState, GroupState, SiblingState
+from protocol import mutants
 from protocol.wire import AttemptRef, AttemptWork, CompletionReceipt, ContinuationRef, ResumeReport
 from trainer.core.attempt import resume_events
 from trainer.core.budget import (
@@ -414,6 +415,15 @@ def kept(
         if all(s.status == "sealed" for s in group.siblings.values() if s.rollout_id != rid):
             events.append(GroupSealed(group_id=group.group_id, attempts=_sealed_refs(group, rid, n)))
         return events
+    if mutants.active("pg_debt_at_group_seal"):
+        sealed = seal_if_complete(group, rollout_receipt)
+        held = [a.receipt for s in group.siblings.values() if (a := s.current)]
+        owed_all = [AckOwed(agent_name=group.agent_name, receipt=r) for r in [receipt, *held] if r]
+        return [
+            SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt),
+            *sealed,
+            *(owed_all if sealed else []),
+        ]
     return [
         SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt),
         owed,
