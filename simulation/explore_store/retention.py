@@ -31,7 +31,8 @@ def prune_and_collect(url: str) -> tuple[int, int]:
         refs = fold_refs(store.read_all())
         stored = {p.digest: p for p in target.scan()}
         done = {g: a.last_position for g, a in ledger.archived.items()}
-        plan = prune_plan(refs, done, stored, target.name, time.time(), grace_s=0.0)
+        # No logprob worker scores an exploration's log: the operator prunes with `--unscored`.
+        plan = prune_plan(refs, done, stored, target.name, time.time(), grace_s=0.0, unscored_too=True)
         pruned = 0
         if plan.groups:
             store.append(
