@@ -54,8 +54,8 @@ from pathlib import Path
 from eventstore import upgrade_database
 from simulation.explore_store.checker import check
 from simulation.explore_store.plan import FAULTS, Plan, plan_of
-from simulation.explore_store.process import ScheduleRun
 from simulation.explore_store.schedule import run_schedule
+from simulation.explore_store.shared import ScheduleRun
 
 
 @dataclass

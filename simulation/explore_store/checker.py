@@ -13,8 +13,8 @@ from participant.evidence import read_evidence
 from projections.ownership import AgentRef
 from protocol.wire import AgentStatus
 from simulation.agent_audit import AgentSeen, audit_agents
-from simulation.explore_store.process import ScheduleRun
 from simulation.explore_store.retention import live_payloads_gone
+from simulation.explore_store.shared import ScheduleRun
 from trainer.core.attempt import RETIRE_POLICY
 
 # Calls of one kind about one try (or one checkpoint at one agent), at most: each retry loop has a

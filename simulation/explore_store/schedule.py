@@ -18,16 +18,15 @@ from simulation.explore_store.plan import CheckpointKind, GroupPlan, Plan
 from simulation.explore_store.process import (
     SEED_DEADLINE_S,
     Incarnation,
-    ScheduleRun,
     TrainerCrashed,
     ended,
     settle,
     spawn,
     task_factory,
-    waiting,
 )
 from simulation.explore_store.retention import prune_and_collect
 from simulation.explore_store.seams import FaultyPool, FaultyStore
+from simulation.explore_store.shared import ScheduleRun, waiting
 from trainer.checkpoints import PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
 from trainer.errors import (

@@ -19,7 +19,8 @@ from eventstore import DatabaseUnavailable, EventStore
 from participant.evidence import read_evidence
 from protocol.wire import ADOPT_ONLY_HEADER
 from simulation.explore_store.agent import Agent, call_kind
-from simulation.explore_store.process import INCARNATION, SEED_DEADLINE_S, Incarnation, ScheduleRun
+from simulation.explore_store.process import INCARNATION, SEED_DEADLINE_S, Incarnation
+from simulation.explore_store.shared import ScheduleRun
 from trainer.gym.transport import Origin, Reply, Timeouts
 
 ADOPT_ONLY = ADOPT_ONLY_HEADER.encode()
