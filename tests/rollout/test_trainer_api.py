@@ -23,7 +23,7 @@ from protocol.token_codec import TOKENS_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
 from protocol.tokens import TOKEN_FIELDS
 from protocol.wire import AttemptFault
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid, one_sealed_group
-from trainer import attempts
+from trainer import keep
 from trainer.errors import GroupConflict, LogprobsMismatch
 from trainer.gym import GymClient
 
@@ -112,7 +112,7 @@ async def test_the_reply_a_completion_frame_carries_is_stored_as_it_came(
     written: list[str] = []
 
     def counted(name: str) -> Any:
-        real = getattr(attempts, name)
+        real = getattr(keep, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             written.append(name)
@@ -120,7 +120,7 @@ async def test_the_reply_a_completion_frame_carries_is_stored_as_it_came(
 
         return call
 
-    monkeypatch.setattr(attempts, "canonical_bytes", counted("canonical_bytes"))
+    monkeypatch.setattr(keep, "canonical_bytes", counted("canonical_bytes"))
     async with one_sealed_group(store, make_agent, "prompt_group", 3, inline_tokens=inline_tokens) as (
         _,
         sealed,
