@@ -27,6 +27,7 @@ import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 from starlette.staticfiles import StaticFiles
 
@@ -267,6 +268,15 @@ def create_app(store: EventStore, config: ConsoleConfig) -> tuple[ConsoleGuard, 
             await run_in_threadpool(shell.live.stop)
 
     app = FastAPI(title="ledger console", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def no_such_page(request: Request, exc: StarletteHTTPException) -> Response:
+        # A path no route takes (an id with a slash in it, say) gets the console's own page, which
+        # shows the path as text.
+        if exc.status_code == 404:
+            return shell.not_found(f"page {request.scope['path']}")
+        return PlainTextResponse(str(exc.detail), status_code=exc.status_code)
+
     app.mount("/static", StaticFiles(directory=str(files("console") / "static")), name="static")
     _routes(app, shell)
     return ConsoleGuard(app, token=config.token), shell

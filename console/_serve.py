@@ -47,12 +47,13 @@ def serve(
             proxy_headers=False,
         )
     )
+    # Before uvicorn takes the signals over (and after it gives them back: it raises a stop signal
+    # again once it has shut down), a stop signal asks the server to stop: one that comes while the
+    # console starts is not lost, and the one raised again ends in a normal return (exit status 0).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
     shown = f"[{host}]" if ":" in host else host
     announce(f"http://{shown}:{bound}/")
-    # uvicorn raises the stop signal again after its graceful shutdown; a no-op handler turns that
-    # into a normal return (exit status 0), as `ledger gym serve` does.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
     try:
         server.run(sockets=[sock])
     finally:
