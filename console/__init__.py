@@ -22,6 +22,7 @@ _serve        `ledger console`: bind, serve, stop
 """
 
 from console._app import ZOOMS, Console, ConsoleConfig, create_app
+from console._fold import FoldStopped, LiveFold
 from console._serve import CONSOLE_TOKEN_ENV, DEFAULT_HOST, DEFAULT_PORT, serve
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "ZOOMS",
     "Console",
     "ConsoleConfig",
+    "FoldStopped",
+    "LiveFold",
     "create_app",
     "serve",
 ]

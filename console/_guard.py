@@ -6,7 +6,7 @@ and never echoed.  A script sends `Authorization: Bearer TOKEN`; a browser, whic
 to a page it is sent to nor to a server-sent event stream, takes HTTP Basic (any user name, the token
 as the password): the 401 asks for it, and the browser sends it with every request after.
 
-Only GET and HEAD reach a route: anything else is 405 here, whatever the route, so no request can
+Every answer says how long the server took (`Server-Timing: app;dur=MS`).  Only GET and HEAD reach a route: anything else is 405 here, whatever the route, so no request can
 carry a body into the console.  Every answer carries headers that keep a page from being framed or
 from loading anything but the console's own files (a Content Security Policy without inline
 scripts: what a string that got past the templates' escaping could not run anyway).
@@ -18,6 +18,7 @@ import base64
 import binascii
 import hmac
 import json
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -92,9 +93,17 @@ class ConsoleGuard:
             )
             return
 
+        started = time.perf_counter()
+
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+                # The server's time to the answer's first byte (a page is rendered whole before it):
+                # what benchmarks/console.py reads.
+                took = f"app;dur={(time.perf_counter() - started) * 1000:.1f}".encode()
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), *SECURITY_HEADERS, (b"server-timing", took)],
+                }
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
