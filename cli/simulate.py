@@ -478,7 +478,7 @@ def _run(
     """Runs the workload until it ends or a signal stops it; (summary, the log's URL as shown)."""
     from eventstore import open_store
     from simulation.run import RunInterrupted, RunStalled, SimulationError
-    from trainer.errors import AgentShared, CoordinatorStopped, FencedOff
+    from trainer.errors import CoordinatorStopped, FencedOff
     from trainer.stops import said_by_caller
 
     store = open_store(url, migrate_schema=True)
@@ -520,9 +520,6 @@ def _run(
             raise typer.Exit(2) from None
         except SimulationError as exc:
             error(str(exc))
-            raise typer.Exit(2) from None
-        except AgentShared as exc:  # an agent another trainer drives, at the start or at a later call
-            error(f"run {config.run_id}: {exc}")
             raise typer.Exit(2) from None
         if otel:
             traced = emit_run_spans(store, summary["run_id"])
