@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -84,12 +85,27 @@ class ConsoleConfig:
     title: str = ""
 
 
-class _Lru(OrderedDict[Any, Any]):
+class _Lru:
+    """A bounded map, safe to share between the threads that serve pages."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        with self._lock:
+            return self._items.get(key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        with self._lock:
+            return key in self._items
+
     def remember(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > CACHED:
-            self.popitem(last=False)
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > CACHED:
+                self._items.popitem(last=False)
 
 
 def _utc(ts: float | None) -> str:
@@ -165,17 +181,19 @@ class Console:
     # --- the shell's reads -----------------------------------------------------------------
 
     def times(self, positions: set[int] | frozenset[int]) -> dict[int, float]:
-        missing = [p for p in positions if p not in self._times]
+        found = {p: self._times.get(p) for p in positions}
+        missing = [p for p, t in found.items() if t is None]
         if missing:
             for p, t in recorded_at(self.store, missing).items():
                 self._times.remember(p, t)
-        return {p: self._times[p] for p in positions if p in self._times}
+                found[p] = t
+        return {p: t for p, t in found.items() if t is not None}
 
     def _debt_recorded(self, key: str) -> float | None:
         """When the AckOwed of debt `key` was recorded (read from its group's stream once)."""
         if key in self._debt_times:
-            found: float | None = self._debt_times[key]
-            return found
+            known: float | None = self._debt_times.get(key)
+            return known
         rollout_id, _, attempt = key.rpartition("/")
         found = None
         for event in self.store.read_stream(group_stream(debt_group(key))):
