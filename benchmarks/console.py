@@ -13,8 +13,10 @@ its own trainer `console-bench` to time the live overview, and stores projection
 - each page's server time (`Server-Timing`), `--requests` times each: p50, p95, max;
 - the live overview: an event appended, then the console's event stream showing the new head
   (latency p50, p95), one append every half second;
-- the fold's cost per event and the overview's build and render, near the start of the log and at its
-  head (their ratio: whether they depend on the log's length), in this process;
+- the fold's cost per event over 100,000 events from position 0, and over as many from the
+  projection checkpoint nearest below the head less that (a console on this log folding what is
+  appended), and the overview's build and render after each: their ratios say whether they depend on
+  the log's length (in this process);
 - the console's RSS after catching up and after every request (bounded: its growth).
 
 Speed figures depend on the machine and how busy it is: compare the ratios within one run.
@@ -53,8 +55,8 @@ from eventstore.events import (
     TrainerEpochTaken,
 )
 from eventstore.read_ahead import PAGE_SIZE
-from projections.generation import GenerationFigures
-from projections.runner import default_projections
+from projections.generation import GENERATION_EVENTS, generation_figures
+from projections.runner import default_projections, latest_common_checkpoint, load_replay
 from protocol.streams import trainer_stream
 
 out = Console(width=140)
@@ -239,36 +241,41 @@ def time_live(where: str, writer: EventStore) -> dict[str, float]:
 # --- the fold and the overview, in this process ----------------------------------------
 
 
-def fold_costs(store: EventStore, url: str, head: int) -> dict[str, Any]:
-    """Folds the log from 0 page by page as the console does; the cost per event of the pages in
-    the first and the last tenth of the log, and the overview's build and render at both."""
+def fold_costs(store: EventStore, url: str, head: int, span: int) -> dict[str, Any]:
+    """The fold's cost per event over `span` events from position 0, and over `span` events that
+    follow the projection checkpoint nearest below `head - span` (what a console started on this log
+    folds as it is appended to); the overview's build and render after each."""
     projections = default_projections()
-    fold = LiveFold(projections[0].initial(), projections[1].initial(), GenerationFigures(), 0)
-    shell = Shell(store, ConsoleConfig(url=url))
-    shell.live.fold = fold
-    shell.live.target = head
-    early_end = head // 10
-    per_event: dict[str, list[float]] = {"early": [], "late": []}
-    overview: dict[str, list[float]] = {}
-    started = time.perf_counter()
-    for page in store.read_pages(0, head, batch_size=PAGE_SIZE):
-        t0 = time.perf_counter()
-        fold.apply(page)
-        cost = (time.perf_counter() - t0) / len(page)
-        if page[-1].position <= early_end:
-            per_event["early"].append(cost)
-        elif page[0].position >= head - head // 10:
-            per_event["late"].append(cost)
-        if "early" not in overview and fold.position >= early_end:
-            overview["early"] = _time_overview(shell)
-    total = time.perf_counter() - started
-    overview["late"] = _time_overview(shell)
-    return {
-        "events": fold.position,
-        "fold_events_per_s": fold.position / total,
-        "fold_us_per_event": {k: 1e6 * statistics.median(v) for k, v in per_event.items() if v},
-        "overview_ms": {k: 1000 * statistics.median(v) for k, v in overview.items()},
-    }
+    out: dict[str, Any] = {"span": span}
+    for label in ("early", "late"):
+        start = 0
+        ledger, checkpoints = projections[0].initial(), projections[1].initial()
+        if label == "late":
+            start = latest_common_checkpoint(store, projections, head - span) or 0
+            if start:
+                replay = load_replay(store, projections, start)
+                ledger, checkpoints = replay.state("ledger"), replay.state("checkpoints")
+        generation = generation_figures(store.read_all(0, start, types=GENERATION_EVENTS))
+        fold = LiveFold(ledger, checkpoints, generation, start)
+        if label == "late" and not start:  # no projection checkpoint: fold up to the span, untimed
+            for page in store.read_pages(0, head - span, batch_size=PAGE_SIZE):
+                fold.apply(page)
+        begin = fold.position
+        seconds = 0.0
+        for page in store.read_pages(begin, begin + span, batch_size=PAGE_SIZE):
+            t0 = time.perf_counter()
+            fold.apply(page)
+            seconds += time.perf_counter() - t0
+        shell = Shell(store, ConsoleConfig(url=url))
+        shell.live.fold = fold
+        shell.live.target = fold.position
+        out[label] = {
+            "from": begin,
+            "to": fold.position,
+            "us_per_event": 1e6 * seconds / max(1, fold.position - begin),
+            "overview_ms": 1000 * statistics.median(_time_overview(shell)),
+        }
+    return out
 
 
 def _time_overview(shell: Shell) -> list[float]:
@@ -290,6 +297,10 @@ def run(url: str, requests: int, status_runs: int, runner: bool) -> Result:
         head = store.head()
         result = Result(log=store.url, head=head, cpus=os.cpu_count(), load_before=os.getloadavg())
         out.print(f"log {store.url}: {head:,} events; load {result.load_before}")
+        if latest_common_checkpoint(store, default_projections()) is not None:
+            out.print(
+                "[yellow]the log holds projection checkpoints: 'from scratch' starts from them[/yellow]"
+            )
         result.status["from scratch"] = time_status(url, status_runs)
         out.print(f"ledger status from scratch: {result.status['from scratch']}")
         with console_process(url) as (process, where, seconds):
@@ -329,17 +340,14 @@ def run(url: str, requests: int, status_runs: int, runner: bool) -> Result:
                 "peak_rss_mib": peak / 1024,
                 "growth_over_requests_pct": 100 * (rss_series[-1] - rss_series[0]) / rss_series[0],
             }
-        result.fold = fold_costs(store, url, head)
+        result.fold = fold_costs(store, url, head, min(100_000, head // 4))
         worst = max(p["p95"] for p in result.pages.values())
         status_ms = 1000 * result.status["from scratch"]["wall_s"]["p50"]
-        us = result.fold["fold_us_per_event"]
-        ov = result.fold["overview_ms"]
+        early, late = result.fold["early"], result.fold["late"]
         result.ratios = {
             "worst_page_p95_ms_over_status_ms": worst / status_ms,
-            "fold_cost_late_over_early": us["late"] / us["early"]
-            if "late" in us and "early" in us
-            else float("nan"),
-            "overview_late_over_early": ov["late"] / ov["early"] if "early" in ov else float("nan"),
+            "fold_cost_late_over_early": late["us_per_event"] / early["us_per_event"],
+            "overview_late_over_early": late["overview_ms"] / early["overview_ms"],
             "console_peak_rss_over_status_peak_rss": result.console_start["from scratch"]["peak_rss_mib"]
             / result.status["from scratch"]["peak_rss_mib"],
         }

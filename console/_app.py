@@ -511,7 +511,7 @@ def _routes(app: FastAPI, c: Console) -> None:
         with c.live.state() as fold:
             if fold is None:
                 return c.page("loading.html", progress=c.live.progress())
-            found = train_steps(fold.ledger)
+            found = train_steps(fold.steps)
         pages = max(1, math.ceil(len(found) / PER_PAGE))
         start = (number - 1) * PER_PAGE
         return c.page(
@@ -526,7 +526,7 @@ def _routes(app: FastAPI, c: Console) -> None:
         with c.live.state() as fold:
             if fold is None:
                 return c.page("loading.html", progress=c.live.progress())
-            claimed = step_groups(fold.ledger, wanted_step)
+            claimed = step_groups(fold.ledger, fold.steps, wanted_step)
         samples = [(row, position, _sealed_samples(c, row.group_id)) for row, position in claimed]
         return c.page(
             "step.html", step=wanted_step, samples=samples, times=c.times({p for _, p, _ in samples})

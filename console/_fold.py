@@ -23,6 +23,7 @@ from eventstore.events import (
     AckOwed,
     AckRejected,
     CheckpointCommitted,
+    GroupClaimedForTraining,
     GroupSealed,
     SiblingSealed,
     TrainerRestored,
@@ -49,6 +50,23 @@ def group_key(ledger: LedgerState, group_id: str) -> GroupKey | None:
     if archived is not None:
         return (archived.status, bool(archived.claims), True)
     return None
+
+
+def steps_of(ledger: LedgerState, group_id: str) -> set[int | None]:
+    """The train steps a group is claimed for (None: a claim that named no step)."""
+    group = ledger.groups.get(group_id) or ledger.archived.get(group_id)
+    return set() if group is None else {c.train_step for c in group.claims}
+
+
+def index_steps(ledger: LedgerState) -> dict[int | None, dict[str, None]]:
+    """train step -> the groups claimed for it (dicts as ordered sets), by a scan: at start and after
+    a trainer restore, as `count_groups`."""
+    index: dict[int | None, dict[str, None]] = {}
+    for groups in (ledger.groups, ledger.archived):
+        for group_id, g in groups.items():
+            for claim in g.claims:
+                index.setdefault(claim.train_step, {})[group_id] = None
+    return index
 
 
 def count_groups(ledger: LedgerState) -> Counter[GroupKey]:
@@ -90,6 +108,7 @@ class LiveFold:
         projections: list[Projection[Any]] = [LedgerProjection(), CheckpointsProjection()]
         self._routes = Routes(projections, [ledger, checkpoints])
         self.groups: Counter[GroupKey] = count_groups(ledger)
+        self.steps = index_steps(ledger)
         self.checkpoint_counts: Counter[CheckpointStatus] = Counter(
             c.status for c in checkpoints.checkpoints.values()
         )
@@ -125,8 +144,13 @@ class LiveFold:
             checkpoint_id: str | None = getattr(decoded, "checkpoint_id", None)
             checkpoint_before = self._checkpoint_status(checkpoint_id)
             archived = len(ledger.archived)
+            claimed = kind is GroupClaimedForTraining and group_id is not None
+            steps_before = steps_of(ledger, group_id) if claimed and group_id is not None else set()
             for apply, state in routes.get(decoded):
                 apply(state, event, decoded)
+            if claimed and group_id is not None:
+                for step in steps_of(ledger, group_id) - steps_before:
+                    self.steps.setdefault(step, {})[group_id] = None
             if group_id is not None:
                 after = group_key(ledger, group_id)
                 if after != before:
@@ -135,6 +159,7 @@ class LiveFold:
                 self._archived(len(ledger.archived) - archived)
             elif kind is TrainerRestored:
                 self.groups = count_groups(ledger)
+                self.steps = index_steps(ledger)
             if checkpoint_id is not None:
                 after_status = self._checkpoint_status(checkpoint_id)
                 if after_status != checkpoint_before:
@@ -241,4 +266,6 @@ __all__ = [
     "LiveFold",
     "count_groups",
     "group_key",
+    "index_steps",
+    "steps_of",
 ]

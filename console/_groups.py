@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -186,38 +186,36 @@ def group_summary(ledger: LedgerState, group_id: str) -> GroupRow | None:
     return None if group is None else row_of(group)
 
 
-def _every(ledger: LedgerState) -> Iterator[GroupState | ArchivedGroup]:
-    yield from ledger.groups.values()
-    yield from ledger.archived.values()
-
-
 @dataclass(frozen=True, slots=True)
 class StepCount:
     step: int | None
     groups: int
 
 
-def train_steps(ledger: LedgerState) -> list[StepCount]:
-    """Every train step groups were claimed for, with how many, newest step first (None: claims
-    that named no step)."""
-    counts: dict[int | None, int] = {}
-    for g in _every(ledger):
-        for step in {c.train_step for c in g.claims}:
-            counts[step] = counts.get(step, 0) + 1
+def train_steps(steps: dict[int | None, dict[str, None]]) -> list[StepCount]:
+    """Every train step groups were claimed for (the fold's index), with how many, newest step first
+    (None, claims that named no step, last)."""
     return [
-        StepCount(step, n)
-        for step, n in sorted(counts.items(), key=lambda kv: (kv[0] is None, -(kv[0] or 0)))
+        StepCount(step, len(ids))
+        for step, ids in sorted(steps.items(), key=lambda kv: (kv[0] is None, -(kv[0] or 0)))
+        if ids
     ]
 
 
-def step_groups(ledger: LedgerState, step: int | None) -> list[tuple[GroupRow, int]]:
+def step_groups(
+    ledger: LedgerState, steps: dict[int | None, dict[str, None]], step: int | None
+) -> list[tuple[GroupRow, int]]:
     """The groups claimed for `step`, each with the position of that claim, in claim order."""
     out = []
-    for g in _every(ledger):
-        for claim in g.claims:
-            if claim.train_step == step:
-                out.append((row_of(g), claim.position))
-                break
+    for group_id in steps.get(step, {}):
+        group: GroupState | ArchivedGroup | None = ledger.groups.get(group_id) or ledger.archived.get(
+            group_id
+        )
+        if group is None:
+            continue
+        position = next((c.position for c in group.claims if c.train_step == step), None)
+        if position is not None:
+            out.append((row_of(group), position))
     out.sort(key=lambda pair: pair[1])
     return out
 

@@ -1,9 +1,10 @@
 """The follower: loads the console's state once, then folds the log's new pages as they are appended.
 
 One thread.  It starts from the newest projection checkpoint the runner stored (else from position
-0), folds the rest a page at a time (pages can be served meanwhile: they show the state as far as it
-got, and say so), then follows the log through a subscription, polling every `poll_interval_s`.
-Each page folded bumps `changes`, which wakes the pages that push the overview (server-sent events).
+0), folds the rest a page at a time as a rebuild reads it (`_catch_up`; pages are served meanwhile:
+they show the state as far as it got, and say so), then follows the log through a subscription,
+polling every `poll_interval_s`.  Each page folded bumps `changes`, which wakes the pages that push
+the overview (server-sent events).
 
 A database that goes away is retried with a growing, jittered delay for `outage_budget_s`; after
 that the follower gives up and says so on every page (the console keeps serving what it has).
@@ -24,6 +25,7 @@ from typing import Final, TypeVar
 
 from console._fold import LiveFold
 from eventstore import EventStore
+from eventstore.bulk_reads import fewer_collections
 from eventstore.errors import DatabaseUnavailable, EventStoreError
 from projections.base import ReplayRefused
 from projections.checkpoints import CheckpointsState
@@ -128,6 +130,7 @@ class Live:
     def _run(self) -> None:
         try:
             self._load()
+            self._catch_up()
             self._follow()
         except Exception as exc:  # the console keeps serving what it has; every page says why it stopped
             log.exception("the console's follower stopped")
@@ -161,8 +164,28 @@ class Live:
             self.fold = LiveFold(ledger, checkpoints, generation, position)
         self.changes.bump()
 
+    def _catch_up(self) -> None:
+        """Folds what the log held when the console started, as a rebuild reads it: the next page
+        read while this one is folded, the collector run less often (`fewer_collections`).  A page is
+        folded under the lock, so pages are served between two.  A database that goes away here
+        leaves the rest to `_follow`, which retries."""
+        assert self.fold is not None
+        try:
+            with fewer_collections():
+                for page in self.store.read_pages(self.fold.position, self.target, batch_size=self.page):
+                    with self.lock:
+                        self.fold.apply(page)
+                        stopped = self.fold.stopped
+                    self.changes.bump()
+                    if stopped is not None or self._stop.is_set():
+                        return
+        except DatabaseUnavailable:
+            return
+
     def _follow(self) -> None:
         assert self.fold is not None
+        if self.fold.stopped is not None:
+            return
         subscription = self.store.subscribe("console", from_position=self.fold.position)
         while not self._stop.is_set():
             batch = self._retrying(lambda: subscription.poll(self.page))

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from console._fold import LiveFold, count_groups
+from console._fold import LiveFold, count_groups, index_steps
 from console._overview import build_overview, wanted
 from eventstore import EventStore
 from projections.generation import GENERATION_EVENTS, generation_figures
@@ -55,6 +55,8 @@ def test_the_fold_keeps_what_a_rebuild_and_ledger_status_say(
         assert LedgerProjection().state_hash(fold.ledger) == replay.hashes()["ledger"]
         assert min(fold.groups.values(), default=0) >= 0
         assert +fold.groups == +count_groups(replay.state("ledger"))
+        rebuilt = index_steps(replay.state("ledger"))
+        assert {k: set(v) for k, v in fold.steps.items() if v} == {k: set(v) for k, v in rebuilt.items()}
         checkpoints = replay.state("checkpoints")
         assert +fold.checkpoint_counts == Counter(c.status for c in checkpoints.checkpoints.values())
         # What `ledger status --json` prints for the same log.

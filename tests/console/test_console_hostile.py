@@ -246,3 +246,26 @@ def test_ids_in_urls_are_shown_as_text(
             browser, f"{console.url}groups?{query}={quote(HOSTILE, safe='')}", tmp_path, f"query-{i}"
         )
         page.close()
+
+
+def test_the_audits_violations_link_to_their_events(
+    browser: BrowserContext, console: ConsoleProcess, tmp_path: Path
+) -> None:
+    """The log above seals its group with one of its two siblings: the audit run from the page says
+    so, and each violation's position opens that event."""
+    page = browser.new_page()
+    page.goto(console.url + "audit")
+    page.click("#run-audit")
+    result = page.locator("#audit-result")
+    result.wait_for()
+    assert result.get_attribute("data-ok") == "false"
+    assert "group-seal-complete" in page.inner_text("#violations")
+    link = page.locator("a.violation-event").first
+    position = link.inner_text()
+    link.click()
+    page.wait_for_selector("#event-position")
+    assert page.inner_text("#event-position") == position
+    page.screenshot(path=str(tmp_path / "violation.png"), full_page=True)
+    page.goto(console.url)
+    assert page.inner_text("#audit-verdict").strip() == "violations"
+    page.close()

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import os
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -19,9 +20,12 @@ from eventstore import open_store, upgrade_database
 from tests.console.browser import chromium
 from tests.console.processes import ConsoleProcess, run
 from tests.projections.builder import LogBuilder
+from tests.projections.tamper import edit_data
 
 pytestmark = [pytest.mark.slow]
 
+# Far above what a check of a small log takes on a busy machine (a process is spawned for it).
+CHECK_BOUND_S = 300.0
 PATHS = (
     "/",
     "/overview",
@@ -82,9 +86,9 @@ def test_the_console_only_reads(small_db: str, tmp_path: Path) -> None:
         held = [fd for fd in fds.iterdir() if os.path.realpath(fd) == str(db_file.resolve())]
         assert held, "the console holds no descriptor on the log"
         for fd in held:
-            flags = int(
-                re.search(r"flags:\s+(\d+)", (fds.parent / "fdinfo" / fd.name).read_text()).group(1), 8
-            )  # type: ignore[union-attr]
+            found = re.search(r"flags:\s+(\d+)", (fds.parent / "fdinfo" / fd.name).read_text())
+            assert found is not None
+            flags = int(found.group(1), 8)
             assert flags & os.O_ACCMODE == os.O_RDONLY, f"fd {fd.name} on the log is open for writing"
     assert _sha(db_file) == before
 
@@ -180,3 +184,32 @@ def test_the_vendored_files_are_the_ones_recorded() -> None:
     templates = Path(__file__).parents[2] / "console" / "templates"
     for template in templates.iterdir():
         assert not re.search(r"(src|href)=\"(https?:)?//", template.read_text()), template.name
+
+
+def test_the_checks_name_an_edited_row_and_link_to_it(small_db: str) -> None:
+    """A row edited behind the append-only trigger's back: the audit run from the page names the
+    broken hash chain there, and `replay --verify`'s check of the chain stops at it; both link to
+    the row."""
+    store = open_store(small_db, read_only=True)
+    try:
+        edited = next(e for e in store.read_all(0) if e.type == "AttemptMinted")
+    finally:
+        store.close()
+    edit_data(small_db, edited.position, {**edited.data, "generation_index": 7})
+    with (
+        ConsoleProcess("--db", small_db) as console,
+        httpx.Client(base_url=console.url.rstrip("/"), timeout=60) as http,
+    ):
+        for check, result in (("audit", "audit-result"), ("verify", "verify-result")):
+            assert http.get(f"/audit/run?check={check}", headers={"hx-request": "true"}).status_code == 200
+            deadline = time.monotonic() + CHECK_BOUND_S
+            page = ""
+            while f'id="{result}"' not in page:
+                assert time.monotonic() < deadline, f"the {check} did not finish within {CHECK_BOUND_S} s"
+                time.sleep(0.5)
+                page = http.get("/audit/status").text
+            section = page.split(f'id="{result}"', 1)[1].split("</section>", 1)[0]
+            assert 'data-ok="false"' in section.split(">", 1)[0]
+            assert f'href="/events/{edited.position}"' in section, section
+        overview = http.get("/overview").text
+        assert 'id="audit-verdict"' in overview and ">violations<" in overview
