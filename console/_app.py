@@ -511,12 +511,9 @@ def _routes(app: FastAPI, c: Console) -> None:
         with c.live.state() as fold:
             if fold is None:
                 return c.page("loading.html", progress=c.live.progress())
-            found = train_steps(fold.steps)
-        pages = max(1, math.ceil(len(found) / PER_PAGE))
-        start = (number - 1) * PER_PAGE
-        return c.page(
-            "steps.html", steps=found[start : start + PER_PAGE], total=len(found), page=number, pages=pages
-        )
+            found, total = train_steps(fold.steps, number)
+        pages = max(1, math.ceil(total / PER_PAGE))
+        return c.page("steps.html", steps=found, total=total, page=number, pages=pages)
 
     @app.get("/steps/{step}", response_model=None)
     def step(step: str) -> Response:

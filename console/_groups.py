@@ -192,14 +192,13 @@ class StepCount:
     groups: int
 
 
-def train_steps(steps: dict[int | None, dict[str, None]]) -> list[StepCount]:
-    """Every train step groups were claimed for (the fold's index), with how many, newest step first
-    (None, claims that named no step, last)."""
-    return [
-        StepCount(step, len(ids))
-        for step, ids in sorted(steps.items(), key=lambda kv: (kv[0] is None, -(kv[0] or 0)))
-        if ids
-    ]
+def train_steps(steps: dict[int | None, dict[str, None]], page: int) -> tuple[list[StepCount], int]:
+    """One page (from 1) of the train steps groups were claimed for (the fold's index), each with
+    how many, newest step first (None, claims that named no step, last); and how many steps there
+    are.  Only the page is made into rows: a step per group is thousands of steps."""
+    ordered = sorted((step for step, ids in steps.items() if ids), key=lambda k: (k is None, -(k or 0)))
+    start = (max(page, 1) - 1) * PER_PAGE
+    return [StepCount(step, len(steps[step])) for step in ordered[start : start + PER_PAGE]], len(ordered)
 
 
 def step_groups(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import random
 import threading
@@ -38,6 +39,8 @@ T = TypeVar("T")
 
 # Events folded per page (and at most per poll): the lock is held for one page at a time.
 PAGE: Final = 2000
+# While it follows the log, the follower freezes what it folded (`gc.freeze`) every this many events.
+REFREEZE_EVENTS: Final = 100_000
 
 
 class Changes:
@@ -181,6 +184,13 @@ class Live:
                         return
         except DatabaseUnavailable:
             return
+        finally:
+            # What the catch-up built lives as long as the console: the collector's full passes leave
+            # it alone from here (`gc.freeze`), or each would walk every group of the log, and a
+            # page that happens to start one would wait for it (hundreds of milliseconds at a
+            # million events).  Acyclic, as the states are, frozen objects are still freed when
+            # dropped.
+            gc.freeze()
 
     def _follow(self) -> None:
         assert self.fold is not None
@@ -193,8 +203,11 @@ class Live:
                 return
             if batch:
                 with self.lock:
+                    before = self.fold.events_folded
                     self.fold.apply(batch)
                     stopped = self.fold.stopped
+                    if self.fold.events_folded // REFREEZE_EVENTS > before // REFREEZE_EVENTS:
+                        gc.freeze()  # what was folded since the last freeze (see `_catch_up`)
                 self.changes.bump()
                 if stopped is not None:
                     log.error(
