@@ -12,7 +12,9 @@ from eventstore.events import AttemptMinted
 def test_a_poll_reads_one_page_of_a_long_tail(store_url: str) -> None:
     store = open_store(store_url)
     try:
-        store.append("group-p1", [AttemptMinted(rollout_id=f"p1_g{i}", generation_index=i) for i in range(50)])
+        store.append(
+            "group-p1", [AttemptMinted(rollout_id=f"p1_g{i}", generation_index=i) for i in range(50)]
+        )
         reads: list[int] = []
         fetch = store.recorder.fetch_records
 
