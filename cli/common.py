@@ -91,6 +91,7 @@ EXTRAS: Final = {
     "ray": "ray",
     "metrics": "prometheus_client",
     "otel": "opentelemetry-sdk",
+    "console": "uvicorn, Jinja2",
 }
 
 

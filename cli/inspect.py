@@ -329,7 +329,10 @@ def show(
 # --- status ------------------------------------------------------------------------
 
 
-def status(db: DbOption = None) -> None:
+def status(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
     """Groups by status, unpaid debts per agent, the last checkpoint, the log head."""
     from cli.debt import STATUS_DEBTS_SHOWN, debts_table
     from projections.base import ReplayRefused
@@ -353,6 +356,12 @@ def status(db: DbOption = None) -> None:
 
     counts: Counter[str] = Counter(g.status for g in ledger.groups.values())
     archived: Counter[str] = Counter(g.status for g in ledger.archived.values())
+    if as_json:
+        newest_at = max((c.position for c in stored), default=None)
+        typer.echo(
+            json.dumps(status_json(ledger, checkpoints, generation, head, runner_at, newest_at), indent=2)
+        )
+        return
     groups = Table("status", "in play", "archived", title="groups")
     for name in ("open", "sealed", "dead_lettered"):
         groups.add_row(name, str(counts[name]), str(archived[name]))
@@ -423,6 +432,54 @@ def status(db: DbOption = None) -> None:
         f"log head: [bold]{head}[/bold]; newest projection checkpoint: {newest if newest is not None else 'none'}; "
         f"projection runner at {runner_at}"
     )
+
+
+def status_json(
+    ledger: LedgerState,
+    checkpoints: CheckpointsState,
+    generation: GenerationFigures,
+    head: int,
+    runner_at: int,
+    newest_checkpoint: int | None,
+) -> dict[str, Any]:
+    """`ledger status --json`: the figures the tables show, as data."""
+    in_play: Counter[str] = Counter(g.status for g in ledger.groups.values())
+    archived: Counter[str] = Counter(g.status for g in ledger.archived.values())
+    last = checkpoints.last_committed()
+    return {
+        "head": head,
+        "projection_runner": runner_at,
+        "newest_projection_checkpoint": newest_checkpoint,
+        "groups": {
+            name: {"in_play": in_play[name], "archived": archived[name]}
+            for name in ("open", "sealed", "dead_lettered")
+        },
+        "claimed": {
+            "in_play": sum(1 for g in ledger.groups.values() if g.claims),
+            "archived": sum(1 for g in ledger.archived.values() if g.claims),
+        },
+        "debts": {
+            agent: {"unpaid": len(owed), "oldest": next(iter(owed), None)}
+            for agent, owed in sorted(ledger.debts.items())
+            if owed
+        },
+        "retires": {
+            agent: {"owed": len(owed), "oldest_position": min(d.position for d in owed.values())}
+            for agent, owed in sorted(ledger.retires.items())
+            if owed
+        },
+        "last_checkpoint": None
+        if last is None
+        else {
+            "checkpoint_id": last.checkpoint_id,
+            "status": last.status,
+            "cut_position": last.cut_position,
+            "prepare_wait_s": last.prepare_wait_s,
+        },
+        "checkpoints": dict(Counter(c.status for c in checkpoints.checkpoints.values())),
+        "checkpoints_in_doubt": [c.checkpoint_id for c in checkpoints.in_doubt()],
+        "generation": generation.summary(),
+    }
 
 
 # Checkpoints listed by `ledger status` among those that threw generation away (the costliest first).
