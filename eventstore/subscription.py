@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from eventstore.records import RecordedEvent
@@ -21,7 +21,9 @@ class Source(Positions, Protocol):
 
     notify: bool
 
-    def read_all(self, from_position: int = 0, *, batch_size: int = ...) -> Iterable[RecordedEvent]: ...
+    def read_pages(
+        self, from_position: int = 0, *, batch_size: int = ..., read_ahead: bool = ...
+    ) -> Iterator[list[RecordedEvent]]: ...
 
     def listen_connection(self) -> Any: ...
 
