@@ -41,7 +41,6 @@ generated over the rollout's two calls), `64k` (32,000 + 32,000).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -79,7 +78,7 @@ LABELS: Final = {
 AGENT_OF: Final = {"collector": "plain_agent", "plain": "plain_agent", "mounted": "agent"}
 GYM_NAME: Final = {"plain_agent": "simple_agent_plain", "agent": "simple_agent"}
 PROCESSES: Final = ("trainer", "agent", "model", "resources")
-WINDOW_PER_AGENT: Final = next(f.default for f in dataclasses.fields(SimConfig) if f.name == "window_per_agent")
+WINDOW_PER_AGENT: Final[int] = SimConfig.window_per_agent  # the dataclass's default: 3 groups an agent
 POLL_S: Final = 0.1
 SEALED: Final = "SiblingSealed"
 
@@ -144,7 +143,9 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def window(samples: Sequence[Sample], start_at: int, total: int) -> tuple[int, float, dict[str, float]] | None:
+def window(
+    samples: Sequence[Sample], start_at: int, total: int
+) -> tuple[int, float, dict[str, float]] | None:
     """(rollouts, seconds, CPU seconds by process) from the first sample with `start_at` rollouts done
     to the first with `total`; None when there is no such pair (a run too short, or incomplete)."""
     first = next((s for s in samples if s.rollouts >= start_at), None)
@@ -245,7 +246,11 @@ class Sides:
         # The ledger's workload (`simulation.run.workload_payload`): the same prompts on every side.
         with open(rows, "w") as f:
             for i in range(self.groups):
-                f.write(json.dumps({"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}}))
+                f.write(
+                    json.dumps(
+                        {"responses_create_params": {"input": [{"role": "user", "content": f"{i}+{i}?"}]}}
+                    )
+                )
                 f.write("\n")
         self.rows = rows
         self.runs = 0
@@ -410,10 +415,12 @@ def _ratios(per_side: dict[str, Any]) -> dict[str, float | None]:
     rates = [_median(per_side, s, "rollouts_per_s") for s in ("plain", "mounted")]
     return {
         "trainer_cpu_ledger_over_collector": ratio(
-            max((t for t in trainer if t is not None), default=None), _median(per_side, "collector", "trainer_cpu_ms")
+            max((t for t in trainer if t is not None), default=None),
+            _median(per_side, "collector", "trainer_cpu_ms"),
         ),
         "rollouts_per_s_ledger_over_collector": ratio(
-            min((r for r in rates if r is not None), default=None), _median(per_side, "collector", "rollouts_per_s")
+            min((r for r in rates if r is not None), default=None),
+            _median(per_side, "collector", "rollouts_per_s"),
         ),
         "agent_cpu_mounted_over_plain": ratio(
             _median(per_side, "mounted", "agent_cpu_ms"), _median(per_side, "plain", "agent_cpu_ms")

@@ -138,7 +138,9 @@ def real_gym(
         state_dir=workdir / "participant-state",
         environment_state_dir=workdir / "environment-state",
     )
-    names = ["head", "model", "resources", "agent", "plain_agent"] + (["environment"] if environment_server else [])
+    names = ["head", "model", "resources", "agent", "plain_agent"] + (
+        ["environment"] if environment_server else []
+    )
     ports = {k: free_port() for k in names}
     (workdir / "ports.json").write_text(json.dumps(ports))
     made = gym.run_script("gym_config.py", str(workdir / "ports.json"), str(workdir / "gym.yaml"))

@@ -169,7 +169,9 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fail-every", type=int, default=0)
     parser.add_argument("--prompt-tokens", type=int, default=0, help="A user's message's tokens.")
-    parser.add_argument("--gen-tokens", type=int, default=0, help="Tokens generated over a rollout's two calls.")
+    parser.add_argument(
+        "--gen-tokens", type=int, default=0, help="Tokens generated over a rollout's two calls."
+    )
     args = parser.parse_args()
     sized = Sizes(args.prompt_tokens, max(1, args.gen_tokens // 2)) if args.gen_tokens else None
     uvicorn.run(build(args.fail_every, sized), host="127.0.0.1", port=args.port, log_level="warning")
