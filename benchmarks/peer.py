@@ -36,6 +36,10 @@ generated over the rollout's two calls), `64k` (32,000 + 32,000).
 
     python -m benchmarks.peer                                # tiny and 9k, two rounds
     python -m benchmarks.peer --sizes tiny 9k 64k --rounds 4 --json peer.json
+    python -m benchmarks.peer --sizes tiny 9k --rollouts tiny=480 9k=96       # a quicker run
+
+Ctrl-C or SIGTERM stops the servers and the side running, and says so in one line (exit status 130 /
+143); a run that does not end within `--run-timeout` is killed and reported incomplete (exit status 1).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -484,15 +489,35 @@ def print_result(result: dict[str, Any], console: Console) -> None:
     console.print(other)
 
 
+def rollouts_option(text: str) -> dict[str, int]:
+    """An argparse type: `N` (every size) or `SIZE=N`, else its one-line error."""
+    size, sep, count = text.rpartition("=")
+    if sep and size not in SIZES:
+        raise argparse.ArgumentTypeError(f"{size!r} is no size ({', '.join(SIZES)})")
+    n = positive(count)
+    return {size: n} if sep else dict.fromkeys(SIZES, n)
+
+
+class Stopped(Exception):
+    """SIGTERM: the run winds down as after Ctrl-C (servers and the side running stopped)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["tiny", "9k"])
     parser.add_argument("--rounds", type=positive, default=2, help="Runs of each side a size (default 2).")
     parser.add_argument(
         "--rollouts",
-        type=positive,
-        default=None,
-        help=f"Rollouts a run, every size (default: {', '.join(f'{k} {v}' for k, v in ROLLOUTS.items())}).",
+        type=rollouts_option,
+        nargs="+",
+        default=[],
+        metavar="N|SIZE=N",
+        help="Rollouts a run: N for every size, SIZE=N for one "
+        f"(default: {' '.join(f'{k}={v}' for k, v in ROLLOUTS.items())}).",
     )
     parser.add_argument("--siblings", type=positive, default=4, help="Tries a prompt group (default 4).")
     parser.add_argument(
@@ -507,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(
         sizes=args.sizes,
         rounds=args.rounds,
-        rollouts={s: args.rollouts or ROLLOUTS[s] for s in SIZES},
+        rollouts={**ROLLOUTS, **{k: v for given in args.rollouts for k, v in given.items()}},
         siblings=args.siblings,
         db=args.db,
         run_timeout_s=float(args.run_timeout),
@@ -524,11 +549,17 @@ def main(argv: list[str] | None = None) -> int:
             highlight=False,
         )
 
+    def stopped(signum: int, _: object) -> None:
+        raise Stopped(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
     try:
         result = run(plan, keep=args.keep, progress=said)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as exc:
         console.print("interrupted: the servers and the side running were stopped")
-        return 130
+        return exc.code if isinstance(exc, Stopped) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print_result(result, console)
     if args.as_json:
         Path(args.as_json).write_text(json.dumps(result, indent=2))

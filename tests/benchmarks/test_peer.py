@@ -48,8 +48,9 @@ def test_every_side_collects_every_rollout(tmp_path: Path) -> None:
             store.close()
         assert len(sealed) == ROLLOUTS, side
     evidence = read_evidence(tmp_path / "runs" / "tiny" / "gym" / "participant-state")
-    assert evidence.counts()["completed"] == ROLLOUTS and evidence.duplicate_executions == 0
-    assert not evidence.stranded
+    counts = evidence.counts()
+    assert counts["tries"] == counts["executions"] == counts["acknowledged"] == ROLLOUTS, counts
+    assert evidence.duplicate_executions == 0 and not evidence.stranded
     summary = result["summary"]["tiny"]["sides"]
     assert all(summary[side]["complete"] == 1 for side in peer.SIDES)
 
@@ -60,6 +61,8 @@ def test_every_side_collects_every_rollout(tmp_path: Path) -> None:
         (["--rounds", "0"], "argument --rounds: 0 is not at least 1"),
         (["--sizes", "huge"], "argument --sizes: invalid choice: 'huge'"),
         (["--rollouts", "x"], "argument --rollouts: 'x' is not a whole number"),
+        (["--rollouts", "huge=3"], "argument --rollouts: 'huge' is no size (tiny, 9k, 64k)"),
+        (["--rollouts", "9k=0"], "argument --rollouts: 0 is not at least 1"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
