@@ -21,6 +21,7 @@ from typing import Any, Final, Literal
 
 from fastapi import FastAPI
 from pydantic import ValidationError
+from pydantic_core import from_json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from participant.continuations import ContinuationStore
@@ -28,7 +29,7 @@ from participant.errors import RunnerFailed
 from participant.executions import ExecutionRegistry, Hooks, Restorer, Runner, RunSession
 from participant.generation import next_identity
 from participant.guard import GuardMiddleware
-from participant.replies import ParsedReply, read_reply_body
+from participant.replies import ParsedReply
 from participant.routes import Deliver, is_participant_path, participant_app
 from payloads._store import PayloadStore
 from protocol.wire import MAX_BODY_BYTES, RunReply, RunRequest, gym_reply, validation_line
@@ -102,8 +103,9 @@ class AsgiRunner:
         if status != 200:
             raise AgentRunError(f"the agent's /run answered HTTP {status}: {raw[:300]!r}")
         try:
-            # In C, as json reads it (integers past 64 bits exact, NaN read): `participant.replies`.
-            payload = read_reply_body(raw)
+            # pydantic's parser (jiter, in Rust): json's values (integers past 64 bits exact, NaN read),
+            # about 3x faster on a reply carrying its calls' token arrays (benchmarks/gym_reply.py).
+            payload = from_json(raw)
         except ValueError as exc:
             raise AgentRunError(f"the agent's /run answered a body that is not JSON: {raw[:200]!r}") from exc
         try:
