@@ -20,6 +20,7 @@ COPY gym_agent gym_agent
 COPY gym_resources gym_resources
 COPY simulation simulation
 COPY migrations migrations
+COPY console console
 COPY cli cli
 COPY benchmarks benchmarks
 RUN if [ -n "$TORCH_INDEX" ]; then pip install --no-cache-dir --index-url "$TORCH_INDEX" "$TORCH_SPEC"; \

@@ -295,24 +295,37 @@ def storage_bytes(store: EventStore, payload_url: str | None) -> StorageBytes:
     return StorageBytes(int(rows), int(relation), int(blobs) + stored, int(blob_count) + count)
 
 
-def sealed_tokens(store: EventStore, run_id: str, sample: int = TOKEN_SAMPLE) -> tuple[float, int]:
+@dataclass(frozen=True)
+class TokenSample:
+    mean: float  # tokens per sealed rollout over the sample (0.0 when it is empty)
+    size: int  # rollouts read back
+    pruned: int  # sealed rollouts of the run left out: retention removed their token records
+
+
+def sealed_tokens(store: EventStore, run_id: str, sample: int = TOKEN_SAMPLE) -> TokenSample:
     """Mean tokens (every model call's prompt, counted whole, and its generation) per sealed rollout
     of this run, over a seeded sample of at most `sample` of them, read back through the payload
-    plane by their receipts' claims; and the sample's size."""
+    plane by their receipts' claims.  A rollout whose token records `ledger payloads prune` removed
+    while the soak ran (recorded in the log, `PayloadsPruned`) is left out and counted: it is gone by
+    design, not lost (a payload lost is the audit's `payload-stored`)."""
     import random
 
+    from projections.retention import fold_refs
+
+    refs = fold_refs(store.read_all(0, types=["SiblingSealed", "PayloadsPruned"]))
     claims = [
         RolloutReceipt.model_validate(event.data["receipt"]).tokens_claim()
         for event in store.read_all(0, types=["SiblingSealed"])
         if event.stream_id.startswith(group_stream(run_id))
     ]
-    chosen = random.Random(0).sample(claims, min(sample, len(claims)))
+    kept = [c for c in claims if not refs.is_pruned(c.digest)]
+    chosen = random.Random(0).sample(kept, min(sample, len(kept)))
     found = payload_plane(store).get_many(chosen)
     counts = [
         decode_payload(bytearray(found[c.digest]), c.media_type, check_canonical=False).total_tokens
         for c in chosen
     ]
-    return (statistics.fmean(counts) if counts else 0.0), len(counts)
+    return TokenSample(statistics.fmean(counts) if counts else 0.0, len(counts), len(claims) - len(kept))
 
 
 def allocation_growth(snapshots: list[tracemalloc.Snapshot], top: int = 12) -> list[str]:
@@ -455,7 +468,7 @@ async def soak(
     counts, sealed_at = await asyncio.to_thread(count_run_events, store, run_id)
     waits, aborts = await asyncio.to_thread(checkpoint_waits, store, run_id)
     stored = (await asyncio.to_thread(storage_bytes, store, payload_url)).minus(stored_before)
-    tokens, token_sample = await asyncio.to_thread(sealed_tokens, store, run_id)
+    tokens = await asyncio.to_thread(sealed_tokens, store, run_id)
     audit = await asyncio.to_thread(run_audit, store)
     wall = summary["wall_s"] or 1e-9
     sealed = counts.get("SiblingSealed", 0)
@@ -486,8 +499,11 @@ async def soak(
             "gen_tokens": args.gen_tokens,
             "turns": list(args.turns),
             "inline_tokens": args.inline_tokens,
-            "tokens_per_rollout": tokens,
-            "token_sample": token_sample,
+            "tokens_per_rollout": tokens.mean,
+            "token_sample": tokens.size,
+            # Sealed rollouts whose token records a prune removed during the run: left out of the
+            # sample, and their bytes out of `payload_bytes` (the store's growth).
+            "pruned_rollouts": tokens.pruned,
             "events_bytes": stored.events_rows,
             "events_relation_bytes": stored.events_relation,
             "payload_bytes": stored.payloads,
@@ -498,11 +514,13 @@ async def soak(
 
 
 def run_audit(store: EventStore) -> dict[str, Any]:
-    """The auditor over the whole log, timed, with its peak memory (VmHWM rises only if it grows)."""
+    """The auditor over the whole log, timed, with its peak memory (VmHWM rises only if it grows):
+    `ledger audit`'s whole audit, the payload rules included (every claimed payload read back from the
+    store the run wrote to, the database's own integrity check)."""
     from projections.audit import audit_log
 
     started = time.monotonic()
-    report = audit_log(store)
+    report = audit_log(store, payloads=payload_plane(store))
     by_rule: dict[str, int] = {}
     for v in report.violations:
         by_rule[v.rule] = by_rule.get(v.rule, 0) + 1
@@ -518,6 +536,10 @@ def run_audit(store: EventStore) -> dict[str, Any]:
 
 def render(result: dict[str, Any], url: str, console: Console) -> None:
     s, t = result["summary"], result["throughput"]
+    pruned = result["sizes"]["pruned_rollouts"]
+    sample = f"a sample of {result['sizes']['token_sample']}" + (
+        f"; {pruned} pruned during the run, left out, their bytes not counted" if pruned else ""
+    )
     table = Table(title=f"soak {s['run_id']} on {mask_url(url)}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -527,7 +549,7 @@ def render(result: dict[str, Any], url: str, console: Console) -> None:
          f"{result['sizes']['prompt_tokens']} / {result['sizes']['gen_tokens']}, "
          f"{result['sizes']['turns'][0]}:{result['sizes']['turns'][1]}"),
         ("tokens per sealed rollout (prompt + generated, every call)",
-         f"{result['tokens_per_rollout']} (a sample of {result['sizes']['token_sample']})"),
+         f"{result['tokens_per_rollout']} ({sample})"),
         ("events-table bytes per sealed rollout (rows; relation growth)",
          f"{result['events_bytes_per_rollout']}; "
          f"{round(result['sizes']['events_relation_bytes'] / max(1, t['sealed_rollouts']))}"),

@@ -8,6 +8,7 @@ it, so a command costs only what it needs and runs with only the extras it needs
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -90,15 +91,21 @@ EXTRAS: Final = {
     "ray": "ray",
     "metrics": "prometheus_client",
     "otel": "opentelemetry-sdk",
+    "console": "uvicorn, Jinja2",
 }
 
 
-def require_extra(extra: str, what: str, *modules: str) -> None:
-    """Imports `modules`; when one is missing, ends the command with one line naming the extra that
-    brings it and the command that installs it (exit status 2)."""
+def require_extra(extra: str, what: str, *modules: str, load: bool = True) -> None:
+    """Imports `modules` (with `load=False` only looks them up, for a package whose import must wait:
+    Ray settles its network at import, after `prepare_loopback`); when one is missing, ends the
+    command with one line naming the extra that brings it and the command that installs it (exit
+    status 2)."""
     for name in modules:
         try:
-            importlib.import_module(name)
+            if load:
+                importlib.import_module(name)
+            elif importlib.util.find_spec(name) is None:
+                raise ImportError(f"no module named {name!r}", name=name)
         except ImportError as exc:
             missing = exc.name or name
             error(
@@ -108,16 +115,37 @@ def require_extra(extra: str, what: str, *modules: str) -> None:
             raise typer.Exit(2) from None
 
 
+# The most of one value a command echoes back (an id, a URL, a name the user typed), and of one
+# error line: a longer one is cut, saying how long it was.
+ECHO_LIMIT: Final = 120
+ERROR_LIMIT: Final = 1000
+
+
+def bounded(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text` as a command echoes it: whole up to `limit` characters, else its first `limit` and how
+    long it was.  Print it markup-escaped and with `highlight=False`: rich's highlighter takes
+    minutes over one long word (100,000 characters), which a user may type."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
+
+
 def error(message: str) -> None:
-    """`error: MESSAGE` on stderr as one line (never wrapped at the terminal's width), markup-free."""
-    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    """`error: MESSAGE` on stderr as one line (never wrapped at the terminal's width), markup-free,
+    unhighlighted and bounded (`bounded`, `ERROR_LIMIT`): the message may carry what the user typed."""
+    err_console.print(
+        f"[red]error:[/red] {escape(bounded(message, ERROR_LIMIT))}", soft_wrap=True, highlight=False
+    )
 
 
 __all__ = [
     "AUDITOR_ENV",
+    "ECHO_LIMIT",
+    "ERROR_LIMIT",
     "WRITER_ENV",
     "DbOption",
     "Role",
+    "bounded",
     "clear_errors",
     "console",
     "db_url",

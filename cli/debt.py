@@ -30,7 +30,7 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from cli.common import DbOption, clear_errors, console, db_url, err_console
+from cli.common import DbOption, bounded, clear_errors, console, db_url, err_console, error
 from protocol.retry import RetryPolicy, RetryState, next_step
 
 if TYPE_CHECKING:  # imported by the commands that use them: `ledger --help` stays light
@@ -136,14 +136,18 @@ def drop(
     from eventstore.errors import Fenced
     from eventstore.events import OperatorMark
     from eventstore.records import ExpectedVersion, Fence
-    from protocol.ids import group_id_of
+    from protocol.ids import ID_RE, MAX_ID_LENGTH, group_id_of
     from protocol.streams import group_stream, operator_stream
     from trainer.core.debt import on_operator_drop
 
+    if len(rollout_id) > MAX_ID_LENGTH or not ID_RE.match(rollout_id):
+        error(f"{bounded(rollout_id)!r} is not a rollout id (at most {MAX_ID_LENGTH} characters of "
+              "A-Z, a-z, 0-9, '.', '_', '-', e.g. p7_g2); nothing was written")  # fmt: skip
+        raise typer.Exit(2)
     try:
         mark = OperatorMark(operator=operator or default_operator(), reason=reason.strip())
     except ValidationError as exc:
-        err_console.print(f"[red]error:[/red] {escape(str(exc.errors()[0]['msg']))} (--reason, --operator)")
+        error(f"{exc.errors()[0]['msg']} (--reason, --operator)")
         raise typer.Exit(2) from None
     group_id = group_id_of(rollout_id) or rollout_id
     with clear_errors():
@@ -156,7 +160,7 @@ def drop(
                 ledger = _ledger(store)
                 decided = on_operator_drop(ledger.debts, rollout_id, attempt, agent, mark, ledger.retires)
                 if decided.agent_name is None:
-                    err_console.print(f"[red]error:[/red] {escape(decided.step.reason)}; nothing was written")
+                    error(f"{decided.step.reason}; nothing was written")
                     raise typer.Exit(2)
                 try:
                     result = store.append(
@@ -177,13 +181,13 @@ def drop(
                 what = "ACK debt" if decided.receipt is not None else "retire owed"
                 console.print(
                     f"dropped the {what} of {escape(rollout_id)}#{attempt} owed to "
-                    f"{escape(decided.agent_name)} at position {result.positions[0]}: {escape(mark.reason)}"
+                    f"{escape(decided.agent_name)} at position {result.positions[0]}: {escape(mark.reason)}",
+                    highlight=False,
                 )
                 return
         finally:
             store.close()
-    err_console.print(
-        f"[red]error:[/red] the trainer kept writing to group {escape(group_id)} ({fenced.calls} tries); "
-        "nothing was written, run it again"
+    error(
+        f"the trainer kept writing to group {group_id} ({fenced.calls} tries); nothing was written, run it again"
     )
     raise typer.Exit(2)

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.tree import Tree
 
-from cli.common import DbOption, Role, clear_errors, console, db_url, err_console
+from cli.common import DbOption, Role, bounded, clear_errors, console, db_url, err_console, error
 
 if TYPE_CHECKING:  # imported by the commands that use them: `ledger --help` stays light
     from eventstore import EventStore, RecordedEvent
@@ -292,11 +292,18 @@ def show(
     """The whole history of one sibling across its tries."""
     from projections.swimlane import render_html
     from projections.timeline import timeline
+    from protocol.ids import ID_RE, MAX_ID_LENGTH
 
+    if len(rollout_id) > MAX_ID_LENGTH or not ID_RE.match(rollout_id):
+        error(
+            f"{bounded(rollout_id)!r} is not a rollout id (at most {MAX_ID_LENGTH} characters of "
+            "A-Z, a-z, 0-9, '.', '_', '-', e.g. p7_g2)"
+        )
+        raise typer.Exit(2)
     with _store(db) as store:
         tl = timeline(store, rollout_id)
     if not tl.entries:
-        err_console.print(f"no events about {escape(rollout_id)}")
+        err_console.print(f"no events about {escape(rollout_id)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     tree = Tree(f"[bold]{escape(rollout_id)}[/bold] (group {escape(tl.group_id)})")
     group_branch = tree.add("group")
@@ -322,7 +329,10 @@ def show(
 # --- status ------------------------------------------------------------------------
 
 
-def status(db: DbOption = None) -> None:
+def status(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
     """Groups by status, unpaid debts per agent, the last checkpoint, the log head."""
     from cli.debt import STATUS_DEBTS_SHOWN, debts_table
     from projections.base import ReplayRefused
@@ -346,6 +356,12 @@ def status(db: DbOption = None) -> None:
 
     counts: Counter[str] = Counter(g.status for g in ledger.groups.values())
     archived: Counter[str] = Counter(g.status for g in ledger.archived.values())
+    if as_json:
+        newest_at = max((c.position for c in stored), default=None)
+        typer.echo(
+            json.dumps(status_json(ledger, checkpoints, generation, head, runner_at, newest_at), indent=2)
+        )
+        return
     groups = Table("status", "in play", "archived", title="groups")
     for name in ("open", "sealed", "dead_lettered"):
         groups.add_row(name, str(counts[name]), str(archived[name]))
@@ -416,6 +432,54 @@ def status(db: DbOption = None) -> None:
         f"log head: [bold]{head}[/bold]; newest projection checkpoint: {newest if newest is not None else 'none'}; "
         f"projection runner at {runner_at}"
     )
+
+
+def status_json(
+    ledger: LedgerState,
+    checkpoints: CheckpointsState,
+    generation: GenerationFigures,
+    head: int,
+    runner_at: int,
+    newest_checkpoint: int | None,
+) -> dict[str, Any]:
+    """`ledger status --json`: the figures the tables show, as data."""
+    in_play: Counter[str] = Counter(g.status for g in ledger.groups.values())
+    archived: Counter[str] = Counter(g.status for g in ledger.archived.values())
+    last = checkpoints.last_committed()
+    return {
+        "head": head,
+        "projection_runner": runner_at,
+        "newest_projection_checkpoint": newest_checkpoint,
+        "groups": {
+            name: {"in_play": in_play[name], "archived": archived[name]}
+            for name in ("open", "sealed", "dead_lettered")
+        },
+        "claimed": {
+            "in_play": sum(1 for g in ledger.groups.values() if g.claims),
+            "archived": sum(1 for g in ledger.archived.values() if g.claims),
+        },
+        "debts": {
+            agent: {"unpaid": len(owed), "oldest": next(iter(owed), None)}
+            for agent, owed in sorted(ledger.debts.items())
+            if owed
+        },
+        "retires": {
+            agent: {"owed": len(owed), "oldest_position": min(d.position for d in owed.values())}
+            for agent, owed in sorted(ledger.retires.items())
+            if owed
+        },
+        "last_checkpoint": None
+        if last is None
+        else {
+            "checkpoint_id": last.checkpoint_id,
+            "status": last.status,
+            "cut_position": last.cut_position,
+            "prepare_wait_s": last.prepare_wait_s,
+        },
+        "checkpoints": dict(Counter(c.status for c in checkpoints.checkpoints.values())),
+        "checkpoints_in_doubt": [c.checkpoint_id for c in checkpoints.in_doubt()],
+        "generation": generation.summary(),
+    }
 
 
 # Checkpoints listed by `ledger status` among those that threw generation away (the costliest first).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import db, debt, inspect, payloads, projections, simulate, worker
+from cli import console, db, debt, inspect, payloads, projections, simulate, worker
 from gym_agent.cli import app as gym_app
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app.add_typer(payloads.app, name="payloads")
 app.add_typer(projections.app, name="projections")
 simulate.register(app)
 inspect.register(app)
+console.register(app)
 
 if __name__ == "__main__":
     app()

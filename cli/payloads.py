@@ -80,11 +80,20 @@ def prune(
         int, typer.Option("--keep-newest", min=0, help="Keep the payloads of this many newest done groups.")
     ] = 0,
     grace_s: GraceOption = None,
+    unscored: Annotated[
+        bool,
+        typer.Option(
+            "--unscored",
+            help="Prune done groups whose sealed tries have no logprob result too (a log no logprob "
+            "worker scores); by default they are kept until the queue has scored them.",
+        ),
+    ] = False,
     dry_run: DryRunOption = False,
     only_this_log: OnlyThisLogOption = False,
 ) -> None:
     """Delete the payloads of groups done for good (trained and behind a committed checkpoint, or
-    dead-lettered; every debt paid), recording them in the log first as `PayloadsPruned`."""
+    dead-lettered; every debt paid; every sealed try scored), recording them in the log first as
+    `PayloadsPruned`."""
     from eventstore import open_store
     from eventstore.errors import WrongExpectedVersion
     from projections.base import ReplayRefused
@@ -116,6 +125,7 @@ def prune(
                 time.time(),
                 grace_s=DEFAULT_GRACE_S if grace_s is None else grace_s,
                 keep_newest=keep_newest,
+                unscored_too=unscored,
             )
             summary = (
                 f"{len(plan.groups)} done group(s), {len(plan.digests)} payload(s), {plan.bytes:,} bytes "
@@ -123,6 +133,12 @@ def prune(
                 + (
                     f"; {len(plan.deferred)} group(s) deferred (a payload put within the grace)"
                     if plan.deferred
+                    else ""
+                )
+                + (
+                    f"; {len(plan.awaiting_scoring)} group(s) kept (a sealed try not scored yet: "
+                    "ledger worker logprobs, or --unscored)"
+                    if plan.awaiting_scoring
                     else ""
                 )
             )

@@ -24,7 +24,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import DbOption, clear_errors, console, db_url, err_console, error, require_extra
+from cli.common import (
+    ERROR_LIMIT,
+    DbOption,
+    bounded,
+    clear_errors,
+    console,
+    db_url,
+    err_console,
+    error,
+    require_extra,
+)
 from cli.signals import Interrupted, StopRequest, run_until_stopped
 from gym_agent.defaults import TOKEN_ENV
 from gym_agent.sizes import DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS, check_tokens, parse_turns
@@ -294,7 +304,7 @@ def simulate(
         unknown = [n for n in resources.split(",") if n not in RESOURCES]
         if unknown or not resources:
             raise typer.BadParameter(
-                f"--resources names {', '.join(unknown) or 'nothing'}; the reference server has "
+                f"--resources names {bounded(', '.join(unknown)) or 'nothing'}; the reference server has "
                 f"{', '.join(sorted(RESOURCES))}"
             )
         if agent_url:
@@ -302,16 +312,16 @@ def simulate(
     try:
         turn_bounds = parse_turns(turns)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--turns") from None
+        raise typer.BadParameter(bounded(str(exc), ERROR_LIMIT), param_hint="--turns") from None
     for value, option in ((prompt_tokens, "--prompt-tokens"), (gen_tokens, "--gen-tokens")):
         try:
             check_tokens(value, option)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint=option) from None
+            raise typer.BadParameter(bounded(str(exc), ERROR_LIMIT), param_hint=option) from None
     try:
         parse_faults(faults)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--faults") from None
+        raise typer.BadParameter(bounded(str(exc), ERROR_LIMIT), param_hint="--faults") from None
     from gym_agent.durations import parse_durations
 
     for text, option in ((call_seconds, "--call-seconds"), (tool_seconds, "--tool-seconds")):
@@ -319,14 +329,14 @@ def simulate(
             try:
                 parse_durations(text, option)
             except ValueError as exc:
-                raise typer.BadParameter(str(exc), param_hint=option) from None
+                raise typer.BadParameter(bounded(str(exc), ERROR_LIMIT), param_hint=option) from None
     urls = _agent_urls(agent_url or [])
     state_dirs: dict[str, Path] = {}
     for item in agent_state_dir or []:
         name, sep, path = item.partition("=")
         if not sep or name not in urls or not path:
             raise typer.BadParameter(
-                f"--agent-state-dir wants NAME=DIR for an --agent-url NAME, got {item!r}"
+                f"--agent-state-dir wants NAME=DIR for an --agent-url NAME, got {bounded(item)!r}"
             )
         state_dirs[name] = Path(path)
     if kill_trainer_every is not None and (use_ray or urls):
@@ -336,7 +346,7 @@ def simulate(
     if ray_kill_after is not None and not use_ray:
         raise typer.BadParameter("--ray-kill-after needs --ray")
     if resume is not None and not RUN_ID.fullmatch(resume):
-        raise typer.BadParameter(f"{resume!r} is not a run id (the one an interrupted run printed)")
+        raise typer.BadParameter(f"{bounded(resume)!r} is not a run id (the one an interrupted run printed)")
     if resume is not None and use_ray:
         raise typer.BadParameter("--resume drives the coordinator in this process: not with --ray")
     if not urls:  # the reference agents are started here
@@ -351,9 +361,10 @@ def simulate(
                 parse_policy_spec(DEFAULT_POLICY_SPEC).max_seq_len, prompt_tokens, gen_tokens, turn_bounds
             )
         except EpisodeTooLong as exc:
-            raise typer.BadParameter(str(exc)) from None
+            raise typer.BadParameter(bounded(str(exc), ERROR_LIMIT)) from None
     if use_ray:
-        require_extra("ray", "ledger simulate --ray", "ray")
+        # Looked up, not imported: the run imports Ray after telling it to stay on loopback.
+        require_extra("ray", "ledger simulate --ray", "ray", load=False)
     if metrics_port is not None:
         require_extra("metrics", "--metrics-port", "prometheus_client")
     if otel:
@@ -417,9 +428,11 @@ def _agent_urls(items: list[str]) -> dict[str, str]:
     for item in items:
         name, sep, url = item.partition("=")
         if not sep or not name or not url:
-            raise typer.BadParameter(f"--agent-url wants NAME=URL, got {item!r}")
+            raise typer.BadParameter(f"--agent-url wants NAME=URL, got {bounded(item)!r}")
         if not url.startswith(("http://", "https://")):
-            raise typer.BadParameter(f"--agent-url {name}={url}: the URL starts with http:// or https://")
+            raise typer.BadParameter(
+                f"--agent-url {bounded(f'{name}={url}')}: the URL starts with http:// or https://"
+            )
         urls[name] = url.rstrip("/")
     return urls
 
@@ -478,7 +491,8 @@ def _run(
     """Runs the workload until it ends or a signal stops it; (summary, the log's URL as shown)."""
     from eventstore import open_store
     from simulation.run import RunInterrupted, RunStalled, SimulationError
-    from trainer.errors import CoordinatorStopped, FencedOff
+    from trainer.errors import AgentShared, CoordinatorStopped, FencedOff
+    from trainer.ray_gym.local import RayNotLoopback
     from trainer.stops import said_by_caller
 
     store = open_store(url, migrate_schema=True)
@@ -518,8 +532,11 @@ def _run(
                 f"(if it has stopped too: ledger simulate --resume {config.run_id})"
             )
             raise typer.Exit(2) from None
-        except SimulationError as exc:
+        except (SimulationError, RayNotLoopback) as exc:
             error(str(exc))
+            raise typer.Exit(2) from None
+        except AgentShared as exc:  # an agent another trainer drives, at the start or at a later call
+            error(f"run {config.run_id}: {exc}")
             raise typer.Exit(2) from None
         if otel:
             traced = emit_run_spans(store, summary["run_id"])
@@ -610,7 +627,10 @@ def _verdict(summary: Mapping[str, Any], failing: bool) -> str:
     clean), with the figures that say so."""
     audit = summary["audit_violations"]
     figures = f"{summary['stranded']} stranded, {summary['duplicate_executions']} duplicate executions, " + (
-        "audit not run" if audit is None else f"{audit} audit violations"
+        "audit not run"
+        if audit is None
+        else f"{audit} audit violations"
+        + (f" ({summary['audit_rules']} rules)" if summary.get("audit_rules") else "")
     )
     if "rows" in summary:  # the Ray run: every row back once
         figures += f", {summary['rows_delivered']}/{summary['rows']} rows delivered"
@@ -667,7 +687,10 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("side effects", ("side_effects_applied", "side_effects_reverted", "side_effects_twice")),
     ("agents", ("agent_restarts", "reduced_mode_agents")),
     ("rows", ("rows", "rows_delivered", "rows_delivered_twice")),
-    ("the promise", ("stranded", "duplicate_executions", "audit_violations")),
+    (
+        "the promise",
+        ("stranded", "duplicate_executions", "audit_violations", "audit_rules", "audit_rules_broken"),
+    ),
     ("the log", ("events", "journal_appends", "journal_batches", "payload_puts", "payload_store_calls")),
 )
 

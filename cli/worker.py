@@ -13,7 +13,16 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import DbOption, clear_errors, console, db_url, err_console, require_extra
+from cli.common import (
+    ERROR_LIMIT,
+    DbOption,
+    bounded,
+    clear_errors,
+    console,
+    db_url,
+    err_console,
+    require_extra,
+)
 
 if TYPE_CHECKING:  # torch and the workers come with the `workers` extra, imported by the command
     from workers.logprobs import LogprobWorker, QueueCounts, WorkerStats
@@ -110,7 +119,7 @@ def _logprobs(
     try:
         loaded = load_policy(policy or DEFAULT_POLICY_SPEC)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise typer.BadParameter(bounded(str(exc), ERROR_LIMIT)) from None
     logging.basicConfig(level=logging.WARNING)
     config = WorkerConfig(
         batch_tokens=batch_tokens,

@@ -21,6 +21,7 @@ from eventstore.errors import (
     Fenced,
     InvalidEvent,
     NoSuchLog,
+    ReadOnlyLog,
     StoreBusy,
     UnknownEventType,
     UnknownMigrationHead,
@@ -52,6 +53,7 @@ __all__ = [
     "InvalidEvent",
     "NewEvent",
     "NoSuchLog",
+    "ReadOnlyLog",
     "RecordedEvent",
     "StoreBusy",
     "Subscription",
@@ -72,7 +74,7 @@ def upgrade_database(url: str | None = None) -> str:
     resolved = resolve_url(url)
     writer, reader = create_engines(resolved, pool_size=1)
     try:
-        check_reachable(resolved, reader)
+        refuse_a_newer_schema(resolved, check_reachable(resolved, reader))
         migrate.upgrade(writer)
         return migrate.head_revision()
     except DBAPIError as exc:
@@ -104,8 +106,9 @@ def open_store(
     writer, reader = create_engines(resolved, pool_size=pool_size, read_only=read_only, create=migrate_schema)
     try:
         current = check_reachable(resolved, reader)
+        refuse_a_newer_schema(resolved, current)
         head = migrate.head_revision()
-        if current != head and migrate_schema and (current is None or current in migrate.known_revisions()):
+        if current != head and migrate_schema:
             migrate.upgrade(writer)
             current = head
         if current != head:
@@ -119,6 +122,17 @@ def open_store(
         reader.dispose()
         raise
     return EventStore(resolved, writer, reader, recorder_for(resolved, notify), notify=notify)
+
+
+def refuse_a_newer_schema(url: str, current: str | None) -> None:
+    """`UnknownMigrationHead` in one line when the database is at a migration this code does not know:
+    a newer rollout-ledger wrote it, and no `ledger db upgrade` of this one can bring it anywhere."""
+    if current is not None and current not in migrate.known_revisions():
+        raise UnknownMigrationHead(
+            f"database {mask_url(url)} is at migration {current!r}, which this rollout-ledger does not "
+            f"know (its newest is {migrate.head_revision()!r}): the log was written by a newer "
+            "rollout-ledger; upgrade the rollout-ledger package to open it"
+        )
 
 
 def check_reachable(url: str, reader: object) -> str | None:

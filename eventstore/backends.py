@@ -10,7 +10,7 @@ from sqlalchemy.engine import URL, make_url
 from eventstore.errors import BadDatabaseUrl
 from eventstore.postgres import PostgresRecorder
 from eventstore.recorder import Recorder
-from eventstore.sqlite import SqliteRecorder
+from eventstore.sqlite import SqliteRecorder, split_synchronous
 
 DEFAULT_URL = "sqlite:///ledger.db"
 
@@ -46,6 +46,7 @@ def check_url(url: str) -> str:
     if backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise BadDatabaseUrl(f"{url!r} names no file: the log is sqlite:///PATH (a file, not memory)")
+        split_synchronous(url)  # `?synchronous=` names a setting the log runs with
         return url
     if backend in ("postgres", "postgresql"):
         if not driver:  # `postgres://` too, as many hosts hand it out

@@ -55,6 +55,11 @@ class DatabaseRefused(EventStoreError):
     (`protocol.connections.refused_for_good`)."""
 
 
+class ReadOnlyLog(DatabaseRefused):
+    """A SQLite log this process must write whose file or folder it cannot write (its mode, a read-only
+    mount): an answer no retry changes, so nothing waits it out."""
+
+
 class StoreBusy(DatabaseUnavailable):
     """Too many appends already wait for the log, or none of its writes took this one in time;
     nothing was written."""

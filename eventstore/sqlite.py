@@ -7,13 +7,21 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from eventstore.errors import EventIdConflict, EventStoreError, Fenced, NoSuchLog, WrongExpectedVersion
+from eventstore.errors import (
+    BadDatabaseUrl,
+    EventIdConflict,
+    EventStoreError,
+    Fenced,
+    NoSuchLog,
+    ReadOnlyLog,
+    WrongExpectedVersion,
+)
 from eventstore.recorder import CheckedAppend, Recorder, RenderedEvent, blob_params, select_columns
 from eventstore.records import GENESIS_HASH, AppendResult, ExpectedVersion, RecordedEvent, chain_hash
 
@@ -45,6 +53,8 @@ class SqliteRecorder(Recorder):
         `mode=ro` (a missing file is `NoSuchLog`, never created)."""
         if not create and not read_only:
             _log_file(url)
+        if not read_only:
+            _check_writable(url)
         if read_only:
             url = _read_only_url(url)
             return _engine(url, immediate=False, read_only=True), _engine(
@@ -194,11 +204,45 @@ def _read_only_url(url: str) -> str:
     return parsed.set(database=f"file:{quote(str(path))}", query=query).render_as_string(hide_password=False)
 
 
+def _check_writable(url: str) -> None:
+    """`ReadOnlyLog` in one line when this process cannot write the log at `url`: its file, or its
+    folder (where SQLite makes the `-wal` and `-shm` files, unless both are there to write).  SQLite
+    opens a read-only file read-only without a word and refuses the first write; taken for an outage,
+    that was waited out (30 s) before anything said why.  `os.access` answers for this process as it
+    is, root included: a read-only mount is read-only to root too."""
+    database = make_url(url).database
+    if not database:
+        return
+    path = Path(database).absolute()
+    try:
+        sidecars = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+        if path.exists() and not os.access(path, os.W_OK):
+            what = f"the file {path}"
+        elif path.parent.is_dir() and not os.access(path.parent, os.W_OK):
+            if all(s.exists() and os.access(s, os.W_OK) for s in sidecars):
+                return
+            what = f"its folder {path.parent}"
+        else:
+            return
+    except OSError:  # a path the file system cannot hold: opening it says so
+        return
+    raise ReadOnlyLog(
+        f"database sqlite:///{path} cannot be written here ({what} is read-only for this process; not "
+        "retried): the commands that append (simulate, the workers, debt drop, payloads, projections "
+        "run) need a log they can write; the read-only ones (audit, status, show, snapshot, tail, debt "
+        "list) open it as it is"
+    )
+
+
 def _log_file(url: str) -> Path:
     """The file of the log at `url`; `NoSuchLog` when there is none (it is never made here)."""
     database = make_url(url).database
     path = Path(database or "")
-    if not database or not path.is_file():
+    try:
+        there = bool(database) and path.is_file()
+    except OSError as exc:  # a name the file system cannot hold (too long): no log there either
+        raise NoSuchLog(f"no log at {path}: {exc.strerror}; check --db / $LEDGER_DB") from None
+    if not there:
         raise NoSuchLog(
             f"no log at {path.absolute() if database else '(no path)'}: check --db / $LEDGER_DB "
             "(only `ledger db upgrade`, `ledger simulate` and the workers make a new log)"
@@ -206,7 +250,31 @@ def _log_file(url: str) -> Path:
     return path
 
 
+# `PRAGMA synchronous` of a log opened for writing, from the URL's `?synchronous=` (docs/operations.md,
+# What a power cut can lose).  In WAL mode FULL syncs the WAL at every commit, so no append that
+# returned is lost; NORMAL syncs it only at checkpoints (the last appends can be lost, the file stays
+# whole); EXTRA is FULL in WAL mode.  OFF can leave the file corrupt, and is refused.
+SYNCHRONOUS: Final = ("full", "normal", "extra")
+
+
+def split_synchronous(url: str) -> tuple[str, str]:
+    """`url` without its `synchronous` query, and the setting it names (`full` when none);
+    BadDatabaseUrl for any other value."""
+    parsed = make_url(url)
+    value = parsed.query.get("synchronous", SYNCHRONOUS[0])
+    if not isinstance(value, str) or value.lower() not in SYNCHRONOUS:
+        raise BadDatabaseUrl(
+            f"synchronous={value!r} is not a setting of the log: sqlite:///PATH?synchronous=full (the "
+            "default: no append that returned is lost to a power cut), normal (the last appends can be), "
+            "or extra (as full, in WAL mode)"
+        )
+    return parsed.difference_update_query(["synchronous"]).render_as_string(
+        hide_password=False
+    ), value.lower()
+
+
 def _engine(url: str, immediate: bool, read_only: bool = False) -> Engine:
+    url, synchronous = split_synchronous(url)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")
@@ -216,7 +284,7 @@ def _engine(url: str, immediate: bool, read_only: bool = False) -> Engine:
         cursor = dbapi_connection.cursor()
         if not read_only:  # both are writes to the file (a read-only file keeps the mode it has)
             cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()

@@ -29,8 +29,10 @@ class Subscription:
         self._listener: Any = None
 
     def poll(self, max_events: int = 5000) -> list[RecordedEvent]:
-        """The next events already committed, without waiting."""
-        batch = list(self.store.read_all(self.position, batch_size=max_events))[:max_events]
+        """The next events already committed (at most `max_events`: one page), without waiting."""
+        # One page read, not the whole tail cut to a page: a subscriber catching up on a long log
+        # would read everything after its position at every poll.
+        batch = next(self.store.read_pages(self.position, batch_size=max_events, read_ahead=False), [])
         if batch:
             self.position = batch[-1].position
         return batch

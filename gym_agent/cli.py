@@ -170,10 +170,15 @@ def serve(
         )
     except (ValueError, ValidationError) as exc:
         raise typer.BadParameter(str(exc)) from None
+    from participant.records import FileDamaged
+
     try:
         status = run_server(config)
     except EpisodeTooLong as exc:  # the policy cannot hold what these sizes draw: refused, not cut
         raise typer.BadParameter(str(exc)) from None
+    except FileDamaged as exc:  # a file of the state directory no crash could have left: not started
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     raise typer.Exit(status)
 
 
@@ -191,7 +196,14 @@ def resources_server(
     except ImportError as exc:
         typer.echo(f"error: ledger gym resources needs uvicorn ({exc.name} is not installed)", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(run_server(state_dir, host, port, log_level.lower()))
+    from participant.records import FileDamaged
+
+    try:
+        status = run_server(state_dir, host, port, log_level.lower())
+    except FileDamaged as exc:  # a journal no crash could have left: not started
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(status)
 
 
 def _stop_when_stdin_ends(grace_s: float = 30.0) -> None:

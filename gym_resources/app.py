@@ -8,7 +8,6 @@ once even when two tries send it together."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +17,7 @@ from fastapi import Body, FastAPI
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 
-from gym_resources.book import JOURNAL_FILE, RESOURCES, Book, ClassError, ToolError
+from gym_resources.book import JOURNAL_FILE, RESOURCES, Book, ClassError, ToolError, journal_line
 from participant.durable import GroupCommitFile
 from participant.errors import AgentError, NotFoundError
 from participant.routes import install_json_errors
@@ -47,7 +46,7 @@ class ConflictError(AgentError):
 
 def create_app(state_dir: Path) -> FastAPI:
     state_dir.mkdir(parents=True, exist_ok=True)
-    book = Book.load(state_dir)
+    book = Book.recover(state_dir)  # FileDamaged: the server does not start
     journal: GroupCommitFile | None = None
     lock = asyncio.Lock()
 
@@ -67,7 +66,7 @@ def create_app(state_dir: Path) -> FastAPI:
     async def durable(line: dict[str, Any] | None) -> None:
         if line is not None:
             assert journal is not None
-            await journal.commit((json.dumps(line, separators=(",", ":"), sort_keys=True) + "\n").encode())
+            await journal.commit(journal_line(line))
 
     def known(name: str) -> None:
         if name not in RESOURCES:

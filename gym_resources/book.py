@@ -10,8 +10,8 @@ Three resources, one of each class (`protocol.resources`):
     calculator  stateless       `add` / `mul`: nothing kept
 
 Every mutation carries a `MutationKey`: a key applied before is answered from its record, nothing
-changes (`applied: false`).  The journal (`<state dir>/resources.jsonl`, one fsync'd line per applied
-mutation, repeat, restore and release) is the server's durable evidence: `Book.load` rebuilds the
+changes (`applied: false`).  The journal (`<state dir>/resources.jsonl`, one fsync'd checksummed line
+per applied mutation, repeat, restore and release; `participant.records`) is the server's durable evidence: `Book.load` rebuilds the
 sessions from it after a restart, and `side_effects` counts from it, in order, what was applied, what
 a repeat was answered from the record, what a restore undid, and any key whose effect stands twice.
 """
@@ -22,8 +22,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from participant.records import FileDamaged, RecordReader, cut_torn_tail, parsed_records, seal_json
+from protocol import mutants
 from protocol.resources import MutationKey, ResourceClass, ResourceInfo, ToolResult
 
 JOURNAL_FILE: Final = "resources.jsonl"
@@ -140,6 +144,51 @@ class SideEffects:
         }
 
 
+class _Line(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    resource: Literal["bank", "mailer", "calculator"]
+    session: str
+
+
+class CallLine(_Line):
+    op: Literal["call"]
+    key: str
+    tool: str
+    attempt: int
+    output: Any
+    state: dict[str, Any]
+
+
+class RepeatLine(_Line):
+    op: Literal["repeat"]
+    key: str
+    attempt: int
+
+
+class RestoreLine(_Line):
+    op: Literal["restore"]
+    revision: int = Field(ge=0)
+
+
+class ReleaseLine(_Line):
+    op: Literal["release"]
+
+
+# One journal line, as `Book` writes it (checked when it is read back).
+_JOURNAL_LINE: Final = TypeAdapter[CallLine | RepeatLine | RestoreLine | ReleaseLine](
+    Annotated[CallLine | RepeatLine | RestoreLine | ReleaseLine, Field(discriminator="op")]
+)
+# How every journal line began before lines carried a checksum (keys sorted): call and repeat lines
+# with `attempt`, restore and release lines with `op`.
+_LEGACY_STARTS: Final = (b'{"attempt":', b'{"op":"')
+
+
+def journal_line(line: dict[str, Any]) -> bytes:
+    """A change as the journal keeps it: one checksummed line (`participant.records`)."""
+    return seal_json(json.dumps(line, separators=(",", ":"), sort_keys=True))
+
+
 class Book:
     """The sessions of every resource, and the journal lines each change writes (the server makes them
     durable before it answers).  Pure: no I/O but `load`."""
@@ -173,7 +222,7 @@ class Book:
             return ToolResult(output=output, revision=0, applied=True), None
         s = self.session(name, session)
         text = key.text()
-        if text in s.applied:
+        if text in s.applied and not mutants.active("mutation_key_ignored"):
             _, output = s.applied[text]
             line = {"op": "repeat", "resource": name, "session": session, "key": text, "attempt": attempt}
             self._see(line)
@@ -235,6 +284,8 @@ class Book:
             s.applied[line["key"]] = (s.revision, line["output"])
         elif op == "restore":
             s = self.session(name, session)
+            if line["revision"] > s.revision:
+                raise IndexError(f"{name}/{session} has no revision {line['revision']} to restore")
             undone = [k for k, (rev, _) in s.applied.items() if rev > line["revision"]]
             for k in undone:
                 del s.applied[k]
@@ -260,23 +311,32 @@ class Book:
 
     @classmethod
     def load(cls, state_dir: Path) -> Book:
-        """The book as the journal left it (a torn last line is skipped: it was never answered)."""
-        book = cls()
-        path = Path(state_dir) / JOURNAL_FILE
-        if path.exists():
-            with open(path, "rb") as f:
-                for raw in f:
-                    if not raw.endswith(b"\n"):
-                        continue
-                    try:
-                        line = json.loads(raw)
-                    except ValueError:
-                        continue
-                    if line.get("op") == "repeat":
-                        book._see(line)
-                    else:
-                        book.apply(line)
+        """The book as the journal left it: a torn last line is skipped (it was never answered); a
+        damaged record is `FileDamaged` (`participant.records`), never read around."""
+        return cls._read(Path(state_dir) / JOURNAL_FILE)[0]
+
+    @classmethod
+    def recover(cls, state_dir: Path) -> Book:
+        """`load`, as the server does at its start: a torn last line is also cut off the journal, so
+        the next line starts a line of its own."""
+        book, reader = cls._read(Path(state_dir) / JOURNAL_FILE)
+        cut_torn_tail(reader)
         return book
+
+    @classmethod
+    def _read(cls, path: Path) -> tuple[Book, RecordReader]:
+        book = cls()
+        reader = RecordReader(path, _LEGACY_STARTS)
+        for record, line in parsed_records(reader, _JOURNAL_LINE.validate_json):
+            data = line.model_dump(mode="json")
+            try:
+                if line.op == "repeat":
+                    book._see(data)
+                else:
+                    book.apply(data)
+            except (KeyError, IndexError) as exc:
+                raise FileDamaged(path, record.offset, f"a change the book cannot make ({exc!r})") from None
+        return book, reader
 
 
 def side_effects(state_dir: Path) -> SideEffects:

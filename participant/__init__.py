@@ -6,10 +6,12 @@ Needs only FastAPI and pydantic (what a Gym server already has) and the contract
 from participant.evidence import Evidence, read_evidence
 from participant.executions import ExecutionRegistry, Hooks, Runner, RunSession
 from participant.mount import Participant, mount_participant
+from participant.records import FileDamaged
 
 __all__ = [
     "Evidence",
     "ExecutionRegistry",
+    "FileDamaged",
     "Hooks",
     "Participant",
     "RunSession",

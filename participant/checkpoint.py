@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from participant.durable import replace_file
+from participant.records import FileDamaged, read_document, seal_json
 from protocol.ids import AttemptIndex, Identifier
 from protocol.wire import GYM_SCHEMA_VERSION, GymSchemaVersion
 
@@ -53,10 +53,24 @@ class AgentCheckpoint(BaseModel):
     parked: list[ParkedContinuation]
 
 
+def checkpoint_path(state_dir: Path, checkpoint_id: str) -> Path:
+    return state_dir / "checkpoints" / f"{checkpoint_id}.json"
+
+
 def write_checkpoint(state_dir: Path, checkpoint: AgentCheckpoint) -> Path:
-    """Writes `<state dir>/checkpoints/<id>.json` atomically (`participant.durable.replace_file`)."""
-    directory = state_dir / "checkpoints"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{checkpoint.checkpoint_id}.json"
-    replace_file(path, json.dumps(checkpoint.model_dump(mode="json"), sort_keys=True, indent=1).encode())
+    """Writes `<state dir>/checkpoints/<id>.json` atomically (`participant.durable.replace_file`), one
+    checksummed record (`participant.records`)."""
+    path = checkpoint_path(state_dir, checkpoint.checkpoint_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(path, seal_json(checkpoint.model_dump_json()))
     return path
+
+
+def read_checkpoint(path: Path) -> AgentCheckpoint:
+    """The artefact at `path`, checked; FileDamaged when it is not whole (an artefact written before
+    artefacts carried a checksum is read as it was, its JSON alone checked)."""
+    record, _ = read_document(path, path.read_bytes())
+    try:
+        return AgentCheckpoint.model_validate_json(record)
+    except ValidationError as exc:
+        raise FileDamaged(path, 0, f"not a checkpoint artefact ({exc.errors()[0]['msg']})") from None

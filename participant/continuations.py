@@ -7,7 +7,8 @@ it touched.  It is stored whole, as one payload in a content-addressed `PayloadS
 sha256 of its canonical JSON), so resuming costs one read, never a replay of the conversation.
 
 The boundary is **committed** once a `committed` line naming that digest is durable in
-`<state dir>/continuations.jsonl` (written after the payload: the claim-check order).  The same file
+`<state dir>/continuations.jsonl` (written after the payload: the claim-check order; each line a
+checksummed record, `participant.records`).  The same file
 records what was done with each continuation: `resumed` (a replacement try took it up: one try at a
 time holds a lineage) and `declined` (why a try started from its prompt instead).  The index outlives
 restarts: after one with the state directory kept, a retire still offers the try's latest boundary and
@@ -20,7 +21,6 @@ a replacement still resumes it; with the directory lost, a `continue-from` is de
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -30,6 +30,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from participant.durable import GroupCommitFile
+from participant.records import RecordReader, cut_torn_tail, parsed_records, seal_json
 from participant.states import RestartFromPrompt, resume_decision
 
 # The payload plane's interface and its local backend, not the package (whose `open_payload_store`
@@ -37,6 +38,7 @@ from participant.states import RestartFromPrompt, resume_decision
 from payloads._errors import PayloadMissing, PayloadStoreError
 from payloads._local import LocalDirPayloadStore
 from payloads._store import PayloadStore
+from protocol import mutants
 from protocol.digests import Digest, canonical_bytes, sha256_digest
 from protocol.ids import AttemptIndex, Identifier
 from protocol.wire import (
@@ -205,22 +207,23 @@ def turn_figures(index: ContinuationIndex) -> TurnFigures:
     return TurnFigures(resumed, redone, saved, len(index.resumed), len(index.declined))
 
 
-def read_index(state_dir: Path) -> ContinuationIndex:
-    """Folds `<state dir>/continuations.jsonl` (absent: no continuations).  Torn lines are skipped."""
+# How every index record began before records carried a checksum (`participant.records`).
+_LEGACY_STARTS: Final = (b'{"kind"',)
+
+
+def _read_index(path: Path) -> tuple[ContinuationIndex, RecordReader]:
     index = ContinuationIndex()
-    path = Path(state_dir) / CONTINUATIONS_FILE
-    if not path.exists():
-        return index
-    with open(path, "rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                index.torn_lines += 1
-                continue
-            try:
-                index.apply(IndexRecord.model_validate(json.loads(raw)))
-            except (ValueError, ValidationError):
-                index.torn_lines += 1
-    return index
+    reader = RecordReader(path, _LEGACY_STARTS)
+    for _, rec in parsed_records(reader, IndexRecord.model_validate_json):
+        index.apply(rec)
+    index.torn_lines = len(reader.legacy_torn) + reader.torn_tail
+    return index, reader
+
+
+def read_index(state_dir: Path) -> ContinuationIndex:
+    """Folds `<state dir>/continuations.jsonl` (absent: no continuations).  Torn lines are skipped and
+    counted; a damaged record is `FileDamaged` (`participant.records`)."""
+    return _read_index(Path(state_dir) / CONTINUATIONS_FILE)[0]
 
 
 # --- the decision -----------------------------------------------------------------------------------
@@ -252,7 +255,7 @@ def decide_resume(
             return Declined("source_live", f"try {holder[1]} that committed it still runs here")
         return Declined("already_resumed", f"try {holder[1]} resumed it and still runs here")
     furthest = index.furthest.get(ref.lineage)
-    if furthest is not None and furthest[0] > ref.turn:
+    if furthest is not None and furthest[0] > ref.turn and not mutants.active("resume_superseded_boundary"):
         return Declined(
             "superseded", f"lineage {ref.lineage} was carried on to turn {furthest[0]} ({furthest[1]})"
         )
@@ -319,7 +322,10 @@ class ContinuationStore:
         self.payloads = payloads if payloads is not None else LocalDirPayloadStore(state_dir / PAYLOADS_DIR)
         self.path = state_dir / CONTINUATIONS_FILE
         self.generation = generation
-        self.index = read_index(state_dir)
+        # A damaged index refuses this start (FileDamaged); a torn last line is cut off, so the next
+        # record starts a line of its own.
+        self.index, reader = _read_index(self.path)
+        cut_torn_tail(reader)
         self._file = GroupCommitFile(self.path)
         self.reads = 0
 
@@ -366,7 +372,7 @@ class ContinuationStore:
     async def _append(self, rec: IndexRecord) -> None:
         # Applied to the fold first (the registry's decisions see it at once), durable on return.
         self.index.apply(rec)
-        await self._file.commit((rec.model_dump_json(exclude_none=True) + "\n").encode())
+        await self._file.commit(seal_json(rec.model_dump_json(exclude_none=True)))
 
     # -- reads ---------------------------------------------------------------------------------------
 

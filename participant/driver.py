@@ -18,19 +18,21 @@ anything.  So the agent is bound to one trainer id at a time:
   holds nothing of that trainer: no live or unacknowledged try, no checkpoint in progress; otherwise
   the binding stays, for that trainer's recovery.
 
-The binding is kept in `<state dir>/driver.json` (written aside and renamed), so it survives a
-restart with the state directory; a lost directory loses it with the results it guarded.
+The binding is kept in `<state dir>/driver.json` (one checksummed record, `participant.records`,
+written aside and renamed), so it survives a restart with the state directory; a lost directory loses
+it with the results it guarded, and a damaged one refuses the start (`FileDamaged`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Final
 
+from participant.durable import replace_file
 from participant.errors import AgentError, InvalidRequestError
+from participant.records import FileDamaged, read_document, seal_json
 from protocol.errors import TRAINER_CONFLICT
 from protocol.ids import ID_PATTERN
 from protocol.wire import AgentStatus, DriverResponse
@@ -65,17 +67,10 @@ class DriverBinding:
         self.bound = False
         self.trainer_id: str | None = None
         try:
-            text = self.path.read_text()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return
-        try:
-            saved = json.loads(text)
-            tid = saved["trainer_id"]
-            if tid is not None and not isinstance(tid, str):
-                raise TypeError(tid)
-        except (ValueError, KeyError, TypeError):
-            raise RuntimeError(f"corrupt driver binding {self.path}: {text[:80]!r}") from None
-        self.bound, self.trainer_id = True, tid
+        self.bound, self.trainer_id = True, _read(self.path, data)
 
     def answer(self) -> DriverResponse:
         return DriverResponse(agent_name=self.agent_name, bound=self.bound, trainer_id=self.trainer_id)
@@ -109,10 +104,23 @@ class DriverBinding:
 
     def _write(self, trainer_id: str | None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"trainer_id": trainer_id}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        replace_file(self.path, seal_json(json.dumps({"trainer_id": trainer_id})))
         self.bound, self.trainer_id = True, trainer_id
+
+
+def _read(path: Path, data: bytes) -> str | None:
+    """The trainer a binding names; FileDamaged when the file is not one whole binding (a file
+    written before bindings carried a checksum, `{"trainer_id": ...}`, is read as it was)."""
+    record, _ = read_document(path, data)
+    try:
+        saved = json.loads(record)
+        if not isinstance(saved, dict) or set(saved) != {"trainer_id"}:
+            raise TypeError(saved)
+        tid = saved["trainer_id"]
+        if tid is not None and (not isinstance(tid, str) or not re.fullmatch(ID_PATTERN, tid)):
+            raise TypeError(tid)
+    except json.JSONDecodeError as exc:
+        raise FileDamaged(path, exc.pos, f"not a driver binding ({exc.msg})") from None
+    except (ValueError, TypeError):
+        raise FileDamaged(path, 0, f"not a driver binding: {data[:80]!r}") from None
+    return tid

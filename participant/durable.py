@@ -7,6 +7,7 @@ out in the next one, one fsync for all): the evidence file and the continuation 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -86,8 +87,18 @@ class GroupCommitFile:
     def write(self, data: bytes) -> None:
         """Writes and fsyncs `data` now, blocking (what each group commit runs in a thread)."""
         with self._lock:
-            os.write(self._fd, data)
-            os.fsync(self._fd)
+            start = os.lseek(self._fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(data)
+                while view:  # a short write (a disk filling up) goes on where it stopped
+                    view = view[os.write(self._fd, view) :]
+                os.fsync(self._fd)
+            except OSError:
+                # Whatever part reached the file is taken back: the callers are told it failed, and
+                # the next write must not be glued to half a record (a line no reader would trust).
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, start)
+                raise
             replaced = self._after_write is not None and self._after_write(os.fstat(self._fd).st_size)
             # After a rename the open descriptor names the old file: write to the new one.
             if replaced and os.fstat(self._fd).st_ino != os.stat(self.path).st_ino:

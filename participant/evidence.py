@@ -18,8 +18,11 @@ order the tries first appeared; records written afterwards follow.  The new file
 old one, fsync'd and renamed over it (`participant.durable.replace_file`): a crash at any point leaves
 the old file or the new one, each whole, and both read the same.
 
-Only whole lines count: a crash mid-write leaves a torn last line, which the reader skips and reports
-(the next start ends it with a newline, so the records after it are whole).
+Each line is a checksummed record (`participant.records`): a crash mid-write leaves a torn last line,
+which the reader skips and reports and the next start cuts off (so the next record starts a line of its
+own); a whole line that fails its checksum is damage, and the file is refused (`FileDamaged`, naming
+the file and the byte), never read around.  Lines written before records carried a checksum are read
+as they were.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import hashlib
-import os
+import logging
 import time
 from array import array
 from collections import Counter
@@ -36,11 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from participant.durable import GroupCommitFile, replace_file
 from participant.generation import read_generation
+from participant.records import FileDamaged, RecordReader, cut_torn_tail, parsed_records, seal_json
 from protocol.ids import AttemptIndex, Identifier
+
+log = logging.getLogger("participant.evidence")
 
 EVIDENCE_FILE: Final = "executions.jsonl"
 # The file is compacted once it reaches this size, then each time it doubles after a compaction.
@@ -170,19 +176,23 @@ class _Fold:
     torn: int = 0
 
 
-def _lines(path: Path) -> Iterator[EvidenceRecord | EvidenceSummary | None]:
-    """Every line of the file in order, parsed; None for a torn or unreadable one."""
-    if not path.exists():
-        return
-    with open(path, "rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                yield None  # the last write of a process that died mid-line
-                continue
-            try:
-                yield _LINE.validate_json(raw)
-            except (ValueError, ValidationError):
-                yield None
+# How every record of this file begins, before the checksum: what a torn line an older version ended
+# with a newline began with.
+_LEGACY_STARTS: Final = (b'{"kind"',)
+
+
+def _reader(path: Path) -> RecordReader:
+    return RecordReader(path, _LEGACY_STARTS)
+
+
+def _lines(reader: RecordReader) -> Iterator[EvidenceRecord | EvidenceSummary | None]:
+    """Every record of the file in order, parsed (FileDamaged on damage); None for each torn line
+    (one an older version ended with a newline, and a torn tail)."""
+    for _, line in parsed_records(reader, _LINE.validate_json):
+        yield line
+    yield from (None for _ in reader.legacy_torn)
+    if reader.torn_tail:
+        yield None  # the last write of a process that died mid-line
 
 
 def _fold(lines: Iterable[EvidenceRecord | EvidenceSummary | None]) -> _Fold:
@@ -202,7 +212,7 @@ def _fold(lines: Iterable[EvidenceRecord | EvidenceSummary | None]) -> _Fold:
 
 def _summary_line(t: TryEvidence) -> bytes:
     # `retired_in` is left out when empty (most tries): the compacted file stays as small as it was.
-    return t.summary().model_dump_json(exclude=None if t.retired_in else {"retired_in"}).encode() + b"\n"
+    return seal_json(t.summary().model_dump_json(exclude=None if t.retired_in else {"retired_in"}))
 
 
 def try_digest(rollout_id: str, attempt_index: int) -> int:
@@ -231,7 +241,7 @@ class EarlierTries:
 
 def compact(path: Path) -> int:
     """Rewrites `path` as one summary line per try (crash-safe: `replace_file`); returns its new size."""
-    fold = _fold(_lines(path))
+    fold = _fold(_lines(_reader(path)))
     data = b"".join(_summary_line(t) for t in fold.tries.values())
     replace_file(path, data)
     return len(data)
@@ -252,49 +262,38 @@ class EvidenceLog:
         self.clock: Callable[[], float] = time.time
         self.compactions = 0
         self._compact_min = compact_min_bytes
-        self._end_torn_line()
+        reader = _reader(self.path)
         lines = 0
         digests: list[int] = []
-        for line in _lines(self.path):
+        for line in _lines(reader):  # FileDamaged: this start is refused, the file left as it is
             lines += 1
             if line is not None:
                 digests.append(try_digest(line.rollout_id, line.attempt_index))
         self.earlier = EarlierTries(digests)
         del digests
-        size = self.path.stat().st_size if self.path.exists() else 0
+        cut_torn_tail(reader)
+        size = reader.end
         if size >= self._compact_min and lines >= 2 * len(self.earlier):
             size = compact(self.path)
             self.compactions += 1
         self._compact_at = max(self._compact_min, 2 * size)
         self._file = GroupCommitFile(self.path, after_write=self._compact_if_due)
 
-    def _end_torn_line(self) -> None:
-        """A torn last line (a crash mid-write) is ended, so the next record starts a line of its own."""
-        if not self.path.exists():
-            return
-        with open(self.path, "rb+") as f:
-            if f.seek(0, os.SEEK_END) == 0:
-                return
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-
     def lines(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> bytes:
         now = self.clock()
-        return "".join(
-            EvidenceRecord(
-                kind=kind,
-                rollout_id=rid,
-                attempt_index=n,
-                capture_key=key,
-                execution_generation=self.generation,
-                at=now,
-            ).model_dump_json()
-            + "\n"
+        return b"".join(
+            seal_json(
+                EvidenceRecord(
+                    kind=kind,
+                    rollout_id=rid,
+                    attempt_index=n,
+                    capture_key=key,
+                    execution_generation=self.generation,
+                    at=now,
+                ).model_dump_json()
+            )
             for rid, n, key in tries
-        ).encode()
+        )
 
     def append(self, kind: EvidenceKind, tries: list[tuple[str, int, str]]) -> asyncio.Future[None]:
         """Queues one `kind` line per (rollout id, try, capture key), in call order; the future is
@@ -315,7 +314,8 @@ class EvidenceLog:
             size = compact(self.path)
             self.compactions += 1
             self._compact_at = max(self._compact_min, 2 * size)
-        except OSError:
+        except (OSError, FileDamaged) as exc:
+            log.warning("%s: not compacted (%s)", self.path, exc)
             self._compact_at *= 2  # tried again once the file has doubled
         return True
 
@@ -377,7 +377,7 @@ class Evidence:
 
 def read_evidence(state_dir: Path) -> Evidence:
     """Folds `<state dir>/executions.jsonl` in order (an absent file is no evidence: nothing ran)."""
-    fold = _fold(_lines(Path(state_dir) / EVIDENCE_FILE))
+    fold = _fold(_lines(_reader(Path(state_dir) / EVIDENCE_FILE)))
     generations = sorted({g for t in fold.tries.values() for g in t.generations})
     newest = read_generation(Path(state_dir))
     if newest is None and generations:

@@ -58,6 +58,7 @@ from participant.states import (
     next_state,
     resume_decision,
 )
+from protocol import mutants
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key, mint_incarnation
@@ -443,6 +444,8 @@ class ExecutionRegistry:
         # An earlier process's try is done for good here, whatever it was: retired, acknowledged, or
         # finished or started (its result and its run went with that process; running it again would
         # execute it twice, and a stale trainer's late /run must not start a try the log replaced).
+        if mutants.active("agent_forgets_tombstones"):
+            return key in self._tombstones or key in self._done
         return key in self._tombstones or key in self._done or key in self.evidence.earlier
 
     def _forget(self, ex: Execution, event: ExecEvent) -> None:

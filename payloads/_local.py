@@ -44,11 +44,14 @@ class LocalDirPayloadStore(PayloadStore):
         # Created by the first put, not here: a reader (`ledger audit` of a read-only log) opens a
         # store that is not there, or not writable, and finds nothing in it.
         self._base = self.root / _ALGORITHM_DIR
-        if self.root.exists() and not self.root.is_dir():
-            raise PayloadStoreError(f"payload store {self.root} is not a directory")
-        # Once this process has seen the directory, its vanishing is a loss to say, never to paper
-        # over by making it again: the payloads claimed from it are gone.
-        self._seen = self._base.is_dir()
+        try:
+            if self.root.exists() and not self.root.is_dir():
+                raise PayloadStoreError(f"payload store {self.root} is not a directory")
+            # Once this process has seen the directory, its vanishing is a loss to say, never to paper
+            # over by making it again: the payloads claimed from it are gone.
+            self._seen = self._base.is_dir()
+        except OSError as exc:  # a path the file system cannot hold (a name too long)
+            raise PayloadStoreError(f"payload store {self.root}: {exc.strerror}") from None
 
     @property
     def where(self) -> str:

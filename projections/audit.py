@@ -69,6 +69,7 @@ from projections.payload_audit import (
     check_payloads,
 )
 from projections.sql import StoredCheckpoint, list_checkpoints, subscriber_positions
+from projections.training_audit import TRAINED_ONCE_ACROSS_RESTORES, TrainingFacts
 from projections.turn_audit import TURN_RULES, TurnFacts
 from protocol.ids import group_id_of, rollout_id_of
 from protocol.streams import checkpoint_stream, group_of_stream
@@ -78,6 +79,9 @@ NO_REUSED_TRY: Final = "no-reused-try"
 SEAL_BEFORE_ACK: Final = "seal-before-ack"
 DEBT_UNTIL_ACCEPTED: Final = "debt-until-accepted"
 NO_STRANDED_RESULT: Final = "no-stranded-result"
+# A try held or sealed carries its ACK debt: its AckOwed is the very next row (the one append that
+# records the result records the debt), unless it was owed already.
+DEBT_WITH_RESULT: Final = "debt-with-result"
 # A retire answer of `tombstoned` for a try the agent had finished: it no longer knows the try at all
 # (it restarted and lost its stored replies), so it holds nothing that could strand.
 _AGENT_HOLDS_NOTHING: Final = frozenset({"tombstoned"})
@@ -110,12 +114,14 @@ RULES: Final = (
     SEAL_BEFORE_ACK,
     DEBT_UNTIL_ACCEPTED,
     NO_STRANDED_RESULT,
+    DEBT_WITH_RESULT,
     RETIRE_BEFORE_REPLACE,
     RECEIPT_MATCHES,
     GROUP_SEAL_COMPLETE,
     CHECKPOINT_CLEAN,
     HASH_CHAIN,
     TRAINED_ONCE,
+    TRAINED_ONCE_ACROSS_RESTORES,
     BOUNDED_RETRIES,
     OWNER_EPOCH,
     RESUMED_BY_EVERY_PARTICIPANT,
@@ -243,6 +249,11 @@ class AuditState:
     own_cuts: dict[str, int] = field(default_factory=dict)
     # What the log says of continuations (turn-level resume: projections/turn_audit.py).
     turns: TurnFacts = field(default_factory=TurnFacts)
+    # Each trainer's line of states across restores (projections/training_audit.py).
+    training: TrainingFacts = field(default_factory=TrainingFacts)
+    # A try just held or sealed with no debt owed yet: (its key, that row's position); the next row
+    # must be its AckOwed (debt-with-result).
+    debt_due: tuple[str, int] | None = None
     violations: list[Violation] = field(default_factory=list)
 
     def violate(self, rule: str, positions: Iterable[int | None], message: str) -> None:
@@ -293,7 +304,9 @@ class AuditProjection(TypedProjection[AuditState]):
 
     name: ClassVar[str] = "audit"
     # 5: owed retires (`AttemptFacts.retire_owed`, `retire_paid`).
-    version: ClassVar[int] = 5
+    # 6: each trainer's line of states across restores (`AuditState.training`).
+    # 7: `AuditState.debt_due`.
+    version: ClassVar[int] = 7
     state_type: ClassVar[Any] = AuditState
 
     def initial(self) -> AuditState:
@@ -301,6 +314,8 @@ class AuditProjection(TypedProjection[AuditState]):
 
     def apply(self, state: AuditState, event: RecordedEvent, decoded: Event) -> None:
         state.position = event.position
+        if state.debt_due is not None:
+            _check_debt_due(state, event, decoded)
         handler = _HANDLERS.get(type(decoded))
         if handler is not None:
             handler(state, event, decoded)
@@ -311,6 +326,8 @@ class AuditProjection(TypedProjection[AuditState]):
 
     def finish(self, state: AuditState) -> None:
         """The checks that need the whole log: finished tries that nothing ever owed."""
+        if state.debt_due is not None:  # the log ends on a hold or seal without its debt
+            _check_debt_due(state, None, None)
         for key, t in state.tries.items():
             if t.finished is None or t.owed is not None or t.paid is not None:
                 continue
@@ -655,6 +672,30 @@ def _held(st: AuditState, ev: RecordedEvent, e: SiblingHeld) -> None:
     t = st.tries.get(_key(e.rollout_id, e.attempt_index))
     if t is not None and t.finished is None:
         t.finished = ev.position
+    _debt_due(st, ev, e.rollout_id, e.attempt_index, t)
+
+
+def _debt_due(st: AuditState, ev: RecordedEvent, rollout_id: str, index: int, t: AttemptFacts | None) -> None:
+    """A try held or sealed: unless its debt is owed already, the next row must be its AckOwed."""
+    if t is not None and t.owed is None:
+        st.debt_due = (_key(rollout_id, index), ev.position)
+
+
+def _check_debt_due(st: AuditState, ev: RecordedEvent | None, decoded: Event | None) -> None:
+    key, at = st.debt_due or ("", 0)
+    st.debt_due = None
+    if (
+        isinstance(decoded, AckOwed)
+        and _key(decoded.receipt.rollout_id, decoded.receipt.attempt_index) == key
+    ):
+        return
+    rid, _, index = key.rpartition("/")
+    st.violate(
+        DEBT_WITH_RESULT,
+        [at, ev.position if ev is not None else None],
+        f"try {rid}#{index} was held or sealed at {at} without its ACK debt: its AckOwed is not in the append "
+        "that records the result (a crash after it would leave a result the log never owes)",
+    )
 
 
 def _sealed(st: AuditState, ev: RecordedEvent, e: SiblingSealed) -> None:
@@ -672,6 +713,7 @@ def _sealed(st: AuditState, ev: RecordedEvent, e: SiblingSealed) -> None:
         t.sealed = ev.position
         if t.finished is None:
             t.finished = ev.position
+    _debt_due(st, ev, e.rollout_id, e.attempt_index, t)
 
 
 def _group_sealed(st: AuditState, ev: RecordedEvent, e: GroupSealed) -> None:
@@ -777,6 +819,9 @@ def _claimed(st: AuditState, ev: RecordedEvent, e: GroupClaimedForTraining) -> N
     claimed_group = st.groups.get(e.group_id)
     _check_owner(st, ev, claimed_group.trainer_id if claimed_group else None, f"the claim of {e.group_id}")
     standing = st.claims.setdefault(e.group_id, [])
+    owner = claimed_group.trainer_id if claimed_group else None
+    st.training.claimed(ev.position, owner, e.group_id, bool(standing), e.train_step)
+    _report(st, st.training.found)
     if standing:
         st.violate(
             TRAINED_ONCE,
@@ -801,6 +846,7 @@ def _restored(st: AuditState, ev: RecordedEvent, e: TrainerRestored) -> None:
     as_of = e.plan.get("as_of_position", ev.position)
     kept: list[tuple[int, str]] = []
     rolled_back: dict[str, int] = {}  # group -> its claims rolled back (made before the plan)
+    st.training.restored(ev.position, e.trainer_id, e.cut_position, e.checkpoint_id, e.claims_kept)
     if not e.claims_kept:  # else the trainer kept its state: every claim stands
         _check_own_cut(st, ev, e, cut)
     while st.claim_log and st.claim_log[-1][0] > cut and not e.claims_kept:
@@ -1061,9 +1107,14 @@ def _apply_turns(
     st: AuditState, position: int, decoded: Event, handler: Callable[[TurnFacts, int, Any], None]
 ) -> None:
     handler(st.turns, position, decoded)
-    for rule, positions, message in st.turns.found:
+    _report(st, st.turns.found)
+
+
+def _report(st: AuditState, found: list[tuple[str, list[int | None], str]]) -> None:
+    """The violations a side fold (turns, training) found, reported and cleared."""
+    for rule, positions, message in found:
         st.violate(rule, positions, message)
-    st.turns.found.clear()
+    found.clear()
 
 
 # --- the row checks and the whole audit -----------------------------------------------
@@ -1180,6 +1231,8 @@ def audit_events(
                 st.violate(EVENT_READABLE, [position], f"{exc.reason}; the auditor skipped this event")
         if decoded is not None:
             st.position = position
+            if st.debt_due is not None:
+                _check_debt_due(st, ev, decoded)
             handler = handlers.get(decoded.__class__)
             if handler is not None:
                 handler(st, ev, decoded)

@@ -52,6 +52,9 @@ class RestoreRecord:
     cut_position: int | None
     checkpoint_id: str | None
     plan: dict[str, int]
+    trainer_id: str | None = None
+    # Only the trainer's coordinator process restarted (its state kept): nothing rolled back.
+    claims_kept: bool = False
 
 
 @with_config(_FORBID)
@@ -77,6 +80,37 @@ class CheckpointsState:
                 best = c
         return best
 
+    def abandoned_by(self, checkpoint: CheckpointState) -> RestoreRecord | None:
+        """The restore that abandoned `checkpoint`'s branch, if one did: a later restore of its trainer
+        to an earlier cut (or to none).  It rolled back the claims made between that cut and itself,
+        some of them inside `checkpoint`'s cut, and the trainer went on from the earlier state: the
+        state `checkpoint` saved holds groups the log has since let go of (and maybe delivered again).
+        A restore that kept every claim (`claims_kept`) abandons nothing."""
+        cut = checkpoint.cut_position
+        if cut is None:
+            return None
+        for r in self.restores:
+            if r.claims_kept or r.trainer_id != checkpoint.trainer_id:
+                continue
+            if r.position > cut and (r.cut_position or 0) < cut:
+                return r
+        return None
+
+    def newest_kept(self, trainer_id: str | None) -> CheckpointState | None:
+        """`trainer_id`'s committed checkpoint with the highest cut on the branch it goes on from: none
+        a restore abandoned since (a higher cut on an abandoned branch is not where the trainer is)."""
+        best: CheckpointState | None = None
+        for c in self.checkpoints.values():
+            if (
+                c.cut_position is None
+                or c.status not in ("committed", "resumed")
+                or c.trainer_id != trainer_id
+            ):
+                continue
+            if (best is None or c.cut_position > (best.cut_position or 0)) and self.abandoned_by(c) is None:
+                best = c
+        return best
+
     def in_doubt(self) -> list[CheckpointState]:
         """Prepare started, no decision recorded: presumed abort."""
         return [c for c in self.checkpoints.values() if c.status == "preparing"]
@@ -96,7 +130,8 @@ class CheckpointsState:
 
 class CheckpointsProjection(TypedProjection[CheckpointsState]):
     name: ClassVar[str] = "checkpoints"
-    version: ClassVar[int] = 1
+    # 2: each restore's trainer and `claims_kept` (`RestoreRecord`), to tell an abandoned branch.
+    version: ClassVar[int] = 2
     state_type: ClassVar[Any] = CheckpointsState
     handles: ClassVar[frozenset[type[Event]] | None] = frozenset(
         {
@@ -164,6 +199,8 @@ class CheckpointsProjection(TypedProjection[CheckpointsState]):
                     cut_position=decoded.cut_position,
                     checkpoint_id=decoded.checkpoint_id,
                     plan=dict(decoded.plan),
+                    trainer_id=decoded.trainer_id,
+                    claims_kept=decoded.claims_kept,
                 )
             )
 

@@ -159,8 +159,9 @@ def restore_point(
     restore_to: str | None,
 ) -> CheckpointState | None:
     """The checkpoint a trainer restores to: `restore_to` (the one it loaded), checked, or (None) its
-    newest committed one.  `RestoreRefused` when the log cannot restore it there."""
-    newest = checkpoints.last_committed(trainer_id=trainer_id)
+    newest committed one on the branch it went on from (none a restore abandoned).  `RestoreRefused`
+    when the log cannot restore it there."""
+    newest = checkpoints.newest_kept(trainer_id)
     if restore_to is None:
         return newest
     named = checkpoints.checkpoints.get(restore_to)
@@ -178,6 +179,19 @@ def restore_point(
         raise RestoreRefused(
             f"checkpoint {restore_to!r} is {named.status} in the log, not committed: the trainer "
             "restored to a save the log never decided"
+        )
+    abandoned = checkpoints.abandoned_by(named)
+    if abandoned is not None:
+        # Its state trained groups whose claims that restore rolled back (and the run may have handed
+        # them out again since): restoring it would train them twice.  NeMo RL's own checkpoints are
+        # one line, each `step_N` the newest save of step N; this one is a save the run left behind.
+        back_to = abandoned.checkpoint_id or "no checkpoint"
+        raise RestoreRefused(
+            f"checkpoint {restore_to!r} (cut {named.cut_position}) is on a branch the trainer abandoned: "
+            f"its restore to {back_to} (cut {abandoned.cut_position or 0}, log position "
+            f"{abandoned.position}) rolled back claims this state trained on, and the run went on from "
+            f"there; load the trainer's newest checkpoint ({newest.checkpoint_id if newest else 'none'}) "
+            "or one at or before that restore's cut"
         )
     if not restorable_cut(ledger, trainer_id, named.cut_position):
         raise RestoreRefused(

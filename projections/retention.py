@@ -5,7 +5,10 @@ lists (`StoredPayload`); `ledger payloads prune` and `ledger payloads collect` p
 
 - `prune_plan`: the payloads of groups done for good (the ledger's archived groups: sealed and claimed
   for training, or dead-lettered, every debt paid, behind a committed checkpoint of their trainer's, so
-  no restore can bring them back into play) that no other group still claims.  The command appends
+  no restore can bring them back into play) that no other group still claims, and whose sealed tries
+  all have their logprob result in the log (`LogprobsComputed` or `LogprobsRefused`, under any policy
+  version): a try the logprob queue has not scored yet needs its token records, so its group waits
+  (unless the caller says no worker scores this log).  The command appends
   `PayloadsPruned` first and deletes after: a claimed payload is absent only once the log says it was
   pruned, so the audit tells pruned (accepted) from missing (a violation).  Only payloads the store
   holds are named: one already gone stays missing, never excused as pruned.
@@ -26,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from eventstore import RecordedEvent
-from eventstore.events import Event, PayloadsPruned
+from eventstore.events import Event, LogprobsComputed, LogprobsRefused, PayloadsPruned, SiblingSealed
 from payloads import PayloadClaim, StoredPayload
 from projections.payload_audit import CLAIMS_OF
+from protocol import mutants
 from protocol.streams import LOGPROBS_STREAM_PREFIX, group_of_stream
 
 DEFAULT_GRACE_S: Final = 3600.0
@@ -57,6 +61,8 @@ class PayloadRefs:
     # digest -> the position of the `PayloadsPruned` that named it
     pruned: dict[str, int] = field(default_factory=dict)
     pruned_groups: set[str] = field(default_factory=set)
+    # group -> its sealed tries ("rollout_id/attempt_index") with no logprob result in the log yet
+    unscored: dict[str, set[str]] = field(default_factory=dict)
 
     def see(self, position: int, stream_id: str, decoded: Event) -> None:
         self.position = position
@@ -65,6 +71,8 @@ class PayloadRefs:
                 self.pruned[digest] = position
             self.pruned_groups.update(decoded.groups)
             return
+        if isinstance(decoded, (SiblingSealed, LogprobsComputed, LogprobsRefused)):
+            self._scoring(stream_id, decoded)
         claimed = CLAIMS_OF.get(decoded.__class__)
         if claimed is None:
             return
@@ -76,6 +84,24 @@ class PayloadRefs:
                 self.ungrouped.add(claim.digest)
             else:
                 self.by_group.setdefault(group, set()).add(claim.digest)
+
+    def _scoring(self, stream_id: str, decoded: SiblingSealed | LogprobsComputed | LogprobsRefused) -> None:
+        group = _group_of(stream_id)
+        if group is None:
+            return
+        key = f"{decoded.rollout_id}/{decoded.attempt_index}"
+        if isinstance(decoded, SiblingSealed):
+            self.unscored.setdefault(group, set()).add(key)
+            return
+        waiting = self.unscored.get(group)
+        if waiting is not None:
+            waiting.discard(key)
+            if not waiting:
+                del self.unscored[group]
+
+    def awaiting_scoring(self, group_id: str) -> bool:
+        """Whether a sealed try of the group has no logprob result in the log yet."""
+        return bool(self.unscored.get(group_id))
 
     def is_pruned(self, digest: str) -> bool:
         """Pruned after its latest claim (a claim of the same bytes after a prune needs them again)."""
@@ -107,6 +133,8 @@ class PrunePlan:
     digests: list[str]  # sorted
     bytes: int  # what the store lists for them
     deferred: list[str]  # done groups left for a later prune (a payload of theirs put within the grace)
+    # done groups kept while a sealed try of theirs awaits its logprob result (oldest first)
+    awaiting_scoring: list[str] = field(default_factory=list)
 
 
 def prune_plan(
@@ -118,15 +146,23 @@ def prune_plan(
     *,
     grace_s: float = DEFAULT_GRACE_S,
     keep_newest: int = 0,
+    unscored_too: bool = False,
 ) -> PrunePlan:
     """The payloads in `store_name` (listed in `stored`) of the groups done for good (`done`: group ->
     its last position), but the newest `keep_newest` of them, any group with a payload put within
-    `grace_s`, and any payload another group or no group still claims."""
+    `grace_s`, any group with a sealed try the logprob queue has not scored (unless `unscored_too`: no
+    worker scores this log), and any payload another group or no group still claims."""
+    if mutants.active("payload_pruned_while_claimed"):
+        done = {g: 0 for g in refs.by_group}
     candidates = sorted(
         (g for g in done if g not in refs.pruned_groups and refs.by_group.get(g)), key=lambda g: (done[g], g)
     )
     if keep_newest:
         candidates = candidates[: max(0, len(candidates) - keep_newest)]
+    scoring = [] if unscored_too else [g for g in candidates if refs.awaiting_scoring(g)]
+    if scoring:
+        kept = set(scoring)
+        candidates = [g for g in candidates if g not in kept]
     deferred = [
         g
         for g in candidates
@@ -150,7 +186,7 @@ def prune_plan(
             and not refs.is_pruned(d)
         }
     )
-    return PrunePlan(chosen, digests, sum(stored[d].size for d in digests), deferred)
+    return PrunePlan(chosen, digests, sum(stored[d].size for d in digests), deferred, scoring)
 
 
 def pruned_events(plan: PrunePlan, store_name: str) -> list[PayloadsPruned]:

@@ -4,6 +4,11 @@ Events run down the page in log order on a time axis: each row is labelled with 
 first event, and the space above a row grows with the wait before it (by the logarithm of the gap, up
 to a bound), so a 30 s retire stands out from a 2 ms hand-off without a long run drawing metres of
 empty page.  The picture is as tall as its events need: nothing is cut.
+
+Zoomed (`px_per_s`, the console's zoom), the space grows with the wait itself: that many pixels a
+second, rows never closer than one row apart, and no wait drawn taller than `MAX_LINEAR_GAP_PX` (a
+longer one is written on the axis as every wait of half a second or more is).  `render_svg` is the
+picture alone, `SWIMLANE_CSS` its style sheet (the console serves both).
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ _GAP_PX = 22
 _MAX_GAP_PX = 110
 # A wait at least this long is written on the axis ("2.5 s later").
 _GAP_LABEL_S = 0.5
+# Zoomed: the most space one wait takes.
+MAX_LINEAR_GAP_PX = 4000
 
-_CSS = """
+_PAGE_CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2433; background: #fbfbfd; }
 h1 { font-size: 18px; margin: 0 0 4px; }
 p.sub { margin: 0 0 16px; color: #5a6478; }
+ul.turns { margin: 12px 0 0; padding-left: 20px; color: #39414f; }
+"""
+# The picture's own rules (what the console's pages load beside their own style sheet).
+SWIMLANE_CSS = """
 svg { background: #fff; border: 1px solid #dde1ea; border-radius: 6px; }
 .lane { stroke: #c5cbd8; stroke-width: 2; stroke-dasharray: 4 4; }
 .lane-title { font-weight: 600; text-anchor: middle; fill: #1d2433; }
@@ -49,7 +60,6 @@ svg { background: #fff; border: 1px solid #dde1ea; border-radius: 6px; }
 .dot { stroke: none; }
 .carry { stroke: #2f9e6e; stroke-width: 2; fill: none; stroke-dasharray: 6 3; }
 .carry-label { font-size: 11px; fill: #2f7a58; font-weight: 600; }
-ul.turns { margin: 12px 0 0; padding-left: 20px; color: #39414f; }
 """
 
 
@@ -67,8 +77,10 @@ def _klass(entry: Entry) -> str:
     return f"arrow {base}{fail}"
 
 
-def _gap_px(gap_s: float) -> float:
-    """The space a wait of `gap_s` seconds adds above a row."""
+def _gap_px(gap_s: float, px_per_s: float | None = None) -> float:
+    """The space a wait of `gap_s` seconds adds above a row (zoomed: beyond the row itself)."""
+    if px_per_s is not None:
+        return min(MAX_LINEAR_GAP_PX, max(0.0, gap_s * px_per_s - _ROW))
     if gap_s <= _GAP_FLOOR_S:
         return 0.0
     return min(_MAX_GAP_PX, _GAP_PX * math.log10(gap_s / _GAP_FLOOR_S))
@@ -78,13 +90,13 @@ def _seconds(s: float) -> str:
     return f"{s:.3f} s" if s < 60 else f"{int(s // 60)} min {s % 60:04.1f} s"
 
 
-def row_offsets(entries: list[Entry]) -> list[float]:
+def row_offsets(entries: list[Entry], px_per_s: float | None = None) -> list[float]:
     """Each row's y: one row apart, plus the space its wait since the previous event earns."""
     ys: list[float] = []
     y = float(_TOP)
     for i, entry in enumerate(entries):
         if i:
-            y += _ROW + _gap_px(max(0.0, entry.recorded_at - entries[i - 1].recorded_at))
+            y += _ROW + _gap_px(max(0.0, entry.recorded_at - entries[i - 1].recorded_at), px_per_s)
         ys.append(y)
     return ys
 
@@ -170,8 +182,9 @@ def _turns_html(tl: Timeline) -> str:
     return f'<h2 style="font-size:15px;margin:16px 0 0">Turns across tries</h2><ul class="turns">{items}</ul>'
 
 
-def render_html(tl: Timeline) -> str:
-    ys = row_offsets(tl.entries)
+def render_svg(tl: Timeline, px_per_s: float | None = None) -> str:
+    """The swimlane picture alone (styled by SWIMLANE_CSS); `px_per_s`: zoomed, see the module doc."""
+    ys = row_offsets(tl.entries, px_per_s)
     y_of = {e.position: y for e, y in zip(tl.entries, ys, strict=True)}
     carries = "".join(_carry_svg(c, y_of) for c in tl.carried)
     height = int((ys[-1] if ys else _TOP) + 30)
@@ -182,21 +195,25 @@ def render_html(tl: Timeline) -> str:
     )
     axis = _axis_svg(tl.entries, ys) + f'<text class="lane-title" x="{_AXIS_X - 30}" y="28">time</text>'
     events = "".join(_event_svg(e, y) for e, y in zip(tl.entries, ys, strict=True))
+    return f"""<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}">
+<defs><marker id="head" viewBox="0 0 10 10" refX="8" refY="5" markerWidth="7" markerHeight="7"
+orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#59607a"/></marker></defs>
+{axis}{lanes}{events}{carries}
+</svg>"""
+
+
+def render_html(tl: Timeline) -> str:
     tries = ", ".join(f"#{a}" for a in tl.attempts()) or "none"
     first = _time(tl.entries[0].recorded_at) if tl.entries else "-"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>{escape(tl.rollout_id)} — rollout history</title>
-<style>{_CSS}</style></head>
+<style>{_PAGE_CSS}{SWIMLANE_CSS}</style></head>
 <body>
 <h1>Rollout {escape(tl.rollout_id)}</h1>
 <p class="sub">group {escape(tl.group_id)} · tries {escape(tries)} · {len(tl.entries)} events from {first} ·
 time since the first event on the left, longer waits drawn taller · hover an arrow for its position and time</p>
-<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}">
-<defs><marker id="head" viewBox="0 0 10 10" refX="8" refY="5" markerWidth="7" markerHeight="7"
-orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#59607a"/></marker></defs>
-{axis}{lanes}{events}{carries}
-</svg>
+{render_svg(tl)}
 {_turns_html(tl)}
 </body></html>
 """

@@ -116,6 +116,7 @@ class TurnSchedule:
     index: ContinuationIndex = field(default_factory=ContinuationIndex)
     turns_resumed: int = 0
     turns_redone: int = 0
+    late_tool_calls: int = 0
 
 
 def _group(rollout_id: str) -> GroupState:
@@ -236,12 +237,7 @@ def run_turn_schedule(seed: int) -> TurnSchedule:
             else:
                 run.phase = "tools"
         elif run.phase == "tools":
-            for i, name in enumerate(rollout.resources):
-                key = MutationKey(rollout_id=run.rollout_id, lineage=run.lineage, turn=turn, call=i)
-                args = {"amount": 10 * turn} if name == "bank" else {"to": "u", "body": f"turn {turn}"}
-                s.book.call(
-                    name, run.lineage, key, "deposit" if name == "bank" else "send", args, run.attempt_index
-                )
+            tools(run, turn)
             run.phase = "commit"
         else:
             resources = [
@@ -271,6 +267,25 @@ def run_turn_schedule(seed: int) -> TurnSchedule:
             s.committed.add((run.lineage, turn))
             run.turn_done, run.phase, run.last = turn, "call", digest
 
+    def tools(run: Run, turn: int) -> None:
+        for i, name in enumerate(s.rollouts[run.rollout_id].resources):
+            key = MutationKey(rollout_id=run.rollout_id, lineage=run.lineage, turn=turn, call=i)
+            args = {"amount": 10 * turn} if name == "bank" else {"to": "u", "body": f"turn {turn}"}
+            s.book.call(
+                name, run.lineage, key, "deposit" if name == "bank" else "send", args, run.attempt_index
+            )
+
+    # Tool calls in flight when their try was retired or its agent restarted: the resources server
+    # still gets them, at some later step, after the try's replacement may have restored the session
+    # and run that turn again.  Drawn from a stream of their own (every other draw of a seed is what it
+    # was); the calls' keys make each mutation land once, whichever comes first.
+    late = random.Random(f"turns-late|{seed}")
+    in_flight: list[tuple[Run, int]] = []
+
+    def abandoned(run: Run) -> None:
+        if run.phase == "tools" and late.random() < 0.5:
+            in_flight.append((run, run.turn_done + 1))
+
     def finish(run: Run) -> None:
         del live[(run.rollout_id, run.attempt_index)]
         rollout = s.rollouts[run.rollout_id]
@@ -283,6 +298,8 @@ def run_turn_schedule(seed: int) -> TurnSchedule:
         replacement, which resumes what the agent offered (the real decision)."""
         n = rollout.current
         gone = live.pop((rollout.rollout_id, n), None)
+        if gone is not None:
+            abandoned(gone)
         if gone is not None and gone.resuming is not None:
             taking.discard(gone.resuming.digest)
         offer = s.index.offer(rollout.rollout_id, n) if agent_has_state else None
@@ -314,6 +331,8 @@ def run_turn_schedule(seed: int) -> TurnSchedule:
             if runs:
                 retire(s.rollouts[rng.choice(racing or runs).rollout_id])
         elif fault in ("agent_restart", "agent_wiped"):
+            for run in live.values():
+                abandoned(run)
             live.clear()
             taking.clear()
             if fault == "agent_wiped":
@@ -336,6 +355,10 @@ def run_turn_schedule(seed: int) -> TurnSchedule:
                 ref = rng.choice(refs)
                 stale_index += 1
                 dispatch(s.rollouts[ref.rollout_id], stale_index, ref, stale=True)
+        if in_flight and late.random() < 0.2:
+            gone_run, turn = in_flight.pop(late.randrange(len(in_flight)))
+            tools(gone_run, turn)
+            s.late_tool_calls += 1
         runs = sorted(live.values(), key=lambda r: (r.rollout_id, r.attempt_index))
         if runs:
             step(rng.choice(runs))
@@ -380,6 +403,9 @@ class TurnExploration:
     faults: dict[str, int] = field(default_factory=dict)
     declined: dict[str, int] = field(default_factory=dict)
     side_effects: int = 0
+    # Tool calls of retired tries that landed late, and calls answered from the record (their key seen).
+    late_tool_calls: int = 0
+    repeats: int = 0
     violations: dict[int, list[str]] = field(default_factory=dict)
 
 
@@ -394,6 +420,8 @@ def explore_turns(seeds: int, first_seed: int = 0) -> TurnExploration:
         result.turns_resumed += s.turns_resumed
         result.turns_redone += s.turns_redone
         result.side_effects += s.book.effects.applied
+        result.late_tool_calls += s.late_tool_calls
+        result.repeats += s.book.effects.repeats
         for k, v in s.faults.items():
             result.faults[k] = result.faults.get(k, 0) + v
         for k, v in s.declined.items():

@@ -136,9 +136,10 @@ async def train(
 
 
 async def run(directory: Path, steps: int = 3, prompts: int = 2) -> dict[str, Any]:
-    import ray
+    from trainer.ray_gym.local import init_local_ray, prepare_loopback
 
-    from trainer.ray_gym.local import init_local_ray
+    prepare_loopback()  # before Ray's import: it settles there which address its daemons take
+    import ray
 
     directory.mkdir(parents=True, exist_ok=True)
     db_url = f"sqlite:///{directory / 'ledger.db'}"
@@ -164,10 +165,11 @@ async def run(directory: Path, steps: int = 3, prompts: int = 2) -> dict[str, An
         for p in processes:
             p.close()
     from eventstore import open_store
+    from eventstore.payload_stores import payload_plane
 
     store = open_store(db_url)
     try:
-        report = audit_log(store)
+        report = audit_log(store, payloads=payload_plane(store))  # `ledger audit`'s, payloads included
     finally:
         store.close()
     summary = {
@@ -188,7 +190,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
     args = parser.parse_args()
-    asyncio.run(run(args.dir, args.steps, args.prompts))
+    from trainer.ray_gym.local import RayNotLoopback
+
+    try:
+        asyncio.run(run(args.dir, args.steps, args.prompts))
+    except RayNotLoopback as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -642,10 +642,17 @@ async def summarize_run(
     generation = await asyncio.to_thread(run_generation, store, run_id)
     waits = facts.prepare_waits
     audit: int | None = None
+    rules: list[str] = []
+    broken: list[str] = []
     try:
+        from eventstore.payload_stores import payload_plane
         from projections.audit import audit_log
 
-        audit = len((await asyncio.to_thread(audit_log, store)).violations)
+        # `ledger audit`'s whole audit: every rule of the log and the payload rules (every claimed
+        # payload read back from the store the run wrote to, the database's own integrity check).
+        report = await asyncio.to_thread(audit_log, store, None, payload_plane(store))
+        audit, rules = len(report.violations), report.rules_checked
+        broken = sorted({v.rule for v in report.violations})
     except ImportError:
         audit = None
     return {
@@ -688,6 +695,8 @@ async def summarize_run(
         "stranded": facts.stranded,
         "duplicate_executions": facts.duplicate_executions,
         "audit_violations": audit,
+        "audit_rules": len(rules),
+        "audit_rules_broken": broken,
         "events": sum(counts.values()),
         # Group commit: appends written, and the store transactions (append-lock holds) they took.
         "journal_appends": facts.journal_appends,

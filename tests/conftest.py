@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
-# The Triton kernels are checked on the CPU through the interpreter; triton reads this when a kernel is defined.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-# A local Ray started by any test binds loopback only (trainer/ray_gym/local.py); Ray reads this at import.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +10,20 @@ import pytest
 
 from eventstore import upgrade_database
 from eventstore.testing import PgCluster
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--crash-exhaustive",
+        action="store_true",
+        help="tests/crash: every byte prefix and every bit of each durable file, not the CI slice",
+    )
+    parser.addoption(
+        "--mutants",
+        choices=("fast", "all"),
+        default="fast",
+        help="fast (default): the catalogue's fast slice only; all: every mutant within its seed budget",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +60,16 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         url = str(request.getfixturevalue("pg_url"))
     upgrade_database(url)
     return url
+
+
+# --- the mutant catalogue (tests/mutants): its fast slice runs by default, the rest with --mutants=all --
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `catalogue` are deselected (not skipped) unless `--mutants=all`."""
+    if config.getoption("--mutants") == "all":
+        return
+    left_out = [item for item in items if item.get_closest_marker("catalogue") is not None]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item.get_closest_marker("catalogue") is None]

@@ -42,6 +42,7 @@ from trainer.gym.errors import (
     AgentUnavailableError,
     ConnectionLostError,
     GymError,
+    TrainerConflictError,
 )
 from trainer.stops import log_stop
 
@@ -115,6 +116,9 @@ class AckRelay:
             self.requests += 1
             try:
                 results = await client.acknowledge(owed)
+            except TrainerConflictError as exc:  # another trainer's agent now (trainer.core.refusal)
+                self.ctx.refuse(agent_name, exc.message)
+                return False
             except GymError as exc:
                 now = time.monotonic()
                 retry = debt_core.on_ack_failure(

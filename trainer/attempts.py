@@ -8,6 +8,7 @@ try is settled once however many parties race for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from payloads import PayloadClaim
 from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE, reply_to_store
 from payloads.token_arrays import TokenArrays
 from projections.ledger import AttemptState, GroupState, LedgerState
+from protocol import mutants
 from protocol.digests import canonical_bytes
 from protocol.ids import capture_key, group_id_of, rollout_id_of
 from protocol.streams import group_stream
@@ -59,6 +61,7 @@ from trainer.gym.errors import (
     NotFoundError,
     ReceiptMismatchError,
     StaleCheckpointError,
+    TrainerConflictError,
 )
 from trainer.payload_io import PayloadIO
 
@@ -194,6 +197,9 @@ class Attempts:
         known = from_ledger(attempt)
         if known is not None:
             return known
+        refused = self.ctx.refused.get(group.agent_name)
+        if refused is not None:  # nothing more is sent to an agent that refused this trainer
+            raise refused
         if attempt.status == "minted":
             return await self._play(group, attempt)
         # Dispatched by an earlier coordinator (or its reply went missing): retire or adopt.
@@ -257,6 +263,10 @@ class Attempts:
             except GymError as exc:
                 failure = exc
         del task  # the answer's only holder from here is `reply`, let go of once it is stored
+        if isinstance(failure, TrainerConflictError):
+            # The agent refuses this trainer: the try never ran there, and nothing is recorded or owed
+            # (trainer.core.refusal); the group waits open for a recovery once the agent is free.
+            raise ctx.refuse(group.agent_name, failure.message)
         if failure is not None and not dispatched.is_set():
             # Failed before it was sent (the agent's identity, the wait for a connection): recorded
             # as a dispatch that failed, and retired at the agent like any other.
@@ -283,6 +293,9 @@ class Attempts:
                 group.group_id,
                 [RunFailed(rollout_id=rid, attempt_index=n, reason=reason[:500], kind=kind)],
             )
+            if mutants.active("replace_without_retire"):
+                live.outcome = AttemptOutcome("retired", reason)
+                return live.outcome
             live.outcome = await self._resolve_locked(group.group_id, rid, n)
             return live.outcome
 
@@ -346,7 +359,8 @@ class Attempts:
         )
         digest = reply_claim.digest
         try:
-            verify_receipt(reply, receipt, digest)
+            if not (adopted and mutants.active("adopt_unverified")):
+                verify_receipt(reply, receipt, digest)
             if reply.masked() and ctx.settings.mask_sample_retries:
                 await self.payloads.put([(reply_bytes, REPLY_MEDIA_TYPE)], claims=[reply_claim])
                 await self._append(
@@ -447,6 +461,9 @@ class Attempts:
                 return [*kept.head, owed]
             return [*kept.head, *self.keep_events(current, kept.rollout_receipt, kept.receipt)]
 
+        if mutants.active("ack_before_durable"):
+            with contextlib.suppress(GymError):
+                await ctx.client(kept.agent_name).acknowledge([kept.receipt])
         await ctx.journal.append(group_stream(kept.group_id), build)
         ctx.ack_wakeup.set()
         return FINISHED
@@ -469,6 +486,11 @@ class Attempts:
                 events.append(GroupSealed(group_id=group.group_id, attempts=_sealed_refs(group, rid, n)))
             return events
         events = [SiblingHeld(rollout_id=rid, attempt_index=n, receipt=rollout_receipt), owed]
+        if mutants.active("pg_debt_at_group_seal"):
+            sealed = self.seal_if_complete(group, rid, rollout_receipt)
+            held = [a.receipt for s in group.siblings.values() if (a := s.attempts.get(s.current_attempt))]
+            owed_all = [AckOwed(agent_name=group.agent_name, receipt=r) for r in [receipt, *held] if r]
+            return [events[0], *sealed, *(owed_all if sealed else [])]
         return events + self.seal_if_complete(group, rid, rollout_receipt)
 
     @staticmethod
@@ -538,6 +560,8 @@ class Attempts:
                 await self._append(group_id, list(step.events))
                 if any(isinstance(e, RetireOwed) for e in step.events):
                     ctx.retire_wakeup.set()
+        if action.kind == "refused":
+            raise ctx.refuse(group.agent_name, action.reason)
         if action.kind == "finished":
             assert adopted is not None
             return adopted
@@ -592,6 +616,8 @@ class Attempts:
             return core.AdoptResult("not_found", str(exc)[:300]), None
         except GoneError as exc:
             return core.AdoptResult("gone", str(exc)[:300]), None
+        except TrainerConflictError as exc:
+            return core.DriverRefused(exc.message), None
         except (GymError, _FetchFailed) as exc:
             return core.CallFailed(f"adoption: {exc}"[:300]), None
 
@@ -610,7 +636,7 @@ def resume_events(rid: str, n: int, resume: ResumeReport | None) -> list[Event]:
 
 async def retire_answer(
     client: GymClient, rid: str, n: int, checkpoint_id: str | None
-) -> core.RetireAnswer | core.RetireRefused | core.CallFailed:
+) -> core.RetireAnswer | core.RetireRefused | core.CallFailed | core.DriverRefused:
     """One /retire, its answer in the core's terms."""
     try:
         a = await client.retire(rid, n, checkpoint_id)
@@ -620,6 +646,8 @@ async def retire_answer(
         return core.RetireRefused("stale")
     except CheckpointConflictError:
         return core.RetireRefused("conflict")
+    except TrainerConflictError as exc:
+        return core.DriverRefused(exc.message)
     except GymError as exc:
         return core.CallFailed(f"retire: {type(exc).__name__}: {exc}"[:300])
     detail = client.reduced.retire_detail(rid, n) if client.reduced is not None else ""

@@ -29,6 +29,7 @@ from eventstore.events import (
 )
 from projections.group_core import checkpoint_losses
 from projections.ledger import LedgerState, debt_key
+from protocol import mutants
 from protocol.retry import RetryState, next_step
 from protocol.streams import checkpoint_stream
 from protocol.wire import AttemptRef
@@ -42,6 +43,7 @@ from trainer.core.checkpoint import (
     Answer,
     Done,
     Failed,
+    NotDriven,
     Op,
     Participant,
     Refused,
@@ -65,6 +67,7 @@ from trainer.gym.errors import (
     InvalidPhaseError,
     NotReadyError,
     StaleCheckpointError,
+    TrainerConflictError,
 )
 from trainer.retires import RetireRelay
 
@@ -231,6 +234,8 @@ class Checkpointer:
             left_out = sorted(set(ctx.agents) - set(participants))
             if left_out:
                 log.warning("checkpoint %s cannot include %s (reduced mode)", checkpoint_id, left_out)
+            # Nor an agent that refused this trainer: it holds nothing of it (trainer.core.refusal).
+            participants = [n for n in participants if n not in ctx.refused]
         return sorted(participants)
 
     def _refuse_new(self, checkpoint_id: str) -> None:
@@ -318,7 +323,7 @@ class Checkpointer:
                 checkpoint_id, names, state.ready, state.adopted, state.retired, state.acked, state.carried
             )
             carried = prepared.carried_keys()
-            if not state.failures:
+            if not state.failures and not mutants.active("commit_with_unpaid_debt"):
                 # Every ACK the agents accepted must be in the log before the cut is taken; a debt
                 # the agent carries may stay unpaid at the cut (paid after the decision).
                 for name in names:
@@ -490,6 +495,9 @@ class Checkpointer:
                 last_owed = owed
             except (CheckpointConflictError, StaleCheckpointError, InvalidPhaseError) as exc:
                 state.failures[name] = f"{type(exc).__name__}: {exc}"
+                return
+            except TrainerConflictError as exc:  # not driven any more: fails now (trainer.core.refusal)
+                state.failures[name] = str(ctx.refuse(name, exc.message))
                 return
             except GymError as exc:
                 now = time.monotonic()
@@ -704,6 +712,8 @@ class Checkpointer:
             if call.delay_s:
                 await asyncio.sleep(call.delay_s)
             answer = await _phase_answer(client, call.op, p.checkpoint_id)
+            if isinstance(answer, NotDriven):
+                self.ctx.refuse(p.agent_name, answer.message)
             result = step(p, answer, time.monotonic(), random.random())
             p = result.participant
             if result.events:
@@ -878,5 +888,7 @@ async def _phase_answer(client: GymClient, op: Op, checkpoint_id: str) -> Answer
         return Refused("invalid_phase", None, exc.message)
     except CheckpointConflictError as exc:
         return Refused("conflict", None, exc.message)
+    except TrainerConflictError as exc:
+        return NotDriven(exc.message)
     except GymError as exc:
         return Failed(f"{type(exc).__name__}: {exc}"[:300])

@@ -15,7 +15,9 @@ from protocol.retry import RetryPolicy
 from protocol.wire import ContinuationRef, ResumeReport, TryWork
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
+from trainer.core.refusal import driven, on_trainer_conflict
 from trainer.core.retire_debt import RETIRE_OWED_POLICY
+from trainer.errors import AgentShared
 from trainer.gym import GymClient
 from trainer.journal import Journal
 
@@ -123,6 +125,20 @@ class Context:
         self.answered_agents: set[str] = set()
         # Each agent's incarnation as last seen (at start and at each reconcile): a change is a restart.
         self.incarnations: dict[str, str] = {}
+        # What the coordinator reports (`RolloutCoordinator.errors`), and the agents that refused this
+        # trainer at a call after its start (trainer.core.refusal): name -> the error, not driven since.
+        self.errors: list[BaseException] = []
+        self.refused: dict[str, AgentShared] = {}
+
+    def refuse(self, agent_name: str, message: str) -> AgentShared:
+        """`agent_name` answered `409 trainer_conflict`: it is not driven from now on, and the refusal
+        is reported once (in `errors` and the log); returns the error to raise."""
+        decided = on_trainer_conflict(self.refused, agent_name, self.client(agent_name).base_url, message)
+        if decided.first:
+            error = self.refused[agent_name] = AgentShared(decided.line)
+            self.errors.append(error)
+            log.error("agent %s is not driven any more: %s", agent_name, decided.line)
+        return self.refused[agent_name]
 
     def answered(self, agent_name: str) -> None:
         """An exchange with the agent succeeded: it is reachable again, so the retires owed to it are
@@ -150,7 +166,7 @@ class Context:
     def driver(self) -> Driver:
         """This coordinator as the log sees it: its trainer and the agents it drives (every act at an
         agent on a try or debt is checked against it: projections.ownership)."""
-        return Driver.of(self.settings.trainer_id, self.agents)
+        return Driver.of(self.settings.trainer_id, driven(self.agents, self.refused))
 
     def client(self, agent_name: str) -> GymClient:
         try:

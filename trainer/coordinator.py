@@ -53,6 +53,7 @@ from projections.group_core import (
     sibling_exhausted,
 )
 from projections.ledger import GroupState, LedgerState
+from protocol import mutants
 from protocol.ids import rollout_id_of
 from protocol.levels import TargetLevel, effective_level
 from protocol.retry import RetryPolicy
@@ -64,6 +65,7 @@ from trainer.checkpoint import Checkpointer, CheckpointOutcome, PreparedCheckpoi
 from trainer.context import AttemptOutcome, Context, Settings, log
 from trainer.core.attempt import RETIRE_POLICY
 from trainer.core.debt import ACK_POLICY
+from trainer.core.refusal import refusal_line
 from trainer.core.retire_debt import RETIRE_OWED_POLICY
 from trainer.errors import (
     AgentShared,
@@ -174,7 +176,7 @@ class RolloutCoordinator:
         self._started = False
         self._epoch_reason: Literal["start", "recovery"] = "start"
         self._reconciler: asyncio.Task[None] | None = None
-        self.errors: list[BaseException] = []
+        self.errors: list[BaseException] = self.ctx.errors
         self.stats: dict[str, int] = {"replacements": 0, "abandoned": 0, "dead_lettered": 0}
         # What `metrics()` reports, folded from the log (so a restart does not reset a count).
         self.figures = LogFigures()
@@ -223,7 +225,7 @@ class RolloutCoordinator:
             try:
                 await client.bind_driver(me)
             except TrainerConflictError as exc:
-                raise AgentShared(f"{client.base_url}: {exc.message}") from None
+                raise AgentShared(refusal_line(client.base_url, exc.message)) from None
             except GymError as exc:
                 log.warning("agent %s not bound at start (bound at its first call): %s", name, exc)
 
@@ -242,7 +244,9 @@ class RolloutCoordinator:
 
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(RELEASE_TIMEOUT_S):
-                await asyncio.gather(*(release(n, c) for n, c in self.ctx.agents.items()))
+                await asyncio.gather(
+                    *(release(n, c) for n, c in self.ctx.agents.items() if n not in self.ctx.refused)
+                )
 
     async def _reconcile_loop(self) -> None:
         """An agent's checkpoint phase is compared with the log continuously, not only at recovery:
@@ -253,6 +257,8 @@ class RolloutCoordinator:
             for name, client in sorted(self.ctx.agents.items()):
                 if self.ctx.checkpoint_in_flight or self.ctx.stopping:
                     break
+                if name in self.ctx.refused:  # another trainer's agent (trainer.core.refusal)
+                    continue
                 try:
                     if not await self._check_identity(name, client):
                         continue
@@ -397,6 +403,9 @@ class RolloutCoordinator:
         request raises `GroupConflict`.  Returns the group as the ledger holds it (None once archived).
         """
         self._check_alive()
+        refused = self.ctx.refused.get(agent_name)
+        if refused is not None:  # as at start: nothing written for an agent that refused this trainer
+            raise refused
         check_row(payload or {}, f"group {group_id!r}")
         await self.start()
         requested = target_level or self.target_level
@@ -500,6 +509,8 @@ class RolloutCoordinator:
             if not any(e is exc for e in self.errors):  # one stop, said once, however many groups it ends
                 log_stop(f"group {group_id}", exc)
             self.errors.append(exc)
+        except AgentShared:
+            pass  # its agent refused this trainer: said once, where it did; the group waits open
         except Exception as exc:
             log.exception("group %s failed", group_id)
             self.errors.append(exc)
@@ -733,8 +744,17 @@ class RolloutCoordinator:
                 raise self.journal.fenced
             if self.journal.stopped is not None:
                 raise self.journal.stopped
-            idle = not self.open_groups() and all(t.done() for t in self._drivers.values())
+            waiting = self.open_groups()
+            # Groups on an agent that refused this trainer wait open, undriven: nothing to wait for.
+            stuck = [
+                self.ctx.refused[a]
+                for g in waiting
+                if (a := self.ledger.groups[g].agent_name) in self.ctx.refused
+            ]
+            idle = len(stuck) == len(waiting) and all(t.done() for t in self._drivers.values())
             if until_idle and idle and all(g.group_id in seen for g in self._unclaimed()):
+                if stuck:
+                    raise stuck[0]
                 return
             await self.journal.wait_changed(0.5)
 
@@ -764,7 +784,7 @@ class RolloutCoordinator:
         def build(ledger: LedgerState) -> list[Event]:
             # Checked when the append is built: the flag is raised before CheckpointPrepareStarted is
             # queued and lowered after the decision is written, so no claim lands between the two.
-            held = self.ctx.active_checkpoint
+            held = None if mutants.active("claim_while_prepared") else self.ctx.active_checkpoint
             if held is not None:
                 raise ClaimWhilePrepared(
                     f"group {group_id!r} cannot be claimed while checkpoint {held!r} is prepared and "

@@ -65,6 +65,7 @@ from eventstore.records import UNIT_SEPARATOR, uuid5_text
 from projections.base import decode
 from projections.checkpoints import CheckpointsProjection, CheckpointsState
 from projections.ledger import LedgerProjection, LedgerState, lookahead
+from protocol import mutants
 from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.streams import group_of_stream, group_stream, is_group_stream
 from trainer.errors import CoordinatorStopped, FencedOff, StreamExists
@@ -467,7 +468,7 @@ class Journal:
         to the trainer's own stream is fenced by its expected version already; one after it in the
         same batch expects the version that append leaves."""
         owner = self.owner
-        if owner is None or stream == owner.stream_id:
+        if owner is None or stream == owner.stream_id or mutants.active("stale_owner_unfenced"):
             return None
         return Fence(owner.stream_id, chain.get(owner.stream_id, owner.version))
 

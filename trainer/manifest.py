@@ -104,8 +104,14 @@ def write_manifest(directory: Path, manifest: CheckpointManifest) -> Path:
 
 
 def read_manifest(directory: Path) -> CheckpointManifest:
-    """The manifest of a trainer's checkpoint directory, its digest checked."""
+    """The manifest of a trainer's checkpoint directory, its digest checked.  A damaged one (cut short,
+    a flipped bit) is a ManifestMismatch naming the file and the byte where reading it failed (0: the
+    file is one record, and its digest does not hold)."""
     path = directory / MANIFEST_NAME
+
+    def damaged(at: int, reason: str) -> ManifestMismatch:
+        return ManifestMismatch(f"{path} is not a ledger checkpoint manifest: damaged at byte {at}: {reason}")
+
     try:
         raw = json.loads(path.read_bytes())
         manifest = CheckpointManifest.model_validate(raw)
@@ -114,12 +120,18 @@ def read_manifest(directory: Path) -> CheckpointManifest:
             f"{directory} holds no {MANIFEST_NAME}: the trainer's checkpoint was saved without the ledger's "
             "commit, so no cut of the log is bound to it"
         ) from None
-    except (OSError, ValueError, ValidationError) as exc:
-        reason = str(exc).splitlines()[0]
-        raise ManifestMismatch(f"{path} is not a ledger checkpoint manifest: {reason}") from None
+    except json.JSONDecodeError as exc:  # cut short, or a bit flipped in its syntax (ASCII: chars are bytes)
+        raise damaged(exc.pos, exc.msg) from None
+    except UnicodeDecodeError as exc:
+        raise damaged(exc.start, "not UTF-8") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise damaged(0, f"{'.'.join(map(str, first['loc'])) or 'the manifest'}: {first['msg']}") from None
+    except (OSError, ValueError) as exc:
+        raise ManifestMismatch(f"{path} could not be read: {str(exc).splitlines()[0]}") from None
     expected = sha256_digest(canonical_bytes(manifest.body()))
     if manifest.digest != expected:
-        raise ManifestMismatch(f"{path} does not match its own digest: it was changed after it was written")
+        raise damaged(0, "it does not match its own digest (changed after it was written)")
     return manifest
 
 

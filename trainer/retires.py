@@ -139,6 +139,9 @@ class RetireRelay:
         owed = core.OwedRetire(agent_name, rid, n)
         got = await retire_answer(client, rid, n, None)
         step = core.on_retire(owed, got)
+        if step.verdict == "refused":  # the agent is another trainer's now (trainer.core.refusal)
+            self.ctx.refuse(agent_name, step.reason)
+            return False
         if step.verdict == "fetch_receipt":
             try:
                 receipt = await client.completion_receipt(rid, n)

@@ -15,7 +15,8 @@ new one has taken over); a database outage (appends m..n of one trainer fail wit
 `DatabaseUnavailable`); one checkpoint per coordinator (one call, or prepare then commit, or
 prepare then abort); and the fleet: trainers whose agents share names, a trainer starting on another's
 agent (refused), a group id two trainers submit (the second refused), a run pool smaller than the
-tries at once (no lease may run out in that queue).
+tries at once (no lease may run out in that queue); and a trainer's state rewound once its work is done:
+restored to an older checkpoint, then to one on the branch that restore abandoned (refused).
 
 Two seams carry the faults, both outside production code: each `GymClient`'s connection pools are
 replaced by `FaultyPool` (the same `exchange` the lean transport offers; the agent's ASGI app is called
@@ -26,8 +27,8 @@ records them per process) and makes its every later call fail; the agents' tasks
 The independent checker (`check`) reads only the log's events and the agents' durable records
 (`executions.jsonl` of every state directory an agent ever had, its checkpoint artefacts, its final
 `/status`) and what the clients' pools saw leave, never the projections: nothing executed twice, nothing stranded, every group sealed or
-dead-lettered, no group trained twice (claims rolled back by a restore excepted) nor claimed by a
-fenced owner, every checkpoint's outcome in the log equal to every participant's, no agent left paused,
+dead-lettered, no group trained twice (claims rolled back by a restore excepted, and none trained
+again by a state a restore brought back) nor claimed by a fenced owner, every checkpoint's outcome in the log equal to every participant's, no agent left paused,
 no newest owner fenced, retries bounded, and `projections.audit.audit_log` finds nothing.
 
 The plan is a pure function of the seed; asyncio's interleaving of the coordinator's tasks is not, so a

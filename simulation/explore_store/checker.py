@@ -8,11 +8,13 @@ from collections import Counter
 from typing import Any
 
 from eventstore import open_store
+from eventstore.payload_stores import payload_plane
 from participant.evidence import read_evidence
 from projections.ownership import AgentRef
 from protocol.wire import AgentStatus
 from simulation.agent_audit import AgentSeen, audit_agents
 from simulation.explore_store.process import ScheduleRun
+from simulation.explore_store.retention import live_payloads_gone
 from trainer.core.attempt import RETIRE_POLICY
 
 # Calls of one kind about one try (or one checkpoint at one agent), at most: each retry loop has a
@@ -29,10 +31,14 @@ async def check(run: ScheduleRun) -> list[str]:
         events = await asyncio.to_thread(lambda: list(store.read_all(0)))
         from projections.audit import audit_log
 
-        report = await asyncio.to_thread(audit_log, store)
+        # With the payload plane: every payload an event claims is stored (or pruned) and intact.
+        report = await asyncio.to_thread(audit_log, store, None, payload_plane(store))
+        mine = [e for e in events if plan.prefix in e.stream_id]
+        # The operator's prune and collect took nothing a group still in play needs.
+        groups = {g.group_id for tp in plan.trainers for g in tp.groups}
+        violations += await asyncio.to_thread(live_payloads_gone, store, mine, groups)
     finally:
         await asyncio.to_thread(store.close)
-    mine = [e for e in events if plan.prefix in e.stream_id]
     by_type: dict[str, list[Any]] = {}
     for e in mine:
         by_type.setdefault(e.type, []).append(e)
@@ -78,6 +84,7 @@ async def check(run: ScheduleRun) -> list[str]:
         n = len(live_claims.get(gid, []))
         if n != 1:
             violations.append(f"sealed group {gid} trained on {n} times")
+    violations += _trained_twice_across_restores(mine, owners)
     # The fleet: the group id another trainer reserved stays its owner's; a refused start wrote nothing;
     # no try's lease ran out while its /run waited in the trainer's own queue.
     if plan.collision is not None:
@@ -180,6 +187,33 @@ async def check(run: ScheduleRun) -> list[str]:
         if what and n > MAX_CALLS_PER_TRY:
             violations.append(f"{n} {kind} calls for {what} (bound {MAX_CALLS_PER_TRY})")
     return violations
+
+
+def _trained_twice_across_restores(mine: list[Any], owners: dict[str, str | None]) -> list[str]:
+    """No group trained twice by one trainer's state: the groups its state holds are those it claimed,
+    and a restore (not `claims_kept`) brings back the state as it stood at the restore's cut, whatever
+    the log's claims say since (a restore to a checkpoint an earlier restore left behind brings back
+    claims the log let go of)."""
+    found: list[str] = []
+    # trainer id -> its state's groups after each change, by position (the state at any past cut)
+    states: dict[str, list[tuple[int, frozenset[str]]]] = {}
+    for e in mine:
+        if e.type == "TrainerRestored" and not e.data.get("claims_kept"):
+            tid = e.data.get("trainer_id") or ""
+            cut = e.data.get("cut_position") or 0
+            past = [held for at, held in states.get(tid, []) if at <= cut]
+            states.setdefault(tid, []).append((e.position, past[-1] if past else frozenset()))
+        elif e.type == "GroupClaimedForTraining":
+            gid = e.data["group_id"]
+            tid = owners.get(gid) or ""
+            history = states.setdefault(tid, [])
+            held = history[-1][1] if history else frozenset()
+            if gid in held:
+                found.append(
+                    f"group {gid} trained twice: claimed at {e.position} by a state that trained on it"
+                )
+            history.append((e.position, held | {gid}))
+    return found
 
 
 def url_is_own_log(run: ScheduleRun) -> bool:

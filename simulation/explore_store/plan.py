@@ -89,6 +89,13 @@ class Plan:
     # the agent restarted with its state lost first (a duplicate delivery after a lost restart): the try
     # runs again, and its result is a stray of a try the log settled.
     replay: tuple[str, int] | None = None
+    # The trainer whose state is rewound once its work is done: its processes restore to its newest
+    # checkpoint, then to an older one (abandoning the newest's branch), then to the abandoned one
+    # (which must be refused), then to its newest again; claims and checkpoints between.
+    rewind: int | None = None
+    # Every adopt-only /run reply is altered on its way back (its reward changed: a lying agent, a
+    # corrupting proxy), so it no longer hashes to the digest its agent's receipt names.
+    tamper: bool = False
 
     def name_of(self, key: str) -> str:
         return self.names.get(key, key)
@@ -121,6 +128,8 @@ class Plan:
             "clock_back": sorted(self.clock_back),
             "late_run_lost": self.late_run_lost,
             "replay": self.replay,
+            "rewind": self.rewind,
+            "tamper": self.tamper,
         }
 
 
@@ -130,7 +139,8 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     `fleet=False` leaves out the draws of several trainers on one fleet (shared names, an intruder, a
     group id collision, a small run pool, a stale prepare after a presumed abort, agent clocks stepped
     back at a restart, a late /run's agent restarted with its state lost, a /run delivered again after
-    a lost restart): the plans as they
+    a lost restart, a trainer's state rewound to older and abandoned checkpoints, adopt replies altered
+    in flight): the plans as they
     were before those existed, so the seeds that found bugs before them replay what found them."""
     rng = random.Random(seed)
     trainers: list[TrainerPlan] = []
@@ -195,6 +205,9 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
     replay = (rng.choice(names), rng.randint(1, 3)) if fleet and rng.random() < 0.25 else None
     if intruder is not None:
         replay = None
+    # Drawn last, as above.
+    rewind = rng.randrange(len(trainers)) if fleet and rng.random() < 0.3 else None
+    tamper = fleet and rng.random() < 0.5  # drawn last, as above
     return Plan(
         seed,
         f"x{seed}{tag}-",
@@ -211,6 +224,8 @@ def plan_of(seed: int, tag: str = "", fleet: bool = True) -> Plan:
         clock_back,
         late_run_lost,
         replay,
+        rewind,
+        tamper,
     )
 
 

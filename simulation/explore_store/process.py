@@ -9,7 +9,7 @@ import threading
 from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from simulation.explore_store.plan import CallKind, CrashPoint, CrashWhere, Plan
 from trainer.coordinator import RolloutCoordinator
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 # A schedule that has not ended after this long is a violation (something waits for ever).
 SEED_DEADLINE_S = 45.0
+
+T = TypeVar("T")
 
 INCARNATION: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("incarnation", default=None)
 
@@ -148,6 +150,8 @@ class ScheduleRun:
         default_factory=dict
     )
     replayed: set[str] = field(default_factory=set)
+    # The tries whose AckOwed an append has written (an /acknowledge may name only these).
+    owed_durable: set[tuple[str, int]] = field(default_factory=set)
     _started: dict[int, asyncio.Event] = field(default_factory=dict)
 
     def started(self, t: int) -> asyncio.Event:
@@ -186,13 +190,13 @@ def task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> a
     return task
 
 
-def spawn(inc: Incarnation, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+def spawn(inc: Incarnation, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     context = contextvars.copy_context()
     context.run(INCARNATION.set, inc)
     return asyncio.get_running_loop().create_task(coro, context=context)
 
 
-def ended(task: asyncio.Task[None]) -> BaseException | None:
+def ended(task: asyncio.Task[Any]) -> BaseException | None:
     if task.cancelled():
         return asyncio.CancelledError()
     return task.exception()

@@ -12,8 +12,9 @@ from typing import Any
 from eventstore import open_store
 from eventstore.events import PromptRef
 from participant.driver import DriverBinding
+from projections.recovery import RestoreRefused
 from simulation.explore_store.agent import Agent
-from simulation.explore_store.plan import CheckpointKind, Plan
+from simulation.explore_store.plan import CheckpointKind, GroupPlan, Plan
 from simulation.explore_store.process import (
     SEED_DEADLINE_S,
     Incarnation,
@@ -25,10 +26,18 @@ from simulation.explore_store.process import (
     task_factory,
     waiting,
 )
+from simulation.explore_store.retention import prune_and_collect
 from simulation.explore_store.seams import FaultyPool, FaultyStore
 from trainer.checkpoint import PreparedCheckpoint
 from trainer.coordinator import RolloutCoordinator
-from trainer.errors import AgentShared, AlreadyClaimed, CoordinatorStopped, FencedOff, GroupConflict
+from trainer.errors import (
+    AgentShared,
+    AlreadyClaimed,
+    ClaimWhilePrepared,
+    CoordinatorStopped,
+    FencedOff,
+    GroupConflict,
+)
 from trainer.gym import GymClient
 from trainer.gym.errors import GymError, TrainerConflictError
 
@@ -103,13 +112,20 @@ async def _workload(run: ScheduleRun, t: int, inc: Incarnation, recover: bool) -
             # same moment): a dead process must not go on looping here.
             inc.check()
             _raise_if_stopped(coord)
-            for group in coord.sealed_unclaimed():
+            sealed = coord.sealed_unclaimed()
+            # Before a split checkpoint, the last group sealed is claimed while the trainer saves (the
+            # claim is refused until the decision: ClaimWhilePrepared), and after it.
+            due_with = claimed_here + len(sealed) - 1 >= tp.checkpoint_after or not coord.open_groups()
+            held_back = sealed[-1:] if not checkpointed and tp.checkpoint != "one_call" and due_with else []
+            for group in sealed[: len(sealed) - len(held_back)]:
                 await coord.claim_for_training(group.group_id, run.claims[t])
                 run.claims[t] += 1
                 claimed_here += 1
-            if not checkpointed and (claimed_here >= tp.checkpoint_after or not coord.open_groups()):
+            if not checkpointed and (
+                held_back or claimed_here >= tp.checkpoint_after or not coord.open_groups()
+            ):
                 checkpointed = True
-                await _checkpoint(coord, f"{tp.trainer_id}-ck{inc.number}", tp.checkpoint)
+                await _checkpoint(run, t, coord, f"{tp.trainer_id}-ck{inc.number}", tp.checkpoint)
                 continue
             if checkpointed and not coord.open_groups() and not coord.sealed_unclaimed():
                 break
@@ -287,16 +303,32 @@ def _raise_if_stopped(coord: RolloutCoordinator) -> None:
         raise coord.errors[0]
 
 
-async def _checkpoint(coord: RolloutCoordinator, cid: str, kind: CheckpointKind) -> None:
+async def _checkpoint(
+    run: ScheduleRun, t: int, coord: RolloutCoordinator, cid: str, kind: CheckpointKind
+) -> None:
     if kind == "one_call":
         await coord.checkpoint(cid)
         return
     prepared = await coord.prepare_checkpoint(cid)
     if isinstance(prepared, PreparedCheckpoint):
+        await _claims_while_prepared(run, t, coord)
         if kind == "split_commit":
             await coord.commit_checkpoint(cid)
         else:
             await coord.abort_checkpoint(cid, "the trainer chose to abort (schedule)")
+
+
+async def _claims_while_prepared(run: ScheduleRun, t: int, coord: RolloutCoordinator) -> None:
+    """The trainer's training loop going on while it saves: a claim between the prepare and the
+    decision must be refused (`ClaimWhilePrepared`), as the cut holds exactly the claims it saved with
+    (the auditor's no-claim-while-prepared); the group is claimed after the decision."""
+    for group in coord.sealed_unclaimed():
+        try:
+            await coord.claim_for_training(group.group_id, run.claims[t])
+        except ClaimWhilePrepared:
+            run.counts["claims_refused_while_prepared"] += 1
+        else:
+            run.claims[t] += 1
 
 
 async def _drive_trainer(run: ScheduleRun, t: int) -> None:
@@ -402,6 +434,115 @@ async def _finish_after(run: ScheduleRun, t: int) -> None:
         run.problems.append(f"trainer {t}: the last process failed: {type(error).__name__}: {error}"[:400])
 
 
+async def _trainer(run: ScheduleRun, t: int) -> None:
+    """Trainer `t`'s processes, then (the plan's rewind) its state rewound."""
+    await _drive_trainer(run, t)
+    if run.plan.rewind == t and not run.problems:
+        await _rewind(run, t)
+
+
+async def _rewind(run: ScheduleRun, t: int) -> None:
+    """Trainer `t`'s state rewound, once its work is done, as a trainer loading older checkpoints
+    would: a process restores to its newest checkpoint, claims what that rolled back, checkpoints
+    (`rw1`), trains one more group and checkpoints again (`rw2`); the next restores to `rw1` (older:
+    `rw2`'s branch is abandoned, the group's claim rolled back) and claims the group again, legally,
+    then checkpoints (`rw3`); the next names `rw2`, a state that trained the group on the abandoned
+    branch, and must be refused (`RestoreRefused`); the last restores to the newest (`rw3`).  The
+    checker finds any group a state trained that is claimed again after a restore."""
+    tid = run.plan.trainers[t].trainer_id
+    extra = GroupPlan(f"{tid}-rw-g0", run.plan.trainers[t].agents[0], 2)
+    rw1 = await _rewind_process(run, t, None, f"{tid}-rw1")
+    rw2 = await _rewind_process(run, t, None, f"{tid}-rw2", extra) if rw1 is not None else None
+    if rw1 is None or rw2 is None:
+        run.counts["rewinds_without_checkpoints"] += 1  # a fault aborted every try of one of them
+        return
+    await _rewind_process(run, t, rw1, f"{tid}-rw3")
+    run.counts["restores_to_older"] += 1
+    try:
+        await _rewind_process(run, t, rw2, None)
+    except RestoreRefused:
+        run.counts["abandoned_restores_refused"] += 1
+    else:
+        run.counts["abandoned_restores_accepted"] += 1  # the checker judges what that trained
+    await _rewind_process(run, t, None, None)
+
+
+async def _rewind_process(
+    run: ScheduleRun, t: int, restore_to: str | None, checkpoint: str | None, extra: GroupPlan | None = None
+) -> str | None:
+    """One process of the rewind: recovers trainer `t` restoring to `restore_to` (None: its newest),
+    claims every sealed group left unclaimed, submits `extra` and claims it once sealed, then commits
+    a checkpoint named `checkpoint` (tried under two more ids if a fault aborts it); its id, or None.  A
+    process a database outage stopped is followed by another doing the same (at most 3)."""
+    loop = asyncio.get_running_loop()
+    incs = run.incarnations[t]
+    for _ in range(3):
+        inc = Incarnation(t, len(incs), None, loop)
+        inc.may_close.set()
+        incs.append(inc)
+        task = spawn(inc, _rewound(run, t, inc, restore_to, checkpoint, extra))
+        await asyncio.wait({task})
+        error = ended(task)
+        if error is None:
+            return task.result()
+        if isinstance(error, RestoreRefused):
+            raise error
+        if not isinstance(error, CoordinatorStopped):
+            what = f"trainer {t}: rewind process {inc.number} failed: {type(error).__name__}: {error}"
+            run.problems.append(what[:400])
+            return None
+        run.counts["outage_stops"] += 1
+    run.problems.append(f"trainer {t}: the rewind stopped three times")
+    return None
+
+
+async def _rewound(
+    run: ScheduleRun,
+    t: int,
+    inc: Incarnation,
+    restore_to: str | None,
+    checkpoint: str | None,
+    extra: GroupPlan | None,
+) -> str | None:
+    plan = run.plan
+    tp = plan.trainers[t]
+    store = FaultyStore(await asyncio.to_thread(open_store, run.url), inc, run)
+    clients = {plan.name_of(key): _client(run.agents[key], inc, run) for key in tp.agents}
+    settings = {**SETTINGS, "mode": tp.mode, "trainer_id": tp.trainer_id}
+    try:
+        coord = await RolloutCoordinator.recover(store, dict(clients), restore_to=restore_to, **settings)
+        inc.coord = coord
+        if extra is not None and not coord.ledger.knows_group(extra.group_id):
+            prompt = PromptRef(sample_id=extra.group_id, task_name="arith")
+            await coord.submit(extra.group_id, prompt, plan.name_of(extra.agent), extra.siblings, PAYLOAD)
+        async with asyncio.timeout(FLEET_GATE_S):
+            while True:
+                _raise_if_stopped(coord)
+                for group in coord.sealed_unclaimed():
+                    await coord.claim_for_training(group.group_id, run.claims[t])
+                    run.claims[t] += 1
+                if not coord.open_groups() and not coord.sealed_unclaimed():
+                    break
+                await coord.journal.wait_changed(0.05)
+        committed = None
+        for cid in [] if checkpoint is None else [checkpoint, *(f"{checkpoint}-{k}" for k in range(1, 3))]:
+            if (await coord.checkpoint(cid)).committed:
+                committed = cid
+                break
+        await coord.wait_idle(FLEET_GATE_S)
+        await coord.checkpointer.recover()
+        await _until_released(run, t, coord)
+        _raise_if_stopped(coord)
+        await coord.close()
+        return committed
+    finally:
+        if inc.coord is not None and not inc.crashed:
+            with contextlib.suppress(BaseException):
+                await inc.coord.close()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(store.close)
+
+
 async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
     """Runs `plan` on the log at `url` with its agents' state under `workdir`; returns what happened
     (the checker reads the log and the agents afterwards)."""
@@ -424,7 +565,7 @@ async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
     previous = loop.get_task_factory()
     loop.set_task_factory(task_factory)
     try:
-        drivers = [asyncio.create_task(_drive_trainer(run, t)) for t in range(len(plan.trainers))]
+        drivers = [asyncio.create_task(_trainer(run, t)) for t in range(len(plan.trainers))]
         done, pending = await asyncio.wait(drivers, timeout=SEED_DEADLINE_S)
         for task in pending:
             task.cancel()
@@ -443,4 +584,8 @@ async def run_schedule(plan: Plan, url: str, workdir: Path) -> ScheduleRun:
                 run.problems.append(f"harness error: {task.exception()!r}")
     finally:
         loop.set_task_factory(previous)
+    # The trainers are done: an operator prunes the done groups' payloads and collects the rest.
+    pruned, collected = await asyncio.to_thread(prune_and_collect, url)
+    run.counts["payloads_pruned"] += pruned
+    run.counts["payloads_collected"] += collected
     return run

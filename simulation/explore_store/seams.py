@@ -17,9 +17,12 @@ import httpx
 
 from eventstore import DatabaseUnavailable, EventStore
 from participant.evidence import read_evidence
+from protocol.wire import ADOPT_ONLY_HEADER
 from simulation.explore_store.agent import Agent, call_kind
 from simulation.explore_store.process import INCARNATION, SEED_DEADLINE_S, Incarnation, ScheduleRun
 from trainer.gym.transport import Origin, Reply, Timeouts
+
+ADOPT_ONLY = ADOPT_ONLY_HEADER.encode()
 
 
 class FaultyStore(EventStore):
@@ -41,6 +44,8 @@ class FaultyStore(EventStore):
         try:
             n = self._before()
             result = fn(*args, **kwargs)
+            # Durable from here: the debts it records may be acknowledged (checked at each /acknowledge).
+            self._run.owed_durable.update(_owed_in(result))
             self._inc.at_append("after_append", n)
             if _prepares(fn.__name__, args):
                 inc = self._inc
@@ -133,6 +138,8 @@ class FaultyPool:
         n = inc.calls
         await inc.at_call("before_call", n)
         kind = call_kind(method, target)
+        if kind == "ack":
+            _check_owed_first(run, body)
         if kind == "run":
             # It left the trainer's own queue (the checker: no lease runs out before this).
             run.runs_sent.add(_subject_of(body, agent.key))
@@ -171,6 +178,9 @@ class FaultyPool:
         reply = await self._deliver(method, target, headers, body, timeouts)
         if fault == "duplicate":
             reply = await self._deliver(method, target, headers, body, timeouts)
+        if kind == "run" and run.plan.tamper and (ADOPT_ONLY, b"1") in headers:
+            reply = _altered(reply)
+            run.counts["adopt_replies_altered"] += reply.status == 200
         await inc.at_call("after_call", n)
         if fault == "reply_lost":
             raise httpx.ReadError(f"{what}: connection lost after the agent acted")
@@ -235,6 +245,44 @@ class FaultyPool:
         except TimeoutError:
             task.add_done_callback(_consume)
             raise httpx.ReadTimeout("no complete response in time") from None
+
+
+def _owed_in(result: Any) -> set[tuple[str, int]]:
+    """The tries whose ACK debt (`AckOwed`) an append (`AppendResult`, or a batch's list of them) wrote."""
+    results = result if isinstance(result, list) else [result]
+    return {
+        (r.data["receipt"]["rollout_id"], r.data["receipt"]["attempt_index"])
+        for res in results
+        for r in res.records
+        if r.type == "AckOwed"
+    }
+
+
+def _check_owed_first(run: ScheduleRun, body: bytes) -> None:
+    """The order rule of an ACK: the agent may forget a result only once the log durably owes its ACK
+    (the seal and the debt in one append, before the ACK is sent).  An `/acknowledge` naming a try whose
+    `AckOwed` no append has yet written is a violation, whatever becomes of the call."""
+    try:
+        items = json.loads(body)["executions"]
+        named = [(i["receipt"]["rollout_id"], i["receipt"]["attempt_index"]) for i in items]
+    except (ValueError, KeyError, TypeError):
+        return  # not an ACK the checker can read: the agent refuses it
+    for rid, n in named:
+        if (rid, n) not in run.owed_durable:
+            run.problems.append(f"the ACK of {rid}#{n} was sent before its AckOwed was durable in the log")
+
+
+def _altered(reply: Reply) -> Reply:
+    """An adopt-only /run's reply altered on its way back (a lying agent, a corrupting proxy): its
+    reward changed, so it no longer hashes to the digest the agent's receipt names."""
+    try:
+        data = json.loads(reply.body)
+    except ValueError:
+        return reply
+    if reply.status != 200 or not isinstance(data, dict):
+        return reply
+    data["reward"] = float(data.get("reward") or 0.0) + 1.0
+    return Reply(reply.status, reply.headers, json.dumps(data).encode())
 
 
 def _prepares(method: str, args: Any) -> bool:

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks import soak
+from eventstore import open_store, upgrade_database
+from eventstore.events import RunReplied
+from eventstore.payload_stores import payload_plane
+from projections.audit import RULES
+from projections.payload_audit import PAYLOAD_RULES, PAYLOAD_STORED
+from protocol.streams import group_stream
+from tests.projections.builder import LogBuilder
+from tests.userenv import ledger_command, user_env
+from tests.workers.tries import seal_group
+from workers.policy import DEFAULT_POLICY_SPEC, load_policy
 
 
 def run(pg_url: str, tmp_path: Path, name: str, *sizes: str) -> dict[str, Any]:
@@ -78,3 +89,58 @@ def test_a_payload_store_it_cannot_use_is_one_line(
     assert soak.main(["--db", pg_url, "--groups", "1", "--siblings", "1", "--faults", ""]) == 2
     err = capsys.readouterr().err
     assert "error: unknown payload store URL 'ftp://x'" in err and "Traceback" not in err, err
+
+
+def test_the_soaks_verdict_is_the_whole_audit_payloads_included(pg_url: str, tmp_path: Path) -> None:
+    """On a log where a claimed payload is gone (an earlier run's, deleted from the payload store), the
+    soak fails as `ledger audit` does: its audit runs the payload rules too (it once ran 21 rules,
+    none of them the payloads', and passed)."""
+    upgrade_database(pg_url)
+    store = open_store(pg_url)
+    try:
+        plane = payload_plane(store)
+        LogBuilder(store, payloads=plane).clean_sibling_group("earlier", step=1)
+        replies = [e.decode() for e in store.read_stream(group_stream("earlier")) if e.type == "RunReplied"]
+        [lost, *_] = [r.reply.digest for r in replies if isinstance(r, RunReplied) and r.reply is not None]
+        assert plane.default.delete([lost]) == 1
+    finally:
+        store.close()
+    out = tmp_path / "soak.json"
+    argv = ["--db", pg_url, "--groups", "1", "--siblings", "2", "--agents", "1", "--faults", ""]
+    assert soak.main([*argv, "--checkpoint-every", "0", "--json", str(out)]) == 1
+    result = json.loads(out.read_text())
+    assert result["summary"]["stranded"] == 0 and result["summary"]["duplicate_executions"] == 0
+    assert result["audit"]["rules_checked"] == len(RULES) + len(PAYLOAD_RULES)
+    assert result["audit"]["by_rule"] == {PAYLOAD_STORED: 1}, result["audit"]
+
+
+def test_the_token_sample_leaves_out_what_a_prune_removed_during_the_run(tmp_path: Path) -> None:
+    """`ledger payloads prune` while a soak runs removes some of the run's token records (recorded as
+    `PayloadsPruned`): the soak's closing sample reads the others and counts those, where it once
+    read them all and crashed on the first one gone, printing no summary.  The run's groups are
+    sealed with real token records, trained and archived; the prune is the real command."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade_database(url)
+    store = open_store(url)
+    try:
+        policy = load_policy(DEFAULT_POLICY_SPEC)
+        log = LogBuilder(store)
+        for step in range(1, 4):
+            seal_group(store, policy, f"soakrun-p{step}", 2)
+            log.claim(f"soakrun-p{step}", step)
+            log.checkpoint(f"c{step}")
+        log.checkpoint("c4")
+        before = soak.sealed_tokens(store, "soakrun")
+        assert (before.size, before.pruned) == (6, 0) and before.mean > 0
+        prune = ["payloads", "prune", "--db", url, "--grace-s", "0", "--unscored", "--keep-newest", "1"]
+        pruned = subprocess.run(
+            [ledger_command(), *prune],
+            capture_output=True, text=True, env=user_env(COLUMNS="200"), cwd=tmp_path, timeout=300,
+        )  # fmt: skip
+        assert pruned.returncode == 0 and "pruned 2 done group(s)" in pruned.stdout, (
+            pruned.stdout + pruned.stderr
+        )
+        after = soak.sealed_tokens(store, "soakrun")
+        assert (after.size, after.pruned) == (2, 4) and after.mean > 0
+    finally:
+        store.close()

@@ -223,11 +223,37 @@ def test_a_crash_mid_compaction_loses_nothing(tmp_path: Path, where: str) -> Non
         log.close()
 
 
-def test_a_torn_last_line_is_ended_at_the_next_start(tmp_path: Path) -> None:
+def test_a_torn_last_line_is_cut_off_at_the_next_start(tmp_path: Path) -> None:
     _write(tmp_path, 1, [("started", "a"), ("completed", "a")])
+    whole = (tmp_path / EVIDENCE_FILE).stat().st_size
     with open(tmp_path / EVIDENCE_FILE, "ab") as f:
         f.write(json.dumps({"kind": "acknowledged", "rollout_id": "a"}).encode()[:20])  # a crash mid-write
+    assert read_evidence(tmp_path).torn_lines == 1  # read before the restart: skipped, counted
     _write(tmp_path, 2, [("started", "b")])
     evidence = read_evidence(tmp_path)
-    assert evidence.torn_lines == 1 and ("b", 0) in evidence.tries  # the record after it is whole
+    assert evidence.torn_lines == 0 and ("b", 0) in evidence.tries  # cut off; the record after it is whole
+    assert (tmp_path / EVIDENCE_FILE).read_bytes()[whole:].startswith(b'{"crc":"')
     assert [t.rollout_id for t in evidence.lost_in_restart] == ["a"]
+
+
+def test_a_file_of_an_older_version_is_read_as_it_was(tmp_path: Path) -> None:
+    """Lines without a checksum (and a torn one an older version ended with a newline) before the
+    first checksummed line are read as they were; records appended after them carry a checksum."""
+    old = [
+        {
+            "kind": k,
+            "rollout_id": "a",
+            "attempt_index": 0,
+            "capture_key": "a",
+            "execution_generation": 1,
+            "at": 1.0,
+        }
+        for k in ("started", "completed")
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in old) + '{"kind": "acknowl\n'
+    (tmp_path / EVIDENCE_FILE).write_text(text)
+    assert read_evidence(tmp_path).torn_lines == 1
+    _write(tmp_path, 2, [("acknowledged", "a")])
+    evidence = read_evidence(tmp_path)
+    assert evidence.tries[("a", 0)].acknowledged and evidence.torn_lines == 1
+    assert (tmp_path / EVIDENCE_FILE).read_text().startswith(text)

@@ -1,9 +1,12 @@
 """Kernel tests run Triton's CPU interpreter unless told otherwise.
 
-``TRITON_INTERPRET`` must be set before any ``triton.jit`` decoration. The kernels in
-``workers.kernels`` decorate lazily (on their first launch), so setting it here is early enough even
-when another conftest has already imported torch, triton or ``workers.kernels``. ``setdefault`` lets a
-GPU machine run the same tests on compiled kernels with ``TRITON_INTERPRET=0 pytest tests/kernels``.
+``TRITON_INTERPRET=1`` is what a CPU user sets for the kernels (docs/testing.md), and it is set here,
+in the kernel tests' own conftest, not for the whole suite.  It must be in the environment before
+``triton.language`` is first imported (Triton's own ``@triton.jit`` helpers, ``tl.cdiv`` and the
+reductions, are decorated then, as compiled or interpreted), as it is in such a user's shell; no
+test collected before this directory imports Triton.  The kernels in ``workers.kernels`` themselves
+decorate lazily (on their first launch).  ``setdefault`` lets a GPU machine run the same tests on
+compiled kernels with ``TRITON_INTERPRET=0 pytest tests/kernels``.
 """
 
 from __future__ import annotations

@@ -11,12 +11,14 @@ from eventstore.events import (
     AttemptMinted,
     ReceiptFetched,
     ReplacementMinted,
+    SiblingHeld,
     SiblingSealed,
 )
 from projections.audit import (
     BOUNDED_RETRIES,
     CHECKPOINT_CLEAN,
     DEBT_UNTIL_ACCEPTED,
+    DEBT_WITH_RESULT,
     EVENT_READABLE,
     GROUP_SEAL_COMPLETE,
     NO_REUSED_TRY,
@@ -31,6 +33,7 @@ from projections.audit import (
 )
 from projections.base import ReplayRefused
 from projections.runner import rebuild
+from projections.training_audit import TRAINED_ONCE_ACROSS_RESTORES
 from tests.projections.builder import LogBuilder, completion_receipt, rollout_receipt
 from tests.projections.tamper import append_raw
 
@@ -154,15 +157,52 @@ def test_seal_before_ack(store: EventStore, log: LogBuilder) -> None:
     log.dispatch("p_g0")
     log.reply("p_g0")
     receipt = completion_receipt("p_g0", 0)
-    fetched, _ = log.group(
+    (fetched,) = log.group("p", [ReceiptFetched(agent_name="agent-a", receipt=receipt)])
+    acked = log.ack("p_g0")
+    assert only(audit(store), SEAL_BEFORE_ACK) == [[fetched, *acked]]
+
+
+def test_debt_with_result(store: EventStore, log: LogBuilder) -> None:
+    """A seal whose debt is appended later (the next row is not its AckOwed): a crash in between leaves
+    a result the log never owes."""
+    log.reserve("p", 1)
+    log.mint("p", 1)
+    log.dispatch("p_g0")
+    log.reply("p_g0")
+    receipt = completion_receipt("p_g0", 0)
+    _, sealed = log.group(
         "p",
         [
             ReceiptFetched(agent_name="agent-a", receipt=receipt),
             SiblingSealed(rollout_id="p_g0", attempt_index=0, reward=1.0, receipt=rollout_receipt("p_g0", 0)),
         ],
     )
-    acked = log.ack("p_g0")
-    assert only(audit(store), SEAL_BEFORE_ACK) == [[fetched, *acked]]
+    later = log.owe("p_g0")
+    assert only(audit(store), DEBT_WITH_RESULT) == [[sealed, later[0]]]
+
+
+def test_debt_with_result_prompt_group_owed_only_at_the_group_seal(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """The seeds' first bug where its group does seal: a held sibling's debt recorded only with the seal."""
+    log.reserve("g", 2, mode="prompt_group")
+    log.mint("g")
+    log.dispatch("g_g0")
+    log.dispatch("g_g1")
+    log.reply("g_g0")
+    receipt = completion_receipt("g_g0", 0)
+    _, held = log.group(
+        "g",
+        [
+            ReceiptFetched(agent_name="agent-a", receipt=receipt),
+            SiblingHeld(rollout_id="g_g0", attempt_index=0, receipt=rollout_receipt("g_g0", 0)),
+        ],
+    )
+    replied = log.reply("g_g1")
+    log.hold("g_g1")
+    log.owe("g_g0")
+    log.seal_group("g", {0: 0, 1: 0}, held=True)
+    assert only(audit(store), DEBT_WITH_RESULT) == [[held, *replied]]
 
 
 def test_debt_until_accepted(store: EventStore, log: LogBuilder) -> None:
@@ -181,15 +221,9 @@ def test_no_stranded_result(store: EventStore, log: LogBuilder) -> None:
     log.dispatch("p_g0")
     replied = log.reply("p_g0")
     receipt = completion_receipt("p_g0", 0)
-    log.group(
-        "p",
-        [
-            ReceiptFetched(agent_name="agent-a", receipt=receipt),
-            SiblingSealed(rollout_id="p_g0", attempt_index=0, reward=1.0, receipt=rollout_receipt("p_g0", 0)),
-        ],
-    )
-    sealed = log.seal_group("p", {0: 0})
-    assert only(audit(store), NO_STRANDED_RESULT) == [replied + sealed]
+    log.group("p", [ReceiptFetched(agent_name="agent-a", receipt=receipt)])
+    dead = log.dead_letter("p", {0: 0})
+    assert only(audit(store), NO_STRANDED_RESULT) == [replied + dead]
 
 
 def test_no_stranded_result_prompt_group_abandoned(store: EventStore, log: LogBuilder) -> None:
@@ -361,6 +395,32 @@ def test_trained_once(store: EventStore, log: LogBuilder) -> None:
     log.restored(store.head(), "c1", {"debts_to_flush": 0})  # the cut keeps the first claim
     second = log.claim("p", 2)
     assert only(audit(store), TRAINED_ONCE) == [first + second]
+
+
+def test_trained_once_across_restores(store: EventStore, log: LogBuilder) -> None:
+    """Steps 3 and 4 saved; a restore to step 3 rolls step 4's claim back and the rerun step 4 claims
+    the group again (legal: the restored state never trained it).  A later restore to the first step 4,
+    on the branch that restore abandoned, brings back a state that trained the group while the log
+    holds no claim of it: claiming it again is training it twice, which only this rule sees (the log's
+    own claims say it is free)."""
+    log.clean_sibling_group("p", 1)
+
+    def checkpoint(checkpoint_id: str) -> int:
+        log.prepare(checkpoint_id)
+        cut = store.head()
+        log.commit(checkpoint_id, cut=cut)
+        log.resume(checkpoint_id)
+        return cut
+
+    step_3 = checkpoint("step_3")
+    [first] = log.claim("p", 4)
+    step_4 = checkpoint("step_4")
+    log.restored(step_3, "step_3", {"debts_to_flush": 0})
+    log.claim("p", 4)
+    checkpoint("step_4.r1")
+    [back] = log.restored(step_4, "step_4", {"debts_to_flush": 0})
+    [again] = log.claim("p", 5)
+    assert only(audit(store), TRAINED_ONCE_ACROSS_RESTORES) == [[first, back, again]]
 
 
 def test_bounded_retries(store: EventStore, log: LogBuilder) -> None:

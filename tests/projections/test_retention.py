@@ -18,14 +18,14 @@ from typer.testing import CliRunner, Result
 
 from cli.main import app
 from eventstore import EventStore, open_store, upgrade_database
-from eventstore.events import PayloadsPruned
+from eventstore.events import LogprobsRefused, PayloadsPruned
 from eventstore.payload_stores import payload_plane
 from payloads import LocalDirPayloadStore, PayloadClaim, StoredPayload
 from projections.audit import audit_log
 from projections.payload_audit import PAYLOAD_STORED
 from projections.retention import PayloadRefs, collectable, fold_refs, prune_plan
 from projections.runner import rebuild
-from protocol.streams import RETENTION_STREAM, group_stream
+from protocol.streams import RETENTION_STREAM, group_stream, logprobs_stream
 from tests.projections.builder import LogBuilder
 
 
@@ -45,15 +45,23 @@ def store(url: str) -> Iterator[EventStore]:
         s.close()
 
 
+def scored_group(log: LogBuilder, group_id: str, step: int | None = None) -> None:
+    """A clean group whose tries the logprob queue has scored."""
+    log.clean_sibling_group(group_id, step=step)
+    for i in range(2):
+        log.logprobs(f"{group_id}_g{i}")
+
+
 def history(store: EventStore) -> LogBuilder:
     """`old` trained and behind a committed cut (archived at the second commit); `mid` trained after the
-    first cut (still in play: a restore to it would roll its claim back); `new` sealed, not trained."""
+    first cut (still in play: a restore to it would roll its claim back); `new` sealed, not trained.
+    Every try scored."""
     log = LogBuilder(store, payloads=payload_plane(store))
-    log.clean_sibling_group("old", step=1)
+    scored_group(log, "old", step=1)
     log.checkpoint("c1")
-    log.clean_sibling_group("mid", step=2)
+    scored_group(log, "mid", step=2)
     log.checkpoint("c2")
-    log.clean_sibling_group("new")
+    scored_group(log, "new")
     return log
 
 
@@ -179,6 +187,31 @@ def test_the_plan_spares_shared_recent_and_already_gone_payloads() -> None:
     assert prune_plan(refs, {"a": 10}, stored, "elsewhere", now, grace_s=60).digests == []
 
 
+def test_a_done_group_with_a_try_not_scored_yet_is_kept(store: EventStore) -> None:
+    """A sealed try without its logprob result (computed or refused) keeps its group's payloads, and
+    any payload it shares with a group that goes; `unscored_too` (no worker scores this log) does not."""
+    log = LogBuilder(store)
+    log.clean_sibling_group("a", step=1)
+    log.logprobs("a_g0")  # a_g1 not scored yet
+    log.clean_sibling_group("b", step=1)
+    log.logprobs("b_g0")
+    log.logprobs("b_g1")
+    refs = fold_refs(store.read_all())
+    assert refs.awaiting_scoring("a") and not refs.awaiting_scoring("b")
+    stored = {d: StoredPayload(d, 10, 0.0) for g in ("a", "b") for d in refs.by_group[g]}
+    plan = prune_plan(refs, {"a": 10, "b": 20}, stored, "log", 10_000.0, grace_s=60)
+    assert (plan.groups, plan.awaiting_scoring) == (["b"], ["a"])
+    # The builder's token records are the same bytes in every try: a's keep them for b's too.
+    assert not set(plan.digests) & refs.by_group["a"]
+    every = prune_plan(refs, {"a": 10, "b": 20}, stored, "log", 10_000.0, grace_s=60, unscored_too=True)
+    assert (every.groups, every.awaiting_scoring) == (["a", "b"], [])
+    log.append(
+        logprobs_stream("a"),
+        [LogprobsRefused(rollout_id="a_g1", attempt_index=0, policy_version="v1", reason="diverged")],
+    )
+    assert not fold_refs(store.read_all()).awaiting_scoring("a")  # a refusal is its result too
+
+
 def test_bytes_claimed_again_after_a_prune_are_needed_again() -> None:
     refs = PayloadRefs()
     refs.last_claimed[_d(1)] = 5
@@ -265,7 +298,7 @@ def test_prune_on_a_store_not_beside_the_log_wants_only_this_log(
     log's processes alone write to it (a dry run says what would go).  Real subprocesses of the CLI."""
     shared = tmp_path / "shared"
     log = LogBuilder(store, payloads=payload_plane(store, str(shared)))
-    log.clean_sibling_group("old", step=1)
+    scored_group(log, "old", step=1)
     log.checkpoint("c1")
     log.checkpoint("c2")
     assert set(rebuild(store).state("ledger").archived) == {"old"}

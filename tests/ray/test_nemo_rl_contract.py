@@ -546,3 +546,85 @@ async def test_a_checkpoint_that_does_not_fit_the_log_is_refused_in_one_line(
         await ok._spinup()
     finally:
         await ok.shutdown()
+
+
+async def test_a_checkpoint_on_a_branch_a_restore_abandoned_is_refused(
+    sqlite_url: str, sqlite_store: EventStore, make_agent: MakeAgent, tmp_path: Path
+) -> None:
+    """Steps 1-4 saved as `grpo.py` does; `step_4` removed, so NeMo RL loads `step_3`: the log
+    restores there (step 4's claims roll back), the rerun step 4 is delivered the same groups and
+    saved again (a new `step_4`).  The old `step_4` directory, named by `restore_checkpoint`, is a
+    state that trained step 4's groups on the branch that restore abandoned: it is refused in one line
+    naming it and that restore, nothing left open, and the run goes on from the new `step_4` with
+    nothing of step 4 delivered again."""
+    agent = make_agent("a")
+    results = tmp_path / "results"
+    config = LedgerGymConfig(
+        db_url=sqlite_url, agents={"a": agent.url}, trainer_id="grpo-1", checkpoint_dir=str(results)
+    )
+    batches = [nemo_rows(2, 2, ["a"], tag=f"s{step}") for step in range(1, 6)]
+
+    async def save(gym: LedgerGym, step: int) -> dict[str, Any]:
+        tmp = results / f"tmp_step_{step}"
+        tmp.mkdir(parents=True)
+        assert (await gym.prepare_checkpoint(f"step_{step}"))["prepared"]
+        committed = await gym.commit_checkpoint(f"step_{step}", checkpoint_dir=str(tmp))
+        assert committed["committed"], committed
+        tmp.rename(results / f"step_{step}")
+        return committed
+
+    def tries(delivered: list[tuple[int, dict[str, Any], Any]]) -> set[str]:
+        return {r["full_result"]["_ledger_rollout_id"] for _, r, _ in delivered}
+
+    gym = LedgerGym(config)
+    try:
+        await gym._spinup()
+        trained = []
+        for step in range(1, 5):
+            trained.append(tries(await drain(gym, batches[step - 1])))
+            await save(gym, step)
+        await gym.wait_idle(120)
+    finally:
+        await gym.shutdown()
+    old_step_4 = tmp_path / "kept" / "step_4"
+    old_step_4.parent.mkdir()
+    (results / "step_4").rename(old_step_4)  # NeMo RL now loads step_3
+
+    again = LedgerGym(config)
+    try:
+        await again._spinup()
+        assert tries(await drain(again, batches[3])) == trained[3]  # the same tries, delivered again
+        assert (await save(again, 4))["checkpoint_id"] == "grpo-1.step_4.r1"
+        await again.wait_idle(120)
+    finally:
+        await again.shutdown()
+
+    restored = [e.data for e in sqlite_store.read_all(0) if e.type == "TrainerRestored"]
+    stale = LedgerGym(
+        config.model_copy(update={"checkpoint_dir": None, "restore_checkpoint": str(old_step_4)})
+    )
+    try:
+        with pytest.raises(ValueError) as refused:
+            await stale._spinup()
+        line = str(refused.value)
+        assert "\n" not in line and stale.store is None and stale.coord is None
+        assert "'grpo-1.step_4'" in line and "abandoned" in line, line
+        assert "restore to grpo-1.step_3" in line and "grpo-1.step_4.r1" in line, line
+    finally:
+        await stale.shutdown()
+    # The refused restore rolled nothing back.
+    assert [e.data for e in sqlite_store.read_all(0) if e.type == "TrainerRestored"] == restored
+
+    going_on = LedgerGym(config)  # the new step_4, the one NeMo RL loads
+    try:
+        await going_on._spinup()
+        # The same rows again are the next epoch's: new tries, none of step 4's delivered again.
+        assert not tries(await drain(going_on, batches[3])) & set().union(*trained)
+        assert not tries(await drain(going_on, batches[4])) & set().union(*trained)
+        await going_on.wait_idle(120)
+    finally:
+        await going_on.shutdown()
+    async with GymClient(agent.url, "a") as client:
+        assert all(n == 1 for n in (await client.debug_runs()).values())  # nothing ran twice
+    report = audit_log(sqlite_store)
+    assert report.ok, report.as_json()["violations"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,12 +22,14 @@ from projections.audit import audit_log
 from protocol.streams import group_stream
 from tests.ray.conftest import nemo_rows
 from tests.rollout.conftest import MakeAgent
+from tests.userenv import user_env
 from trainer.gym import GymClient
 from trainer.ray_gym import LedgerGymConfig, ledger_gym_actor
-from trainer.ray_gym.local import init_local_ray
+from trainer.ray_gym.local import init_local_ray, prepare_loopback
 from trainer.ray_gym.rows import call_digest, group_id
 
-ray = pytest.importorskip("ray")
+prepare_loopback()  # as a driver with a Ray of its own does, before Ray's import (docs/nemo-rl.md)
+import ray  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -205,14 +209,19 @@ async def test_the_local_ray_listens_on_loopback_only(
 _LOOPBACK = {"127.0.0.1", "[::1]", "[::ffff:127.0.0.1]"}
 
 
-async def test_the_runnable_example_of_docs_nemo_rl(local_ray: None, tmp_path: Path) -> None:
-    """docs/nemo-rl.md's example (`python -m simulation.nemo_rl_example`): NeMo RL's setup, streamed
-    steps and save block on the real actor; the first run dies after the log's commit of its last
-    step, before the rename; the second comes back on the step before, as NeMo RL does, and trains
-    every row once."""
-    from simulation.nemo_rl_example import run
-
-    summary = await run(tmp_path, steps=2, prompts=1)
+def test_the_runnable_example_of_docs_nemo_rl(tmp_path: Path) -> None:
+    """docs/nemo-rl.md's example, run as its command (`python -m simulation.nemo_rl_example`) in the
+    environment a user has, so it starts its own local Ray (it once imported Ray before keeping it on
+    loopback and died on any machine with an outward interface): NeMo RL's setup, streamed steps and
+    save block on the real actor; the first run dies after the log's commit of its last step, before
+    the rename; the second comes back on the step before, as NeMo RL does, and trains every row once."""
+    command = [sys.executable, "-m", "simulation.nemo_rl_example", "--dir", str(tmp_path / "run")]
+    done = subprocess.run(
+        [*command, "--steps", "2", "--prompts", "1"],
+        capture_output=True, text=True, env=user_env(), cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary == {
         "steps": 2,
         "rows_trained": 4,  # 2 steps x 1 prompt x 2 generations

@@ -48,6 +48,14 @@ async def test_a_slice_of_seeded_schedules_holds_every_invariant() -> None:
     assert c["late_runs_on_lost_state"] >= 3, c
     # A /run delivered again to its agent restarted with its state lost, after the try was settled.
     assert c["replays_on_lost_state"] >= 5, c
+    # A trainer's state rewound: restored to an older checkpoint (abandoning the newest's branch),
+    # then asked to restore to the abandoned one, refused every time (the checker names any group
+    # a restored state trained that is claimed again).
+    assert c["restores_to_older"] >= 5 and c["abandoned_restores_refused"] == c["restores_to_older"], c
+    # Claims tried while a checkpoint was prepared (refused), adopt replies altered in flight, and the
+    # operator's prune and collect at the end deleting something (the checker: nothing still needed).
+    assert c["claims_refused_while_prepared"] >= 20 and c["adopt_replies_altered"] >= 10, c
+    assert c["payloads_pruned"] >= 10 and c["payloads_collected"] >= 20, c
 
 
 def test_the_plan_is_a_pure_function_of_the_seed() -> None:
@@ -70,6 +78,8 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
     assert not (bare.names or bare.intruder or bare.collision or bare.pools or bare.clock_back)
     assert not bare.late_run_lost and any(p.late_run_lost for p in plans)
     assert bare.replay is None and any(p.replay for p in plans)
+    assert bare.rewind is None and any(p.rewind is not None for p in plans)
+    assert not bare.tamper and any(p.tamper for p in plans)
     assert bare.trainers == sim.plan_of(4242).trainers and bare.faults == sim.plan_of(4242).faults
 
 
@@ -103,6 +113,10 @@ def test_the_plan_is_a_pure_function_of_the_seed() -> None:
 #              directory, reached by a stale owner's late /run after the successor's last
 #              reconciliation: nothing released its result (fixed: stray results, `retire_debt.strays`;
 #              the fleet plans now draw the corner, `late_run_lost` and `replay`);
+#   5, 10, 11  (slice, fleet plans: every seed whose trainer's state is rewound) a restore naming a
+#              checkpoint on a branch an earlier restore had abandoned was accepted, and a group that
+#              state had trained was claimed again (fixed: `projections.recovery.restore_point` refuses
+#              it, and with no checkpoint named takes the newest on the branch the trainer went on from);
 #   96         (the connection killed during a recovering process's load) the per-group read of an
 #              archived group's version was outside the outage budget: the load failed
 #              (fixed: `Journal.load` takes every version from the fold).  Seed 41 failed so too.

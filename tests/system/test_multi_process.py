@@ -144,7 +144,7 @@ def trainer_cmd(
 
 
 def worker_cmd(url: str, *extra: str) -> list[str]:
-    # The torch backend: TRITON_INTERPRET=1 (set for the kernel tests) would make `auto` interpret Triton.
+    # The torch backend: a shell with TRITON_INTERPRET=1 (a CPU user's, the kernel tests') would make `auto` interpret Triton.
     return ledger(
         "worker", "logprobs", "--db", url, "--backend", "torch", "--lease-seconds", "10",
         "--poll-interval", "0.2", "--claim-size", "4", "--json", *extra,

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Triton's CPU interpreter, as a CPU user sets it for the kernels (docs/testing.md), before Triton's
+# first import (tests/kernels/conftest.py says why): `backend="auto"` takes the Triton kernel here.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from collections.abc import Iterator
 
 import pytest

@@ -13,6 +13,9 @@
                                        declared lost and its group dead-lettered; `RetireOwed`: a
                                        retire of it is owed to the agent, trainer.core.retire_debt)
     a checkpoint in the way (409) ---> retire again after a wait, within PHASE_WAIT_POLICY; spent: lost
+    the agent refuses this trainer --> settled "refused" at once, nothing recorded and nothing owed
+    (409 trainer_conflict)             (the agent is another trainer's and holds nothing of this one:
+                                       trainer.core.refusal); the try stays as the log has it
 
 Adoption never starts a new execution: the re-POST carries the adopt-only mark, and a receipt from
 another agent process (incarnation) than the one that answered retire is refused (the try is retired
@@ -37,7 +40,7 @@ PHASE_WAIT_POLICY = RetryPolicy(max_calls=2000, deadline_s=600.0, base_s=0.05, c
 # Adoptions answered with something that is not a receipt of this try before it is declared stranded.
 ADOPT_GARBAGE_LIMIT = 3
 
-SettledKind = Literal["finished", "retired", "stranded", "lost"]
+SettledKind = Literal["finished", "retired", "stranded", "lost", "refused"]
 RetireOutcome = Literal["cancelled", "tombstoned", "done"]
 
 
@@ -76,6 +79,13 @@ class CallFailed:
 
 
 @dataclass(frozen=True)
+class DriverRefused:
+    """`409 trainer_conflict`: the agent is bound to another trainer (`message` names it)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class AdoptResult:
     """How an adoption ended: `adopted` (recorded by the shell), `garbage` (not a receipt of this
     try), `other_incarnation` (a receipt from another process than the one retire described),
@@ -85,7 +95,7 @@ class AdoptResult:
     detail: str = ""
 
 
-Input = RetireAnswer | RetireRefused | CallFailed | AdoptResult
+Input = RetireAnswer | RetireRefused | CallFailed | AdoptResult | DriverRefused
 
 
 # --- state and actions --------------------------------------------------------------------------
@@ -151,6 +161,9 @@ def on(state: Retiring, got: Input, *, now: float, jitter: float, checkpoint_id:
     """The next step after `got`, the answer to `state.calling` (made naming `checkpoint_id`)."""
     if isinstance(got, CallFailed):
         return _failed(state, got.error, now, jitter)
+    if isinstance(got, DriverRefused):
+        # Not a failure to retry, and nothing to owe: the agent holds nothing of this trainer.
+        return Next(state, Settled("refused", got.message))
     if isinstance(got, RetireRefused):
         if got.kind == "stale":
             # The agent does not know our checkpoint (restarted mid-prepare, or finished it): it is

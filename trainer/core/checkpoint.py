@@ -12,7 +12,9 @@ trainer keeps at it until each agent confirms (`step`).  A participant's steps:
 A phase-fence refusal is never read as "already past this step" on its own: a `stale` refusal that
 names the agent's outcome is compared with the target, anything else asks the agent's status first.
 An agent that no longer holds the checkpoint before its commit was confirmed lost it (`lost`: it
-restarted, or a stale coordinator aborted it): recorded, never resumed in the log.  Transport failures
+restarted, or a stale coordinator aborted it): recorded, never resumed in the log.  An agent that
+refuses this trainer (`NotDriven`, 409 trainer_conflict: bound to another trainer) holds nothing of it
+either (trainer.core.refusal), and is judged so at once, with no call after it.  Transport failures
 retry under a budget; a decided step that spends it is recorded stuck (`CheckpointParticipantStuck`,
 once) and keeps retrying at the budget's longest wait, because the log's decision cannot change.
 """
@@ -30,6 +32,7 @@ from eventstore.events import (
     ParticipantOutcome,
     PhaseStep,
 )
+from protocol import mutants
 from protocol.retry import RetryPolicy, RetryState, backoff_s, next_step
 from protocol.wire import Phase
 
@@ -76,7 +79,15 @@ class StatusSeen:
     execution_generation: int
 
 
-Answer = Accepted | Refused | Failed | StatusSeen
+@dataclass(frozen=True)
+class NotDriven:
+    """The agent refuses this trainer (`409 trainer_conflict`): bound to another, it holds nothing of
+    this trainer's checkpoints."""
+
+    message: str
+
+
+Answer = Accepted | Refused | Failed | StatusSeen | NotDriven
 
 
 # --- state and decisions -------------------------------------------------------------------------
@@ -163,6 +174,8 @@ def step(p: Participant, answer: Answer, now: float, jitter: float) -> Step:
         return Step(p, Done(p.end))
     if isinstance(answer, Failed):
         return _again(p, p.op, answer.error, now, jitter)
+    if isinstance(answer, NotDriven):
+        return _holds_nothing(p, f"the agent refuses this trainer: {answer.message}")
     if p.op == "status":
         if not isinstance(answer, StatusSeen):
             return _again(p, "status", f"status answered {answer}", now, jitter)
@@ -208,16 +221,10 @@ def _after_status(p: Participant, seen: StatusSeen, now: float, jitter: float) -
     refused = p.refused_op or ("commit" if p.target == "resumed" else "abort")
     if seen.active_checkpoint_id != p.checkpoint_id:
         # The agent holds nothing of this checkpoint (idle, or another checkpoint is active there).
-        if p.target == "aborted":
-            return _done(p, "aborted", "the agent holds nothing of this checkpoint")
-        if p.commit_confirmed:
-            return _done(p, "resumed", "the agent is no longer paused on this checkpoint")
-        return _done(
+        return _holds_nothing(
             p,
-            "lost",
             f"the agent (generation {seen.execution_generation}, phase {seen.phase}, active "
-            f"{seen.active_checkpoint_id!r}) no longer holds this checkpoint and never confirmed "
-            "its commit: its artefact is lost",
+            f"{seen.active_checkpoint_id!r}) no longer holds this checkpoint",
         )
     if seen.phase == "committed_paused":
         if p.target == "resumed":
@@ -226,6 +233,16 @@ def _after_status(p: Participant, seen: StatusSeen, now: float, jitter: float) -
         return Step(replace(p, op="resume", refused_op=None), Call("resume"))
     # preparing / prepared / committing: the agent is still on its way; call the step again.
     return _again(p, refused, f"the agent is {seen.phase} on this checkpoint", now, jitter)
+
+
+def _holds_nothing(p: Participant, why: str) -> Step:
+    """The agent holds nothing of this checkpoint: aborted there if that is the target; resumed if it
+    confirmed the commit (its artefact is written); else its artefact is lost."""
+    if p.target == "aborted":
+        return _done(p, "aborted", "the agent holds nothing of this checkpoint")
+    if p.commit_confirmed:
+        return _done(p, "resumed", "the agent is no longer paused on this checkpoint")
+    return _done(p, "lost", f"{why} and never confirmed its commit: its artefact is lost")
 
 
 # --- the decision --------------------------------------------------------------------------------
@@ -257,6 +274,8 @@ def unpaid_at_decision(unpaid_debts: dict[str, int], participants: list[str]) ->
     """Participant -> why the cut cannot be taken: debts to it still unpaid in the log (kept owed
     ones included: an agent that denies a result with no evidence it lost it, until an operator
     drops the debt)."""
+    if mutants.active("commit_with_unpaid_debt"):
+        return {}
     return {
         a: f"{n} debts still unpaid in the log at the decision"
         for a, n in unpaid_debts.items()

@@ -30,6 +30,7 @@ from typing import Literal
 
 from eventstore.events import AckAccepted, AckRejected, Event, OperatorMark, RetirePaid
 from projections.ledger import RetireDebt, debt_dropped_by, debt_key
+from protocol import mutants
 from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.wire import AcknowledgeResult, CompletionReceipt
 
@@ -80,6 +81,8 @@ def on_ack(receipt: CompletionReceipt, result: AcknowledgeResult, agent: AgentSe
     if result.acknowledged:
         return DebtStep("paid", (AckAccepted(rollout_id=rid, attempt_index=n, idempotent=result.idempotent),))
     error = result.error or "receipt_mismatch"
+    if error == "unknown_execution" and mutants.active("debt_dropped_without_evidence"):
+        return DebtStep("dropped", (AckRejected(rollout_id=rid, attempt_index=n, error=error),))
     if error == "unknown_execution" and agent is None:
         return DebtStep("need_agent")
     rejected = AckRejected(

@@ -12,6 +12,8 @@ later checkpoints and is the stranded result the audit names.  So the loss recor
                                                      (released, never adopted: the group is dead-lettered)
             --of another try or another process ---> failed (retired again: the agent may have restarted)
     retire refused by a checkpoint phase (409) ----> failed: called again after the wait
+    the agent refuses this trainer (409 -----------> refused: no more calls to it; the retire stays owed
+    trainer_conflict)                                in the log (trainer.core.refusal)
     a call failing in transport -------------------> failed: the agent's next call after a jittered wait
                                                      within RETIRE_OWED_POLICY; spent, reported stuck once
                                                      per spell (RetireDeliveryStuck) and called on at the
@@ -42,7 +44,7 @@ from projections.ownership import Driver, owner_of_try
 from protocol.ids import capture_key, group_id_of
 from protocol.retry import RetryPolicy, RetryState
 from protocol.wire import AttemptRef, CompletionReceipt
-from trainer.core.attempt import CallFailed, RetireAnswer, RetireOutcome, RetireRefused
+from trainer.core.attempt import CallFailed, DriverRefused, RetireAnswer, RetireOutcome, RetireRefused
 from trainer.core.debt import AckRetry, on_ack_failure
 
 # One agent's owed retires failing (transport, a checkpoint phase in the way): jittered backoff within
@@ -129,16 +131,21 @@ class OwedRetire:
 @dataclass(frozen=True)
 class RetireDebtStep:
     """`paid`: append `events`; `fetch_receipt`: the agent holds a finished result, ask it for the
-    receipt (from `incarnation`, the process that answered); `failed`: `reason`, call again later."""
+    receipt (from `incarnation`, the process that answered); `failed`: `reason`, call again later;
+    `refused`: the agent refuses this trainer (`reason` says so), call it no more."""
 
-    verdict: Literal["paid", "fetch_receipt", "failed"]
+    verdict: Literal["paid", "fetch_receipt", "failed", "refused"]
     events: tuple[Event, ...] = ()
     reason: str = ""
     incarnation: str | None = None
 
 
-def on_retire(owed: OwedRetire, got: RetireAnswer | RetireRefused | CallFailed) -> RetireDebtStep:
+def on_retire(
+    owed: OwedRetire, got: RetireAnswer | RetireRefused | CallFailed | DriverRefused
+) -> RetireDebtStep:
     """After one /retire of an owed try."""
+    if isinstance(got, DriverRefused):
+        return RetireDebtStep("refused", reason=got.message)
     if isinstance(got, CallFailed):
         return RetireDebtStep("failed", reason=got.error)
     if isinstance(got, RetireRefused):

@@ -24,11 +24,17 @@ from dataclasses import dataclass, field
 import torch
 
 from eventstore import DatabaseUnavailable, EventIdConflict, EventStore, NewEvent
-from eventstore.events import LOGPROBS_MEDIA_TYPE, LogprobsComputed, LogprobsRefused, SiblingSealed
+from eventstore.events import (
+    LOGPROBS_MEDIA_TYPE,
+    LogprobsComputed,
+    LogprobsRefused,
+    PayloadsPruned,
+    SiblingSealed,
+)
 from eventstore.payload_stores import payload_plane
 from payloads import PayloadCorrupt, PayloadMissing, PayloadPlane, PayloadStoreUnavailable
 from protocol.retry import RetryPolicy, RetryState, next_step
-from protocol.streams import group_of_stream, logprobs_stream
+from protocol.streams import RETENTION_STREAM, group_of_stream, logprobs_stream
 from workers.kernels import Backend
 from workers.logprobs.claims import Claim, LeaseBoard, QueueCounts, result_event_id, work_key
 from workers.logprobs.scoring import (
@@ -138,6 +144,9 @@ class LogprobWorker:
         self.board = LeaseBoard(store, policy.policy_version, self.worker_id, self.config.lease_s)
         self.stats = WorkerStats()
         self._stop = False
+        # What retention recorded as pruned (digest -> position), read on from `_retention_read`.
+        self._pruned: dict[str, int] = {}
+        self._retention_read = -1
 
     @property
     def policy_version(self) -> str:
@@ -238,6 +247,12 @@ class LogprobWorker:
                 try:
                     content: bytes | None = self.payloads.get(tokens)
                 except PayloadMissing:
+                    pruned_at = self._pruned_since(tokens.digest, claim.source_position)
+                    if pruned_at is not None:
+                        raise TokenRecordError(
+                            f"token records {tokens.digest} were removed by retention (`ledger payloads "
+                            f"prune`, PayloadsPruned at position {pruned_at}) before this try was scored"
+                        ) from None
                     content = None
                 except PayloadCorrupt as exc:
                     raise TokenRecordError(f"token records stored under {tokens.digest}: {exc}") from None
@@ -274,6 +289,17 @@ class LogprobWorker:
             else:
                 self._record(job, score)
             finished.add(job.claim.work_key)
+
+    def _pruned_since(self, digest: str, claimed_at: int) -> int | None:
+        """The position of the `PayloadsPruned` that named `digest` after `claimed_at` (retention
+        removed it), from the log's retention stream, read on from where this worker last read it."""
+        for event in self.store.read_stream(RETENTION_STREAM, self._retention_read + 1):
+            decoded = event.decode()
+            if isinstance(decoded, PayloadsPruned):
+                self._pruned.update(dict.fromkeys(decoded.digests, event.position))
+            self._retention_read = event.stream_version
+        at = self._pruned.get(digest)
+        return at if at is not None and at > claimed_at else None
 
     def _load_job(self, claim: Claim) -> _Job | None:
         event = next(self.store.read_all(claim.source_position - 1, claim.source_position), None)
