@@ -43,6 +43,7 @@ from participant.errors import (
     StaleCheckpointError,
 )
 from participant.evidence import EvidenceKind, EvidenceLog
+from participant.replies import ParsedReply
 from participant.states import (
     BLOCKING_STATES,
     CHECKPOINT_OPS,
@@ -553,8 +554,12 @@ class ExecutionRegistry:
                 # A runner that does not capture call by call: read the records off the reply.
                 ex.tokens = token_records_from_reply(reply, ex.capture_key, time.time())
                 ex.recorded_tokens = sum(len(t.generation_token_ids) for t in ex.tokens)
-            ex.reply = reply.payload()
-            ex.reply_json = canonical_bytes(ex.reply)
+            if isinstance(reply, ParsedReply):  # parsed here, validated: shared, not copied (replies.py)
+                ex.reply = reply.parsed_payload()
+                ex.reply_json = canonical_bytes(ex.reply, finite=True)
+            else:
+                ex.reply = reply.payload()
+                ex.reply_json = canonical_bytes(ex.reply)
             ex.receipt = CompletionReceipt(
                 rollout_id=ex.request.rollout_id,
                 attempt_index=ex.request.attempt_index,

@@ -29,6 +29,7 @@ from participant.errors import RunnerFailed
 from participant.executions import ExecutionRegistry, Hooks, Restorer, Runner, RunSession
 from participant.generation import next_identity
 from participant.guard import GuardMiddleware
+from participant.replies import ParsedReply
 from participant.routes import Deliver, is_participant_path, participant_app
 from payloads._store import PayloadStore
 from protocol.wire import MAX_BODY_BYTES, RunReply, RunRequest, gym_reply, validation_line
@@ -108,7 +109,7 @@ class AsgiRunner:
         except ValueError as exc:
             raise AgentRunError(f"the agent's /run answered a body that is not JSON: {raw[:200]!r}") from exc
         try:
-            return gym_reply(payload, request.rollout_id, request.attempt_index)
+            return gym_reply(payload, request.rollout_id, request.attempt_index, as_type=ParsedReply)
         except ValidationError as exc:
             raise AgentRunError(
                 f"the agent's /run answered no reply: {validation_line(exc, 'reply')}"

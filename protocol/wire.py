@@ -281,12 +281,15 @@ class RunReply(GymModel):
         return reply_digest(self.payload())
 
 
-def gym_reply(payload: Any, rollout_id: str, attempt_index: int) -> RunReply:
+def gym_reply(
+    payload: Any, rollout_id: str, attempt_index: int, *, as_type: type[RunReply] = RunReply
+) -> RunReply:
     """A `/run` reply as the trainer keeps it: the try's identity and a result id filled in where the
     agent (a plain Gym agent) left them out; ValidationError when it is no reply at all.  A reply that
-    names another try keeps that name, so the caller can refuse it."""
+    names another try keeps that name, so the caller can refuse it.  `as_type`: a subclass of
+    `RunReply` to validate it as (the participant's `ParsedReply`)."""
     if not isinstance(payload, dict):
-        return RunReply.model_validate(payload)  # raises: not an object
+        return as_type.model_validate(payload)  # raises: not an object
     data = dict(payload)
     data.setdefault("_ng_rollout_id", rollout_id)
     data.setdefault("_ng_attempt_index", attempt_index)
@@ -294,7 +297,7 @@ def gym_reply(payload: Any, rollout_id: str, attempt_index: int) -> RunReply:
         response = data.get("response")
         response_id = response.get("id") if isinstance(response, dict) else None
         data["id"] = response_id if isinstance(response_id, str) else capture_key(rollout_id, attempt_index)
-    return RunReply.model_validate(data)
+    return as_type.model_validate(data)
 
 
 class AttemptWork(WireModel):

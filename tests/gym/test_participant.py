@@ -147,6 +147,38 @@ async def test_mounted_agent_answers_the_protocol(tmp_path: Path) -> None:
     )
 
 
+async def test_the_reply_kept_is_the_agents_own_body_validated(tmp_path: Path) -> None:
+    """The participant keeps the reply as it parsed it, its token arrays not copied: what it answers, and
+    the digest its receipt names, are those of the agent's own body validated the copying way (the
+    integer reward a float, the small logprobs in json's form)."""
+
+    def agent() -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/run")
+        async def run(request: Request) -> JSONResponse:
+            item = {"type": "message", "id": "m", "role": "assistant", "content": [],
+                    "prompt_token_ids": [1, 2], "generation_token_ids": [3, 4, 5],
+                    "generation_log_probs": [-1e-05, -2.5e-07, -0.125], "routed_experts": [[[0, 1]]] * 3}  # fmt: skip
+            body = {**(await request.json()), "response": {"id": "r", "model": "m", "output": [item]}}
+            return JSONResponse({**body, "reward": 1})
+
+        return app
+
+    with serve(agent()) as plain:
+        own = httpx.post(plain + "/run", json=row("k_g0").model_dump(mode="json", by_alias=True)).json()
+    expected = gym_reply(own, "k_g0", 0).payload()
+    mounted = agent()
+    mount_participant(mounted, agent_name="a", state_dir=tmp_path)
+    with serve(mounted) as url:
+        async with GymClient(url, "a") as client:
+            reply = await client.run(row("k_g0"))
+            receipt = await client.completion_receipt("k_g0", 0)
+    assert reply.payload() == expected and type(reply.reward) is float
+    verify_receipt(reply, receipt)
+    assert receipt.result_digest == gym_reply(expected, "k_g0", 0).digest()
+
+
 async def test_adopt_only_never_starts_a_try_and_evidence_survives_restarts(tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
     first = gym_like_agent(calls)

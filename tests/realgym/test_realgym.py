@@ -1,5 +1,5 @@
 """Against the real NeMo Gym 0.7.0 (its own Python 3.13.0 environment, built and cached by
-`environment.py`; never skipped: the first run builds it): `simple_agent` + `example_single_tool_call`
+`benchmarks/realgym/environment.py`; never skipped: the first run builds it): `simple_agent` + `example_single_tool_call`
 + a stub model, on loopback, and the Gym's own token capture (`real_gym.py`).
 
 The coordinator runs the `ledger simulate` workload against the agent with the participant mounted,
@@ -29,6 +29,7 @@ import pytest
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from benchmarks.realgym.servers import RealGym, real_gym
 from eventstore import EventStore, open_store, upgrade_database
 from eventstore.events import PromptRef, RolloutReceipt, RunReplied
 from eventstore.payload_stores import payload_plane
@@ -50,7 +51,7 @@ from protocol.wire import RunReply, RunRequest, TokenEntry, gym_reply
 from simulation.run import SimConfig, run_simulation
 from tests.gates import HeldUntilPrepared
 from tests.gym.test_token_records import CONVERSATIONS, REAL_RECORD, REFUSED, TOKEN_GOLDEN
-from tests.realgym.servers import RealGym, real_gym, serve_app
+from tests.realgym.servers import HERE, serve_app
 from trainer import RolloutCoordinator
 from trainer.gym import ConnectionLostError, GymClient
 
@@ -147,7 +148,7 @@ def _real(gym: RealGym, command: str, given: Any, name: str) -> Any:
     """`real_gym.py COMMAND` on `given`, in the real Gym's environment."""
     path = gym.workdir / f"{name}.{command}.json"
     path.write_text(json.dumps(given))
-    done = gym.run_script("real_gym.py", command, str(path))
+    done = gym.run_script(HERE / "real_gym.py", command, str(path))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

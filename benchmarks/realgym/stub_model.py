@@ -7,22 +7,50 @@ item rendered, so the next call's prompt extends the previous call's whole seque
 consumer resolves every call onto one chain).  `--fail-every N` answers HTTP 500 to every Nth call
 (an environment failure the agent's /run surfaces).
 
-    python stub_model.py --port PORT [--fail-every N]
+By default an item renders to 3-6 tokens (the tiny case).  `--prompt-tokens P --gen-tokens G` give a
+rollout of the agent's two model calls real sizes: a user or system message renders to P tokens, each
+item the model generates to G / 2 (so the first call's prompt holds P tokens and the rollout
+generates G), ids of a 151,936-token vocabulary and float32 log probabilities, drawn from the item's
+digest (the same item, the same tokens) and kept once drawn.
+
+    python stub_model.py --port PORT [--fail-every N] [--prompt-tokens P --gen-tokens G]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import itertools
 import json
+import random
+import struct
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from nemo_gym.openai_utils import NeMoGymResponse
+
+VOCAB = 151_936
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Tokens an item renders to by what it is: a user's or system's message, a generated item."""
+
+    prompt: int
+    generated: int
+
+    def of(self, item: dict[str, Any]) -> int | None:
+        if item.get("type") == "function_call" or item.get("role") == "assistant":
+            return self.generated
+        if item.get("role") in ("user", "system", "developer"):
+            return self.prompt
+        return None  # a tool's output: a few tokens
 
 
 def _text(content: Any) -> str:
@@ -35,7 +63,7 @@ def _text(content: Any) -> str:
     return ""
 
 
-def render(item: dict[str, Any]) -> list[int]:
+def render(item: dict[str, Any], sizes: Sizes | None = None) -> list[int]:
     """The item's tokens, as a tokenizer with a chat template would give them: a function of what the
     item says only (its role, text, tool name, arguments, call id, output), not of ids, status or token
     fields, so the item the model generated renders to its own generation when the agent sends it back."""
@@ -43,7 +71,24 @@ def render(item: dict[str, Any]) -> list[int]:
     said["type"] = "message" if "role" in item else item.get("type")  # a message's type may be implied
     said["text"] = _text(item.get("content"))
     digest = hashlib.sha256(json.dumps(said, sort_keys=True).encode()).digest()
-    return [2 + b for b in digest[: 3 + digest[0] % 4]]
+    size = sizes.of(item) if sizes is not None else None
+    if size is None:
+        return [2 + b for b in digest[: 3 + digest[0] % 4]]
+    return list(_drawn(digest, size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _drawn(digest: bytes, n: int) -> tuple[int, ...]:
+    draw = random.Random(digest)
+    return tuple(2 + draw.randrange(VOCAB - 2) for _ in range(n))
+
+
+@functools.lru_cache(maxsize=64)
+def _log_probs(n: int) -> list[float]:
+    """A float32 log probability per token, as a model server returns them (written with their 17
+    digits), most of them near zero as a confident model's are."""
+    draw = random.Random(n)
+    return [struct.unpack("f", struct.pack("f", -draw.expovariate(4.0)))[0] for _ in range(n)]
 
 
 def token_fields(prompt: list[int], generated: list[int]) -> dict[str, Any]:
@@ -51,15 +96,15 @@ def token_fields(prompt: list[int], generated: list[int]) -> dict[str, Any]:
     return {
         "prompt_token_ids": prompt,
         "generation_token_ids": generated,
-        "generation_log_probs": [-0.25 * (i + 1) for i in range(n)],
+        "generation_log_probs": [-0.25 * (i + 1) for i in range(n)] if n < 16 else _log_probs(n),
         "routed_experts": [[[i % 8, (i + 3) % 8]] for i in range(n)],
     }
 
 
-def answer(body: dict[str, Any], call: int) -> dict[str, Any]:
+def answer(body: dict[str, Any], call: int, sizes: Sizes | None = None) -> dict[str, Any]:
     given = body.get("input")
     items = given if isinstance(given, list) else [{"role": "user", "content": given or ""}]
-    prompt = [1] + [t for i in items if isinstance(i, dict) for t in render(i)]
+    prompt = [1] + [t for i in items if isinstance(i, dict) for t in render(i, sizes)]
     has_tool_result = any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in items)
     if has_tool_result:
         item: dict[str, Any] = {
@@ -78,7 +123,7 @@ def answer(body: dict[str, Any], call: int) -> dict[str, Any]:
             "arguments": '{"city": "sf"}',
             "status": "completed",
         }
-    item |= token_fields(prompt, render(item))
+    item |= token_fields(prompt, render(item, sizes))
     response = {
         "id": f"resp-{call}",
         "created_at": time.time(),
@@ -92,20 +137,29 @@ def answer(body: dict[str, Any], call: int) -> dict[str, Any]:
     return NeMoGymResponse.model_validate(response).model_dump(mode="json")
 
 
-def build(fail_every: int) -> FastAPI:
+def build(fail_every: int, sizes: Sizes | None = None) -> FastAPI:
     app = FastAPI()
     calls = itertools.count(1)
+    answered = [0]
 
     @app.get("/")
     async def liveness() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/stats")
+    async def stats() -> dict[str, int]:
+        """Model calls answered so far (a benchmark counts a run's calls a rollout)."""
+        return {"calls": answered[0]}
+
     @app.post("/v1/responses")
-    async def responses(request: Request) -> JSONResponse:
+    async def responses(request: Request) -> Response:
         call = next(calls)
         if fail_every and call % fail_every == 0:
             return JSONResponse({"error": "stub model failure (injected)"}, status_code=500)
-        return JSONResponse(answer(await request.json(), call))
+        # orjson: the stub's own cost stays small beside the agent's at real sizes.
+        body = orjson.dumps(answer(orjson.loads(await request.body()), call, sizes))
+        answered[0] += 1
+        return Response(body, media_type="application/json")
 
     return app
 
@@ -114,5 +168,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fail-every", type=int, default=0)
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="A user's message's tokens.")
+    parser.add_argument(
+        "--gen-tokens", type=int, default=0, help="Tokens generated over a rollout's two calls."
+    )
     args = parser.parse_args()
-    uvicorn.run(build(args.fail_every), host="127.0.0.1", port=args.port, log_level="warning")
+    sized = Sizes(args.prompt_tokens, max(1, args.gen_tokens // 2)) if args.gen_tokens else None
+    uvicorn.run(build(args.fail_every, sized), host="127.0.0.1", port=args.port, log_level="warning")

@@ -1,13 +1,14 @@
-"""The real-Gym test environment: pyenv's Python 3.13.0 with nemo-gym 0.7.0, built once and cached.
+"""The real Gym's environment (tests/realgym, benchmarks.peer): pyenv's Python 3.13.0 with nemo-gym 0.7.0,
+built once and cached.
 
 nemo-gym 0.7.0 (the newest release) declares Requires-Python >=3.13.14; it installs and runs on 3.13.0,
 which pyenv provides here, with `--ignore-requires-python`.  The venv is built from `requirements.lock`
 (the whole set 0.7.0 resolves to, pinned) with `--no-deps`, so the build decides nothing.  It lives
 under `~/.cache/rollout-ledger/realgym/<key>`, the key a hash of the lock file and the interpreter's
 version, so a changed lock builds a new one and an unchanged one is reused (the build takes about two
-minutes; a reuse, nothing).  An flock serialises two test processes building at once; a build that
+minutes; a reuse, nothing).  An flock serialises two processes building at once; a build that
 died half-way has no `.complete` mark and is started over.  A machine without Python 3.13.0 fails
-here, loudly: the suite is never skipped.  The servers run this checkout's `participant` and
+here, loudly: the real-Gym suite is never skipped.  The servers run this checkout's `participant` and
 `protocol` (on their PYTHONPATH, nothing written into the shared venv); the environment has no torch,
 so an import of the trainer side or the workers from the participant would fail there.
 """
@@ -119,6 +120,6 @@ def env_python(env: Path) -> str:
     return str(env / "bin" / "python")
 
 
-if __name__ == "__main__":  # `python -m tests.realgym.environment`: build (or find) it and print where
+if __name__ == "__main__":  # `python -m benchmarks.realgym.environment`: build (or find) it and print where
     print(ensure_env())
     sys.exit(0)

@@ -1,6 +1,7 @@
 """The global config of the real-Gym servers, resolved the way NeMo RL does it (runs in the nemo-gym 0.7.0 env):
 `GlobalConfigDictParserConfig(initial_global_config_dict=..., skip_load_from_cli=True)`, then the
-resolved dict as YAML for every server's `NEMO_GYM_CONFIG_DICT`.
+resolved dict as YAML for every server's `NEMO_GYM_CONFIG_DICT`.  The `legacy_agent` environment
+server is in it where PORTS_JSON names a port for it (`environment`).
 
     python gym_config.py PORTS_JSON OUT_YAML
 """
@@ -31,7 +32,7 @@ def agent(port: int) -> dict[str, object]:
 
 
 def config(ports: dict[str, int]) -> DictConfig:
-    initial = {
+    initial: dict[str, object] = {
         "head_server": {"host": HOST, "port": ports["head"]},
         "policy_model": {
             "responses_api_models": {
@@ -51,9 +52,12 @@ def config(ports: dict[str, int]) -> DictConfig:
         # The same real agent twice: with the participant mounted, and plain (reduced mode).
         "simple_agent": agent(ports["agent"]),
         "simple_agent_plain": agent(ports["plain_agent"]),
+    }
+    if "environment" in ports:
         # The 0.7.0 path: an environment server relaying /run to the plain agent (the participant is
-        # mounted on the environment server: serve_environment.py).
-        "legacy_agent": {
+        # mounted on the environment server: serve_environment.py).  Only where asked: the Gym's
+        # collector sends an agent's rows through the environment server in front of it.
+        initial["legacy_agent"] = {
             "environment_servers": {
                 "legacy_agent": {
                     "entrypoint": "app.py",
@@ -63,8 +67,7 @@ def config(ports: dict[str, int]) -> DictConfig:
                     "cleanup_timeout_seconds": 180,
                 }
             }
-        },
-    }
+        }
     return GlobalConfigDictParser().parse(
         GlobalConfigDictParserConfig(
             initial_global_config_dict=OmegaConf.create(initial),
