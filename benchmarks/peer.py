@@ -17,7 +17,8 @@ checkpoints), each as a process of its own:
 
 Both ledger sides keep their log where `--db` says (by default a fresh SQLite file a run, with the
 payload directory beside it: the embedded default).  The ledger keeps 3 groups open an agent
-(`SimConfig.window_per_agent`), so the collector gets 3 x siblings rollouts in flight.  Sides run one
+(`SimConfig.window_per_agent`): both sides get `--in-flight` 3 x siblings rollouts in flight, the ledger
+admitting a group as soon as fewer are in flight (`ledger simulate --in-flight`).  Sides run one
 after another, their order reversed every round; each figure is the median over the rounds, with
 the lowest and highest beside it.
 
@@ -294,6 +295,7 @@ class Sides:
             name = GYM_NAME[AGENT_OF[side]]
             argv = [sys.executable, "-m", "cli.main", "simulate", "--db", url, "--agent-url", f"{name}={agent.url}",
                     "--groups", str(self.groups), "--siblings", str(self.plan.siblings), "--faults", "",
+                    "--in-flight", str(self.plan.in_flight),
                     "--checkpoint-every", "0", "--rollout-timeout", "300", "--json"]  # fmt: skip
             if side == "mounted":
                 argv += ["--agent-state-dir", f"{name}={self.gym.state_dir}"]
