@@ -16,9 +16,9 @@ checkpoints), each as a process of its own:
   mounted.
 
 Both ledger sides keep their log where `--db` says (by default a fresh SQLite file a run, with the
-payload directory beside it: the embedded default).  The ledger keeps 3 groups open an agent
-(`SimConfig.window_per_agent`): both sides get `--in-flight` 3 x siblings rollouts in flight, the ledger
-admitting a group as soon as fewer are in flight (`ledger simulate --in-flight`).  Sides run one
+payload directory beside it: the embedded default).  Both sides keep 3 x siblings rollouts in flight
+(`SimConfig.window_per_agent` groups' worth): the collector's `num_samples_in_parallel`, the ledger's
+`--in-flight` (a group admitted as soon as fewer are in flight).  Sides run one
 after another, their order reversed every round; each figure is the median over the rounds, with
 the lowest and highest beside it.
 
