@@ -89,6 +89,14 @@ def _small_floats(value: Any, budget: int) -> bool | None:
         if kind is dict:
             stack.extend(item.values())  # keys: orjson refuses any but str (json's fallback)
         elif kind is list or kind is tuple:
+            if item and type(item[0]) in _LISTS:
+                # Lists of lists (a MoE reply's `routed_experts`): settled by their text, in C, when
+                # it holds integers alone; any float in it leaves the verdict to the text's search.
+                text = numbers_alone(item)
+                if text is not None:
+                    if text.translate(None, _INTEGER_TEXT):
+                        return None
+                    continue
             if len(item) > budget:
                 return None
             stack.extend(item)
@@ -117,6 +125,40 @@ def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> tuple[bool, 
 
 
 _NUMBERS: Final = (float, int)
+_LISTS: Final = (list, tuple)
+# The bytes of a text of lists of integers alone.
+_INTEGER_TEXT: Final = b"[],-0123456789"
+# `nesting`'s table: an empty object (`{}`, the one object a text without strings can hold) is a
+# level as `[]` is; every byte but the brackets is deleted.
+_AS_BRACKETS: Final = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def numbers_alone(items: list[Any] | tuple[Any, ...]) -> bytes | None:
+    """orjson's text of `items` when it holds numbers, booleans and lists of them alone (at any
+    depth), each number one JSON carries: no string or object key (no `"`), no None, NaN or infinity
+    (no `null`: orjson writes all three so), no integer past 64 bits (orjson refuses it); else None.
+    One write in C settles a list of lists that a sum cannot (a MoE reply's `routed_experts`, a list
+    per token), where a walk would take a Python step per item."""
+    try:
+        text = orjson.dumps(items)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    if b'"' in text or b"null" in text:
+        return None
+    return text
+
+
+def nesting(text: bytes, limit: int) -> int:
+    """How deep the containers of `text` (a `numbers_alone` text) nest, the outer one counted as 1;
+    counted up to `limit + 1` at most.  Its brackets alone, then the innermost pairs taken off,
+    each pass a level (a C replace over what is left)."""
+    skeleton = text.translate(_AS_BRACKETS, _NOT_BRACKETS)
+    depth = 0
+    while skeleton and depth <= limit:
+        skeleton = skeleton.replace(b"[]", b"")
+        depth += 1
+    return depth
 
 
 def _all_finite(value: Any) -> bool:
@@ -138,6 +180,8 @@ def _all_finite(value: Any) -> bool:
                         continue
                 except (TypeError, OverflowError):
                     pass
+            elif item and type(item[0]) in _LISTS and numbers_alone(item) is not None:
+                continue  # lists of numbers alone, each one JSON carries
             # Any other list is walked: summing it would raise, and a raise costs 1 us (a token
             # header's few `[dtype, count]` lists cost 6.5 us that way, for 0.6 us of encoding).
             stack.extend(item)
@@ -317,7 +361,10 @@ def _rewritable(value: Any) -> bool:
                 if not math.isfinite(sum(item, 0.0)):
                     return False
             except TypeError:  # a string, a container or None among them: each walked
-                stack.extend(item)
+                # (but lists of numbers alone, settled by their text in C: nothing in them to mend
+                # but numbers)
+                if not (type(item[0]) in _LISTS and numbers_alone(item) is not None):
+                    stack.extend(item)
             except OverflowError:
                 return False
         elif kind is float:

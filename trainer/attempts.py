@@ -39,7 +39,7 @@ from projections.ledger import AttemptState, GroupState, LedgerState
 from protocol.digests import canonical_bytes
 from protocol.ids import capture_key, group_id_of, rollout_id_of
 from protocol.streams import group_stream
-from protocol.token_codec import refer_to_reply, reply_output_of
+from protocol.token_codec import TokenLayout, referred, reply_output_of
 from protocol.wire import AttemptRef, CompletionReceipt, ResumeReport, RunReply, RunRequest, validation_line
 from trainer.context import AttemptOutcome, Context, Lease, RetireFor, log
 from trainer.core import attempt as core
@@ -77,10 +77,10 @@ class _Kept:
     receipt: CompletionReceipt
 
 
-def _beside_reply(tokens: TokenArrays, reply_payload: dict[str, Any]) -> tuple[bytes, str]:
+def _beside_reply(tokens: TokenArrays, reply_payload: dict[str, Any]) -> tuple[bytes, str, TokenLayout]:
     """Token records as stored beside their reply: their output items (the call's output text) refer
-    to the reply's, which holds them once (version 2 of the binary form)."""
-    return refer_to_reply(memoryview(tokens.buffer), reply_output_of(reply_payload), layout=tokens.layout)
+    to the reply's, which holds them once (version 2 of the binary form); and their layout."""
+    return referred(memoryview(tokens.buffer), reply_output_of(reply_payload), layout=tokens.layout)
 
 
 class _Unverifiable(Exception):
@@ -380,11 +380,13 @@ class Attempts:
                 raise _Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise _FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            tokens_bytes, tokens_type = _beside_reply(tokens, reply_payload)
+            tokens_bytes, tokens_type, tokens_layout = _beside_reply(tokens, reply_payload)
             tokens_claim = self.payloads.claim(tokens_bytes, tokens_type)
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
             # A real Gym agent's reply carries the arrays its records hold: stored apart from them.
-            stored, stored_type = reply_to_store(reply_payload, reply_bytes, tokens_bytes, tokens_type)
+            stored, stored_type = reply_to_store(
+                reply_payload, reply_bytes, tokens_bytes, tokens_type, tokens_layout
+            )
             stored_claim = reply_claim if stored is reply_bytes else self.payloads.claim(stored, stored_type)
         except (ReceiptMismatchError, _Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so
