@@ -20,8 +20,8 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 from sqlalchemy import Engine
 
@@ -44,6 +44,17 @@ _STREAM_HEAD = (
 _IDS = "SELECT event_id, position, stream_id, stream_version, type, data FROM events WHERE event_id IN ({})"
 # Ids asked for in one query at most (SQLite's own limit on parameters is far above it).
 _IDS_PER_QUERY = 500
+
+
+# Each step of a batch, named as it is reached: None, or a test's gate (tests/eventstore/test_sqlite_writer.py
+# stops a writer at each and SIGKILLs it there).
+STEPS: Final = ("begun", "blobs_written", "decided", "rows_written", "committed")
+at_step: Callable[[str], None] | None = None
+
+
+def _reached(step: str) -> None:
+    if at_step is not None:
+        at_step(step)
 
 
 class SqliteWriter:
@@ -87,11 +98,13 @@ def _write_batch(
     cursor = conn.cursor()
     cursor.execute("BEGIN IMMEDIATE")
     try:
+        _reached("begun")
         if blobs:
             params = [blob_params(blob, "application/json") for blob in blobs]
             cursor.executemany(
                 _BLOB_INSERT, [(p["digest"], p["media_type"], p["content"], p["now"]) for p in params]
             )
+        _reached("blobs_written")
         batch = _Batch(cursor)
         results: list[AppendResult | EventStoreError] = []
         for append in appends:
@@ -101,9 +114,12 @@ def _write_batch(
                 if not each:
                     raise
                 results.append(refusal)
+        _reached("decided")
         if batch.records:
             cursor.executemany(_INSERT, batch.records)
+        _reached("rows_written")
         cursor.execute("COMMIT")
+        _reached("committed")
     except BaseException:
         if conn.in_transaction:
             conn.rollback()
@@ -158,6 +174,9 @@ class _Batch:
             expected >= 0 and version != expected
         ):
             raise WrongExpectedVersion(stream_id, int(expected), version)
+        if len({r.event_id for r in rows}) < len(rows):
+            # Where the pool path's insert of this append fails, before any later append is decided.
+            raise sqlite3.IntegrityError("UNIQUE constraint failed: events.event_id")
         written = []
         head = self.head
         for row in rows:
@@ -184,7 +203,7 @@ class _Batch:
                 record.stream_id,
                 record.stream_version,
                 record.type,
-                record.data,
+                record.data_json,
             )
         self.records += written
         return AppendResult(positions=[r.position for r in written], stream_version=version, records=written)
