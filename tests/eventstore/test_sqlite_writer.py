@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from eventstore import EventStore, open_store, sqlite_writer, upgrade_database
 from eventstore.events import AttemptMinted
-from eventstore.records import ExpectedVersion, Fence, NewEvent
+from eventstore.records import AppendResult, ExpectedVersion, Fence, NewEvent
 from eventstore.store import _checked
 from protocol.digests import sha256_digest
 
@@ -55,6 +56,7 @@ def _stores(tmp: Path) -> tuple[EventStore, EventStore]:
 
 def _answer(store: EventStore, checked: Any, each: bool) -> Any:
     """What the store answers for one batch, its errors as the store says them (`_database_errors`)."""
+    results: Sequence[AppendResult | Exception]
     try:
         with store._database_errors():
             if each:
