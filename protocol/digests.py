@@ -70,13 +70,14 @@ _WALK_ABOVE: Final = 4096
 _BYTES_PER_NODE: Final = 64
 
 
-def _small_floats(value: Any, budget: int) -> bool | None:
+def _small_floats(value: Any, budget: int, alone: set[int] | None = None) -> bool | None:
     """Whether `value` holds a float that orjson writes in another form than json: 0 < |x| < 1e-4
     (`1e-5` as `0.00001`, `1.5e-7` as `1.5e-7` for json's `1.5e-07`), or NaN or an infinity (orjson
     writes `null`, json refuses them); walking at most `budget` nodes; None (undecided) past the
     budget or at a type this walk does not know.  Strings cost nothing here however long, which is
     what makes a large reply's check cheap: the searches of the text (`_float_form_in_text`, and
-    `null` for a NaN) read every byte of them."""
+    `null` for a NaN) read every byte of them.  `alone` gathers the ids of the lists it found to hold
+    numbers alone (`numbers_alone`), so the walks after it in the same write do not write them again."""
     stack = [value]
     while stack:
         budget -= 1
@@ -94,6 +95,8 @@ def _small_floats(value: Any, budget: int) -> bool | None:
                 # it holds integers alone; any float in it leaves the verdict to the text's search.
                 text = numbers_alone(item)
                 if text is not None:
+                    if alone is not None:
+                        alone.add(id(item))
                     if text.translate(None, _INTEGER_TEXT):
                         return None
                     continue
@@ -108,7 +111,9 @@ def _small_floats(value: Any, budget: int) -> bool | None:
     return False
 
 
-def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> tuple[bool, Sites | None]:
+def _json_writes_otherwise(
+    out: bytes, value: Any, finite: bool, alone: set[int] | None = None
+) -> tuple[bool, Sites | None]:
     """Whether orjson's text `out` of `value` may differ from json's (a small float, NaN or an
     infinity), and the sites of its small floats when the text was searched by numpy for them (None
     when it was not).  Decided by walking `value` (its strings skipped) when `out` is large and the
@@ -116,11 +121,13 @@ def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> tuple[bool, 
     `_all_finite` settles; `finite`: the caller knows there is none).  Either way a True only costs
     the json encoding."""
     if len(out) > _WALK_ABOVE:
-        verdict = _small_floats(value, len(out) // _BYTES_PER_NODE)
+        verdict = _small_floats(value, len(out) // _BYTES_PER_NODE, alone)
         if verdict is not None:
             return verdict, None
     sites = _sites(out)
-    found = _float_form_in_text(out, sites) or (not finite and b"null" in out and not _all_finite(value))
+    found = _float_form_in_text(out, sites) or (
+        not finite and b"null" in out and not _all_finite(value, alone)
+    )
     return found, sites
 
 
@@ -161,8 +168,9 @@ def nesting(text: bytes, limit: int) -> int:
     return depth
 
 
-def _all_finite(value: Any) -> bool:
-    """No NaN or infinity anywhere in `value` (orjson writes them as `null`; json refuses them)."""
+def _all_finite(value: Any, alone: set[int] | None = None) -> bool:
+    """No NaN or infinity anywhere in `value` (orjson writes them as `null`; json refuses them);
+    `alone`: ids of lists known to hold finite numbers alone (`_small_floats` found them)."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -180,7 +188,11 @@ def _all_finite(value: Any) -> bool:
                         continue
                 except (TypeError, OverflowError):
                     pass
-            elif item and type(item[0]) in _LISTS and numbers_alone(item) is not None:
+            elif (
+                item
+                and type(item[0]) in _LISTS
+                and ((alone is not None and id(item) in alone) or numbers_alone(item) is not None)
+            ):
                 continue  # lists of numbers alone, each one JSON carries
             # Any other list is walked: summing it would raise, and a raise costs 1 us (a token
             # header's few `[dtype, count]` lists cost 6.5 us that way, for 0.6 us of encoding).
@@ -204,9 +216,10 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
         out = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return json_canonical_bytes(value)  # json's own answer: its text, or its error
-    differs, sites = _json_writes_otherwise(out, value, finite)
+    alone: set[int] = set()  # lists found to hold numbers alone, written once for the walks
+    differs, sites = _json_writes_otherwise(out, value, finite, alone)
     if differs:
-        if _rewritable(value):
+        if _rewritable(value, alone):
             sites = sites if sites is not None else _sites(out)  # searched once, and only to mend
             return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
         return json_canonical_bytes(value)
@@ -337,7 +350,7 @@ def _text_rewritable(text: str) -> bool:
     return not ("e-" in text and _EXPONENT_IN_TEXT.search(text))
 
 
-def _rewritable(value: Any) -> bool:
+def _rewritable(value: Any, alone: set[int] | None = None) -> bool:
     """Whether json's text of `value` is orjson's with its small floats in json's form: only plain
     JSON types, no NaN or infinity (json refuses them; orjson writes `null`), and no string or key whose
     text could pass for a number once written.  A list of numbers (token ids, logprobs) is settled by
@@ -363,7 +376,10 @@ def _rewritable(value: Any) -> bool:
             except TypeError:  # a string, a container or None among them: each walked
                 # (but lists of numbers alone, settled by their text in C: nothing in them to mend
                 # but numbers)
-                if not (type(item[0]) in _LISTS and numbers_alone(item) is not None):
+                if not (
+                    type(item[0]) in _LISTS
+                    and ((alone is not None and id(item) in alone) or numbers_alone(item) is not None)
+                ):
                     stack.extend(item)
             except OverflowError:
                 return False
