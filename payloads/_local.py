@@ -238,7 +238,11 @@ class LocalDirPayloadStore(PayloadStore):
         """Each batch file no live writer holds (its writer died before retiring it), held
         exclusively while the caller reads it."""
         try:
-            names = sorted(p for p in self._batches.iterdir() if p.name.endswith(_BATCH_SUFFIX))
+            names = sorted(
+                p
+                for p in self._batches.iterdir()
+                if p.name.endswith(_BATCH_SUFFIX) and not p.name.startswith(_TMP_PREFIX)
+            )
         except OSError:
             return
         for batch in names:

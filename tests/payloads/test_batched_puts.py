@@ -149,3 +149,19 @@ def test_a_batch_killed_at_each_step_loses_nothing_acknowledged(
     # Whatever a kill left half-written is a temporary file, which collection removes.
     for leftover in after.leftovers(older_than=float("inf")):
         assert leftover.name.startswith(".tmp-")
+
+
+def test_a_half_written_batch_file_is_a_leftover_never_replayed(tmp_path: Path) -> None:
+    """A batch file killed while it was written keeps its temporary name: the next open replays
+    nothing of it (its payloads were never acknowledged) and collection finds it."""
+    root = tmp_path / "p"
+    store = LocalDirPayloadStore(root)
+    store.put_many({sha256_digest(c): c for c in _CONTENTS[:2]})
+    store.close()
+    half = root / "batches" / ".tmp-1-1-deadbeef.batch"
+    half.write_bytes(b'{"payloads":[["sha256:' + b"ab" * 32 + b'",9999]]}\nonly a part')
+    again = LocalDirPayloadStore(root)
+    assert again.get_many([sha256_digest(c) for c in _CONTENTS[:2]]) == {
+        sha256_digest(c): c for c in _CONTENTS[:2]
+    }
+    assert [p.name for p in again.leftovers(older_than=float("inf"))] == [half.name]
