@@ -70,10 +70,10 @@ class _Held:
     reply: RunReply
     receipt: CompletionReceipt
     tokens: list[TokenEntry]
-    # The records in the binary form (what `/token_capture` would answer), and the reply's canonical
-    # JSON (the bytes of the receipt's digest): each written once, when the reply is kept.
+    # The records in the binary form (what `/token_capture` would answer), written once, when the
+    # reply is kept.  (Its canonical JSON goes to the caller alone: held until the ACK, it would be
+    # another copy of the reply.)
     encoded: bytes
-    reply_json: bytes
 
 
 class ReducedMode:
@@ -130,7 +130,7 @@ class ReducedMode:
             terminal_model_call_id=tokens[-1].model_call_id if tokens else "",
         )
         encoded, layout = encoded_entries(tokens)
-        self._held[key] = _Held(reply, receipt, tokens, encoded, reply_json)
+        self._held[key] = _Held(reply, receipt, tokens, encoded)
         self._posted.pop(key, None)
         return Kept(receipt, encoded, layout, reply_json)
 
