@@ -1,6 +1,8 @@
-"""Append and replay throughput of the store on PostgreSQL, beside its two baselines.
+"""Append and replay throughput of the store on PostgreSQL, beside its two baselines; with `--sqlite`,
+its appends on the embedded default (SQLite) beside the standard library's sqlite3.
 
     python -m benchmarks.eventstore [--db URL] [--appends N] [--replay-events N] [--writers 8] [--rounds 3] [--json]
+    python -m benchmarks.eventstore --sqlite [--appends N] [--writers 8] [--rounds 3]
 
 With `--json` stdout is one JSON object, keys append_1, append_10, append_8x1, append_8x10 and replay,
 each {"ledger": ev/s, "raw": ev/s, "eventsourcing": ev/s}; the table and the extra measurements
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sqlite3
 import statistics
+import tempfile
 import threading
 import time
 import uuid
@@ -36,7 +40,7 @@ from eventstore import open_store, upgrade_database
 from eventstore.bulk_reads import fewer_collections
 from eventstore.events import RunReplied
 from eventstore.read_ahead import PAGE_SIZE
-from eventstore.records import canonical, decode_events, decode_in_bulk
+from eventstore.records import ExpectedVersion, canonical, decode_events, decode_in_bulk
 from eventstore.testing import PgCluster
 from projections.runner import rebuild
 
@@ -96,6 +100,10 @@ class Ours:
     def write(self, inputs: list[tuple[str, list[RunReplied]]]) -> int:
         for stream, batch in inputs:
             self.store.append(stream, batch)
+        return sum(len(batch) for _, batch in inputs)
+
+    def write_batch(self, inputs: list[tuple[str, list[RunReplied]]]) -> int:
+        self.store.append_batch([(stream, batch, ExpectedVersion.ANY) for stream, batch in inputs])
         return sum(len(batch) for _, batch in inputs)
 
     def load(self, events: int) -> None:
@@ -190,6 +198,116 @@ class Raw:
                 if len(rows) < PAGE_SIZE:
                     return n
                 after = rows[-1][0]
+
+
+class RawSqlite:
+    """The embedded floor: plain INSERTs with the standard library's sqlite3 into an equivalent table, in
+    the log's own settings (WAL, `synchronous=FULL`), one `BEGIN IMMEDIATE` transaction per append (per
+    batch in `write_batch`): no head read, no hash, no validation."""
+
+    name = "raw sqlite3"
+
+    def __init__(self, path: str) -> None:
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS raw_events (position INTEGER PRIMARY KEY, stream_id TEXT NOT NULL, "
+            "stream_version INTEGER NOT NULL, event_id TEXT NOT NULL UNIQUE, type TEXT NOT NULL, "
+            "data TEXT NOT NULL, UNIQUE (stream_id, stream_version))"
+        )
+        self.versions: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def inputs(self, appends: int, per_append: int, writer: int = 0) -> list[tuple[str, list[RunReplied]]]:
+        run = uuid.uuid4().hex[:6]
+        return [(f"raw-{run}-w{writer}-{a % 64}", events(a * per_append, per_append)) for a in range(appends)]
+
+    def _rows(self, stream: str, batch: list[RunReplied]) -> list[tuple[Any, ...]]:
+        base = self.versions.get(stream, -1)
+        self.versions[stream] = base + len(batch)
+        return [
+            (stream, base + 1 + i, str(uuid.uuid4()), "RunReplied", canonical(e.model_dump(mode="json")))
+            for i, e in enumerate(batch)
+        ]
+
+    def _commit(self, rows: list[tuple[Any, ...]]) -> None:
+        with self.lock:  # one connection: its writers take turns, as SQLite's one writer does
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(
+                "INSERT INTO raw_events (stream_id, stream_version, event_id, type, data) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            self.conn.execute("COMMIT")
+
+    def write(self, inputs: list[tuple[str, list[RunReplied]]]) -> int:
+        for stream, batch in inputs:
+            self._commit(self._rows(stream, batch))
+        return sum(len(batch) for _, batch in inputs)
+
+    def write_batch(self, inputs: list[tuple[str, list[RunReplied]]]) -> int:
+        self._commit([row for stream, batch in inputs for row in self._rows(stream, batch)])
+        return sum(len(batch) for _, batch in inputs)
+
+
+def batched(system: Any, batches: int, appends: int, per_append: int) -> float:
+    """Events/s of one writer committing `appends` appends at a time (the trainer journal's group
+    commit: `EventStore.append_batch`), inputs built before the clock starts."""
+    inputs = [system.inputs(appends, per_append) for _ in range(batches)]
+    return timed(lambda: sum(system.write_batch(part) for part in inputs))
+
+
+def run_sqlite(appends: int, writers: int, rounds: int) -> dict[str, dict[str, float]]:
+    """The append cases on a SQLite log (the embedded default) against raw sqlite3."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/log.db"
+        upgrade_database(url)
+        ours, raw = Ours(url), RawSqlite(f"{tmp}/raw.db")
+        per_writer = max(appends // writers, 50)
+        cases: list[tuple[str, str, Callable[[Any], float]]] = [
+            ("append_1", "append, 1 event per append", lambda s: sequential(s, appends, 1)),
+            ("append_10", "append, 10 events per append", lambda s: sequential(s, appends // 2, 10)),
+            ("append_8x1", f"append, {writers} concurrent writers x 1 event", lambda s: concurrent(s, writers, per_writer, 1)),
+            ("batch_8x3", "a journal batch: 8 appends of 3 events, one commit", lambda s: batched(s, appends // 8, 8, 3)),
+        ]  # fmt: skip
+        results: dict[str, dict[str, float]] = {}
+        table = Table(
+            title=f"benchmarks.eventstore on SQLite (WAL, synchronous=FULL; medians of {rounds} rounds; "
+            "CPU: the process's, every thread, per event)"
+        )
+        for col in ("case", "ledger ev/s", "raw sqlite3 ev/s", "ledger / raw", "ledger CPU us", "raw CPU us"):
+            table.add_column(col, justify="right" if col != "case" else "left")
+        systems: tuple[Any, ...] = (ours, raw)
+        counts = {
+            "append_1": appends,
+            "append_10": appends // 2 * 10,
+            "append_8x1": writers * per_writer,
+            "batch_8x3": appends // 8 * 24,
+        }
+        for key, label, case in cases:
+            with console.status(label):
+                for system in systems:
+                    sequential(system, 20, 1)
+                runs: list[list[float]] = [[], []]
+                cpu: list[list[float]] = [[], []]
+                for _ in range(rounds):
+                    for i, system in enumerate(systems):
+                        started = time.process_time()
+                        runs[i].append(case(system))
+                        cpu[i].append(time.process_time() - started)
+                a, b = (statistics.median(r) for r in runs)
+                ca, cb = (1e6 * statistics.median(c) / counts[key] for c in cpu)
+            results[key] = {
+                "ledger": round(a),
+                "raw": round(b),
+                "ledger_cpu_us": round(ca),
+                "raw_cpu_us": round(cb),
+            }
+            table.add_row(label, f"{a:,.0f}", f"{b:,.0f}", f"{a / b:.2f}x", f"{ca:,.0f}", f"{cb:,.0f}")
+        console.print(table)
+        ours.store.close()
+        raw.conn.close()
+    return results
 
 
 class EventSourcing:
@@ -302,10 +420,18 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds", type=int, default=3, help="rounds of each append case, the systems alternating; medians"
     )
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    parser.add_argument(
+        "--sqlite", action="store_true", help="the append cases on a SQLite log against raw sqlite3 instead"
+    )
     args = parser.parse_args(argv)
     global console
     if args.json:
         console = Console(stderr=True, width=120)
+    if args.sqlite:
+        results = run_sqlite(args.appends, args.writers, args.rounds)
+        if args.json:
+            print(json.dumps(results))
+        return
 
     with database(args.db, "bench") as url:
         results = run(url, args.appends, args.replay_events, args.writers, args.rounds)

@@ -7,7 +7,9 @@ check that digest) write the reply's canonical JSON, and both check its nesting.
 the reference agent's (zero work, `--prompt-tokens` / `--gen-tokens` / `--turns`) with those arrays
 put back in, their logprobs as the agent draws them (almost none above -1e-4) and, in a second case,
 with a share `--confident` of them drawn near certainty (between -1e-9 and -1e-4: the tokens a model
-is sure of, which long reasoning holds many of; the share is a setting, not a model's measurement).
+is sure of, which long reasoning holds many of; the share is a setting, not a model's measurement);
+each generated token's router choices beside them (`routed_experts`, `--routed-experts` layers of two
+expert ids, as a MoE model server answers them and the real-Gym tests' stub model does; 0: none).
 
 Side by side in this process, over the same replies, each checked to give the same answer first:
 
@@ -15,8 +17,10 @@ Side by side in this process, over the same replies, each checked to give the sa
   wrote any reply holding a float below 1e-4 with, before orjson's forms of those were rewritten);
 - the nesting check of a reply (`protocol.wire.check_depth`) and of a `/run` row (`finite`) against
   the item-by-item walk it replaced (`walked_check_depth`, its reference);
-- for scale, the trainer's parse of the reply body (`RunReply.model_validate_json`, which runs the
-  nesting check).  One thread.
+- the trainer's parse of the reply body: pydantic's JSON into Python values (what it used) against
+  msgspec's (what `trainer.gym.client` uses now, `GymClient._run_json`).
+
+CPU time of the one thread, best of `--rounds`.
 
     python -m benchmarks.gym_reply                                      # 1,000 + 8,000 tokens
     python -m benchmarks.gym_reply --prompt-tokens 32000 --gen-tokens 32000
@@ -34,7 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
+from pydantic import TypeAdapter
 
 from benchmarks.rollout_sizes import add_size_options, positive
 from benchmarks.token_path import agent_episodes
@@ -74,10 +80,11 @@ def _float32(x: float) -> float:
 
 
 def plain_gym_reply(
-    reply: RunReply, records: list[TokenEntry], confident: float, rng: random.Random
+    reply: RunReply, records: list[TokenEntry], confident: float, rng: random.Random, routed_experts: int = 0
 ) -> dict[str, Any]:
     """`reply` as a plain Gym agent answers it: each call's token arrays on the output item that
-    carried them; a share `confident` of the logprobs redrawn near certainty."""
+    carried them; a share `confident` of the logprobs redrawn near certainty; with `routed_experts`,
+    each generated token's router choices (that many layers of two expert ids of 64)."""
     payload = reply.payload()
     drawn = [
         record.model_copy(
@@ -85,7 +92,17 @@ def plain_gym_reply(
                 "generation_log_probs": [
                     _float32(-(10.0 ** rng.uniform(-9.0, -4.0))) if rng.random() < confident else lp
                     for lp in record.generation_log_probs
-                ]
+                ],
+                **(
+                    {
+                        "routed_experts": [
+                            [[rng.randrange(64), rng.randrange(64)] for _ in range(routed_experts)]
+                            for _ in record.generation_token_ids
+                        ]
+                    }
+                    if routed_experts
+                    else {}
+                ),
             }
         )
         for record in records
@@ -95,13 +112,17 @@ def plain_gym_reply(
 
 
 def _best_ms(fn: Callable[[Any], Any], items: list[Any], rounds: int) -> float:
+    """The thread's CPU time per item, best of `rounds` (a busy machine's other work is not in it)."""
     best = float("inf")
     for _ in range(rounds):
-        started = time.perf_counter()
+        started = time.thread_time()
         for item in items:
             fn(item)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, time.thread_time() - started)
     return round(1000 * best / len(items), 3)
+
+
+_ANY_JSON: TypeAdapter[Any] = TypeAdapter(Any)
 
 
 def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
@@ -144,19 +165,22 @@ def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
             ),
             "check_depth, finite": _best_ms(lambda r: check_depth(r, finite=True), replies, rounds),
         },
-        "parse_ms": _best_ms(RunReply.model_validate_json, bodies, rounds),
+        "parse_ms": {
+            "pydantic": _best_ms(_ANY_JSON.validate_json, bodies, rounds),
+            "msgspec": _best_ms(msgspec.json.decode, bodies, rounds),
+        },
     }
 
 
 def run(
     *, rollouts: int = 8, prompt_tokens: int = 1000, gen_tokens: int = 8000, turns: tuple[int, int] = (1, 1),
-    confident: float = 0.3, rounds: int = 5, seed: int = 0,
+    confident: float = 0.3, rounds: int = 5, seed: int = 0, routed_experts: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
     episodes = agent_episodes(rollouts, prompt_tokens, gen_tokens, turns)
     cases: dict[str, Any] = {}
     for name, share in (("as drawn", 0.0), (f"{confident:.0%} confident", confident)):
         rng = random.Random(seed)
-        replies = [plain_gym_reply(reply, records, share, rng) for reply, records in episodes]
+        replies = [plain_gym_reply(reply, records, share, rng, routed_experts) for reply, records in episodes]
         cases[name] = measure(replies, rounds)
     tokens = sum(len(r.prompt_token_ids) + len(r.generation_token_ids) for _, rs in episodes for r in rs)
     return {"rollouts": rollouts, "tokens_per_rollout": round(tokens / rollouts, 1), "cases": cases}
@@ -168,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     add_size_options(parser, prompt_tokens=1000, gen_tokens=8000, turns="1")
     parser.add_argument(
         "--confident", type=float, default=0.3, help="Share of logprobs redrawn near certainty (default 0.3)."
+    )
+    parser.add_argument(
+        "--routed-experts",
+        type=int,
+        default=1,
+        help="Layers of router choices (two expert ids) per generated token (default 1; 0: none).",
     )
     parser.add_argument("--rounds", type=positive, default=5)
     parser.add_argument("--json", dest="as_json", default=None, help="Also write the result as JSON here.")
@@ -181,14 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         turns=args.turns,
         confident=args.confident,
         rounds=args.rounds,
+        routed_experts=args.routed_experts,
     )
     print(f"{result['rollouts']} plain Gym replies of {result['tokens_per_rollout']:,.0f} tokens, one thread")
     for name, case in result["cases"].items():
         print(
             f"\n{name}: {case['reply_bytes'] / 1024:,.0f} KiB a reply, "
-            f"{case['logprobs_above_minus_1e-4']:.2%} of logprobs above -1e-4; parse {case['parse_ms']:.3f} ms"
+            f"{case['logprobs_above_minus_1e-4']:.2%} of logprobs above -1e-4"
         )
-        for group in ("canonical_json_ms", "nesting_check_ms"):
+        for group in ("canonical_json_ms", "nesting_check_ms", "parse_ms"):
             rows = list(case[group].items())
             for (base_name, base), (ours_name, ours) in zip(rows[::2], rows[1::2], strict=True):
                 print(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import select
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,6 +50,9 @@ class PostgresRecorder(Recorder):
         # held in autocommit mode, serves every group write (no pool checkout and check-in, no
         # autocommit switch per write: about 50 us of the client's CPU per write, py-spy).
         self._group_session: Connection | None = None
+        # One statement at a time on the session: the group commit's writes (`append_each`) and the
+        # journal's batches (`append_committed`, which take a pooled connection when it is busy).
+        self._session_lock = threading.Lock()
         self._group_cursor: Any = None  # the session's one cursor, reused (psycopg's dumper caches too)
         self._group_idle_since = 0.0
 
@@ -115,9 +119,17 @@ class PostgresRecorder(Recorder):
     ) -> list[AppendResult]:
         """One statement in autocommit mode, blobs included, is the whole transaction: one network
         round trip, and one wait on the socket for a writer thread (each wait gives the GIL away, and
-        taking it back from a busy event loop thread cost more than the database's own work)."""
-        with writer.connect() as conn:
-            results = self._append(conn, appends, blobs, commit=True, notify=self.notifies)
+        taking it back from a busy event loop thread cost more than the database's own work).  On the
+        group session when it is free (no pool checkout, no autocommit switch per write), else on a
+        pooled connection."""
+        if self._session_lock.acquire(blocking=False):
+            try:
+                results = self._on_session(writer, appends, blobs, independent=False)
+            finally:
+                self._session_lock.release()
+        else:
+            with writer.connect() as conn:
+                results = self._append(conn, appends, blobs, commit=True, notify=self.notifies)
         return [r for r in results if isinstance(r, AppendResult)]
 
     def append_each(
@@ -125,9 +137,17 @@ class PostgresRecorder(Recorder):
     ) -> list[AppendResult | EventStoreError]:
         """One statement, autocommit, `p_independent`, on the group commit's session: every append
         written or refused on its own.  Any error drops the session; the next write opens another."""
+        with self._session_lock:
+            return self._on_session(writer, appends, (), independent=True)
+
+    def _on_session(
+        self, writer: Engine, appends: list[CheckedAppend], blobs: Sequence[bytes], independent: bool
+    ) -> list[AppendResult | EventStoreError]:
+        """One statement on the group session (held in autocommit mode: the statement is its own
+        transaction); the caller holds `_session_lock`."""
         conn = self._group_session
         if conn is None or _stale(conn.connection.dbapi_connection, self._group_idle_since, writer):
-            self.close()
+            self._drop_session()
             conn = writer.connect()
             driver = conn.connection.driver_connection
             assert driver is not None
@@ -137,19 +157,25 @@ class PostgresRecorder(Recorder):
             results = self._append(
                 conn,
                 appends,
-                (),
+                blobs,
                 commit=False,
-                independent=True,
+                independent=independent,
                 notify=self.notifies,
                 cursor=self._group_cursor,
             )
+        except (WrongExpectedVersion, Fenced, EventIdConflict):
+            raise  # a refusal: the statement failed alone, the session goes on
         except BaseException:
-            self.close()
+            self._drop_session()
             raise
         self._group_idle_since = time.monotonic()
         return results
 
     def close(self) -> None:
+        with self._session_lock:
+            self._drop_session()
+
+    def _drop_session(self) -> None:
         conn, self._group_session, self._group_cursor = self._group_session, None, None
         if conn is not None:
             with contextlib.suppress(Exception):  # a broken session is discarded, not returned

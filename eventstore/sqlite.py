@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -22,8 +21,9 @@ from eventstore.errors import (
     ReadOnlyLog,
     WrongExpectedVersion,
 )
-from eventstore.recorder import CheckedAppend, Recorder, RenderedEvent, blob_params, select_columns
+from eventstore.recorder import CheckedAppend, Recorder, blob_params, select_columns
 from eventstore.records import GENESIS_HASH, AppendResult, ExpectedVersion, RecordedEvent, chain_hash
+from eventstore.sqlite_writer import SqliteWriter, idempotent
 
 # Records are inserted as they are: their fields are the columns, in this order.
 _INSERT = (
@@ -43,6 +43,10 @@ _STREAM_HEAD = text(
 class SqliteRecorder(Recorder):
     select_columns = select_columns("data", "metadata")
     positional_mark = "?"
+
+    def __init__(self) -> None:
+        # Batches written on the driver's own connection (eventstore/sqlite_writer.py).
+        self._batches = SqliteWriter()
 
     def create_engines(
         self, url: str, pool_size: int, read_only: bool = False, create: bool = True
@@ -81,16 +85,27 @@ class SqliteRecorder(Recorder):
     def append_committed(
         self, writer: Engine, appends: list[CheckedAppend], blobs: Sequence[bytes]
     ) -> list[AppendResult]:
+        """On the writer connection, one statement for every row (`SqliteWriter`); through the pool
+        when that connection is busy with another batch."""
+        done = self._batches.write(writer, appends, blobs, each=False)
+        if done is not None:
+            return [r for r in done if isinstance(r, AppendResult)]  # a refusal raised
         with writer.begin() as conn:
             return self.append(conn, appends, blobs)
 
     def close(self) -> None:
-        """Holds no connection of its own: every write checks one out of the pool."""
+        """Gives the writer connection back (every other write checks one out of the pool)."""
+        self._batches.close()
 
     def append_each(
         self, writer: Engine, appends: list[CheckedAppend]
     ) -> list[AppendResult | EventStoreError]:
-        """One `BEGIN IMMEDIATE` transaction; each append in a savepoint it is rolled back to if refused."""
+        """One `BEGIN IMMEDIATE` transaction, each append written or refused on its own: on the writer
+        connection (`SqliteWriter`), else through the pool, each append in a savepoint it is rolled
+        back to if refused."""
+        done = self._batches.write(writer, appends, (), each=True)
+        if done is not None:
+            return done
         results: list[AppendResult | EventStoreError] = []
         with writer.begin() as conn:
             for append in appends:
@@ -128,7 +143,7 @@ def _append_one(conn: Connection, append: CheckedAppend) -> AppendResult:
     if chosen:
         existing = _existing(conn, chosen)
         if existing:
-            return _idempotent(stream_id, rows, existing)
+            return idempotent(stream_id, rows, existing)
 
     if fence is not None:
         fence_head = conn.execute(_STREAM_HEAD, {"s": fence.stream_id}).first()
@@ -162,31 +177,6 @@ def _existing(conn: Connection, event_ids: list[str]) -> dict[str, tuple[Any, ..
         {f"e{i}": e for i, e in enumerate(event_ids)},
     ).all()
     return {str(r[0]): tuple(r) for r in rows}
-
-
-def _idempotent(
-    stream_id: str, rows: list[RenderedEvent], existing: dict[str, tuple[Any, ...]]
-) -> AppendResult:
-    """Same ids and same content: the original positions, nothing written.  Anything else: an error."""
-    originals = []
-    for row in rows:
-        found = existing.get(row.event_id)
-        if found is None:
-            raise EventIdConflict(
-                f"append to {stream_id!r} mixes already-recorded and new event ids; nothing was written"
-            )
-        _, position, stream, version, type_, data = found
-        if stream != stream_id or type_ != row.type or not _same_json(data, row.data):
-            raise EventIdConflict(
-                f"event id {row.event_id} was already recorded at position {position} with other content; "
-                "nothing was written"
-            )
-        originals.append((int(position), int(version)))
-    return AppendResult(positions=[p for p, _ in originals], stream_version=originals[-1][1], idempotent=True)
-
-
-def _same_json(stored: str, new: str) -> bool:
-    return bool(stored == new or json.loads(stored) == json.loads(new))
 
 
 def _read_only_url(url: str) -> str:

@@ -38,6 +38,7 @@ from protocol.token_codec import (
     ARRAY_FIELDS,
     TOKENS_REPLY_MEDIA_TYPE,
     TokenCodecError,
+    TokenLayout,
     read_layout,
     reply_output_of,
 )
@@ -101,15 +102,18 @@ def _with_output(reply: dict[str, Any], output: list[Any]) -> dict[str, Any]:
     return {**reply, "response": {**reply["response"], "output": output}}
 
 
-def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[str, Any] | None:
+def take_arrays_off(
+    reply: dict[str, Any], tokens: bytes | memoryview, layout: TokenLayout | None = None
+) -> dict[str, Any] | None:
     """`reply` (a `/run` reply's payload) without the arrays of each output item its records (`tokens`,
     a version 2 payload beside it) refer to as their token item; None when there is none, or when any
     such item's arrays are not its record's (then the reply is stored whole).  New dicts where arrays
-    are taken off; `reply` unchanged."""
+    are taken off; `reply` unchanged.  `layout`: `tokens`' own, where its writer has it
+    (`protocol.token_codec.referred`), so its header is not read again."""
     output = reply_output_of(reply)
     if not _carries_arrays(output):
         return None
-    arrays = TokenArrays(read_layout(tokens, check_canonical=False), tokens)
+    arrays = TokenArrays(layout or read_layout(tokens, check_canonical=False), tokens)
     apart = list(output)
     taken = False
     for record, index in _token_items(arrays):
@@ -125,14 +129,19 @@ def take_arrays_off(reply: dict[str, Any], tokens: bytes | memoryview) -> dict[s
 
 
 def reply_to_store(
-    reply: dict[str, Any], reply_bytes: bytes, tokens: bytes | None, tokens_media_type: str | None
+    reply: dict[str, Any],
+    reply_bytes: bytes,
+    tokens: bytes | None,
+    tokens_media_type: str | None,
+    layout: TokenLayout | None = None,
 ) -> tuple[bytes, str]:
     """The bytes the trainer stores for a try's reply and their media type: apart from its records'
-    arrays where its records (`tokens`, as stored beside it) refer to it and hold every array its
-    items carry, else `reply_bytes` (its canonical JSON) whole."""
+    arrays where its records (`tokens`, as stored beside it; `layout`, their layout where the caller
+    has it) refer to it and hold every array its items carry, else `reply_bytes` (its canonical
+    JSON) whole."""
     apart = None
     if tokens is not None and tokens_media_type == TOKENS_REPLY_MEDIA_TYPE:
-        apart = take_arrays_off(reply, tokens)
+        apart = take_arrays_off(reply, tokens, layout)
     if apart is not None:
         # `apart` is part of the reply whose canonical JSON `reply_bytes` is: nothing in it that
         # JSON cannot carry, so the walk that looks for NaN is left out.

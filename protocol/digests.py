@@ -70,13 +70,14 @@ _WALK_ABOVE: Final = 4096
 _BYTES_PER_NODE: Final = 64
 
 
-def _small_floats(value: Any, budget: int) -> bool | None:
+def _small_floats(value: Any, budget: int, alone: set[int] | None = None) -> bool | None:
     """Whether `value` holds a float that orjson writes in another form than json: 0 < |x| < 1e-4
     (`1e-5` as `0.00001`, `1.5e-7` as `1.5e-7` for json's `1.5e-07`), or NaN or an infinity (orjson
     writes `null`, json refuses them); walking at most `budget` nodes; None (undecided) past the
     budget or at a type this walk does not know.  Strings cost nothing here however long, which is
     what makes a large reply's check cheap: the searches of the text (`_float_form_in_text`, and
-    `null` for a NaN) read every byte of them."""
+    `null` for a NaN) read every byte of them.  `alone` gathers the ids of the lists it found to hold
+    numbers alone (`numbers_alone`), so the walks after it in the same write do not write them again."""
     stack = [value]
     while stack:
         budget -= 1
@@ -89,6 +90,16 @@ def _small_floats(value: Any, budget: int) -> bool | None:
         if kind is dict:
             stack.extend(item.values())  # keys: orjson refuses any but str (json's fallback)
         elif kind is list or kind is tuple:
+            if item and type(item[0]) in _LISTS:
+                # Lists of lists (a MoE reply's `routed_experts`): settled by their text, in C, when
+                # it holds integers alone; any float in it leaves the verdict to the text's search.
+                text = numbers_alone(item)
+                if text is not None:
+                    if alone is not None:
+                        alone.add(id(item))
+                    if text.translate(None, _INTEGER_TEXT):
+                        return None
+                    continue
             if len(item) > budget:
                 return None
             stack.extend(item)
@@ -100,7 +111,9 @@ def _small_floats(value: Any, budget: int) -> bool | None:
     return False
 
 
-def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> tuple[bool, Sites | None]:
+def _json_writes_otherwise(
+    out: bytes, value: Any, finite: bool, alone: set[int] | None = None
+) -> tuple[bool, Sites | None]:
     """Whether orjson's text `out` of `value` may differ from json's (a small float, NaN or an
     infinity), and the sites of its small floats when the text was searched by numpy for them (None
     when it was not).  Decided by walking `value` (its strings skipped) when `out` is large and the
@@ -108,19 +121,56 @@ def _json_writes_otherwise(out: bytes, value: Any, finite: bool) -> tuple[bool, 
     `_all_finite` settles; `finite`: the caller knows there is none).  Either way a True only costs
     the json encoding."""
     if len(out) > _WALK_ABOVE:
-        verdict = _small_floats(value, len(out) // _BYTES_PER_NODE)
+        verdict = _small_floats(value, len(out) // _BYTES_PER_NODE, alone)
         if verdict is not None:
             return verdict, None
     sites = _sites(out)
-    found = _float_form_in_text(out, sites) or (not finite and b"null" in out and not _all_finite(value))
+    found = _float_form_in_text(out, sites) or (
+        not finite and b"null" in out and not _all_finite(value, alone)
+    )
     return found, sites
 
 
 _NUMBERS: Final = (float, int)
+_LISTS: Final = (list, tuple)
+# The bytes of a text of lists of integers alone.
+_INTEGER_TEXT: Final = b"[],-0123456789"
+# `nesting`'s table: an empty object (`{}`, the one object a text without strings can hold) is a
+# level as `[]` is; every byte but the brackets is deleted.
+_AS_BRACKETS: Final = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def _all_finite(value: Any) -> bool:
-    """No NaN or infinity anywhere in `value` (orjson writes them as `null`; json refuses them)."""
+def numbers_alone(items: list[Any] | tuple[Any, ...]) -> bytes | None:
+    """orjson's text of `items` when it holds numbers, booleans and lists of them alone (at any
+    depth), each number one JSON carries: no string or object key (no `"`), no None, NaN or infinity
+    (no `null`: orjson writes all three so), no integer past 64 bits (orjson refuses it); else None.
+    One write in C settles a list of lists that a sum cannot (a MoE reply's `routed_experts`, a list
+    per token), where a walk would take a Python step per item."""
+    try:
+        text = orjson.dumps(items)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    if b'"' in text or b"null" in text:
+        return None
+    return text
+
+
+def nesting(text: bytes, limit: int) -> int:
+    """How deep the containers of `text` (a `numbers_alone` text) nest, the outer one counted as 1;
+    counted up to `limit + 1` at most.  Its brackets alone, then the innermost pairs taken off,
+    each pass a level (a C replace over what is left)."""
+    skeleton = text.translate(_AS_BRACKETS, _NOT_BRACKETS)
+    depth = 0
+    while skeleton and depth <= limit:
+        skeleton = skeleton.replace(b"[]", b"")
+        depth += 1
+    return depth
+
+
+def _all_finite(value: Any, alone: set[int] | None = None) -> bool:
+    """No NaN or infinity anywhere in `value` (orjson writes them as `null`; json refuses them);
+    `alone`: ids of lists known to hold finite numbers alone (`_small_floats` found them)."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -138,6 +188,12 @@ def _all_finite(value: Any) -> bool:
                         continue
                 except (TypeError, OverflowError):
                     pass
+            elif (
+                item
+                and type(item[0]) in _LISTS
+                and ((alone is not None and id(item) in alone) or numbers_alone(item) is not None)
+            ):
+                continue  # lists of numbers alone, each one JSON carries
             # Any other list is walked: summing it would raise, and a raise costs 1 us (a token
             # header's few `[dtype, count]` lists cost 6.5 us that way, for 0.6 us of encoding).
             stack.extend(item)
@@ -160,9 +216,10 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
         out = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return json_canonical_bytes(value)  # json's own answer: its text, or its error
-    differs, sites = _json_writes_otherwise(out, value, finite)
+    alone: set[int] = set()  # lists found to hold numbers alone, written once for the walks
+    differs, sites = _json_writes_otherwise(out, value, finite, alone)
     if differs:
-        if _rewritable(value):
+        if _rewritable(value, alone):
             sites = sites if sites is not None else _sites(out)  # searched once, and only to mend
             return _json_float_forms(out) if sites is None else _mend_sites(out, sites)
         return json_canonical_bytes(value)
@@ -293,7 +350,7 @@ def _text_rewritable(text: str) -> bool:
     return not ("e-" in text and _EXPONENT_IN_TEXT.search(text))
 
 
-def _rewritable(value: Any) -> bool:
+def _rewritable(value: Any, alone: set[int] | None = None) -> bool:
     """Whether json's text of `value` is orjson's with its small floats in json's form: only plain
     JSON types, no NaN or infinity (json refuses them; orjson writes `null`), and no string or key whose
     text could pass for a number once written.  A list of numbers (token ids, logprobs) is settled by
@@ -317,7 +374,13 @@ def _rewritable(value: Any) -> bool:
                 if not math.isfinite(sum(item, 0.0)):
                     return False
             except TypeError:  # a string, a container or None among them: each walked
-                stack.extend(item)
+                # (but lists of numbers alone, settled by their text in C: nothing in them to mend
+                # but numbers)
+                if not (
+                    type(item[0]) in _LISTS
+                    and ((alone is not None and id(item) in alone) or numbers_alone(item) is not None)
+                ):
+                    stack.extend(item)
             except OverflowError:
                 return False
         elif kind is float:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from protocol.digests import canonical_bytes, same_json
+from protocol.digests import canonical_bytes, numbers_alone, same_json
 from protocol.tokens import TOKEN_FIELDS
 
 if TYPE_CHECKING:
@@ -170,14 +170,26 @@ def logprob_dtype_of(values: Sequence[float]) -> tuple[str, bytes]:
 
 def assemble(records: list[dict[str, Any]], arrays: list[tuple[str, bytes]]) -> bytes:
     """The binary form from the records' other fields and their arrays as `(dtype, bytes)`, in order."""
+    return assembled(records, arrays)[0]
+
+
+def assembled(records: list[dict[str, Any]], arrays: list[tuple[str, bytes]]) -> tuple[bytes, TokenLayout]:
+    """`assemble`, and the layout `read_layout` would read of its bytes (`records` themselves: the
+    same JSON values, where a tuple given stays a tuple), so the writer need not read its own header
+    back."""
+    counts = [len(data) // ITEM_SIZE[dtype] for dtype, data in arrays]
     header = canonical_bytes(
-        {"arrays": [[dtype, len(data) // ITEM_SIZE[dtype]] for dtype, data in arrays], "records": records}
+        {"arrays": [[dtype, n] for (dtype, _), n in zip(arrays, counts, strict=True)], "records": records}
     )
     parts = [_PREFIX.pack(MAGIC, VERSION, len(header)), header, bytes(_pad(len(header)))]
-    for _, data in arrays:
+    spans: list[ArraySpan] = []
+    offset = _PREFIX.size + len(header) + _pad(len(header))
+    for i, ((dtype, data), count) in enumerate(zip(arrays, counts, strict=True)):
+        spans.append(ArraySpan(i // 3, ARRAY_FIELDS[i % 3], dtype, offset, count))
         parts.append(data)
         parts.append(bytes(_pad(len(data))))
-    return b"".join(parts)
+        offset += len(data) + _pad(len(data))
+    return b"".join(parts), TokenLayout(records, spans)
 
 
 def split_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -265,15 +277,32 @@ def encode_entries(entries: Sequence[TokenEntry]) -> bytes:
     `encode_records` of their `record_of`, with each array packed from the entry's own list (a record's
     dump would copy them first: the arrays are required fields, set in every entry), or copied as
     `with_arrays` packed it beside that list."""
+    return encoded_entries(entries)[0]
+
+
+# Left out of an entry's dump when it holds lists of numbers alone: put in as they are (below).
+_SHARED: Final = _ARRAY_FIELD_SET | {"routed_experts"}
+
+
+def encoded_entries(entries: Sequence[TokenEntry]) -> tuple[bytes, TokenLayout]:
+    """`encode_entries`, and the layout of its bytes (`assembled`).  `routed_experts`, a list per
+    token, is not copied by the dump where it is a list of lists of numbers alone (`numbers_alone`:
+    JSON values already, which the dump would copy item by item into equal ones)."""
     heads: list[dict[str, Any]] = []
     arrays: list[tuple[str, bytes]] = []
     for entry in entries:
-        heads.append(entry.model_dump(mode="json", exclude_unset=True, exclude=_ARRAY_FIELD_SET))
+        routes = entry.routed_experts
+        if type(routes) is list and "routed_experts" in entry.model_fields_set and numbers_alone(routes):
+            head = entry.model_dump(mode="json", exclude_unset=True, exclude=_SHARED)
+            head["routed_experts"] = routes
+        else:
+            head = entry.model_dump(mode="json", exclude_unset=True, exclude=_ARRAY_FIELD_SET)
+        heads.append(head)
         prompt, generation, logprobs = entry.packed_arrays()
         arrays.append(prompt or id_dtype_of(entry.prompt_token_ids))
         arrays.append(generation or id_dtype_of(entry.generation_token_ids))
         arrays.append(logprobs or logprob_dtype_of(entry.generation_log_probs))
-    return assemble(heads, arrays)
+    return assembled(heads, arrays)
 
 
 def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: bool = True) -> TokenLayout:
@@ -401,6 +430,15 @@ def refer_to_reply(
     instead (version 2).  `content` itself, version 1, when no record's
     items are found there.  The arrays are copied as they are (one copy of the bytes).  `layout`:
     `content`'s own as `read_layout` read it (the trainer's intake has), so it is not read again."""
+    stored, media_type, _ = referred(content, reply_output, layout=layout)
+    return stored, media_type
+
+
+def referred(
+    content: bytes | memoryview, reply_output: Sequence[Any], *, layout: TokenLayout | None = None
+) -> tuple[bytes, str, TokenLayout]:
+    """`refer_to_reply`, and the layout of the bytes it gives (what `read_layout` would read of them:
+    `payloads.replies.reply_to_store` takes it, instead of reading the header again)."""
     if layout is None:
         layout = read_layout(content, check_canonical=False)
     if layout.version != VERSION:
@@ -427,14 +465,20 @@ def refer_to_reply(
         refs.append(found)
         heads.append(head if found is None else {k: v for k, v in head.items() if k != "output_items"})
     if all(ref is None for ref in refs):
-        return bytes(content), TOKENS_MEDIA_TYPE
+        return bytes(content), TOKENS_MEDIA_TYPE, layout
+    # The heads are JSON a read gave (or `assembled` wrote): no NaN to walk for.
     header = canonical_bytes(
-        {"arrays": [[s.dtype, s.count] for s in layout.spans], "records": heads, "reply_items": refs}
+        {"arrays": [[s.dtype, s.count] for s in layout.spans], "records": heads, "reply_items": refs},
+        finite=True,
     )
     view = memoryview(content)
     start = layout.spans[0].offset if layout.spans else len(view)
+    moved = _PREFIX.size + len(header) + _pad(len(header)) - start
+    spans = [ArraySpan(s.record, s.field, s.dtype, s.offset + moved, s.count) for s in layout.spans]
     prefix = _PREFIX.pack(MAGIC, REPLY_VERSION, len(header))
-    return b"".join([prefix, header, bytes(_pad(len(header))), view[start:]]), TOKENS_REPLY_MEDIA_TYPE
+    stored = b"".join([prefix, header, bytes(_pad(len(header))), view[start:]])
+    refers = tuple(None if ref is None else (ref[0], ref[1]) for ref in refs)
+    return stored, TOKENS_REPLY_MEDIA_TYPE, TokenLayout(heads, spans, refers)
 
 
 def resolve_reply_items(layout: TokenLayout, reply_output: Sequence[Any]) -> TokenLayout:
@@ -542,17 +586,20 @@ __all__ = [
     "TokenCodecError",
     "TokenLayout",
     "assemble",
+    "assembled",
     "decode_any",
     "decode_json",
     "decode_records",
     "encode_entries",
     "encode_json",
     "encode_records",
+    "encoded_entries",
     "form_version",
     "media_version",
     "read_layout",
     "record_of",
     "refer_to_reply",
+    "referred",
     "reply_output_of",
     "resolve_reply_items",
     "with_arrays",

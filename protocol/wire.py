@@ -13,7 +13,15 @@ from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from protocol.digests import Digest, canonical_bytes, canonical_json, reply_digest, sha256_digest
+from protocol.digests import (
+    Digest,
+    canonical_bytes,
+    canonical_json,
+    nesting,
+    numbers_alone,
+    reply_digest,
+    sha256_digest,
+)
 from protocol.errors import NOT_READY
 from protocol.ids import AttemptIndex, Generation, Identifier, Incarnation, capture_key
 
@@ -96,17 +104,27 @@ def check_depth(
     range (orjson, which writes every reply and frame, refuses it; a parser reads it as a float).
 
     Level by level, keeping only the containers of the next level.  A list of numbers alone (a
-    reply's token ids and logprobs, thousands a model call) is settled in C (`_numbers_fit`); any other
-    container is walked item by item."""
+    reply's token ids and logprobs, thousands a model call) is settled in C (`_numbers_fit`), and so
+    is a list of lists of numbers (a MoE reply's `routed_experts`, a list per token: its text in
+    orjson, `numbers_alone`, and that text's nesting); any other container is walked item by item.
+    A list settled so is as deep as its text says: the levels below it are counted, not walked, and
+    the verdict is the walk's, at the level the walk would give it."""
     level: list[Any] = [value]
     depth = 1
-    while level:
+    deepest = 0  # the deepest level reached by a list settled by its text
+    while level or depth <= deepest:
         if depth > limit:
             raise ValueError(f"nested deeper than {limit} levels")
         below: list[Any] = []
         for item in level:
-            if type(item) is list and _numbers_fit(item, finite):
-                continue
+            if type(item) is list:
+                if _numbers_fit(item, finite):
+                    continue
+                if item and type(item[0]) is list:
+                    text = numbers_alone(item)
+                    if text is not None:
+                        deepest = max(deepest, depth - 1 + nesting(text, limit - depth + 1))
+                        continue
             for child in item.values() if isinstance(item, dict) else item:
                 if isinstance(child, (dict, list)):
                     below.append(child)

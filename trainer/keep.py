@@ -29,7 +29,7 @@ from protocol import mutants
 from protocol.digests import canonical_bytes
 from protocol.ids import capture_key
 from protocol.streams import group_stream
-from protocol.token_codec import refer_to_reply, reply_output_of
+from protocol.token_codec import TokenLayout, referred, reply_output_of
 from protocol.wire import CompletionReceipt, RunReply
 from trainer.agents import Agents
 from trainer.core.attempt import resume_events
@@ -70,10 +70,10 @@ class OtherIncarnation(Garbage):
     agent restarted in between and this is not the result retire described."""
 
 
-def _beside_reply(tokens: TokenArrays, reply_payload: dict[str, Any]) -> tuple[bytes, str]:
+def _beside_reply(tokens: TokenArrays, reply_payload: dict[str, Any]) -> tuple[bytes, str, TokenLayout]:
     """Token records as stored beside their reply: their output items (the call's output text) refer
     to the reply's, which holds them once (version 2 of the binary form)."""
-    return refer_to_reply(memoryview(tokens.buffer), reply_output_of(reply_payload), layout=tokens.layout)
+    return referred(memoryview(tokens.buffer), reply_output_of(reply_payload), layout=tokens.layout)
 
 
 class Keeper:
@@ -167,11 +167,13 @@ class Keeper:
                 raise Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            tokens_bytes, tokens_type = _beside_reply(tokens, reply_payload)
+            tokens_bytes, tokens_type, tokens_layout = _beside_reply(tokens, reply_payload)
             tokens_claim = self.payloads.claim(tokens_bytes, tokens_type)
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
             # A real Gym agent's reply carries the arrays its records hold: stored apart from them.
-            stored, stored_type = reply_to_store(reply_payload, reply_bytes, tokens_bytes, tokens_type)
+            stored, stored_type = reply_to_store(
+                reply_payload, reply_bytes, tokens_bytes, tokens_type, tokens_layout
+            )
             stored_claim = reply_claim if stored is reply_bytes else self.payloads.claim(stored, stored_type)
         except (ReceiptMismatchError, Unverifiable) as exc:
             # The agent still holds a finished result: owe it the ACK of the receipt it issued (so

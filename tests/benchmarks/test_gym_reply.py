@@ -16,5 +16,9 @@ def test_the_cases_carry_the_arrays_and_the_share_asked_for() -> None:
     for case in (drawn, confident):
         # 4 bytes or more of JSON for each token id and logprob inside the reply.
         assert case["reply_bytes"] > 4 * result["tokens_per_rollout"]
-        timings = [*case["canonical_json_ms"].values(), *case["nesting_check_ms"].values(), case["parse_ms"]]
+        timings = [
+            *case["canonical_json_ms"].values(),
+            *case["nesting_check_ms"].values(),
+            *case["parse_ms"].values(),
+        ]
         assert all(math.isfinite(ms) and ms > 0 for ms in timings)

@@ -64,3 +64,14 @@ def test_the_floor_benchmark_runs_every_row_and_chains_like_the_store(pg_url: st
         _assert_chained(eventstore.dsn_of(pg_url), "events") == 2 * written
     )  # the function's row and the store's
     assert open_store(pg_url).verify_chain() is None
+
+
+def test_the_store_benchmark_on_sqlite_runs_every_case_against_raw_sqlite3() -> None:
+    """`--sqlite`: the append cases and a journal batch on the embedded default, each beside raw
+    sqlite3, with both sides' CPU per event."""
+    results = eventstore.run_sqlite(appends=48, writers=2, rounds=1)
+    assert list(results) == ["append_1", "append_10", "append_8x1", "batch_8x3"]
+    for case in results.values():
+        assert set(case) == {"ledger", "raw", "ledger_cpu_us", "raw_cpu_us"}
+        assert all(math.isfinite(v) and v > 0 for v in (case["ledger"], case["raw"]))
+        assert all(math.isfinite(v) and v >= 0 for v in (case["ledger_cpu_us"], case["raw_cpu_us"]))

@@ -401,3 +401,52 @@ def test_the_text_is_searched_only_where_the_walk_cannot_tell_and_then_once(
         searched.clear()
         assert canonical_bytes(value) == _STD.encode(value).encode()
         assert len(searched) == searches, sorted(value)
+
+
+# Lists of lists of numbers (a MoE reply's `routed_experts`) are settled by their text in orjson
+# where the other lists are summed: small floats, NaN, None, integers past 64 bits, strings that
+# look like orjson's forms, at any depth among them.
+_inner_numbers = (
+    st.integers(0, 255)
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(min_value=-1e-3, max_value=1e-3)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.booleans()
+    | st.sampled_from([None, "1e-7", "0.00001", "x"])
+)
+_lists_of_lists = st.recursive(
+    st.lists(_inner_numbers, min_size=1, max_size=4),
+    lambda inner: st.lists(inner, min_size=1, max_size=4) | st.tuples(inner, inner),
+    max_leaves=20,
+).filter(lambda v: isinstance(v, list | tuple) and isinstance(v[0], list | tuple))
+
+
+@pytest.mark.parametrize("way", _WAYS)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(routes=_lists_of_lists, small=st.booleans())
+def test_lists_of_lists_of_numbers_are_written_as_json_writes_them(
+    way: str, routes: Any, small: bool
+) -> None:
+    value = {"routed_experts": routes, "lp": [-2.5e-5 if small else -0.5, -0.25], "pad": _PAD}
+    with _found_by(way):
+        assert _ours(value) == _std(value)
+        assert _ours({"routed_experts": routes}) == _std({"routed_experts": routes})
+
+
+def test_a_reply_s_routed_experts_are_settled_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8,000 tokens' router choices beside logprobs near certainty: json's bytes, with no Python step
+    per token (the walks meet each list of lists once: `numbers_alone`, one write in C)."""
+    rng = random.Random(3)
+    routes = [[[rng.randrange(64), rng.randrange(64)]] for _ in range(8000)]
+    lps = [float(np.float32(-(10.0 ** rng.uniform(-9, -4)))) for _ in range(8000)]
+    reply = {"response": {"output": [{"routed_experts": routes, "generation_log_probs": lps}]}, "r": None}
+    settled: list[int] = []
+    real = digests.numbers_alone
+
+    def counted(items: Any) -> bytes | None:
+        settled.append(len(items))
+        return real(items)
+
+    monkeypatch.setattr(digests, "numbers_alone", counted)
+    assert canonical_bytes(reply) == _STD.encode(reply).encode()
+    assert settled and set(settled) == {8000}

@@ -88,3 +88,77 @@ def test_the_same_verdict_as_the_walk_of_every_item(value: dict[str, Any], limit
         with pytest.raises(ValueError) as got:
             check_depth(value, limit, finite=finite)
         assert str(got.value) == want
+
+
+# Lists of lists of numbers (a MoE reply's `routed_experts`, a list per token) are settled by their
+# text in orjson (`protocol.digests.numbers_alone`) and its nesting, not walked: now and then a None,
+# a NaN, an infinity, an integer past 64 bits, a string or an empty object among them, at any depth.
+_numbers = (
+    st.integers(0, 255)
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.booleans()
+)
+_odd: st.SearchStrategy[Any] = st.sampled_from([None, float("nan"), float("inf"), 2**64, "x", {}])
+_nested_numbers: st.SearchStrategy[Any] = st.recursive(
+    st.lists(_numbers | st.just([]), min_size=1, max_size=4),
+    lambda inner: st.lists(inner, min_size=1, max_size=4),
+    max_leaves=24,
+)
+
+
+def _sprinkled(value: Any, odd: Any, where: int) -> Any:
+    """`value` with `odd` in place of its `where`-th leaf (counted depth first), if it has one."""
+    seen = [0]
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        seen[0] += 1
+        return odd if seen[0] == where else v
+
+    return walk(value)
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    _nested_numbers,
+    st.lists(st.tuples(_odd, st.integers(1, 30)), max_size=2),
+    st.integers(1, 8),
+    st.booleans(),
+)
+def test_lists_of_lists_of_numbers_get_the_walks_verdict(
+    lists: list[Any], odd: list[tuple[Any, int]], limit: int, finite: bool
+) -> None:
+    for value, where in odd:
+        lists = _sprinkled(lists, value, where)
+    value = {"routed_experts": [lists, lists], "nan": [[1.0], [float("nan")]] if finite else []}
+    want = walked_check_depth(value, limit, finite)
+    if want is None:
+        assert check_depth(value, limit, finite=finite) is value
+    else:
+        with pytest.raises(ValueError) as got:
+            check_depth(value, limit, finite=finite)
+        assert str(got.value) == want
+
+
+def test_a_reply_s_routed_experts_are_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8,000 tokens' router choices, a list of lists per token: settled by one write of their text,
+    with nothing of them on the walk's levels (it meets the reply's own few containers)."""
+    routes = [[[i % 8, (i + 3) % 8], [i % 5, 7]] for i in range(8000)]
+    value = {"output": [{"routed_experts": routes, "generation_log_probs": [-0.5] * 8000}]}
+    looked_at: list[int] = []
+    real = isinstance
+
+    def counting(obj: Any, kinds: Any) -> bool:
+        looked_at.append(1)
+        return real(obj, kinds)
+
+    monkeypatch.setattr("builtins.isinstance", counting)
+    try:
+        assert check_depth(value, limit=6, finite=True) is value
+    finally:
+        monkeypatch.setattr("builtins.isinstance", real)
+    assert len(looked_at) < 50
+    with pytest.raises(ValueError, match="deeper than 5"):
+        check_depth(value, limit=5, finite=True)  # the pairs are the sixth level

@@ -23,6 +23,7 @@ from protocol.token_codec import (
     encode_records,
     read_layout,
     refer_to_reply,
+    referred,
     reply_output_of,
 )
 from protocol.tokens import token_records_from_reply
@@ -208,6 +209,9 @@ def test_records_refer_to_the_runs_their_canonical_bytes_match(
     )
     expected = _refer_by_bytes(v1, reply_output)
     v2, media_type = refer_to_reply(v1, reply_output)
+    # `referred` gives the same bytes and the layout a read of them gives.
+    again, again_type, layout = referred(v1, reply_output)
+    assert (again, again_type) == (v2, media_type) and layout == read_layout(v2)
     if all(ref is None for ref in expected):
         assert (v2, media_type) == (v1, TOKENS_MEDIA_TYPE)
         return

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from payloads.token_arrays import canonical, canonical_arrays, decode_arrays, decode_payload, encode_arrays
+from protocol.digests import same_json
 from protocol.lineage import LineageError, full_prompts, link_call, token_digest
 from protocol.token_codec import (
     NON_FINITE_LOGPROB,
@@ -23,11 +24,13 @@ from protocol.token_codec import (
     TOKENS_MEDIA_TYPE,
     TokenCodecError,
     assemble,
+    assembled,
     decode_json,
     decode_records,
     encode_entries,
     encode_json,
     encode_records,
+    encoded_entries,
     read_layout,
     with_arrays,
 )
@@ -86,6 +89,27 @@ def test_both_forms_round_trip_and_both_encoders_write_the_same_bytes(recs: list
         with contextlib.suppress(ValidationError):
             entries.append(TokenEntry.model_validate(record))
     assert encode_entries(entries) == encode_records([e.record() for e in entries])
+    # The writer's own layout of its bytes is the one a read gives (the trainer's reduced mode
+    # takes it instead of reading its header back).
+    written, layout = encoded_entries(entries)
+    assert written == encode_entries(entries) and layout == read_layout(written)
+    assert assembled([], []) == (assemble([], []), read_layout(assemble([], [])))
+
+
+def test_routed_experts_are_written_as_the_dump_would_write_them() -> None:
+    """A record's router choices (a list of lists per token) go into its header as they are, not
+    copied by its dump: the same bytes as the dump's copy, whatever they hold."""
+    base = {"rollout_id": "k", "model_call_id": "call-1", "prompt_token_ids": [1, 2],
+            "generation_token_ids": [3, 4], "generation_log_probs": [-0.5, -1e-7]}  # fmt: skip
+    routes: Any
+    for routes in ([[[1, 2]], [[3, 4]]], [[1.5, 2], [True, 0]], [[1, None]], [["a"]], [[]], [(1, 2)], (1, 2)):
+        entry = TokenEntry.model_validate(base | {"routed_experts": routes})
+        head = entry.model_dump(mode="json", exclude_unset=True)
+        want = encode_records([head])
+        written, layout = encoded_entries([entry])
+        assert written == want == encode_entries([entry]), routes
+        read = read_layout(written)  # the same JSON values (a tuple given stays one in the writer's)
+        assert layout.spans == read.spans and same_json(layout.records, read.records)
 
 
 @pytest.mark.parametrize("created_at", ["INF", "-Infinity", "nan", float("inf")])

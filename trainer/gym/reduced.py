@@ -29,8 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from protocol.digests import canonical_bytes, sha256_digest
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key, mint_incarnation
+from protocol.token_codec import TokenLayout, encoded_entries
 from protocol.tokens import TokenRecordError, token_records_from_reply
 from protocol.wire import (
     MAX_LIST_ITEMS,
@@ -48,6 +50,17 @@ from trainer.gym.errors import GoneError, NotFoundError, PhaseFenceError
 REDUCED_GENERATION: Final = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A kept reply's receipt, its token records in the binary form (and their layout), and its
+    canonical JSON."""
+
+    receipt: CompletionReceipt
+    tokens: bytes
+    layout: TokenLayout
+    reply_json: bytes
+
+
 class NotParticipantError(PhaseFenceError):
     """The agent has no participant routes (reduced mode): a checkpoint cannot include it."""
 
@@ -57,6 +70,10 @@ class _Held:
     reply: RunReply
     receipt: CompletionReceipt
     tokens: list[TokenEntry]
+    # The records in the binary form (what `/token_capture` would answer), written once, when the
+    # reply is kept.  (Its canonical JSON goes to the caller alone: held until the ACK, it would be
+    # another copy of the reply.)
+    encoded: bytes
 
 
 class ReducedMode:
@@ -87,8 +104,11 @@ class ReducedMode:
         key = (rollout_id, attempt_index)
         return self._posted.get(key, "") if key in self._tombstones else ""
 
-    def keep(self, reply: RunReply) -> RunReply:
-        """Holds a reply the agent answered; refuses one of an attempt retired meanwhile."""
+    def keep(self, reply: RunReply) -> Kept:
+        """Holds a reply the agent answered (validated from its `/run` body: `RunReply.parsed_payload`
+        is its JSON); refuses one of an attempt retired meanwhile.  What a participant's completion frame
+        would have carried with it: the receipt, the token records in the binary form and the
+        reply's canonical JSON, each made once here."""
         key = (reply.rollout_id, reply.attempt_index)
         if key in self._tombstones or key in self._released:
             raise GoneError(f"reduced mode: try {key} was retired or released; its late reply is dropped")
@@ -97,19 +117,22 @@ class ReducedMode:
             tokens = token_records_from_reply(reply, ck, time.time())
         except (TokenRecordError, ValueError):
             tokens = []  # no usable records: the attempt is owed, never sealed (the trainer's verify says so)
+        # Every number of a validated reply is one JSON carries (`GymModel`): no walk for NaN.
+        reply_json = canonical_bytes(reply.parsed_payload(), finite=True)
         receipt = CompletionReceipt(
             rollout_id=reply.rollout_id,
             attempt_index=reply.attempt_index,
             execution_generation=REDUCED_GENERATION,
             execution_incarnation=self.incarnation,
             result_identity=reply.id,
-            result_digest=reply.digest(),
+            result_digest=sha256_digest(reply_json),
             manifest_capture_key=ck,
             terminal_model_call_id=tokens[-1].model_call_id if tokens else "",
         )
-        self._held[key] = _Held(reply, receipt, tokens)
+        encoded, layout = encoded_entries(tokens)
+        self._held[key] = _Held(reply, receipt, tokens, encoded)
         self._posted.pop(key, None)
-        return reply
+        return Kept(receipt, encoded, layout, reply_json)
 
     def replay(self, rollout_id: str, attempt_index: int) -> RunReply | None:
         held = self._held.get((rollout_id, attempt_index))
@@ -122,9 +145,16 @@ class ReducedMode:
         return held.receipt
 
     def token_capture(self, key: str) -> list[TokenEntry]:
+        return list(self._held_under(key).tokens)
+
+    def token_bytes(self, key: str) -> bytes:
+        """The records held under `key` in the binary form, as `/token_capture` answers them."""
+        return self._held_under(key).encoded
+
+    def _held_under(self, key: str) -> _Held:
         for held in self._held.values():
             if held.receipt.manifest_capture_key == key:
-                return list(held.tokens)
+                return held
         raise NotFoundError(f"reduced mode: no token records held under {key!r}")
 
     def acknowledge(self, receipts: Sequence[CompletionReceipt]) -> list[AcknowledgeResult]:
