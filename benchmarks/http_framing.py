@@ -4,7 +4,7 @@ No sockets: each exchange writes the bytes of a typical `GymClient` request and 
 (`200`, JSON body, the headers uvicorn sends) fed as one read, on one kept-alive connection, the way
 `LeanTransport` does per call.  The baseline drives an `h11.Connection` the way the transport did
 before it moved to llhttp (h11 stays installed: httpcore, under httpx, runs on it); ours is
-`encode_request` and a `_Link` fed the reply through its `data_received`.  Both run in this process,
+`encode_request` and a `Link` fed the reply through its `data_received`.  Both run in this process,
 alternately, and the table gives the best of `--repeats` rounds of `--exchanges` each.
 
     python -m benchmarks.http_framing
@@ -22,8 +22,9 @@ import h11
 from rich.console import Console
 from rich.table import Table
 
+from trainer.gym.connection import Link
 from trainer.gym.http_request import encode_request
-from trainer.gym.transport import Reply, _Link
+from trainer.gym.http_types import Reply
 
 HEADERS = [
     (b"Host", b"127.0.0.1:8000"),
@@ -72,7 +73,7 @@ def h11_rounds(reply: bytes) -> Callable[[int], float]:
 
 
 class _Sink:
-    """Stands in for the socket: `_Link` only writes to it and asks whether it is closing."""
+    """Stands in for the socket: `Link` only writes to it and asks whether it is closing."""
 
     def write(self, data: bytes) -> None:
         pass
@@ -85,13 +86,13 @@ class _Sink:
 
 
 def llhttp_rounds(reply: bytes, loop: asyncio.AbstractEventLoop) -> Callable[[int], float]:
-    link = _Link(256 * 1024 * 1024)
+    link = Link(256 * 1024 * 1024)
     link.transport = _Sink()  # type: ignore[assignment]
 
     def run(n: int) -> float:
         start = time.process_time()
         for _ in range(n):
-            # What `_Link.exchange` does before and after its await, without the await.
+            # What `Link.exchange` does before and after its await, without the await.
             wire = encode_request("POST", b"/run", HEADERS, REQUEST_BODY)
             assert wire
             future: asyncio.Future[Reply] = loop.create_future()
