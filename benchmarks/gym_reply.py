@@ -18,7 +18,7 @@ Side by side in this process, over the same replies, each checked to give the sa
 - the nesting check of a reply (`protocol.wire.check_depth`) and of a `/run` row (`finite`) against
   the item-by-item walk it replaced (`walked_check_depth`, its reference);
 - the trainer's parse of the reply body: pydantic's JSON into Python values (what it used) against
-  msgspec's (what `trainer.gym.client` uses now, `GymClient._run_json`).
+  msgspec's (what `GymClient` uses now, `trainer.gym.runs.run_json`).
 
 CPU time of the one thread, best of `--rounds`.
 

@@ -11,7 +11,7 @@ claim (digest) for each.  Three ways side by side, in this process, over the sam
 - `binary, re-encoded, hashed twice`: the binary form, checked canonical by decoding it and
   encoding it again; hashed twice.  The binary path as it was first written.
 - `binary, checked in place, hashed once`: what the trainer does now
-  (`trainer.gym.client.binary_token_records`: the header checked, each array's dtype by one
+  (`trainer.gym.completed.binary_token_records`: the header checked, each array's dtype by one
   vectorised pass, nothing re-encoded; one claim per payload, its digest the one the receipt names).
 
 Every way parses the reply (`RunReply`) and writes its canonical JSON: that cost is the same in all
@@ -41,7 +41,7 @@ from payloads.token_arrays import TokenArrays, decode_arrays, encode_arrays
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import TOKENS_MEDIA_TYPE, encode_entries, encode_records
 from protocol.wire import RunReply, TokenEntry
-from trainer.gym.client import binary_token_records
+from trainer.gym.completed import binary_token_records
 
 WAYS = (
     "JSON capture, hashed twice",

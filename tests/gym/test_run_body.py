@@ -1,4 +1,4 @@
-"""A `/run` body as the trainer's client reads it (`GymClient._run_json`: msgspec, in C): the
+"""A `/run` body as the trainer's client reads it (`trainer.gym.runs.run_json`: msgspec, in C): the
 standard library's values for any JSON, the old refusal for what it refuses, and, in reduced mode,
 the receipt, token records and canonical JSON made once as a participant's frame carries them.
 Against a real HTTP server on loopback answering the bytes each test gives."""
@@ -17,6 +17,7 @@ from protocol.digests import json_canonical_bytes, same_json, sha256_digest
 from protocol.token_codec import encode_entries
 from tests.gym.test_participant import row, serve
 from trainer.gym import BadResponseError, GymClient
+from trainer.gym.runs import run_json
 
 
 def raw_agent(bodies: dict[str, bytes]) -> FastAPI:
@@ -113,4 +114,4 @@ _json = st.recursive(
 @given(_json, st.booleans())
 def test_any_json_reads_as_the_standard_library_reads_it(value: Any, ascii_only: bool) -> None:
     body = json.dumps(value, ensure_ascii=ascii_only).encode()
-    assert same_json(GymClient("http://127.0.0.1:9", "a")._run_json(body), json.loads(body))
+    assert same_json(run_json("http://127.0.0.1:9", body), json.loads(body))

@@ -24,8 +24,7 @@ from projections.ledger import LedgerProjection
 from protocol.wire import AttemptFault, RunRequest
 from tests.rollout.conftest import PAYLOAD, PROMPT, MakeAgent, coordinator, gid
 from tests.rollout.test_retire_owed import Cuttable, events
-from trainer.gym import GymClient
-from trainer.gym.client import Completed
+from trainer.gym import Completed, GymClient
 
 
 class Recording(GymClient):

@@ -1,6 +1,7 @@
 """The trainer's side of the Gym agent HTTP contract (docs/protocol.md, The HTTP contract)."""
 
-from trainer.gym.client import Completed, GymClient, verify_receipt
+from trainer.gym.client import GymClient
+from trainer.gym.completed import Completed, verify_receipt
 from trainer.gym.errors import (
     AgentIdentityError,
     AgentServerError,
