@@ -280,7 +280,12 @@ class LocalDirPayloadStore(PayloadStore):
                 for directory in touched:
                     _fsync_dir(directory)
                 batch.unlink()
-            except (OSError, ValueError) as exc:
+            except _BadBatch as exc:
+                raise PayloadStoreError(
+                    f"{exc}; not replayed (it was whole when named: the disk changed it); move it aside "
+                    "to open the store without it (a payload only it held is then not stored)"
+                ) from None
+            except OSError as exc:
                 raise PayloadStoreError(f"replaying the batch file {batch}: {exc}") from None
 
     def _in_batches(self, digests: Collection[str]) -> dict[str, bytes]:
@@ -290,7 +295,7 @@ class LocalDirPayloadStore(PayloadStore):
         for batch in self._orphans():
             with contextlib.suppress(OSError, ValueError):
                 for digest, _, content in _read_batch(batch):
-                    if digest in wanted and sha256_digest(content) == digest:
+                    if digest in wanted:
                         found[digest] = content
             if len(found) == len(wanted):
                 break
@@ -418,18 +423,32 @@ def _holds(path: Path, digest: str, size: int) -> bool:
         return False
 
 
-def _read_batch(batch: Path) -> Iterator[tuple[str, int, bytes]]:
-    """Each payload a batch file holds: its digest, size and bytes (ValueError for a file that is
-    not one: a batch file is named only once whole)."""
+class _BadBatch(ValueError):
+    """A batch file that is not one whole batch (a disk's damage: it is named only once whole)."""
+
+
+def _read_batch(batch: Path) -> list[tuple[str, int, bytes]]:
+    """Each payload a batch file holds: its digest, size and bytes, every payload hashed against its
+    name; `_BadBatch` naming the byte where the file stops being a whole batch."""
     data = batch.read_bytes()
-    end = data.index(b"\n")
-    index = json.loads(data[:end])["payloads"]
-    at = end + 1
-    for digest, size in index:
-        yield str(check_digest(digest)), int(size), data[at : at + size]
+    end = data.find(b"\n")
+    try:
+        if end < 0:
+            raise ValueError("no end of line")
+        index = json.loads(data[:end])["payloads"]
+        entries = [(str(check_digest(digest)), int(size)) for digest, size in index]
+    except (ValueError, KeyError, TypeError, PayloadStoreError) as exc:
+        raise _BadBatch(f"batch file {batch}: its index (byte 0) is not one ({exc})") from None
+    at, found = end + 1, []
+    for digest, size in entries:
+        content = data[at : at + size]
+        if len(content) != size or sha256_digest(content) != digest:
+            raise _BadBatch(f"batch file {batch}: the payload at byte {at} is not the whole {digest}")
+        found.append((digest, size, content))
         at += size
     if at != len(data):
-        raise ValueError(f"batch file {batch} holds {len(data) - at} bytes past its payloads")
+        raise _BadBatch(f"batch file {batch}: {len(data) - at} bytes past its payloads, from byte {at}")
+    return found
 
 
 _LIBC: Any = None

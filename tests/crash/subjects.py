@@ -363,13 +363,49 @@ class Payload(_Dir):
         items = [
             (f'{{"reply": {i}, "text": "{"x" * 40 * i}"}}'.encode(), "application/json") for i in range(1, 4)
         ]
-        self.claim: PayloadClaim = plane.put(items)[-1]  # one put, one group commit; the last file
-        path = plane.default.path_of(self.claim.digest)  # type: ignore[attr-defined]
+        store = LocalDirPayloadStore(root / "payloads")
+        self.claim: PayloadClaim = PayloadPlane(store).put(items)[-1]  # one group commit; the last file
+        # Retired (one syncfs, the batch file removed): the payload's own file is its only copy, as
+        # it is from the next retirement on (`PayloadBatch` crashes the batch file before that).
+        store.close()
+        path = store.path_of(self.claim.digest)
         self.file = str(path.relative_to(root))
         return Written(path.relative_to(root), path.read_bytes(), [0], 0, appendable=False)
 
     def recover(self, root: Path) -> object:
         return PayloadPlane(LocalDirPayloadStore(root / "payloads")).get(self.claim)
+
+
+class PayloadBatch(_Dir):
+    name = "payloads/batches/<name>.batch"
+    owner = "the next writer's open (`LocalDirPayloadStore` replays a dead writer's batch), then `get`"
+    refusals: tuple[type[Exception], ...] = (PayloadStoreError,)
+
+    def build(self, root: Path) -> Written:
+        """A writer killed after its group commit's batch file was durable and before its payloads'
+        own files were written: the batch file holds the only copy of the three payloads."""
+        store = LocalDirPayloadStore(root / "payloads")
+        items = [
+            (f'{{"reply": {i}, "text": "{"y" * 40 * i}"}}'.encode(), "application/json") for i in range(1, 4)
+        ]
+        self.claims = PayloadPlane(store).put(items)
+        own = [store.path_of(claim.digest) for claim in self.claims]
+        for path in own:
+            path.unlink()
+        self.rewrites = tuple(path.relative_to(root) for path in own)  # what a replay writes
+        (batch,) = (root / "payloads" / "batches").glob("*.batch")
+        self.file = str(batch.relative_to(root))
+        return Written(batch.relative_to(root), batch.read_bytes(), [0], 0, appendable=False)
+
+    def reset(self, root: Path, pristine: Path, data: bytes) -> None:
+        """A replay writes the payloads' files and removes the batch: each case starts over."""
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(pristine, root)
+        (root / self.file).write_bytes(data)
+
+    def recover(self, root: Path) -> object:
+        plane = PayloadPlane(LocalDirPayloadStore(root / "payloads"))
+        return [plane.get(claim) for claim in self.claims]
 
 
 SUBJECTS: dict[str, Subject] = {
@@ -383,5 +419,6 @@ SUBJECTS: dict[str, Subject] = {
         CheckpointArtefact(),
         Manifest(),
         Payload(),
+        PayloadBatch(),
     )
 }
