@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from protocol.generated_docs import section_main, with_section
+
 ROOT: Final = Path(__file__).resolve().parent.parent
 DOC: Final = ROOT / "docs" / "layout.md"
 ROOMS: Final = ("trainer", "participant")
@@ -87,22 +89,11 @@ def generated_doc() -> str:
 
 
 def with_generated(doc: str) -> str:
-    head, begin, rest = doc.partition(DOC_BEGIN)
-    _, end, tail = rest.partition(DOC_END)
-    if not begin or not end:
-        raise ValueError(f"{DOC} has no generated section (its begin and end markers)")
-    return head + generated_doc() + tail
+    return with_section(doc, DOC_BEGIN, DOC_END, generated_doc())
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["--write"]:
-        DOC.write_text(with_generated(DOC.read_text()))
-        return 0
-    if argv:
-        print("usage: python -m cli.layout [--write]", file=sys.stderr)
-        return 2
-    print(generated_doc())
-    return 0
+    return section_main(argv, DOC, generated_doc, with_generated, "cli.layout")
 
 
 if __name__ == "__main__":

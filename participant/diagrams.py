@@ -7,19 +7,13 @@ import sys
 from pathlib import Path
 
 from participant.states import generated_doc, with_generated
+from protocol.generated_docs import section_main
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machines.md"
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["--write"]:
-        DOC.write_text(with_generated(DOC.read_text()))
-        return 0
-    if argv:
-        print("usage: python -m participant.diagrams [--write]", file=sys.stderr)
-        return 2
-    print(generated_doc())
-    return 0
+    return section_main(argv, DOC, generated_doc, with_generated, "participant.diagrams")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Literal
 
+from protocol.generated_docs import with_section
 from protocol.wire import Phase, ResourceClass, ResourceRevision
 
 
@@ -243,8 +244,4 @@ def generated_doc() -> str:
 
 def with_generated(doc: str) -> str:
     """`doc` with the text between DOC_BEGIN and DOC_END replaced by `generated_doc()`."""
-    head, begin, rest = doc.partition(DOC_BEGIN)
-    _, end, tail = rest.partition(DOC_END)
-    if not begin or not end:
-        raise ValueError("the document has no generated section (its begin and end markers)")
-    return head + generated_doc() + tail
+    return with_section(doc, DOC_BEGIN, DOC_END, generated_doc())

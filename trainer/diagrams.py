@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Final, get_args
 
 from eventstore.events import Mode
+from protocol.generated_docs import section_main, with_section
 from trainer.core.group import MOVES, Ending, Move
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machines.md"
@@ -80,22 +81,11 @@ def generated_doc() -> str:
 
 def with_generated(doc: str) -> str:
     """`doc` with the text between DOC_BEGIN and DOC_END replaced by `generated_doc()`."""
-    head, begin, rest = doc.partition(DOC_BEGIN)
-    _, end, tail = rest.partition(DOC_END)
-    if not begin or not end:
-        raise ValueError("the document has no generated section for the group moves (its markers)")
-    return head + generated_doc() + tail
+    return with_section(doc, DOC_BEGIN, DOC_END, generated_doc())
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["--write"]:
-        DOC.write_text(with_generated(DOC.read_text()))
-        return 0
-    if argv:
-        print("usage: python -m trainer.diagrams [--write]", file=sys.stderr)
-        return 2
-    print(generated_doc())
-    return 0
+    return section_main(argv, DOC, generated_doc, with_generated, "trainer.diagrams")
 
 
 if __name__ == "__main__":

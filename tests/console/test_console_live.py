@@ -49,8 +49,11 @@ def test_the_overview_follows_a_run_as_it_appends(
         assert _count(page, "#groups-sealed") == 0
         # A mark a reload would wipe: the changes below must reach this very page.
         page.evaluate("() => { window.__same_page = true }")
+        # Each model call lasts 1 s and the first checkpoint starts at 0.2 s: the run cannot end
+        # before it, however fast the machine (a run over before its first checkpoint has none).
+        paced = ["--checkpoint-every", "0.2", "--call-seconds", "1"]
         run = subprocess.Popen(
-            [*LEDGER, "simulate", "--db", db, "--groups", "6", "--agents", "2", "--checkpoint-every", "1"],
+            [*LEDGER, "simulate", "--db", db, "--groups", "6", "--agents", "2", *paced],
             cwd=ROOT,
             env=os.environ.copy(),
             stdout=subprocess.PIPE,

@@ -359,7 +359,6 @@ class Payload(_Dir):
     names_offset = False
 
     def build(self, root: Path) -> Written:
-        plane = PayloadPlane(LocalDirPayloadStore(root / "payloads"))
         items = [
             (f'{{"reply": {i}, "text": "{"x" * 40 * i}"}}'.encode(), "application/json") for i in range(1, 4)
         ]
