@@ -13,7 +13,7 @@
 The coordinator wires one part per concern and keeps the public API (in the manner of Temporal's
 `Worker`): the agents (`agents.py`), the groups and their drivers (`groups.py`), one attempt's life
 (`attempts.py`, `keep.py`), the two relays (`acks.py`, `retires.py`), the checkpoint's phases
-(`checkpoints/`), recovery (`recovery.py`).  Each part gets what it needs in its constructor; the
+(`checkpoints/`), recovery (`recovery.py`); what a caller reads of them is `reads.py`'s.  Each part gets what it needs in its constructor; the
 only state they share is the log (`journal.py`) and the checkpoint gate (`gate.py`).  Every decision
 is an event appended with the stream version this process last saw; everything the coordinator knows
 is folded back from the log (`ledger`).
@@ -22,7 +22,7 @@ is folded back from the log (`ledger`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal, TypeVar
 
 from eventstore import EventStore
@@ -30,9 +30,8 @@ from eventstore.events import Mode, PromptRef, TrainerEpochTaken
 from eventstore.payload_stores import payload_plane
 from payloads import PayloadClaim, PayloadPlane
 from payloads.token_arrays import TokenArrays
-from projections.checkpoints import CheckpointsState
 from projections.figures import LogFigures
-from projections.ledger import GroupState, LedgerState
+from projections.ledger import GroupState
 from projections.recovery import RestoreRefused
 from protocol.levels import TargetLevel
 from protocol.retry import RetryPolicy
@@ -47,7 +46,6 @@ from trainer.core.debt import ACK_POLICY
 from trainer.core.retire_debt import RETIRE_OWED_POLICY
 from trainer.errors import (
     CoordinatorStopped,
-    FencedOff,
 )
 from trainer.gate import Gate
 from trainer.groups import Groups
@@ -56,6 +54,7 @@ from trainer.journal import Journal
 from trainer.keep import Keeper
 from trainer.logview import OUTAGE_BUDGET_S
 from trainer.payload_io import PayloadIO
+from trainer.reads import CoordinatorReads
 from trainer.recovery import recover
 from trainer.retires import RetireRelay
 from trainer.rows import check_row
@@ -65,7 +64,7 @@ from trainer.settings import Settings, log
 _T = TypeVar("_T")
 
 
-class RolloutCoordinator:
+class RolloutCoordinator(CoordinatorReads):
     def __init__(
         self,
         store: EventStore,
@@ -241,87 +240,6 @@ class RolloutCoordinator:
         if self._journal.stopped is None:
             self._journal.stopped = stopped
 
-    # --- what the log says ------------------------------------------------------------------------
-
-    @property
-    def ledger(self) -> LedgerState:
-        return self._journal.ledger
-
-    @property
-    def checkpoints(self) -> CheckpointsState:
-        return self._journal.checkpoints
-
-    @property
-    def position(self) -> int:
-        """The log position this process has folded up to."""
-        return self._journal.position
-
-    @property
-    def fenced(self) -> FencedOff | None:
-        return self._journal.fenced
-
-    @property
-    def stopped(self) -> CoordinatorStopped | None:
-        """The outage that stopped this coordinator for good, if one did."""
-        return self._journal.stopped
-
-    @property
-    def writer(self) -> str:
-        """This process as the log's rows name their writer (`host/pid/nonce`)."""
-        return self._journal.writer
-
-    @property
-    def owns_epoch(self) -> bool:
-        """Whether this process has taken its trainer's owner epoch (its appends carry the fence)."""
-        return self._journal.owner is not None
-
-    @property
-    def closing(self) -> bool:
-        return self._gate.closing
-
-    @property
-    def active_checkpoint(self) -> str | None:
-        """The checkpoint prepared here and not yet decided, if any."""
-        return self._gate.checkpoint
-
-    @property
-    def agent_names(self) -> list[str]:
-        return self._agents.names
-
-    async def catch_up(self) -> None:
-        """Folds what other writers appended to the log since this process last did."""
-        await self._journal.catch_up()
-
-    async def wait_changed(self, timeout_s: float) -> None:
-        """Until this process's next batch of appends is recorded, or `timeout_s` has passed."""
-        await self._journal.wait_changed(timeout_s)
-
-    async def drain(self) -> None:
-        """Until every append queued so far is written or failed (a closed coordinator's cancelled
-        drivers leave theirs queued; a process handing the log to another waits for them)."""
-        await self._journal.drain()
-
-    async def settle_appends(self) -> None:
-        """Until every append already being written is in (those cancelled before their batch began
-        are never written)."""
-        await self._journal.settle()
-
-    async def read_log(self, read: Callable[[], _T], what: str) -> _T:
-        """`read()` (a read of the log or beside it), a database outage ridden out as this coordinator's
-        own reads are (`what` names it in the log's messages)."""
-        return await self._journal.read(read, what)
-
-    def journal_figures(self) -> dict[str, int]:
-        """This process's own counts of appends, batches, outage retries and payload puts."""
-        journal = self._journal
-        return {
-            "appends": journal.appends,
-            "batches": journal.batches,
-            "outage_retries": journal.outage_retries,
-            "payload_puts": self._payloads.puts,
-            "payload_store_calls": self._payloads.put_calls,
-        }
-
     # --- submitting ------------------------------------------------------------------------------
 
     async def submit(
@@ -362,22 +280,7 @@ class RolloutCoordinator:
             target_step=target_step,
         )
 
-    def owns(self, group: GroupState) -> bool:
-        return self._groups.owns(group)
-
-    def open_groups(self) -> list[str]:
-        return self._groups.open_groups()
-
-    def attempts_in_flight(self) -> int:
-        """Attempts of this trainer's open groups that are neither finished nor settled (the window a
-        caller admits new groups by)."""
-        return self._groups.attempts_in_flight()
-
     # --- training ---------------------------------------------------------------------------------
-
-    def sealed_unclaimed(self) -> list[SealedGroup]:
-        """This trainer's sealed groups no training step claimed yet (no payload read)."""
-        return self._training.sealed_unclaimed()
 
     def sealed_groups(self, *, until_idle: bool = True) -> AsyncIterator[SealedGroup]:
         """Sealed, unclaimed groups as they seal, their payloads read.  With `until_idle`, ends once
@@ -470,19 +373,6 @@ class RolloutCoordinator:
         flat["coordinator/open_groups"] = float(len(self.open_groups()))
         flat["coordinator/queued_attempts"] = float(self.queued_attempts())
         return flat
-
-    def owed_retire_agents(self) -> list[str]:
-        """Agents this trainer owes a retire (of an attempt declared lost there)."""
-        return self._retires.owed_agents()
-
-    def owed_ack_agents(self) -> list[str]:
-        """Agents this trainer owes an ACK."""
-        return self._acks.owed_agents()
-
-    def queued_attempts(self) -> int:
-        """Attempts waiting for a connection of their agent's run pool (`max_run_connections`): minted,
-        not yet dispatched, and spending none of their lease while they wait."""
-        return self._agents.waiting_runs()
 
     async def record_logprobs(
         self, rollout_id: str, attempt_index: int, logprobs: Sequence[float], policy_version: str

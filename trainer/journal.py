@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import os
 import socket
@@ -38,7 +37,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from eventstore import (
@@ -47,22 +46,19 @@ from eventstore import (
     Fence,
     Fenced,
     NewEvent,
-    RecordedEvent,
     WrongExpectedVersion,
 )
 from eventstore.events import Event
-from eventstore.records import UNIT_SEPARATOR, uuid5_text
-from projections.ledger import LedgerState, lookahead
+from projections.ledger import LedgerState
 from protocol import mutants
 from protocol.streams import group_of_stream, is_group_stream
 from trainer.errors import CoordinatorStopped, FencedOff, StreamExists
+from trainer.journal_batch import EVENT_NS, Lookahead, Request, fail, new_event, resolve
 from trainer.logview import LogView
 from trainer.telemetry import JOURNAL_BATCHES
 
 log = logging.getLogger("trainer")
 
-# Deterministic event ids make a retried append (after the database went away mid-commit) a no-op.
-_EVENT_NS = uuid.UUID("6f1d7c1e-4d0e-4b55-9f0e-2b7a61c0a8d1")
 # Appends written together in one transaction at most (group commit).
 MAX_BATCH = 256
 
@@ -84,7 +80,7 @@ class Journal(LogView):
         # The metadata of every row this process writes: its writer, so the auditor can tell a fenced
         # owner's claims and checkpoint events, and one trainer's write on another's group (acts-by-owner).
         self.metadata: dict[str, Any] = {"writer": self.writer}
-        self._queue: deque[_Request] = deque()
+        self._queue: deque[Request] = deque()
         self._writer: asyncio.Task[None] | None = None
         # Set while a batch is being written: its appends' callers may have been cancelled meanwhile,
         # so their futures say nothing about when the write ends (`settle`).
@@ -124,7 +120,7 @@ class Journal(LogView):
             raise self.stopped
         if create and stream in self.versions:
             raise StreamExists(stream, self.versions[stream])
-        request = _Request(stream, build, blobs, asyncio.get_running_loop().create_future(), create=create)
+        request = Request(stream, build, blobs, asyncio.get_running_loop().create_future(), create=create)
         self._queue.append(request)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_batches(), name="journal-writer")
@@ -150,7 +146,7 @@ class Journal(LogView):
 
     async def _write_batches(self) -> None:
         """The writer: while appends are queued, writes them a batch (one transaction) at a time."""
-        batch: list[_Request] = []
+        batch: list[Request] = []
         try:
             while self._queue:
                 batch = self._next_batch()
@@ -166,19 +162,19 @@ class Journal(LogView):
         except BaseException as exc:  # cancelled (the loop is closing), or a bug: nobody waits for ever
             for request in [*batch, *self._queue]:
                 if isinstance(exc, Exception):
-                    _fail(request, exc)
+                    fail(request, exc)
                 elif not request.future.done():
                     request.future.cancel()
             self._queue.clear()
             if not isinstance(exc, Exception):
                 raise
 
-    def _next_batch(self) -> list[_Request]:
+    def _next_batch(self) -> list[Request]:
         """The queued appends, oldest first; a build only as the first of its stream (see the module doc)."""
-        batch: list[_Request] = []
+        batch: list[Request] = []
         streams: set[str] = set()
         deferred: set[str] = set()  # a stream with an append left waiting keeps its order: all wait
-        waiting: deque[_Request] = deque()
+        waiting: deque[Request] = deque()
         while self._queue:
             request = self._queue.popleft()
             if request.future.done():  # its caller was cancelled before it was written
@@ -196,11 +192,11 @@ class Journal(LogView):
         self._queue = waiting
         return batch
 
-    async def _write_batch(self, batch: list[_Request]) -> None:
+    async def _write_batch(self, batch: list[Request]) -> None:
         # Builds run in queue order against the ledger as folded after the previous batch; a fence
         # found before the write fails that append and every later one, as one at a time did.
-        ready: list[_Request] = []
-        ahead = _Lookahead(self)
+        ready: list[Request] = []
+        ahead = Lookahead(self)
         for i, request in enumerate(batch):
             try:
                 if self.fenced is not None:
@@ -210,7 +206,7 @@ class Journal(LogView):
                 build = request.build
                 request.events = list(build(ahead.view(request.stream)) if callable(build) else build)
                 if not request.events:
-                    _resolve(request, [])
+                    resolve(request, [])
                     continue
                 stream_stale = self._stream_moved(request.stream)
                 if stream_stale and request.create:
@@ -218,10 +214,10 @@ class Journal(LogView):
                 if stream_stale:
                     self._fence(request.stream, stream_stale)
             except Exception as exc:
-                _fail(request, exc)
+                fail(request, exc)
                 if self.fenced is not None or self.stopped is not None:
                     for later in batch[i + 1 :]:
-                        _fail(later, self.fenced or self.stopped or exc)
+                        fail(later, self.fenced or self.stopped or exc)
                     break
                 continue
             ready.append(request)
@@ -240,7 +236,7 @@ class Journal(LogView):
             results = await self._ride_out(lambda: self._write_sync(ready), what)
         except (CoordinatorStopped, FencedOff) as exc:
             for request in ready:
-                _fail(request, exc)
+                fail(request, exc)
             return
         except Exception as exc:
             if len(ready) == 1:
@@ -256,16 +252,16 @@ class Journal(LogView):
                 await self._catch_up("reading the log after appending")
         except Exception as exc:  # folding the log failed after the commit: as after one append
             for request in ready:
-                _fail(request, exc)
+                fail(request, exc)
             return
         self.appends += len(ready)
         self.batches += 1
         JOURNAL_BATCHES.observe(len(ready), time.monotonic() - began)
         for request in ready:
-            _resolve(request, request.events)
+            resolve(request, request.events)
 
-    async def _write_one_by_one(self, ready: list[_Request]) -> None:
-        written: list[_Request] = []
+    async def _write_one_by_one(self, ready: list[Request]) -> None:
+        written: list[Request] = []
         failed: BaseException | None = None
         for request in ready:
             # Nothing of the batch was written: each expects what the appends before it really left.
@@ -280,7 +276,7 @@ class Journal(LogView):
                     await self._catch_up("reading the log before a build")
                     request.events = list(request.build(self.ledger))
                     if not request.events:
-                        _resolve(request, [])
+                        resolve(request, [])
                         continue
                 streams.add(request.stream)
                 await self._ride_out(
@@ -291,7 +287,7 @@ class Journal(LogView):
                 self._settle_alone(request, exc)
                 if self.fenced is not None or self.stopped is not None:
                     for later in ready[i + 1 :]:
-                        _fail(later, self.fenced or self.stopped or exc)
+                        fail(later, self.fenced or self.stopped or exc)
                     break
                 continue
             self.appends += 1
@@ -305,9 +301,9 @@ class Journal(LogView):
                 failed = exc
         for request in written:
             if failed is not None:
-                _fail(request, failed)
+                fail(request, failed)
             else:
-                _resolve(request, request.events)
+                resolve(request, request.events)
 
     def _fence_of(self, stream: str, chain: dict[str, int]) -> Fence | None:
         """The owner fence of an append to `stream` (`chain`: the batch's earlier appends).  An append
@@ -324,7 +320,7 @@ class Journal(LogView):
 
         def write() -> None:
             with self._thread_lock:
-                news = [_new_event(stream, -1, event, self.writer)]
+                news = [new_event(stream, -1, event, self.writer)]
                 result = self.store.append(stream, news, ExpectedVersion.ANY, metadata=self.metadata)
                 self.versions[stream] = result.stream_version
                 self.owner = Fence(stream, result.stream_version)
@@ -334,7 +330,7 @@ class Journal(LogView):
             await self._catch_up(f"reading the log after taking {stream!r}")
         await self._notify()
 
-    def _settle_alone(self, request: _Request, exc: BaseException) -> None:
+    def _settle_alone(self, request: Request, exc: BaseException) -> None:
         """The answer of one append that failed on its own, as `append` gave it one at a time."""
         if isinstance(exc, Fenced):
             self.fenced = FencedOff(
@@ -350,9 +346,9 @@ class Journal(LogView):
                 self._fence(request.stream, exc)
             except FencedOff as fenced:
                 exc = fenced
-        _fail(request, exc)
+        fail(request, exc)
 
-    def _write_sync(self, batch: list[_Request]) -> list[AppendResult]:
+    def _write_sync(self, batch: list[Request]) -> list[AppendResult]:
         """In a worker thread: one transaction holding every append of `batch` (and their blobs).
         The caller folds what it wrote, on the event loop."""
         with self._thread_lock:
@@ -375,7 +371,7 @@ class Journal(LogView):
                     self.owner = Fence(request.stream, result.stream_version)
             return results
 
-    def _fold_written(self, batch: list[_Request], results: list[AppendResult]) -> bool:
+    def _fold_written(self, batch: list[Request], results: list[AppendResult]) -> bool:
         """On the event loop: folds the rows the batch wrote, as the store handed them back, if they are
         all the log gained since the last fold (no other writer's row among or before them); else
         False, and the log is read instead.  Saves reading back and decoding what is in hand."""
@@ -388,7 +384,7 @@ class Journal(LogView):
         self._fold(list(zip(records, events, strict=True)))
         return True
 
-    def _prepare_sync(self, request: _Request, after: int | None = None) -> tuple[int, list[NewEvent]]:
+    def _prepare_sync(self, request: Request, after: int | None = None) -> tuple[int, list[NewEvent]]:
         """The version `request` expects (`after`: what an earlier append of its batch leaves) and its
         events with their deterministic ids (kept for retries)."""
         stream = request.stream
@@ -397,7 +393,7 @@ class Journal(LogView):
             self.versions[stream] = self.store.stream_version(stream)
         expected = after if after is not None else self.versions.get(stream, ExpectedVersion.NO_STREAM)
         start = expected + 1 if expected >= 0 else 0
-        return expected, [_new_event(stream, start + i, e, self.writer) for i, e in enumerate(request.events)]
+        return expected, [new_event(stream, start + i, e, self.writer) for i, e in enumerate(request.events)]
 
     async def take_over(self, stream: str, event: Event) -> None:
         """Appends at whatever version `stream` is at, and adopts the result as this process's version.
@@ -406,7 +402,7 @@ class Journal(LogView):
         previous owner of the stream (a process presumed dead, maybe still alive) then fails its next
         append on the version and stops, however the two race.
         """
-        event_id = uuid.uuid5(_EVENT_NS, f"take-over/{self._nonce}/{stream}")
+        event_id = uuid.uuid5(EVENT_NS, f"take-over/{self._nonce}/{stream}")
 
         def write() -> None:
             with self._thread_lock:
@@ -441,88 +437,3 @@ class Journal(LogView):
 
 
 _T = TypeVar("_T")
-
-
-class _Lookahead:
-    """What a build sees in a batch: the ledger, or for a group stream with earlier appends in the
-    batch, a copy of its group with their events folded in (at the positions they will most likely
-    get: only `apply`'s bookkeeping reads them, no build does)."""
-
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
-        self.pending: dict[str, list[Event]] = {}
-        self.views: dict[str, tuple[LedgerState, int]] = {}  # stream -> (copy, events folded into it)
-        self.position = journal.position
-
-    def written(self, request: _Request) -> None:
-        self.pending.setdefault(request.stream, []).extend(request.events)
-
-    def view(self, stream: str) -> LedgerState:
-        events = self.pending.get(stream)
-        if not events:
-            return self.journal.ledger
-        state, folded = self.views.get(stream) or (
-            lookahead(self.journal.ledger, group_of_stream(stream) or ""),
-            0,
-        )
-        version = self.journal.versions.get(stream, ExpectedVersion.NO_STREAM) + folded
-        project = self.journal.ledger_projection
-        for event in events[folded:]:
-            version += 1
-            self.position += 1
-            project.apply(state, _provisional(stream, version, self.position, event), event)
-        self.views[stream] = (state, len(events))
-        return state
-
-
-def _provisional(stream: str, version: int, position: int, event: Event) -> RecordedEvent:
-    return RecordedEvent(
-        position, stream, version, "", event.event_type(), event.schema_version, "", "{}", 0.0, "", ""
-    )
-
-
-def _new_event(stream: str, version: int, event: Event, writer: str) -> NewEvent:
-    """The event as stored, with an id derived from who writes it, where it goes and what it says.
-
-    The id hashes the event's own JSON (pydantic writes fields in declaration order, so equal events
-    give equal text): a retry of the same append by the same writer names the same ids and is a
-    no-op, while two writers appending the same event at the same version (two trainers claiming one
-    group) name different ids, so the second is refused instead of told it succeeded.
-    """
-    text = event.model_dump_json()
-    type_ = event.event_type()
-    digest = hashlib.sha256(
-        UNIT_SEPARATOR.join((writer, stream, str(version), type_, text)).encode()
-    ).hexdigest()
-    return NewEvent(
-        type=type_,
-        data={},  # the store writes `validated_json` and never reads the dict (a dump cost 2-5 us)
-        event_id=uuid5_text(_EVENT_NS.bytes, digest),
-        schema_version=event.schema_version,
-        validated_json=text,
-    )
-
-
-@dataclass(eq=False)
-class _Request:
-    """One queued `append`: what its caller asked for and the future it awaits."""
-
-    stream: str
-    build: Sequence[Event] | Callable[[LedgerState], Sequence[Event]]
-    blobs: Sequence[bytes]
-    future: asyncio.Future[list[Event]]
-    events: list[Event] = field(default_factory=list)
-    # The append starts its stream: finding it there is `StreamExists`, not a fence.
-    create: bool = False
-    # (expected version, events with their ids), fixed on the first attempt so that retries repeat it.
-    prepared: tuple[int, list[NewEvent]] | None = None
-
-
-def _resolve(request: _Request, events: list[Event]) -> None:
-    if not request.future.done():
-        request.future.set_result(events)
-
-
-def _fail(request: _Request, exc: BaseException) -> None:
-    if not request.future.done():
-        request.future.set_exception(exc)

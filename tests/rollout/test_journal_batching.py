@@ -15,7 +15,8 @@ from eventstore.events import AttemptMinted, Event, GroupReserved
 from projections.ledger import LedgerState
 from tests.rollout.conftest import PROMPT, gid
 from trainer.errors import FencedOff
-from trainer.journal import Journal, _new_event
+from trainer.journal import Journal
+from trainer.journal_batch import new_event
 
 
 def reserved(g: str) -> list[Event]:
@@ -133,7 +134,7 @@ async def test_a_build_that_looked_ahead_is_built_again_when_the_append_before_i
     stream = f"group-{g}"
     # Another stream already holds the id the first append below will give its event: the store
     # refuses it (an id conflict, not a fence), so the batch is written again one by one.
-    taken = _new_event(stream, journal.versions[stream] + 1, minted(g, 5), journal.writer)
+    taken = new_event(stream, journal.versions[stream] + 1, minted(g, 5), journal.writer)
     store.append(f"group-{other}", [taken])
     seen: list[int] = []
 

@@ -15,7 +15,8 @@ from eventstore.events import Event
 from projections.ledger import LedgerProjection, LedgerState
 from tests.rollout.conftest import gid
 from tests.rollout.test_journal_batching import minted, reserved
-from trainer.journal import Journal, _new_event
+from trainer.journal import Journal
+from trainer.journal_batch import new_event
 from trainer.logview import CATCH_UP_PAGE
 
 # A safety net for a broken journal, never reached when it works: every wait below is on a gate.
@@ -96,7 +97,7 @@ async def test_every_fold_runs_on_the_event_loop(store: EventStore) -> None:
     assert len(journal.ledger.groups[other].siblings) == CATCH_UP_PAGE + 3
     # Another stream holds the id the next append gives its event: the store refuses the batch.
     stream = f"group-{mine[1]}"
-    taken = _new_event(stream, journal.versions[stream] + 1, minted(mine[1], 5), journal.writer)
+    taken = new_event(stream, journal.versions[stream] + 1, minted(mine[1], 5), journal.writer)
     store.append(f"group-{other}", [taken], CATCH_UP_PAGE + 3)
     results = await asyncio.gather(
         journal.append(stream, [minted(mine[1], 5)]),
