@@ -21,7 +21,7 @@ def test_the_report_names_its_events_rules_violations_and_payload_figures() -> N
         events=12,
         head=14,
         rules_checked=["a-rule", "b-rule"],
-        violations=[Violation("a-rule", [3, 8], "try p#0 is minted twice")],
+        violations=[Violation(rule="a-rule", positions=[3, 8], message="try p#0 is minted twice")],
         payloads=payloads,
     )
     assert not report.ok
