@@ -30,6 +30,7 @@ from tests.core.test_group_moves import FINISHED, INTERRUPTED, at_level, held, i
 from trainer.core.budget import exhausted_budget, failure_budget, round_exhausted, sibling_exhausted, spent
 from trainer.core.group import (
     AttemptOutcome,
+    Decision,
     kept,
     on_attempt,
     on_round,
@@ -378,3 +379,56 @@ def test_the_catalogue_mutant_records_a_prompt_group_s_debts_only_at_its_seal() 
     assert (last[0].rollout_id, last[0].attempt_index) == ("g_g0", 0)  # type: ignore[attr-defined]
     # Without the mutant each hold carries its own debt at once.
     assert _debts(kept(g, "a", rollout0, receipt0)) == ["g_g0"]
+
+
+# --- the reasons the moves record, and their caps -------------------------------------------------------
+
+
+def test_an_owed_result_and_an_interrupted_round_say_why() -> None:
+    owed = attempt(0, 0, "failed")
+    owed.receipt = receipts(0)[1]
+    assert recorded_outcome(owed) == AttemptOutcome("owed", "finished at the agent; result not kept")
+    g = group("prompt_group", {0: [attempt(0, 0, "dispatched")], 1: [attempt(1, 0, "minted")]})
+    assert round_next(g) == Decision(
+        "give_up",
+        settle=((0, "retire_or_adopt"),),
+        reason="round interrupted between its dispatches",
+        interrupted=True,
+    )
+
+
+def test_a_sibling_whose_attempt_finished_needs_nothing_more() -> None:
+    g = group("sibling", {0: [attempt(0, 0, "sealed")]})
+    assert sibling_next(g, 0) == Decision("done")
+
+
+def test_a_prompt_group_gives_up_a_round_with_the_attempts_own_reason() -> None:
+    stranded = AttemptOutcome("stranded", "the agent holds a result it does not describe")
+    g = group("prompt_group", {0: [attempt(0, 0, "dispatched")], 1: [attempt(1, 0, "dispatched")]})
+    assert on_attempt(g, 0, stranded) == Decision("give_up", reason=stranded.reason)
+
+
+def test_reasons_are_capped_where_the_events_keep_them() -> None:
+    """A replacement keeps 300 characters of its reason, a dead letter 300 of each (100 at most), a round's
+    abandon 500 of its siblings' reasons joined."""
+    long = AttemptOutcome("retired", "r" * 400, "cancelled")
+    g = group("sibling", {0: [interrupted_at(0, 0)]})
+    (minted,) = on_attempt(g, 0, long).events
+    assert isinstance(minted, ReplacementMinted) and minted.reason == "r" * 300
+    spent_group = group(
+        "sibling", {0: [interrupted_at(0, 0, "AgentServerError: " + "x" * 400)]}, max_tries=1, infra=1
+    )
+    dead = on_attempt(spent_group, 0, AttemptOutcome("retired", "y" * 400, "cancelled"))
+    (letter,) = dead.events
+    assert isinstance(letter, GroupDeadLettered)
+    assert len(letter.reasons) == 2 and len(letter.reasons[1]) == 300
+    pg = group("prompt_group", {0: [attempt(0, 0, "failed")], 1: [attempt(1, 0, "failed")]})
+    failed = {0: AttemptOutcome("retired", "a" * 10), 1: AttemptOutcome("retired", "b" * 10)}
+    assert on_round(pg, failed).reason == f"g0: {'a' * 10}; g1: {'b' * 10}"
+    failed = {0: AttemptOutcome("retired", "a" * 300), 1: AttemptOutcome("retired", "b" * 300)}
+    assert len(on_round(pg, failed).reason) == 500
+    spent_pg = group(
+        "prompt_group", {0: [attempt(0, 0, "failed")], 1: [attempt(1, 0, "failed")]}, max_tries=1
+    )
+    dead_round = on_round(spent_pg, failed)
+    assert dead_round.move == "dead_letter" and len(dead_round.reason) == 500
