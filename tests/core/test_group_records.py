@@ -27,7 +27,14 @@ from protocol.digests import sha256_digest
 from protocol.wire import AttemptWork, ResumeReport
 from tests.core.test_group_core import attempt, group
 from tests.core.test_group_moves import FINISHED, INTERRUPTED, at_level, held, interrupted_at, offer, receipts
-from trainer.core.budget import exhausted_budget, failure_budget, round_exhausted, sibling_exhausted, spent
+from trainer.core.budget import (
+    dead_letter_reason,
+    exhausted_budget,
+    failure_budget,
+    round_exhausted,
+    sibling_exhausted,
+    spent,
+)
 from trainer.core.group import (
     AttemptOutcome,
     Decision,
@@ -432,3 +439,14 @@ def test_reasons_are_capped_where_the_events_keep_them() -> None:
     )
     dead_round = on_round(spent_pg, failed)
     assert dead_round.move == "dead_letter" and len(dead_round.reason) == 500
+
+
+def test_a_refused_request_dead_letters_naming_the_refusal() -> None:
+    refused_try = attempt(0, 0, "failed", "refused: the prompt is too long")
+    g = group("sibling", {0: [refused_try]})
+    assert dead_letter_reason("data", g) == (
+        "data budget spent: the agent refused g_g0#0's request itself, and a retry sends the same request "
+        "(refused: the prompt is too long)"
+    )
+    refused_try.failures = ["refused: " + "x" * 600]
+    assert len(dead_letter_reason("data", g)) == 500
