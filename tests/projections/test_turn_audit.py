@@ -226,7 +226,12 @@ def test_a_restart_only_resource_restored_by_a_resume_counts_though_no_offer_nam
     facts.retired(10, RID, 0, offer(0, 3))
     export = offer(0, 1)
     touched = export.model_copy(
-        update={"resources": [ResourceRevision(name="mail", resource_class="restart_only", session=LINEAGE)]}
+        update={
+            "resources": [
+                ResourceRevision(name="mail", resource_class="restart_only", session=LINEAGE),
+                ResourceRevision(name="pager", resource_class="restart_only", session=LINEAGE),
+            ]
+        }
     )
     resumed = resumed_report(touched, list(touched.resources))
     facts.told[(RID, 1)] = (11, touched)
@@ -234,8 +239,17 @@ def test_a_restart_only_resource_restored_by_a_resume_counts_though_no_offer_nam
     assert facts.found == [
         (
             TURN_EXECUTED_TWICE,
-            [10, 20, 20],
+            [10, 20, 20, 20],
             f"{RID}#1 resumed lineage {LINEAGE} at turn 1, but try #0 had committed turn 3 on it: turns 2..3 ran "
-            "twice on mail (restart_only: no restore undoes them)",
+            "twice on mail, pager (restart_only: no restore undoes them)",
         )
     ]
+
+
+def test_a_resume_of_a_lineage_no_try_committed_on_runs_nothing_twice() -> None:
+    """Restoring a restart_only resource on a lineage the log holds no boundary of: nothing ran before it."""
+    facts = TurnFacts()
+    ref = offer(0, 2, "restart_only")
+    facts.told[(RID, 1)] = (11, ref)
+    facts.resumed(20, RID, 1, resumed_report(ref, list(ref.resources)))
+    assert facts.found == []
