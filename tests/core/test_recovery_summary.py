@@ -3,8 +3,8 @@ debt keys an agent is owed (trainer.core.retire_debt.owed_keys)."""
 
 from __future__ import annotations
 
-from projections.checkpoints import CheckpointsState
-from projections.ledger import GroupState, LedgerState, RetireDebt
+from projections.checkpoints import CheckpointsState, CheckpointState
+from projections.ledger import ClaimState, GroupState, LedgerState, RetireDebt
 from protocol.digests import sha256_digest
 from protocol.ids import rollout_id_of
 from protocol.wire import CompletionReceipt, ContinuationRef
@@ -205,3 +205,25 @@ def test_a_prompt_group_given_up_is_rerun_or_dead_lettered_and_never_sends_what_
     turn.target_level = "turn"
     replaced = plan_of(turn).siblings_to_replace
     assert [(s.rollout_id, s.replaces, s.next_attempt) for s in replaced] == [("t_g0", 0, 1)]
+
+
+def test_the_plan_restores_this_trainers_newest_cut_and_rolls_back_only_the_claims_after_it() -> None:
+    """A claim at the cut's own position is inside the checkpoint and stands; the checkpoints to finish or
+    presume aborted are this trainer's alone."""
+    claimed = named(group("sibling", {0: [attempt(0, 0, "sealed")]}), "a")
+    claimed.status = "sealed"
+    claimed.claims = [ClaimState(train_step=1, position=50), ClaimState(train_step=2, position=51)]
+    checkpoints = CheckpointsState(
+        checkpoints={
+            "mine": CheckpointState(checkpoint_id="mine", status="committed", cut_position=50),
+            "theirs": CheckpointState(
+                checkpoint_id="theirs", status="committed", trainer_id="T2", cut_position=49
+            ),
+            "doubt": CheckpointState(checkpoint_id="doubt"),
+            "their-doubt": CheckpointState(checkpoint_id="their-doubt", trainer_id="T2"),
+        }
+    )
+    plan = plan_recovery(LedgerState(groups={"a": claimed}), checkpoints)
+    assert (plan.checkpoint_id, plan.cut_position) == ("mine", 50)
+    assert plan.claims_to_roll_back == [ClaimToRollBack(group_id="a", train_step=2, position=51)]
+    assert (plan.checkpoints_to_resume, plan.checkpoints_to_abort) == (["mine"], ["doubt"])
