@@ -61,3 +61,24 @@ def test_a_restore_brings_back_the_claims_of_the_branch_it_stood_in_at_its_cut()
         f"at 5, brought back by its restore at 50 to checkpoint none (a state on a branch an earlier restore "
         f"had left): {AGAIN}",
     )
+
+
+def test_a_restore_to_the_position_of_an_earlier_restore_stands_in_the_state_that_restore_began() -> None:
+    """The state at position 10, where a restore to cut 7 began a branch, is that branch's: the claim at 8
+    (rolled back by that restore) is not in it.  A claim made after a restore is held by no restore."""
+    facts = TrainingFacts()
+    facts.claimed(5, "T", "a", False, 0)
+    facts.claimed(8, "T", "x", False, 1)
+    facts.restored(10, "T", 7, "c1", kept=False)
+    facts.restored(20, "T", 10, "c2", kept=False)
+    assert facts.lines["T"].held == {"a": (5, 20)}
+    facts.claimed(21, "T", "z", False, 2)
+    facts.claimed(22, "T", "z", False, 3)
+    assert facts.found == [
+        (
+            TRAINED_ONCE_ACROSS_RESTORES,
+            [21, None, 22],
+            f"group z is claimed for training again (step 3) though the state its trainer holds trained on it "
+            f"at 21: {AGAIN}",
+        )
+    ]
