@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from eventstore.events import AttemptRetired, RunFailed
+from eventstore.events import AttemptRetired, RetireOwed, RunFailed
+from protocol.digests import sha256_digest
+from protocol.retry import RetryState
+from protocol.wire import AttemptWork, ContinuationRef, ResumeReport
 from trainer.core.attempt import (
     ADOPT_GARBAGE_LIMIT,
     PHASE_WAIT_POLICY,
@@ -13,6 +18,7 @@ from trainer.core.attempt import (
     CallAdopt,
     CallFailed,
     CallRetire,
+    Next,
     RetireAnswer,
     RetireRefused,
     Retiring,
@@ -143,3 +149,139 @@ def test_a_stale_refusal_drops_the_checkpoint_from_the_next_retire_and_a_conflic
     assert checkpoint_to_name(step.state, "c2") == "c2"
     step = on(step.state, RetireRefused("conflict"), now=0.1, jitter=0.0, checkpoint_id=None)
     assert checkpoint_to_name(step.state, "c1") == "c1"
+
+
+# --- what each settlement carries, and what state the next call starts from ---------------------------
+
+
+def _offer() -> ContinuationRef:
+    return ContinuationRef(
+        rollout_id="p1-0",
+        source_attempt=0,
+        lineage="p1-0-l",
+        turn=2,
+        digest=sha256_digest(b"continuation"),
+        prompt_digest=sha256_digest(b"prompt"),
+        model_call_ids=["m1", "m2"],
+        generated_tokens=30,
+    )
+
+
+def test_a_retire_answer_settles_with_who_answered_what_it_cost_and_what_it_offers() -> None:
+    """The settlement carries the agent process that answered, the work a cancel threw away (only a
+    cancel: a tombstoned or done try threw nothing away), the boundary offered and the resume report;
+    the state is left as it was (the retire is answered, nothing to call again)."""
+    resume = ResumeReport(continuation=sha256_digest(b"c"), outcome="declined", reason="unknown_continuation")
+    work = AttemptWork(model_s=2.5, generated_tokens=80)
+    state = Retiring("p1-0", 2, agent_name="agent-a")
+
+    def answer(retired: bool, tombstoned: bool, done: bool, detail: str = "") -> RetireAnswer:
+        return RetireAnswer(
+            retired,
+            tombstoned,
+            False,
+            done=done,
+            execution_generation=4,
+            execution_incarnation=INC_A,
+            work=work,
+            continuation=_offer(),
+            resume=resume,
+            detail=detail,
+        )
+
+    tombstoned = "never started at the agent (tombstoned)"
+    expected = [
+        (
+            answer(True, False, False),
+            Settled("retired", "retired while running", "cancelled", 4, INC_A, work),
+        ),
+        (answer(False, True, False), Settled("retired", tombstoned, "tombstoned", 4, INC_A)),
+        (
+            answer(False, False, True),
+            Settled("retired", "already done for good at the agent", "done", 4, INC_A),
+        ),
+        (
+            answer(False, False, True, "its POST ended: 500"),
+            Settled("retired", "its POST ended: 500", "done", 4, INC_A),
+        ),
+    ]
+    for got, settled in expected:
+        step = on(state, got, now=0.0, jitter=0.0, checkpoint_id="c1")
+        assert step == Next(state, replace(settled, continuation=_offer(), resume=resume), ())
+
+
+def test_completed_unacknowledged_switches_to_adopting_and_a_failed_adopt_is_made_again() -> None:
+    """After completed_unacknowledged the next call is the adoption: a transport failure of it repeats the
+    adoption (expecting the same incarnation), with the error kept for the give-up reason."""
+    answer = RetireAnswer(False, False, True, execution_generation=3, execution_incarnation=INC_A)
+    step = on(fresh(), answer, now=0.0, jitter=0.0, checkpoint_id=None)
+    assert step.state == replace(fresh(), calling="adopt", completed_recorded=True, adopt_incarnation=INC_A)
+    again = on(step.state, answer, now=0.1, jitter=0.0, checkpoint_id=None)
+    assert again.events == () and again.state == step.state
+    failed = on(step.state, CallFailed("reset by peer"), now=1.0, jitter=0.0, checkpoint_id=None)
+    assert failed.action == CallAdopt(INC_A, RETIRE_POLICY.base_s / 2)
+    assert failed.state.calling == "adopt" and failed.events == ()
+    assert failed.state.failures == RetryState(calls=1, started_at=1.0, last_error="reset by peer")
+
+
+def test_adopted_keeps_the_state_and_an_unusable_adoption_goes_back_to_retire_with_its_reason() -> None:
+    adopting = on(fresh(), RetireAnswer(False, False, True), now=0, jitter=0, checkpoint_id=None).state
+    done = on(adopting, AdoptResult("adopted"), now=0.1, jitter=0.0, checkpoint_id=None)
+    assert done == Next(adopting, Settled("finished", "adopted"), ())
+    for kind in ("not_found", "other_incarnation", "gone"):
+        step = on(adopting, AdoptResult(kind, "why"), now=0.1, jitter=0.0, checkpoint_id=None)
+        assert step.action == CallRetire(RETIRE_POLICY.base_s / 2)
+        assert step.state.calling == "retire"
+        assert step.state.failures.last_error == f"adoption: {kind} why"
+    junk = on(adopting, AdoptResult("garbage", "junk 0"), now=0.1, jitter=0.0, checkpoint_id=None)
+    assert junk.action == CallRetire(RETIRE_POLICY.base_s / 2)
+    assert (junk.state.calling, junk.state.garbage) == ("retire", ("junk 0",))
+    assert junk.state.failures.last_error == "adoption answered garbage: junk 0"
+
+
+def test_the_stranded_reason_names_the_last_garbage_and_is_capped_at_500_characters() -> None:
+    state = on(fresh(), RetireAnswer(False, False, True), now=0, jitter=0, checkpoint_id=None).state
+    state = replace(state, garbage=("first", "second"))
+    step = on(state, AdoptResult("garbage", "third"), now=1.0, jitter=0.0, checkpoint_id=None)
+    reason = "the agent holds a finished result it does not describe consistently (3 adoptions failed): third"
+    assert step.state == replace(state, garbage=("first", "second", "third"), calling="retire")
+    failed = RunFailed(rollout_id="p1-0", attempt_index=0, reason=reason, kind="receipt")
+    assert step == Next(step.state, Settled("stranded", reason), (failed,))
+    long = on(state, AdoptResult("garbage", "x" * 600), now=1.0, jitter=0.0, checkpoint_id=None)
+    assert isinstance(long.action, Settled) and len(long.action.reason) == 500
+
+
+def test_a_try_declared_lost_says_why_and_owes_the_agent_a_retire() -> None:
+    """Given up: the reason names the last error (capped at 500 characters), the `RunFailed` and the
+    `RetireOwed` (to the agent the try runs at, for the incarnation adoption expected) are recorded."""
+    state = replace(fresh(), agent_name="agent-a", adopt_incarnation=INC_A, failures=RetryState(39, 0.0, ""))
+    step = on(state, CallFailed("refused"), now=1.0, jitter=0.0, checkpoint_id=None)
+    reason = f"declared lost: 40 calls failed (budget {RETIRE_POLICY.max_calls}): refused"
+    owed = RetireOwed(agent_name="agent-a", rollout_id="p1-0", attempt_index=0, execution_incarnation=INC_A)
+    failed = RunFailed(rollout_id="p1-0", attempt_index=0, reason=reason, kind="agent_lost")
+    assert step == Next(step.state, Settled("lost", reason), (failed, owed))
+    assert step.state.failures.calls == 40
+    nobody = on(
+        replace(state, agent_name=None), CallFailed("x" * 600), now=1.0, jitter=0.0, checkpoint_id=None
+    )
+    assert isinstance(nobody.action, Settled) and len(nobody.action.reason) == 500
+    assert nobody.state.failures.calls == 40 and len(nobody.events) == 1
+
+
+def test_a_phase_refusal_retires_again_and_its_give_up_names_the_checkpoint_phase() -> None:
+    adopting = on(fresh(), RetireAnswer(False, False, True), now=0, jitter=0, checkpoint_id=None).state
+    step = on(adopting, RetireRefused("invalid_phase"), now=0.0, jitter=0.0, checkpoint_id="c1")
+    assert step.action == CallRetire(PHASE_WAIT_POLICY.base_s / 2)
+    assert step.state.calling == "retire"
+    assert step.state.waits == RetryState(1, 0.0, "retire refused: invalid_phase")
+    late = on(
+        step.state,
+        RetireRefused("invalid_phase"),
+        now=PHASE_WAIT_POLICY.deadline_s + 1,
+        jitter=0.0,
+        checkpoint_id="c1",
+    )
+    assert isinstance(late.action, Settled) and late.state.calling == "retire"
+    assert late.action.reason.startswith(
+        "declared lost: a checkpoint phase kept the try from being retired: 2 calls failed within"
+    )

@@ -84,3 +84,14 @@ def test_the_stall_threshold_is_several_heartbeats_and_at_least_the_grace() -> N
     assert stall_after_s(0.5, 1.0) == STALL_BEATS * 0.5
     assert stall_after_s(0.1, 1.0) == 1.0
     assert stall_after_s(None, 1.0) is None
+
+
+def test_the_last_resort_retires_the_rest_beside_the_stalled_and_says_how_close_the_deadline_was() -> None:
+    found = verdict([Blocking("a", 2, 2.0, 0), Blocking("b", 3, 0.2, 0)], left_s=0.5)
+    assert [(r.rollout_id, r.attempt_index, r.cause) for r in found.retire] == [
+        ("a", 2, "stalled"),
+        ("b", 3, "checkpoint"),
+    ]
+    assert found.retire[1].reason == (
+        "retired for checkpoint ck: still short of a boundary 0.5 s before its prepare deadline (the last resort)"
+    )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from eventstore.events import CheckpointAborted, CheckpointParticipantFinished, CheckpointParticipantStuck
+from protocol import mutants
 from protocol.retry import RetryState
 from trainer.core import checkpoint as ckpt
 from trainer.core.checkpoint import (
@@ -204,3 +207,128 @@ def test_a_prepare_blocked_by_the_same_tries_waits_longer_each_time_within_the_d
         waits.append(ckpt.not_ready_wait(unchanged, float(i), 0.0, deadline_left_s=100.0))
     assert waits[0] > 0 and waits == sorted(waits) and waits[-1] > waits[0]
     assert ckpt.not_ready_wait(unchanged, 0.0, 0.0, deadline_left_s=0.01) == 0.01
+
+
+# --- what each step records and the state the next call starts from --------------------------------
+
+
+def test_the_first_call_is_the_step_towards_the_target() -> None:
+    assert ckpt.first_call(commit()) == Call("commit")
+    assert ckpt.first_call(abort()) == Call("abort")
+
+
+def test_a_stale_refusal_naming_the_outcome_finishes_with_the_reason_recorded() -> None:
+    """The outcome the agent names, compared with the log's: the same one is an answer lost on the way;
+    a resume refused as already resumed finishes at the log's target (an aborted checkpoint's paused
+    agent was resumed), anything else is lost, saying what each side holds."""
+    lost_answer = "resumed already (an earlier answer was lost)"
+    s = step(commit(), Refused("stale", "resumed"), 0.0, 0.0)
+    assert s.action == Done("resumed", lost_answer) and s.participant.end == "resumed"
+    (event,) = s.events
+    assert event == CheckpointParticipantFinished(
+        checkpoint_id=CID, agent_name="agent-a", outcome="resumed", reason=lost_answer
+    )
+    s = step(abort(), Refused("stale", "aborted"), 0.0, 0.0)
+    assert s.action == Done("aborted", "aborted already (an earlier answer was lost)")
+    paused = step(
+        step(abort(), Refused("conflict"), 0.0, 0.0).participant,
+        StatusSeen("committed_paused", CID, 1),
+        0.1,
+        0.0,
+    )
+    assert paused.participant.op == "resume" and paused.participant.refused_op is None
+    s = step(paused.participant, Refused("stale", "resumed"), 0.2, 0.0)
+    assert s.action == Done("aborted", lost_answer)
+    s = step(abort(), Refused("stale", "resumed"), 0.0, 0.0)
+    assert s.action == Done("lost", "the log says aborted but the agent finished the checkpoint resumed")
+
+
+def test_a_refused_agent_that_holds_nothing_says_so_and_a_long_reason_is_capped_in_the_log() -> None:
+    s = step(abort(), ckpt.NotDriven("bound to trainer t-2"), 0.0, 0.0)
+    assert s.action == Done("aborted", "the agent holds nothing of this checkpoint")
+    message = "bound to " + "t" * 600
+    s = step(commit(), ckpt.NotDriven(message), 0.0, 0.0)
+    why = f"the agent refuses this trainer: {message} and never confirmed its commit: its artefact is lost"
+    assert s.action == Done("lost", why)
+    (event,) = s.events
+    assert isinstance(event, CheckpointParticipantFinished) and event.reason == why[:500]
+
+
+def test_a_status_answer_not_asked_for_repeats_the_call_and_a_non_status_answer_to_status_is_retried() -> (
+    None
+):
+    p = commit()
+    assert step(p, StatusSeen("idle", None, 1), 0.0, 0.0) == ckpt.Step(p, Call("commit"))
+    asking = step(p, Refused("invalid_phase"), 0.0, 0.0).participant
+    s = step(asking, Accepted("idle"), 0.1, 0.0)
+    assert s == ckpt.Step(
+        replace(asking, retry=RetryState(1, 0.1, "status answered Accepted(phase='idle')")),
+        Call("status", FINISH_POLICY.base_s / 2),
+    )
+
+
+def test_a_commit_confirmed_starts_the_resume_on_a_fresh_budget() -> None:
+    s = step(commit(), Failed("503"), 0.0, 0.0)
+    s = step(s.participant, Accepted("committed_paused"), 1.0, 0.0)
+    assert s.participant == replace(commit(), op="resume", commit_confirmed=True)
+    done = step(s.participant, Accepted("idle"), 2.0, 0.0)
+    assert step(done.participant, Failed("late"), 3.0, 0.0) == ckpt.Step(done.participant, Done("resumed"))
+
+
+def test_a_step_found_still_in_progress_is_called_again_as_that_step() -> None:
+    """The status said the agent is still committing: the next call is the commit, and the participant's
+    op says so (its answer is read as the commit's, not as a status)."""
+    asking = step(commit(), Refused("invalid_phase"), 0.0, 0.0).participant
+    s = step(asking, StatusSeen("committing", CID, 1), 0.1, 0.0)
+    assert s.participant.op == "commit" and s.action == Call("commit", FINISH_POLICY.base_s / 2)
+    assert s.participant.retry.last_error == "the agent is committing on this checkpoint"
+    assert step(s.participant, Accepted("committed_paused"), 0.2, 0.0).action == Call("resume")
+
+
+def test_a_status_with_no_refused_step_on_record_calls_the_first_step_of_the_target() -> None:
+    for target, first in (("resumed", "commit"), ("aborted", "abort")):
+        p = Participant(CID, "agent-a", target, "status")  # type: ignore[arg-type]
+        s = step(p, StatusSeen("prepared", CID, 1), 0.0, 0.0)
+        assert s.participant.op == first and s.action == Call(first, FINISH_POLICY.base_s / 2)
+
+
+def test_a_stuck_step_names_the_step_and_keeps_calling_at_the_longest_wait() -> None:
+    """Stuck is reported for the step that keeps failing (for a status call, the step it asks about),
+    when the calls or the deadline are spent, and the calls go on at the cap's jittered wait."""
+    longest = FINISH_POLICY.cap_s * 0.75  # jitter 0.5: three quarters of the cap
+    for p, named in ((abort(), "abort"), (step(abort(), Refused("conflict"), 0.0, 0.0).participant, "abort")):
+        s = step(p, Failed("first"), 0.0, 0.5)
+        assert s.events == ()
+        s = step(s.participant, Failed("x" * 600), FINISH_POLICY.deadline_s + 1, 0.5)
+        (stuck,) = s.events
+        assert isinstance(stuck, CheckpointParticipantStuck)
+        assert (stuck.step, stuck.calls, len(stuck.reason)) == (named, 2, 500)
+        assert s.action == Call(p.op, longest) and s.participant.stuck_reported
+        s = step(s.participant, Failed("again"), FINISH_POLICY.deadline_s + 2, 0.5)
+        assert s.action == Call(p.op, longest) and s.events == ()
+
+
+def test_the_decision_says_who_cannot_commit_and_why() -> None:
+    refused = decide({"b": "timeout", "a": "refused", "c": "prepared"}, {})
+    assert refused == ckpt.Decision("abort", "a: refused; b: timeout")
+    owed = decide({"a": "prepared", "b": "prepared"}, {"b": 1, "a": 2, "other": 5})
+    debts = "debts still unpaid in the log at the decision"
+    assert owed == ckpt.Decision("abort", f"a: 2 {debts}; b: 1 {debts}")
+    assert decide({"a": "prepared"}, {"a": 0, "other": 5}) == ckpt.Decision("commit")
+
+
+def test_the_unpaid_debt_mutant_commits_past_the_debts() -> None:
+    """The catalogue's `commit_with_unpaid_debt` switch reaches this decision (and only it turns it off)."""
+    with mutants.enabled("commit_with_unpaid_debt"):
+        assert decide({"a": "prepared"}, {"a": 2}) == ckpt.Decision("commit")
+    assert decide({"a": "prepared"}, {"a": 2}).verdict == "abort"
+
+
+def test_waits_between_prepare_calls_grow_from_the_base_and_stop_at_the_deadline() -> None:
+    base = FINISH_POLICY.base_s
+    assert ckpt.not_ready_wait(RetryState(1, 0.0, "x"), 0.0, 0.0, 100.0) == base / 2
+    assert ckpt.prepare_retry(RetryState(), 0.0, 0.0, 100.0) == base / 2
+    assert ckpt.prepare_retry(RetryState(1, 0.0, "x"), 0.0, 0.5, 100.0) == base * 0.75
+    assert ckpt.prepare_retry(RetryState(3, 0.0, "x"), 0.0, 0.0, 100.0) == base * 2
+    assert ckpt.prepare_retry(RetryState(3, 0.0, "x"), 0.0, 0.0, base * 2) is None
+    assert ckpt.prepare_retry(RetryState(3, 0.0, "x"), 0.0, 0.0, base * 2 + 0.001) == base * 2

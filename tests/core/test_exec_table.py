@@ -10,6 +10,8 @@ import pytest
 from participant.states import (
     BLOCKING_STATES,
     CHECKPOINT_OPS,
+    DOC_BEGIN,
+    DOC_END,
     DONE_STATES,
     EXEC_TRANSITIONS,
     INITIAL,
@@ -23,6 +25,7 @@ from participant.states import (
     Resume,
     next_phase,
     next_state,
+    resource_table,
     resume_decision,
     with_generated,
 )
@@ -126,3 +129,30 @@ def test_a_resume_restores_exactly_the_export_restore_resources() -> None:
 def test_the_docs_diagram_is_drawn_from_the_tables() -> None:
     text = DOC.read_text()
     assert with_generated(text) == text, "run `python -m participant.diagrams --write`"
+
+
+def test_a_move_refused_says_what_was_asked_of_what() -> None:
+    said = f"a try in {ExecState.ACKNOWLEDGED.value} cannot take event {ExecEvent.ACKNOWLEDGE.value}"
+    with pytest.raises(ExecutionMoveError, match=f"^{said}$"):
+        next_state(ExecState.ACKNOWLEDGED, ExecEvent.ACKNOWLEDGE)
+    with pytest.raises(ExecutionMoveError, match=r"^checkpoint phase committed_paused has no move abort$"):
+        next_phase("committed_paused", "abort")
+
+
+def test_the_resource_table_says_which_classes_key_their_mutations() -> None:
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[4].strip() for line in resource_table().splitlines()[2:]
+    }
+    assert rows == {
+        f"`{cls}`": "yes" if rule.keyed_mutations else "no" for cls, rule in RESOURCE_RULES.items()
+    }
+
+
+@pytest.mark.parametrize(
+    "doc", ["no markers", f"{DOC_BEGIN}\nbegun, never ended", f"ended, never begun\n{DOC_END}"]
+)
+def test_a_document_without_both_markers_is_refused(doc: str) -> None:
+    with pytest.raises(
+        ValueError, match=r"^the document has no generated section \(its begin and end markers\)$"
+    ):
+        with_generated(doc)

@@ -15,7 +15,7 @@ SAID = "agent 'ag' is driven by trainer 'A', not by trainer 'B': one trainer per
 
 def test_the_refusal_is_the_line_start_raises_and_is_reported_once() -> None:
     first = on_trainer_conflict({}, "ag", "http://127.0.0.1:9", SAID)
-    assert first.first and first.line == f"http://127.0.0.1:9: {SAID}"
+    assert first.first and first.line == f"http://127.0.0.1:9: {SAID}" and first.agent_name == "ag"
     assert refusal_line("http://h:1", "two\nlines") == "http://h:1: two lines"  # one line, always
     again = on_trainer_conflict({"ag"}, "ag", "http://127.0.0.1:9", SAID)
     assert not again.first
@@ -26,6 +26,7 @@ def test_a_retire_answered_trainer_conflict_settles_refused_with_nothing_recorde
     state = Retiring("p1_g0", 0, agent_name="ag")
     refused = on(state, DriverRefused(SAID), now=0.0, jitter=0.0, checkpoint_id=None)
     assert refused.action == Settled("refused", SAID) and refused.events == ()
+    assert refused.state == state  # the try stays as the log has it
     # Unlike a transport failure, which is retried (and declared lost, a retire owed, once spent).
     failed = on(state, CallFailed("503"), now=0.0, jitter=0.0, checkpoint_id=None)
     assert isinstance(failed.action, CallRetire)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from eventstore.events import AckOwed, ReceiptFetched, RetireOwed, RetirePaid, RunFailed
+from projections.ledger import LedgerState
 from protocol.retry import RetryState
 from protocol.wire import CompletionReceipt
+from tests.core.test_group_core import attempt, group
 from trainer.core.attempt import CallFailed, RetireAnswer, RetireRefused, Retiring, Settled, on
 from trainer.core.retire_debt import (
     RETIRE_OWED_POLICY,
@@ -14,6 +16,7 @@ from trainer.core.retire_debt import (
     on_failure,
     on_receipt,
     on_retire,
+    settled,
 )
 
 HOLDER, OTHER = "a" * 32, "b" * 32
@@ -85,12 +88,18 @@ def test_a_finished_result_still_held_is_released_through_its_ack_never_adopted(
     assert isinstance(fetched, ReceiptFetched) and isinstance(owed, AckOwed)
     assert owed.agent_name == "agent-a" and owed.receipt == receipt()
     assert isinstance(paid, RetirePaid) and paid.outcome == "released"
+    assert paid.execution_incarnation == HOLDER  # the process that held it, the evidence of the release
 
 
 @pytest.mark.parametrize(
     "fetched",
-    [receipt(rollout_id="p1-1", key="p1-1"), receipt(key="p1-0-a1"), receipt(incarnation=OTHER)],
-    ids=["another-try", "another-capture-key", "another-process"],
+    [
+        receipt(rollout_id="p1-1", key="p1-1"),
+        receipt(key="p1-0-a1"),
+        receipt(incarnation=OTHER),
+        receipt().model_copy(update={"attempt_index": 1}),
+    ],
+    ids=["another-try", "another-capture-key", "another-process", "another-attempt-index"],
 )
 def test_a_receipt_that_is_not_the_held_result_pays_nothing(fetched: CompletionReceipt) -> None:
     step = on_receipt(OWED, HOLDER, fetched)
@@ -117,3 +126,21 @@ def test_failures_back_off_within_the_budget_then_are_stuck_and_called_at_the_ca
     assert delays == sorted(delays) and 0 < delays[0] < delays[-1] <= RETIRE_OWED_POLICY.cap_s
     assert RETIRE_OWED_POLICY.cap_s / 2 <= retry.delay_s <= RETIRE_OWED_POLICY.cap_s
     assert "refused" in retry.reason
+
+
+def test_a_try_whose_result_was_taken_or_whose_agent_held_nothing_is_settled() -> None:
+    """`settled`: a sealed or held try (its result taken), one retired or discarded with nothing held, a
+    failed one whose sibling sealed; a failed one whose sibling is still open is the trainer's to decide."""
+    for status in ("sealed", "held"):
+        g = group("sibling", {0: [attempt(0, 0, status)]})
+        assert settled(LedgerState(groups={"g": g}), "g_g0", 0)
+    for status in ("retired", "discarded"):
+        thrown = attempt(0, 0, status)  # type: ignore[arg-type]
+        thrown.retire_outcome = "tombstoned"
+        assert settled(LedgerState(groups={"g": group("prompt_group", {0: [thrown]})}), "g_g0", 0)
+        thrown.retire_outcome = "completed_unacknowledged"
+        assert not settled(LedgerState(groups={"g": group("prompt_group", {0: [thrown]})}), "g_g0", 0)
+    g = group("sibling", {0: [attempt(0, 0, "failed")]})
+    assert not settled(LedgerState(groups={"g": g}), "g_g0", 0)
+    g.siblings[0].status = "sealed"
+    assert settled(LedgerState(groups={"g": g}), "g_g0", 0)

@@ -197,6 +197,8 @@ def test_a_restore_to_the_checkpoint_the_trainer_loaded(store: EventStore, log: 
     assert {"b", "c"} <= set(back.sealed_kept)
     kept = plan_recovery(ledger, checkpoints, claims_kept=True)
     assert kept.claims_to_roll_back == [] and kept.claims_kept and kept.summary()["claims_to_roll_back"] == 0
+    assert (kept.cut_position, kept.checkpoint_id) == (None, None)  # no restore point: it stands where it is
+    assert [(c.group_id, c.train_step) for c in back.claims_to_roll_back] == [("b", 1), ("c", 2)]
 
     for name, says in (
         ("nope", "'nope' is not in the log"),

@@ -260,6 +260,10 @@ def test_only_a_settled_try_of_this_trainers_group_at_that_agent_is_a_stray(
     # agent answered before the ACK reached it, and the log folded the ACK before the answer was read).
     assert strays_of(store, [(rid, 1)], trainer="A") == [(AGENT, rid, 1, HOLDER)]
     assert strays_of(store, [(rid, 1)], trainer="A", owed_before=frozenset({f"{rid}/1"})) == []
+    # Each held result is judged on its own: one passed over does not end the search.
+    owed = frozenset({f"{rid}/1"})
+    assert strays_of(store, [(rid, 1), (rid, 0)], trainer="A", owed_before=owed) == [(AGENT, rid, 0, HOLDER)]
+    assert strays_of(store, [("zz_g0", 0), (rid, 1)], trainer="A") == [(AGENT, rid, 1, HOLDER)]
 
 
 def test_a_failed_try_is_a_stray_once_its_group_is_dead_lettered(store: EventStore, log: LogBuilder) -> None:

@@ -12,7 +12,7 @@ from eventstore.events import (
 )
 from participant.continuations import resumed_report
 from projections.audit import AuditReport, audit_log
-from projections.turn_audit import CONTINUATION_AS_COMMITTED, RESUMED_PROMPT, TURN_EXECUTED_TWICE
+from projections.turn_audit import CONTINUATION_AS_COMMITTED, RESUMED_PROMPT, TURN_EXECUTED_TWICE, TurnFacts
 from protocol.digests import sha256_digest
 from protocol.ids import capture_key
 from protocol.wire import ContinuationRef, ResourceClass, ResourceRevision, ResumeReport
@@ -177,3 +177,79 @@ def test_the_same_history_on_an_export_restore_resource_runs_nothing_twice(
     dispatch(log, 2, first.digest)
     finish(log, 2, report(first))
     assert rules(store) == {CONTINUATION_AS_COMMITTED}
+
+
+def test_the_turn_facts_name_the_positions_and_tries_of_each_violation() -> None:
+    """The folded facts alone (no store): which boundary each try reached first, and what each violation
+    names (the positions that prove it, the try that had gone further, the offer that was not told)."""
+    facts = TurnFacts()
+    facts.retired(10, RID, 0, offer(0, 3, "restart_only"))
+    facts.retired(12, RID, 0, offer(0, 3, "restart_only"))  # the same boundary again: the first stands
+    facts.retired(15, RID, 2, offer(2, 2, "restart_only"))
+    facts.retired(16, RID, 3, offer(3, 1))
+    facts.retired(17, RID, 6, None)  # nothing offered: nothing known
+    assert facts.lineages[LINEAGE].reached == {0: (3, 10), 2: (2, 15), 3: (1, 16)}
+    assert facts.lineages[LINEAGE].not_restorable == {"tool": 10}
+    facts.resumed(20, RID, 1, report(offer(0, 1, "restart_only")))
+    facts.replaced(30, RID, 4, 3, offer(2, 2))
+    facts.replaced(31, RID, 5, 9, offer(0, 3))
+    told = offer(2, 2).digest
+    assert facts.found == [
+        (
+            CONTINUATION_AS_COMMITTED,
+            [20],
+            f"{RID}#1 resumed {offer(0, 1).digest}, but the log told it to resume no continuation",
+        ),
+        (
+            TURN_EXECUTED_TWICE,
+            [10, 10, 20],
+            f"{RID}#1 resumed lineage {LINEAGE} at turn 1, but try #0 had committed turn 3 on it: turns 2..3 ran "
+            "twice on tool (restart_only: no restore undoes them)",
+        ),
+        (
+            CONTINUATION_AS_COMMITTED,
+            [16, 30],
+            f"{RID}#4 is told to resume {told}, which is not what #3's agent offered when it was retired "
+            f"({offer(3, 1).digest})",
+        ),
+        (
+            CONTINUATION_AS_COMMITTED,
+            [None, 31],
+            f"{RID}#5 is told to resume {offer(0, 3).digest}, which is not what #9's agent offered when it was "
+            "retired (nothing)",
+        ),
+    ]
+
+
+def test_a_restart_only_resource_restored_by_a_resume_counts_though_no_offer_named_it() -> None:
+    facts = TurnFacts()
+    facts.retired(10, RID, 0, offer(0, 3))
+    export = offer(0, 1)
+    touched = export.model_copy(
+        update={
+            "resources": [
+                ResourceRevision(name="mail", resource_class="restart_only", session=LINEAGE),
+                ResourceRevision(name="pager", resource_class="restart_only", session=LINEAGE),
+            ]
+        }
+    )
+    resumed = resumed_report(touched, list(touched.resources))
+    facts.told[(RID, 1)] = (11, touched)
+    facts.resumed(20, RID, 1, resumed)
+    assert facts.found == [
+        (
+            TURN_EXECUTED_TWICE,
+            [10, 20, 20, 20],
+            f"{RID}#1 resumed lineage {LINEAGE} at turn 1, but try #0 had committed turn 3 on it: turns 2..3 ran "
+            "twice on mail, pager (restart_only: no restore undoes them)",
+        )
+    ]
+
+
+def test_a_resume_of_a_lineage_no_try_committed_on_runs_nothing_twice() -> None:
+    """Restoring a restart_only resource on a lineage the log holds no boundary of: nothing ran before it."""
+    facts = TurnFacts()
+    ref = offer(0, 2, "restart_only")
+    facts.told[(RID, 1)] = (11, ref)
+    facts.resumed(20, RID, 1, resumed_report(ref, list(ref.resources)))
+    assert facts.found == []
