@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def test_the_resource_table_says_which_classes_key_their_mutations() -> None:
     "doc", ["no markers", f"{DOC_BEGIN}\nbegun, never ended", f"ended, never begun\n{DOC_END}"]
 )
 def test_a_document_without_both_markers_is_refused(doc: str) -> None:
-    with pytest.raises(
-        ValueError, match=r"^the document has no generated section \(its begin and end markers\)$"
-    ):
+    # The refusal names both markers, as the writer looks for them.
+    expected = f"the document has no generated section between {DOC_BEGIN!r} and {DOC_END!r}"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         with_generated(doc)
