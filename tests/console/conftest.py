@@ -36,10 +36,14 @@ def log(store: EventStore) -> LogBuilder:
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The URL of a SQLite log of 16 prompt groups of 4 (the default fault mix: lost replies, failed
     tries, hangs), every sealed try scored by `ledger worker logprobs`, and a projection checkpoint
-    stored by `ledger projections run` (the console loads it and folds the tail)."""
+    stored by `ledger projections run` (the console loads it and folds the tail); checkpoints taken
+    while it ran."""
     folder: Path = tmp_path_factory.mktemp("simulated")
     db = f"sqlite:///{folder / 'ledger.db'}"
-    ledger("simulate", "--db", db, "--groups", "16", "--agents", "2")
+    # 1 s model calls and a checkpoint every 0.2 s: checkpoints are taken however fast the machine
+    # (a run that ends before its first checkpoint has none to show).
+    paced = ["--checkpoint-every", "0.2", "--call-seconds", "1"]
+    ledger("simulate", "--db", db, "--groups", "16", "--agents", "2", *paced)
     ledger("worker", "logprobs", "--db", db, "--once", "--backend", "torch")
     ledger("projections", "run", "--db", db, "--once", "--checkpoint-every", "100")
     return db
