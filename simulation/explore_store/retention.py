@@ -9,6 +9,8 @@ to a committed checkpoint, an unpaid debt, a group no cut covers) must be there 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
 from collections.abc import Sequence
 
@@ -53,26 +55,34 @@ def live_payloads_gone(store: EventStore, events: Sequence[RecordedEvent], group
 
     Done for good, as the checker reads the log (a superset of what the ledger archives, so an
     unmutated prune is never called wrong): some committed checkpoint of the group's trainer cuts at or
-    after the group's last event, and another of its checkpoints commits after that one.  A group the
-    ledger could not have archived so keeps every payload its events claim."""
+    after every event the group had when the trainer's next checkpoint committed.  Events after that
+    (the release of a result an agent that lost its state ran again: a retire owed, its receipt's ACK)
+    need none of the group's payloads.  A group the ledger could not have archived so keeps every
+    payload its events claim."""
     trainer_of: dict[str, str | None] = {}  # group -> its trainer; checkpoint -> the trainer that prepared it
-    last: dict[str, int] = {}
-    commits: dict[str | None, list[int]] = {}  # trainer -> the cuts of its commits, in log order
+    positions: dict[str, list[int]] = {}  # group -> its events' positions, in log order
+    # trainer -> (the commit's own position, its cut) of each of its commits, in log order
+    commits: dict[str | None, list[tuple[int, int]]] = {}
     for e in events:
         gid = group_of_stream(e.stream_id)
         if gid is not None:
-            last[gid] = e.position
+            positions.setdefault(gid, []).append(e.position)
         if e.type == "GroupReserved":
             trainer_of.setdefault(e.data["group_id"], e.data.get("trainer_id"))
         elif e.type == "CheckpointPrepareStarted":
             trainer_of.setdefault(e.data["checkpoint_id"], e.data.get("trainer_id"))
         elif e.type == "CheckpointCommitted":
             trainer = trainer_of.get(e.data["checkpoint_id"], e.data.get("trainer_id"))
-            commits.setdefault(trainer, []).append(e.data["cut_position"])
+            commits.setdefault(trainer, []).append((e.position, e.data["cut_position"]))
 
     def done(gid: str) -> bool:
-        cuts = commits.get(trainer_of.get(gid), [])
-        return any(cut >= last.get(gid, 0) for cut in cuts[:-1])
+        own = commits.get(trainer_of.get(gid), [])
+        seen = positions.get(gid, [])
+        for (_, cut), (committed_at, _) in itertools.pairwise(own):
+            before = seen[: bisect.bisect_left(seen, committed_at)]
+            if before and before[-1] <= cut:
+                return True
+        return False
 
     refs = fold_refs(events)
     plane = payload_plane(store)
