@@ -22,7 +22,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -64,9 +64,11 @@ FAIL_EVERY = 29
 NEMO_RL_ROW = {"agent_ref": {"type": "responses_api_agents", "name": "simple_agent"}, "_ng_task_index": 0}
 
 
-def _dropped(rollout_id: str, attempt_index: int) -> bool:
-    """About one try in eight loses its reply, decided by its identity (the same in every run)."""
-    return hashlib.sha256(f"{rollout_id}|{attempt_index}".encode()).digest()[0] % 8 == 0
+def _dropped(rollout_id: str) -> bool:
+    """About one rollout in eight loses the reply of its first `/run`, decided by its id (the same in
+    every run), whichever attempt that `/run` is for: a checkpoint may retire a first attempt before
+    it runs, and the loss must happen all the same."""
+    return hashlib.sha256(rollout_id.encode()).digest()[0] % 8 == 0
 
 
 class DroppingClient(GymClient):
@@ -76,6 +78,14 @@ class DroppingClient(GymClient):
     dropped: int = 0
     # Every /run that reached the agent, per try (reduced mode: the agent keeps no evidence).
     posted: Counter[tuple[str, int]] = Counter()
+    # The rollouts whose reply was lost once already.
+    lost: ClassVar[set[str]] = set()
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.dropped = 0
+        cls.posted.clear()
+        cls.lost.clear()
 
     async def _send(self, pool: Any, method: str, path: str, **kwargs: Any) -> Any:
         body = kwargs.get("body")
@@ -87,8 +97,10 @@ class DroppingClient(GymClient):
             path == "/run"
             and isinstance(body, RunRequest)
             and not adopt
-            and _dropped(body.rollout_id, body.attempt_index)
+            and _dropped(body.rollout_id)
+            and body.rollout_id not in DroppingClient.lost
         ):
+            DroppingClient.lost.add(body.rollout_id)
             DroppingClient.dropped += 1
             raise ConnectionLostError(f"POST {self.base_url}/run: reply lost on the way back (injected)")
         return payload
@@ -232,7 +244,7 @@ async def test_plain_agents_answer_run_and_only_the_mounted_one_participates(gym
 
 
 async def test_coordinator_with_faults_against_the_participant(gym: RealGym, store: EventStore) -> None:
-    DroppingClient.dropped = 0
+    DroppingClient.reset()
     HeldUntilPreparedClient.prepared = asyncio.Event()  # a committed checkpoint by a gate, not by timing
     config = SimConfig(
         agent_urls={"simple_agent": gym.servers["agent"].url},
@@ -271,7 +283,7 @@ async def test_coordinator_through_the_legacy_agent_environment_server(
 ) -> None:
     """The 0.7.0 path: the trainer talks to a `legacy_agent` environment server (the participant mounted
     on it) that relays `/run` to the plain agent; checkpoints and lost replies as against an agent."""
-    DroppingClient.dropped = 0
+    DroppingClient.reset()
     HeldUntilPreparedClient.prepared = asyncio.Event()
     config = SimConfig(
         agent_urls={"legacy_agent": gym.servers["environment"].url},
@@ -305,8 +317,7 @@ async def test_coordinator_through_the_legacy_agent_environment_server(
 
 
 async def test_coordinator_in_reduced_mode_against_the_plain_agent(gym: RealGym, store: EventStore) -> None:
-    DroppingClient.dropped = 0
-    DroppingClient.posted.clear()
+    DroppingClient.reset()
     # A checkpoint started by a gate, not by a 12-group run outlasting the 1 s checkpoint timer.
     CheckpointOpensTheGate.started = asyncio.Event()
     config = SimConfig(
