@@ -4,6 +4,10 @@ long enough for it (a run can end before its first checkpoint timer fires on a f
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from typing import Any, ClassVar
 
 from trainer.gym import GymClient
@@ -29,3 +33,30 @@ class HeldUntilPrepared(GymClient):
         finally:
             if path == "/checkpoint/prepare":
                 gate.set()
+
+
+def killed_at(script: str, arg: str, kill_at: str) -> list[str]:
+    """Runs `python -c script arg`, a writer that prints each step it reaches and waits for a `go` line
+    before the next; SIGKILLs it on reaching `kill_at`.  The steps it printed, in order (the gate makes
+    where it dies exact, not a matter of timing)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, arg], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ}
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    seen: list[str] = []
+    try:
+        while True:
+            line = proc.stdout.readline().decode().strip()
+            assert line, f"the writer ended before {kill_at!r} (steps seen: {seen})"
+            seen.append(line)
+            if line == kill_at:
+                break
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    return seen

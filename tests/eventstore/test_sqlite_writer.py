@@ -6,10 +6,6 @@ committed."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import Sequence
@@ -25,6 +21,7 @@ from eventstore.events import AttemptMinted
 from eventstore.records import AppendResult, ExpectedVersion, Fence, NewEvent
 from eventstore.store import _checked
 from protocol.digests import sha256_digest
+from tests.gates import killed_at
 
 _STREAMS = ["s-a", "s-b", "s-c"]
 _IDS = [str(uuid.UUID(int=i)) for i in range(1, 9)]
@@ -146,29 +143,7 @@ def test_a_batch_killed_at_each_step_is_all_or_nothing_and_acked_only_once_commi
     before = open_store(url)
     before.append("earlier", [AttemptMinted(rollout_id="e_g0", generation_index=0)])
     before.close()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _GATED_WRITER, url],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ},
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    seen: list[str] = []
-    try:
-        while True:
-            line = proc.stdout.readline().decode().strip()
-            assert line, f"the writer ended before {kill_at!r} (steps seen: {seen})"
-            seen.append(line)
-            if line == kill_at:
-                break
-            proc.stdin.write(b"go\n")
-            proc.stdin.flush()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+    seen = killed_at(_GATED_WRITER, url, kill_at)
     # The ACK comes only after the commit, and every step before it was reached in order.
     assert seen == [*sqlite_writer.STEPS, "acked"][: len(seen)]
     store = open_store(url)

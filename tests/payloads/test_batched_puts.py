@@ -5,10 +5,6 @@ file no sync covered is taken away before the store is opened again)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,6 +13,7 @@ import pytest
 from payloads import LocalDirPayloadStore, PayloadClaim, PayloadPlane
 from payloads._local import BATCH_STEPS, RETIRE_STEPS
 from protocol.digests import sha256_digest
+from tests.gates import killed_at
 
 _CONTENTS = [f"payload {i} ".encode() * (50 + i) for i in range(4)]
 
@@ -104,29 +101,7 @@ def test_a_batch_killed_at_each_step_loses_nothing_acknowledged(
     root = tmp_path / "p"
     earlier = LocalDirPayloadStore(root)
     earlier.put(sha256_digest(b"earlier"), b"earlier")  # the directories exist and are durable
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _GATED_WRITER, str(root)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ},
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    seen: list[str] = []
-    try:
-        while True:
-            line = proc.stdout.readline().decode().strip()
-            assert line, f"the writer ended before {kill_at!r} (steps seen: {seen})"
-            seen.append(line)
-            if line == kill_at:
-                break
-            proc.stdin.write(b"go\n")
-            proc.stdin.flush()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+    seen = killed_at(_GATED_WRITER, str(root), kill_at)
     # Every step in order; the ACK only after the batch file is durable.
     assert seen == _ORDER[: len(seen)]
     if power_lost:
