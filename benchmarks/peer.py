@@ -33,11 +33,14 @@ ledger's process), rollouts/s, the agent's CPU; and the model stub's calls a rol
 every rollout ran whole).
 
 Sizes: `tiny` (the stub's few tokens an item), `9k` (a first prompt of 1,000 tokens and 8,000
-generated over the rollout's two calls), `64k` (32,000 + 32,000).
+generated over the rollout's two calls), `64k` (32,000 + 32,000).  `--routes`: the MoE router's
+choices the model answers with each call, as nested lists (a `[[e1, e2]]` per token, the default) or
+as NeMo RL's generation worker ships them for router replay (one `nrlre1` envelope string).
 
     python -m benchmarks.peer                                # tiny and 9k, two rounds
     python -m benchmarks.peer --sizes tiny 9k 64k --rounds 4 --json peer.json
     python -m benchmarks.peer --sizes tiny 9k --rollouts tiny=480 9k=96       # a quicker run
+    python -m benchmarks.peer --sizes 9k --routes envelope --db postgresql://...
 
 Ctrl-C or SIGTERM stops the servers and the side running, and says so in one line (exit status 130 /
 143); a run that does not end within `--run-timeout` is killed and reported incomplete (exit status 1).
@@ -232,6 +235,7 @@ class Plan:
     siblings: int
     db: str | None
     run_timeout_s: float
+    routes: str = "lists"
 
     @property
     def in_flight(self) -> int:
@@ -355,6 +359,7 @@ def run(plan: Plan, keep: str | None = None, progress: Callable[[Run], None] | N
         for size in plan.sizes:
             prompt, generated = SIZES[size]
             model_args = ["--prompt-tokens", str(prompt), "--gen-tokens", str(generated)] if generated else []
+            model_args += ["--routes", plan.routes]
             workdir = root / size
             workdir.mkdir()
             (workdir / "gym").mkdir()
@@ -374,6 +379,7 @@ def run(plan: Plan, keep: str | None = None, progress: Callable[[Run], None] | N
             "siblings": plan.siblings,
             "in_flight": plan.in_flight,
             "db": plan.db or "sqlite (a fresh file a run)",
+            "routes": plan.routes,
         },
         "runs": [r.figures() for r in runs],
         "summary": summarize(runs, plan.sizes),
@@ -526,6 +532,12 @@ def main(argv: list[str] | None = None) -> int:
         "--db", default=None, help="The ledger's log (a URL); default: a fresh SQLite file a run."
     )
     parser.add_argument(
+        "--routes",
+        choices=("lists", "envelope"),
+        default="lists",
+        help="The model's routed_experts: nested lists (default), or NeMo RL's nrlre1 envelope string.",
+    )
+    parser.add_argument(
         "--run-timeout", type=positive, default=900, help="Seconds one side's run may take (default 900)."
     )
     parser.add_argument("--keep", default=None, help="Keep every run's files in this directory.")
@@ -538,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         siblings=args.siblings,
         db=args.db,
         run_timeout_s=float(args.run_timeout),
+        routes=args.routes,
     )
     # A table as wide as its columns where stdout is no terminal (a file, a pipe).
     console = Console(width=None if sys.stdout.isatty() else 160)

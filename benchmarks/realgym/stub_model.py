@@ -13,12 +13,18 @@ item the model generates to G / 2 (so the first call's prompt holds P tokens and
 generates G), ids of a 151,936-token vocabulary and float32 log probabilities, drawn from the item's
 digest (the same item, the same tokens) and kept once drawn.
 
-    python stub_model.py --port PORT [--fail-every N] [--prompt-tokens P --gen-tokens G]
+`--routes lists` (the default) answers `routed_experts` as nested lists, a `[[e1, e2]]` per generated
+token; `--routes envelope` as NeMo RL's generation worker ships them for router replay: one string,
+`nrlre1:int16:<tokens>x1x2:<base64 of the int16 array>`, which 0.7.0's `RoutedExperts` accepts
+beside the lists and passes on untouched.
+
+    python stub_model.py --port PORT [--fail-every N] [--prompt-tokens P --gen-tokens G] [--routes envelope]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import functools
 import hashlib
 import itertools
@@ -91,17 +97,32 @@ def _log_probs(n: int) -> list[float]:
     return [struct.unpack("f", struct.pack("f", -draw.expovariate(4.0)))[0] for _ in range(n)]
 
 
-def token_fields(prompt: list[int], generated: list[int]) -> dict[str, Any]:
+def _routes(n: int) -> list[list[list[int]]]:
+    """Each generated token's router choice: one MoE layer, two experts of 8."""
+    return [[[i % 8, (i + 3) % 8]] for i in range(n)]
+
+
+@functools.lru_cache(maxsize=64)
+def routes_envelope(n: int) -> str:
+    """`_routes(n)` as NeMo RL's `nrlre1` envelope: dtype, shape, then the C-ordered int16 array in
+    base64."""
+    flat = [e for token in _routes(n) for layer in token for e in layer]
+    return f"nrlre1:int16:{n}x1x2:" + base64.b64encode(struct.pack(f"<{len(flat)}h", *flat)).decode()
+
+
+def token_fields(prompt: list[int], generated: list[int], envelope: bool = False) -> dict[str, Any]:
     n = len(generated)
     return {
         "prompt_token_ids": prompt,
         "generation_token_ids": generated,
         "generation_log_probs": [-0.25 * (i + 1) for i in range(n)] if n < 16 else _log_probs(n),
-        "routed_experts": [[[i % 8, (i + 3) % 8]] for i in range(n)],
+        "routed_experts": routes_envelope(n) if envelope else _routes(n),
     }
 
 
-def answer(body: dict[str, Any], call: int, sizes: Sizes | None = None) -> dict[str, Any]:
+def answer(
+    body: dict[str, Any], call: int, sizes: Sizes | None = None, envelope: bool = False
+) -> dict[str, Any]:
     given = body.get("input")
     items = given if isinstance(given, list) else [{"role": "user", "content": given or ""}]
     prompt = [1] + [t for i in items if isinstance(i, dict) for t in render(i, sizes)]
@@ -123,7 +144,7 @@ def answer(body: dict[str, Any], call: int, sizes: Sizes | None = None) -> dict[
             "arguments": '{"city": "sf"}',
             "status": "completed",
         }
-    item |= token_fields(prompt, render(item, sizes))
+    item |= token_fields(prompt, render(item, sizes), envelope)
     response = {
         "id": f"resp-{call}",
         "created_at": time.time(),
@@ -137,7 +158,7 @@ def answer(body: dict[str, Any], call: int, sizes: Sizes | None = None) -> dict[
     return NeMoGymResponse.model_validate(response).model_dump(mode="json")
 
 
-def build(fail_every: int, sizes: Sizes | None = None) -> FastAPI:
+def build(fail_every: int, sizes: Sizes | None = None, envelope: bool = False) -> FastAPI:
     app = FastAPI()
     calls = itertools.count(1)
     answered = [0]
@@ -157,7 +178,7 @@ def build(fail_every: int, sizes: Sizes | None = None) -> FastAPI:
         if fail_every and call % fail_every == 0:
             return JSONResponse({"error": "stub model failure (injected)"}, status_code=500)
         # orjson: the stub's own cost stays small beside the agent's at real sizes.
-        body = orjson.dumps(answer(orjson.loads(await request.body()), call, sizes))
+        body = orjson.dumps(answer(orjson.loads(await request.body()), call, sizes, envelope))
         answered[0] += 1
         return Response(body, media_type="application/json")
 
@@ -172,6 +193,17 @@ if __name__ == "__main__":
     parser.add_argument(
         "--gen-tokens", type=int, default=0, help="Tokens generated over a rollout's two calls."
     )
+    parser.add_argument(
+        "--routes",
+        choices=("lists", "envelope"),
+        default="lists",
+        help="routed_experts as nested lists, or as NeMo RL's nrlre1 envelope.",
+    )
     args = parser.parse_args()
     sized = Sizes(args.prompt_tokens, max(1, args.gen_tokens // 2)) if args.gen_tokens else None
-    uvicorn.run(build(args.fail_every, sized), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(
+        build(args.fail_every, sized, args.routes == "envelope"),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+    )

@@ -1,8 +1,10 @@
 """The peer benchmark end to end at a small scale, against the real Gym 0.7.0 (its environment built and
 cached by `benchmarks/realgym/environment.py`): every side collects every rollout of its run, read from
 what each side wrote (the collector's JSONL lines, the sealed rollouts in each ledger run's log), two
-model calls each; the mounted agent kept evidence of every try the ledger ran through it.  No speed is
-asserted."""
+model calls each; the mounted agent kept evidence of every try the ledger ran through it.  The model
+answers its router choices as NeMo RL's `nrlre1` envelope (`--routes envelope`; the real-Gym suite
+covers the nested lists): each side keeps it as it came, and NeMo RL's hand-out reads it back as the
+stub drew it.  No speed is asserted."""
 
 from __future__ import annotations
 
@@ -13,7 +15,11 @@ import pytest
 
 from benchmarks import peer
 from eventstore import open_store
+from eventstore.events import RolloutReceipt
+from eventstore.payload_stores import payload_plane
 from participant import read_evidence
+from protocol.token_codec import read_layout
+from trainer.ray_gym.results import decode_routes
 
 ROLLOUTS = 24  # two groups' worth of the 12 in flight: a window after start-up exists
 
@@ -25,7 +31,7 @@ def test_every_side_collects_every_rollout(tmp_path: Path) -> None:
     out = tmp_path / "peer.json"
     code = peer.main(
         ["--sizes", "tiny", "--rounds", "1", "--rollouts", str(ROLLOUTS), "--keep", str(tmp_path / "runs"),
-         "--json", str(out)]
+         "--routes", "envelope", "--json", str(out)]
     )  # fmt: skip
     assert code == 0
     result = json.loads(out.read_text())
@@ -39,11 +45,26 @@ def test_every_side_collects_every_rollout(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in collected.read_text().splitlines()]
     assert len(lines) == ROLLOUTS and all(line["reward"] == 1.0 for line in lines)
     assert all([i["type"] for i in line["response"]["output"]][-1] == "message" for line in lines)
+    envelopes = [
+        i["routed_experts"] for line in lines for i in line["response"]["output"] if "routed_experts" in i
+    ]
+    assert len(envelopes) == 2 * ROLLOUTS and all(e.startswith("nrlre1:int16:") for e in envelopes)
     for side in ("plain", "mounted"):
         [db] = (tmp_path / "runs" / "tiny").glob(f"*-{side}/ledger.db")
         store = open_store(f"sqlite:///{db}")
         try:
-            sealed = {e.data["receipt"]["rollout_id"] for e in store.read_all(0, types=["SiblingSealed"])}
+            seals = list(store.read_all(0, types=["SiblingSealed"]))
+            sealed = {e.data["receipt"]["rollout_id"] for e in seals}
+            # The envelope as the model sent it, in the stored token records, read as NeMo RL reads it.
+            plane = payload_plane(store)
+            claim = RolloutReceipt.model_validate(seals[0].data["receipt"]).tokens_claim()
+            assert claim is not None
+            records = read_layout(plane.get(claim)).records
+            assert len(records) == 2, side  # the tool call's model call, then the answer's
+            for record in records:
+                routes = decode_routes(record["routed_experts"], "int16")
+                n = routes.shape[0]
+                assert routes.tolist() == [[[i % 8, (i + 3) % 8]] for i in range(n)], side
         finally:
             store.close()
         assert len(sealed) == ROLLOUTS, side
