@@ -16,7 +16,9 @@ checkpoints), each as a process of its own:
   mounted.
 
 Both ledger sides keep their log where `--db` says (by default a fresh SQLite file a run, with the
-payload directory beside it: the embedded default).  Both sides keep 3 x siblings rollouts in flight
+payload directory beside it: the embedded default; a PostgreSQL URL keeps log and payloads in that
+database, and `--pg-data` names the cluster's data directory when it runs on this machine, so that
+its CPU is measured beside the ledger's: the postmaster, its live and its reaped backends).  Both sides keep 3 x siblings rollouts in flight
 (`SimConfig.window_per_agent` groups' worth): the collector's `num_samples_in_parallel`, the ledger's
 `--in-flight` (a group admitted as soon as fewer are in flight).  Sides run one
 after another, their order reversed every round; each figure is the median over the rounds, with
@@ -40,7 +42,8 @@ as NeMo RL's generation worker ships them for router replay (one `nrlre1` envelo
     python -m benchmarks.peer                                # tiny and 9k, two rounds
     python -m benchmarks.peer --sizes tiny 9k 64k --rounds 4 --json peer.json
     python -m benchmarks.peer --sizes tiny 9k --rollouts tiny=480 9k=96       # a quicker run
-    python -m benchmarks.peer --sizes 9k --routes envelope --db postgresql://...
+    python -m benchmarks.peer --sizes 9k --routes envelope
+    python -m benchmarks.peer --db postgresql+psycopg://USER@HOST:PORT/DB --pg-data /path/to/cluster/data
 
 Ctrl-C or SIGTERM stops the servers and the side running, and says so in one line (exit status 130 /
 143); a run that does not end within `--run-timeout` is killed and reported incomplete (exit status 1).
@@ -70,7 +73,7 @@ from rich.table import Table
 
 from benchmarks.realgym.servers import RealGym, real_gym
 from benchmarks.rollout_sizes import positive
-from benchmarks.soak import cpu_s
+from benchmarks.soak import cpu_s, postgres_cpu_s
 from eventstore import open_store
 from simulation.config import SimConfig
 
@@ -86,7 +89,7 @@ LABELS: Final = {
 # The real Gym's server each side drives, and that agent's name in the Gym's config.
 AGENT_OF: Final = {"collector": "plain_agent", "plain": "plain_agent", "mounted": "agent"}
 GYM_NAME: Final = {"plain_agent": "simple_agent_plain", "agent": "simple_agent"}
-PROCESSES: Final = ("trainer", "agent", "model", "resources")
+PROCESSES: Final = ("trainer", "agent", "model", "resources", "postgres")
 WINDOW_PER_AGENT: Final[int] = SimConfig.window_per_agent  # the dataclass's default: 3 groups an agent
 POLL_S: Final = 0.1
 SEALED: Final = "SiblingSealed"
@@ -211,12 +214,15 @@ def _watch(
     count: Callable[[], int],
     pids: dict[str, int],
     deadline: float,
+    pg_data: Path | None = None,
 ) -> list[Sample]:
     """Samples of the rollouts done and each process's CPU until `process` exits (killed past
-    `deadline`: TimeoutError)."""
+    `deadline`: TimeoutError); with `pg_data`, also the PostgreSQL cluster's there (`postgres`)."""
     samples: list[Sample] = []
     while True:
         cpu = {name: used for name, pid in pids.items() if (used := cpu_s(pid)) is not None}
+        if pg_data is not None and (used := postgres_cpu_s(pg_data)) is not None:
+            cpu["postgres"] = used
         samples.append(Sample(time.monotonic(), count(), cpu))
         if process.poll() is not None:
             return samples
@@ -236,6 +242,7 @@ class Plan:
     db: str | None
     run_timeout_s: float
     routes: str = "lists"
+    pg_data: Path | None = None
 
     @property
     def in_flight(self) -> int:
@@ -309,7 +316,11 @@ class Sides:
                 process = subprocess.Popen(argv, cwd=here, env=env, stdout=out, stderr=err)
             try:
                 samples = _watch(
-                    process, count, {"trainer": process.pid, **pids}, started + self.plan.run_timeout_s
+                    process,
+                    count,
+                    {"trainer": process.pid, **pids},
+                    started + self.plan.run_timeout_s,
+                    self.plan.pg_data if side != "collector" else None,
                 )
             except TimeoutError as exc:
                 result.error = str(exc)
@@ -482,7 +493,13 @@ def print_result(result: dict[str, Any], console: Console) -> None:
     console.print(table)
     other = Table(title="the other processes, and the runs")
     other.add_column("size, side")
-    for name in ("model stub CPU", "resources CPU", "model calls a rollout", "runs complete / measured"):
+    for name in (
+        "model stub CPU",
+        "resources CPU",
+        "PostgreSQL CPU",
+        "model calls a rollout",
+        "runs complete / measured",
+    ):
         other.add_column(name, justify="right")
     for size, summary in result["summary"].items():
         for side in SIDES:
@@ -491,6 +508,7 @@ def print_result(result: dict[str, Any], console: Console) -> None:
                 f"{size}, {LABELS[side]}",
                 _cell(s["model_cpu_ms"], "{:.2f} ms"),
                 _cell(s["resources_cpu_ms"], "{:.2f} ms"),
+                _cell(s["postgres_cpu_ms"], "{:.2f} ms"),
                 _cell(s["model_calls_per_rollout"], "{:.2f}"),
                 f"{s['complete']} / {s['measured']} of {s['runs']}",
             )
@@ -538,6 +556,12 @@ def main(argv: list[str] | None = None) -> int:
         help="The model's routed_experts: nested lists (default), or NeMo RL's nrlre1 envelope string.",
     )
     parser.add_argument(
+        "--pg-data",
+        type=Path,
+        default=None,
+        help="With --db on a PostgreSQL cluster of this machine: its data directory, whose CPU is measured too.",
+    )
+    parser.add_argument(
         "--run-timeout", type=positive, default=900, help="Seconds one side's run may take (default 900)."
     )
     parser.add_argument("--keep", default=None, help="Keep every run's files in this directory.")
@@ -551,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         db=args.db,
         run_timeout_s=float(args.run_timeout),
         routes=args.routes,
+        pg_data=args.pg_data,
     )
     # A table as wide as its columns where stdout is no terminal (a file, a pipe).
     console = Console(width=None if sys.stdout.isatty() else 160)
