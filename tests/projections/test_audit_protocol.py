@@ -19,14 +19,14 @@ from projections.audit import (
     NO_CLAIM_WHILE_PREPARED,
     OWNER_EPOCH,
     RESUMED_BY_EVERY_PARTICIPANT,
-    audit_log,
 )
 from protocol.streams import checkpoint_stream, group_stream
+from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import LogBuilder
 
 
 def rules(store: EventStore) -> list[str]:
-    return [v.rule for v in audit_log(store).violations]
+    return [v.rule for v in audit_both_ways(store).violations]
 
 
 def take_epoch(store: EventStore, writer: str) -> None:
@@ -100,7 +100,7 @@ def two_trainers(log: LogBuilder) -> dict[str, int]:
 
 
 def violations_of(store: EventStore, rule: str) -> list[list[int]]:
-    return [v.positions for v in audit_log(store).violations if v.rule == rule]
+    return [v.positions for v in audit_both_ways(store).violations if v.rule == rule]
 
 
 def test_two_trainers_each_restoring_to_its_own_cut_is_clean(store: EventStore, log: LogBuilder) -> None:
@@ -157,7 +157,7 @@ def test_a_plan_that_no_longer_holds_a_rolled_back_group_is_a_violation(
     plan = {"claims_to_roll_back": 1, "sealed_kept": 0}
     restore = log.restored(at["t1_cut"], "t1-c1", plan, trainer="T1")[0]
     assert violations_of(store, ARCHIVED_BY_OWN_CUT) == [[restore]]
-    assert "g1" in audit_log(store).violations[0].message
+    assert "g1" in audit_both_ways(store).violations[0].message
 
 
 def test_a_claim_between_prepare_and_commit_is_a_violation(store: EventStore, log: LogBuilder) -> None:
@@ -220,7 +220,7 @@ def test_an_event_one_trainers_process_writes_on_anothers_group_or_checkpoint_is
     ]
     for stream, event in foreign:
         written_by(store, stream, event, "wb")
-    found = [v for v in audit_log(store).violations if v.rule == ACTS_BY_OWNER]
+    found = [v for v in audit_both_ways(store).violations if v.rule == ACTS_BY_OWNER]
     # one per stream and trainer: the group's first foreign write, the checkpoint's
     assert [v.positions for v in found] == [[store.head() - 2], [store.head()]]
     assert "trainer 'A'" in found[0].message and "trainer 'B'" in found[0].message
