@@ -99,25 +99,25 @@ def test_an_unreadable_digest_or_one_of_other_blocks_is_reported_and_the_others_
     found = audit_events(
         rows,
         [
+            checkpoint("timeline", 20, wrong.encode()),
+            checkpoint("swimlane", 20, wrong.encode()),  # checkpointed together: one digest, said once
             checkpoint("ledger", 20, "not:a digest"),
             checkpoint("checkpoints", 20, other_size.encode()),
             checkpoint("status", 20, other_start.encode()),
-            checkpoint("timeline", 20, wrong.encode()),
-            checkpoint("swimlane", 20, wrong.encode()),  # checkpointed together: one digest, said once
         ],
     )
     assert chain(found) == [
+        (
+            [20],
+            "the log up to position 20 no longer matches the digest its timeline checkpoint recorded: "
+            "a row before it was removed or altered",
+        ),
         ([20], "the ledger checkpoint at 20 has no readable digest"),
         (
             [20],
             f"the checkpoints checkpoint at 20 used digest blocks of {BLOCK // 2}; this auditor uses {BLOCK}",
         ),
         ([20], f"the status checkpoint at 20 used digest blocks of {BLOCK}; this auditor uses {BLOCK}"),
-        (
-            [20],
-            "the log up to position 20 no longer matches the digest its timeline checkpoint recorded: "
-            "a row before it was removed or altered",
-        ),
     ]
 
 
@@ -180,6 +180,17 @@ def test_the_report_is_in_log_order_then_by_rule(store: EventStore, log: LogBuil
     assert [(v.rule, v.positions) for v in found.violations] == [
         (SEAL_BEFORE_ACK, [fetched, *acked]),
         (HASH_CHAIN, [head, head + 1]),  # "hash-chain" sorts before "seal-before-ack", its position after
+    ]
+
+
+def test_a_checkpoint_at_position_0_of_an_empty_log_is_reported_with_no_position() -> None:
+    found = audit_events([], [checkpoint("ledger", 0, "x")])
+    assert [(v.rule, v.positions, v.message) for v in found.violations] == [
+        (
+            HASH_CHAIN,
+            [],
+            "a ledger checkpoint was stored at position 0 but the log ends at 0: events were removed from its end",
+        )
     ]
 
 
