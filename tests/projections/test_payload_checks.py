@@ -5,11 +5,14 @@ whole, a batch at a time (more than one batch here)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from eventstore import EventStore
+from eventstore.events import RunReplied, SiblingSealed
 from payloads import PayloadClaim, PayloadPlane, open_payload_store
 from payloads.replies import REPLY_APART_MEDIA_TYPE, take_arrays_off
 from projections.payload_audit import (
@@ -17,11 +20,13 @@ from projections.payload_audit import (
     PAYLOAD_STORED,
     PayloadAuditSummary,
     PayloadFacts,
+    check_log_blobs,
     check_payloads,
 )
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE
 from tests.payloads.test_reply_apart import _two_calls
+from tests.projections.builder import rollout_receipt
 
 Found = list[tuple[str, list[int], str]]
 
@@ -251,3 +256,62 @@ def test_replies_stored_apart_made_whole_in_batches(plane: PayloadPlane) -> None
         f"{kept[130][1].digest}, is not the reply its receipt names ({wrong_digest}): it makes {kept[130][2]}"
     )
     assert f"({kept[131][2]}): it makes nothing (" in found[3][2]
+
+
+def test_altered_rows_of_the_log_blob_table_claimed_there_or_not(store: EventStore, db_url: str) -> None:
+    """A blob claimed in the table itself is said by `check_payloads` at its claim; one claimed in another
+    store, or not at all, here, each counted."""
+    in_table, elsewhere, unclaimed = (store.put_blob(b'{"blob": %d}' % i) for i in range(3))
+    facts = PayloadFacts()
+    facts.see(3, [PayloadClaim.legacy(in_table, "application/json")])
+    facts.see(5, [PayloadClaim(store="local", digest=elsewhere, size=11, media_type="application/json")])
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+        conn.execute("UPDATE blobs SET content = ?", (b"{}",))
+    found: Found = []
+    summary = PayloadAuditSummary()
+    check_log_blobs(
+        store, facts, lambda rule, positions, message: found.append((rule, positions, message)), summary
+    )
+    altered = f"was altered: its stored bytes hash to {sha256_digest(b'{}')}"
+    assert sorted(found) == sorted(
+        [
+            (PAYLOAD_INTACT, [5], f"the log's blob {elsewhere} {altered}"),
+            (PAYLOAD_INTACT, [], f"the log's blob {unclaimed} {altered}"),
+        ]
+    )
+    assert (summary.log_blobs, summary.corrupt) == (3, 2)
+
+
+def test_the_pass_notes_replies_stored_apart_and_records_stored_beside_their_reply(
+    plane: PayloadPlane,
+) -> None:
+    reply, tokens = _two_calls()
+    apart = take_arrays_off(reply, tokens)
+    assert apart is not None
+    apart_claim, tokens_claim = plane.put(
+        [(canonical_bytes(apart), REPLY_APART_MEDIA_TYPE), (tokens, TOKENS_REPLY_MEDIA_TYPE)]
+    )
+    digest = sha256_digest(canonical_bytes(reply))
+    replied = RunReplied(
+        rollout_id="p_g0",
+        attempt_index=1,
+        reward=1.0,
+        mask_sample=False,
+        reply_digest=digest,
+        reply=apart_claim,
+        apart_from=tokens_claim,
+    )
+    sealed = SiblingSealed(
+        rollout_id="p_g0",
+        attempt_index=1,
+        reward=1.0,
+        receipt=rollout_receipt("p_g0", 1).model_copy(
+            update={"tokens": tokens_claim, "tokens_digest": tokens_claim.digest}
+        ),
+    )
+    facts = PayloadFacts()
+    facts.see_try(replied, 7)
+    facts.see_try(sealed, 9)
+    assert facts.replies == {("p_g0", 1): apart_claim}
+    assert facts.apart == [(apart_claim, tokens_claim, digest, 7)]
+    assert facts.beside_reply == {tokens_claim.digest: ("p_g0", 1)}
