@@ -8,6 +8,7 @@ from eventstore.events import (
     AckAccepted,
     AckRejected,
     CheckpointAborted,
+    CheckpointCommitted,
     CheckpointPrepareStarted,
     GroupClaimedForTraining,
     TrainerEpochTaken,
@@ -45,6 +46,7 @@ def test_a_claim_and_a_prepare_by_the_owner_are_clean_by_a_fenced_owner_are_not(
     written_by(store, group_stream("g1"), GroupClaimedForTraining(group_id="g1", train_step=0), "old")
     assert rules(store) == []
     take_epoch(store, "new")
+    new = store.head()
     written_by(
         store,
         checkpoint_stream("c1"),
@@ -54,6 +56,20 @@ def test_a_claim_and_a_prepare_by_the_owner_are_clean_by_a_fenced_owner_are_not(
     log.clean_sibling_group("g2", 1)
     written_by(store, group_stream("g2"), GroupClaimedForTraining(group_id="g2", train_step=1), "old")
     assert rules(store) == [OWNER_EPOCH, OWNER_EPOCH]
+    written_by(
+        store,
+        checkpoint_stream("c1"),
+        CheckpointCommitted(
+            checkpoint_id="c1", participants=["agent-a"], cut_position=new, prepare_wait_s={"agent-a": 0.1}
+        ),
+        "old",
+    )
+    fenced = f"a fenced owner of trainer None: new took its owner epoch at {new}"
+    assert [v.message for v in audit_both_ways(store).violations if v.rule == OWNER_EPOCH] == [
+        f"the prepare of checkpoint c1 was written by old, {fenced}",
+        f"the claim of g2 was written by old, {fenced}",
+        f"the commit of checkpoint c1 was written by old, {fenced}",
+    ]
 
 
 def test_resumed_without_every_participants_confirmation_is_a_violation(
@@ -182,6 +198,10 @@ def test_a_claim_between_prepare_and_commit_is_a_violation(store: EventStore, lo
     commit = log.commit("c2", cut=log.store.head(), trainer="T1")[0]
     assert violations_of(store, NO_CLAIM_WHILE_PREPARED) == [[prepare, late, commit]]
     assert rules(store) == [NO_CLAIM_WHILE_PREPARED]
+    assert audit_both_ways(store).violations[0].message == (
+        f"checkpoint c2 committed 1 claim(s) made after its prepare at {prepare}: they are inside the cut but "
+        "not in the state the trainer saved, so a restore to it neither offers nor trains them"
+    )
 
 
 def test_an_event_one_trainers_process_writes_on_anothers_group_or_checkpoint_is_a_violation(
@@ -223,4 +243,9 @@ def test_an_event_one_trainers_process_writes_on_anothers_group_or_checkpoint_is
     found = [v for v in audit_both_ways(store).violations if v.rule == ACTS_BY_OWNER]
     # one per stream and trainer: the group's first foreign write, the checkpoint's
     assert [v.positions for v in found] == [[store.head() - 2], [store.head()]]
-    assert "trainer 'A'" in found[0].message and "trainer 'B'" in found[0].message
+    assert [v.message for v in found] == [
+        "AckRejected on group g1 of trainer 'A' was written by wb, a process of trainer 'B': one trainer acted "
+        "on another's work",
+        "CheckpointAborted on checkpoint c1 of trainer 'A' was written by wb, a process of trainer 'B': one "
+        "trainer acted on another's work",
+    ]
