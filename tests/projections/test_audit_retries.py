@@ -6,7 +6,7 @@ may still run, or instead of adopting a finished one; a dispatch of a try never 
 from __future__ import annotations
 
 from eventstore import EventStore
-from eventstore.events import AttemptMinted, ReplacementMinted, RunDispatched
+from eventstore.events import AttemptMinted, AttemptRetired, ReplacementMinted, RunDispatched
 from projections.audit import BOUNDED_RETRIES, NO_REUSED_TRY, NO_STRANDED_RESULT, RETIRE_BEFORE_REPLACE
 from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import LogBuilder
@@ -146,4 +146,71 @@ def test_a_replacement_while_the_old_try_may_run_or_instead_of_adopting_it(
             f"p_g1#0 answered completed_unacknowledged at {retired}, yet a replacement was minted instead of "
             "adopting it: its result strands in the agent",
         ),
+    ]
+
+
+def retired_by_checkpoint(log: LogBuilder, rollout_id: str, index: int) -> None:
+    log.dispatch(rollout_id, index)
+    log.group(
+        rollout_id.rpartition("_g")[0],
+        [AttemptRetired(rollout_id=rollout_id, attempt_index=index, outcome="cancelled", cause="checkpoint")],
+    )
+
+
+def test_tries_a_checkpoint_retired_are_not_spent_of_the_siblings_budget(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """Budget 1: #0 and #1 retired by checkpoints' prepares, so #2 is the sibling's one try; #3 is past
+    it, and the message counts the tries lost.  Another sibling's losses are its own."""
+    log.reserve("s", 2, max_tries=1)
+    log.mint("s", 2)
+    retired_by_checkpoint(log, "s_g0", 0)
+    log.replace("s_g0", 1)
+    retired_by_checkpoint(log, "s_g0", 1)
+    log.replace("s_g0", 2)
+    log.dispatch("s_g0", 2)
+    log.fail("s_g0", 2)
+    (past,) = log.replace("s_g0", 3, retire="cancelled")[-1:]
+    log.dispatch("s_g1")
+    log.fail("s_g1")
+    (other,) = log.replace("s_g1", 1, retire="cancelled")[-1:]
+    dead = "the group should have been dead-lettered"
+    assert said(store) == [
+        (
+            BOUNDED_RETRIES,
+            [past],
+            f"try s_g0#3 is try 4 of its sibling, past the budget of 1 (and 2 tries lost to checkpoints); {dead}",
+        ),
+        (
+            BOUNDED_RETRIES,
+            [other],
+            f"try s_g1#1 is try 2 of its sibling, past the budget of 1 (and 0 tries lost to checkpoints); {dead}",
+        ),
+    ]
+
+
+def test_rounds_a_checkpoint_retired_are_not_spent_of_the_groups_budget(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """A prompt group's round lost to a checkpoint counts once, however many of its siblings it retired."""
+    log.reserve("g", 2, mode="prompt_group", max_tries=1)
+    log.mint("g", 2)
+    retired_by_checkpoint(log, "g_g0", 0)
+    retired_by_checkpoint(log, "g_g1", 0)
+    log.abandon("g", {0: 0, 1: 0})
+    log.replace("g_g0", 1, reason="group abandoned")
+    log.replace("g_g1", 1, reason="group abandoned")
+    for i in range(2):
+        log.dispatch(f"g_g{i}", 1)
+        log.fail(f"g_g{i}", 1)
+        log.retire(f"g_g{i}", 1, "cancelled")
+    log.abandon("g", {0: 1, 1: 1})
+    (past,) = log.replace("g_g0", 2, reason="group abandoned")
+    assert said(store) == [
+        (
+            BOUNDED_RETRIES,
+            [past],
+            "try g_g0#2 is try 3 of its group, past the budget of 1 (and 1 tries lost to checkpoints); the group "
+            "should have been dead-lettered",
+        )
     ]
