@@ -6,6 +6,7 @@ them all and names the first five."""
 from __future__ import annotations
 
 from eventstore import EventStore
+from eventstore.events import GroupTakenOver
 from projections.audit import ARCHIVED_BY_OWN_CUT, CHECKPOINT_CLEAN, Violation
 from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import LogBuilder
@@ -117,3 +118,16 @@ def test_the_cut_is_its_preparing_trainers_or_with_no_prepare_its_committing_one
         "checkpoint c2 was prepared by trainer 'T1' but its commit names trainer 'T2': the ledger would "
         "archive that trainer's groups at a cut it never took"
     )
+
+
+def test_a_group_taken_over_is_its_new_trainers(store: EventStore, log: LogBuilder) -> None:
+    owed = finished(log, "p", 1, trainer="A")
+    log.group("p", [GroupTakenOver(group_id="p", trainer_id="B", reason="recovery")])
+    log.group("ghost", [GroupTakenOver(group_id="ghost", trainer_id="B", reason="recovery")])  # no such group
+    log.prepare("a1", trainer="A")
+    log.commit("a1", trainer="A")
+    assert audit_both_ways(store).ok  # no longer A's debt
+    log.prepare("b1", trainer="B")
+    (committed,) = log.commit("b1", trainer="B")
+    [violation] = clean_violations(store)
+    assert violation.positions == [*owed, committed]
