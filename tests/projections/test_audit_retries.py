@@ -11,6 +11,8 @@ from projections.audit import BOUNDED_RETRIES, NO_REUSED_TRY, NO_STRANDED_RESULT
 from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import LogBuilder, completion_receipt
 
+INC_1, INC_2 = "1" * 32, "2" * 32  # two agent processes (incarnations)
+
 
 def said(store: EventStore) -> list[tuple[str, list[int], str]]:
     return [(v.rule, v.positions, v.message) for v in audit_both_ways(store).violations]
@@ -232,3 +234,19 @@ def test_an_agent_restart_frees_the_tries_of_its_trainers_groups(store: EventSto
     )
     log.replace("p_g1", 1, reason="agent restarted")
     assert said(store) == []
+
+
+def test_an_agent_restart_is_told_by_its_incarnation(store: EventStore, log: LogBuilder) -> None:
+    """The same generation from another process (incarnation): the agent restarted."""
+    log.reserve("p", 2)
+    log.mint("p", 2)
+    log.dispatch("p_g0")
+    log.reply("p_g0")
+    first = completion_receipt("p_g0", 0).model_copy(update={"execution_incarnation": INC_1})
+    log.group("p", [ReceiptFetched(agent_name="agent-a", receipt=first)])
+    log.dispatch("p_g1")
+    log.fail("p_g1", kind="http")
+    again = first.model_copy(update={"execution_incarnation": INC_2})
+    log.group("p", [ReceiptFetched(agent_name="agent-a", receipt=again)])
+    log.replace("p_g1", 1, reason="agent restarted")
+    assert said(store) == []  # nor is p_g0's result stranded: it was lost with the process

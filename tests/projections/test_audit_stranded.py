@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 
 from eventstore import EventStore
-from eventstore.events import ReceiptFetched, RetireOwed, RetirePaid, SiblingSealed
+from eventstore.events import AttemptRetired, ReceiptFetched, RetireOwed, RetirePaid, SiblingSealed
 from projections.audit import DEBT_WITH_RESULT, NO_STRANDED_RESULT
 from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import AGENT, LogBuilder, completion_receipt, rollout_receipt
+
+INC_1, INC_2 = "1" * 32, "2" * 32  # two agent processes (incarnations)
 
 
 def said(store: EventStore) -> list[tuple[str, list[int], str]]:
@@ -89,4 +91,46 @@ def test_a_log_ending_on_a_seal_without_its_debt(store: EventStore, log: LogBuil
             f"try p_g0#0 was held or sealed at {sealed} without its ACK debt: its AckOwed is not in the append "
             "that records the result (a crash after it would leave a result the log never owes)",
         )
+    ]
+
+
+def fetched_from(log: LogBuilder, rollout_id: str, incarnation: str) -> int:
+    """The try replied, and its receipt from agent process `incarnation` (generation 1) was fetched."""
+    log.dispatch(rollout_id)
+    (replied,) = log.reply(rollout_id)
+    receipt = completion_receipt(rollout_id, 0).model_copy(update={"execution_incarnation": incarnation})
+    log.group(rollout_id.rpartition("_g")[0], [ReceiptFetched(agent_name=AGENT, receipt=receipt)])
+    return replied
+
+
+def retired_done_by(log: LogBuilder, rollout_id: str, incarnation: str, generation: int | None) -> None:
+    log.group(
+        rollout_id.rpartition("_g")[0],
+        [
+            AttemptRetired(
+                rollout_id=rollout_id,
+                attempt_index=0,
+                outcome="done",
+                execution_incarnation=incarnation,
+                execution_generation=generation,
+            )
+        ],
+    )
+
+
+def test_the_process_that_answers_a_retire_is_told_by_its_incarnation(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """`done` from another incarnation (no generation recorded): the process that held p_g0's result is
+    gone with it.  `done` from the incarnation that made p_g1's receipt (whatever its generation): the
+    result is still there, stranded."""
+    log.reserve("p", 2)
+    log.mint("p", 2)
+    fetched_from(log, "p_g0", INC_1)
+    retired_done_by(log, "p_g0", INC_2, None)
+    replied = fetched_from(log, "p_g1", INC_1)
+    retired_done_by(log, "p_g1", INC_1, 2)
+    (dead,) = log.dead_letter("p", {0: 0, 1: 0})
+    assert [(rule, positions) for rule, positions, _ in said(store)] == [
+        (NO_STRANDED_RESULT, [replied, dead])
     ]
