@@ -117,21 +117,25 @@ def test_payloads_missing_are_listed_in_log_order_with_where_they_were_looked_fo
 def test_a_payload_pruned_after_its_last_claim_is_not_missing_one_claimed_again_is(
     plane: PayloadPlane,
 ) -> None:
-    pruned, claimed_again, never_claimed = json_payloads(plane, 3)
+    pruned, claimed_again, never_claimed, pruned_too = json_payloads(plane, 4)
     facts = PayloadFacts()
-    facts.see(3, [pruned, claimed_again])
-    facts.see_pruned(5, [pruned.digest, claimed_again.digest, never_claimed.digest])
+    facts.see(3, [pruned, claimed_again, pruned_too])
+    facts.see_pruned(5, [pruned.digest, claimed_again.digest, never_claimed.digest, pruned_too.digest])
     facts.see(8, [claimed_again])  # the same bytes claimed again after retention deleted them
-    for claim in (pruned, claimed_again):
+    for claim in (pruned, claimed_again, pruned_too):
         plane.default.path_of(claim.digest).unlink()  # type: ignore[attr-defined]
     assert facts.is_pruned(pruned.digest) and facts.is_pruned(never_claimed.digest)
     assert not facts.is_pruned(claimed_again.digest)
+    assert not facts.is_pruned("sha256:" + "0" * 64)  # never claimed, never pruned
+    first = PayloadFacts()
+    first.see_pruned(1, [pruned.digest])  # a log that begins with a prune: pruned, never claimed
+    assert first.is_pruned(pruned.digest)
     facts.see_pruned(8, [claimed_again.digest])  # named at its last claim's position: still needed
     assert not facts.is_pruned(claimed_again.digest)
     found, summary = check(facts, plane)
     assert [(rule, positions) for rule, positions, _ in found] == [(PAYLOAD_STORED, [3])]
     assert f"the first {claimed_again.digest} (claimed at 3)" in found[0][2]
-    assert (summary.pruned, summary.missing) == (1, 1)
+    assert (summary.pruned, summary.missing) == (2, 1)
 
 
 def test_claims_in_a_store_the_audit_was_not_given(plane: PayloadPlane) -> None:
@@ -139,8 +143,19 @@ def test_claims_in_a_store_the_audit_was_not_given(plane: PayloadPlane) -> None:
     facts = PayloadFacts()
     for i, claim in enumerate(elsewhere):
         facts.see(50 - i, [claim])
+    (lost,) = plane.put([(b'{"lost": true}', "application/json")])
+    plane.default.path_of(lost.digest).unlink()  # type: ignore[attr-defined]
+    facts.see(60, [lost])  # in the store given, after the one not given: still read
     found, summary = check(facts, plane)
-    assert found == [
+    assert found[1:] == [
+        (
+            PAYLOAD_STORED,
+            [60],
+            f"1 claimed payload(s) are not stored in store {plane.default.name!r} ({plane.default.where}), "
+            f"the first {lost.digest} (claimed at 60)",
+        )
+    ]
+    assert found[:1] == [
         (
             PAYLOAD_STORED,
             list(range(29, 49)),
@@ -148,7 +163,29 @@ def test_claims_in_a_store_the_audit_was_not_given(plane: PayloadPlane) -> None:
             f"{sorted(plane.stores)}): pass it with --payloads",
         )
     ]
-    assert (summary.claimed, summary.checked, summary.missing) == (22, 0, 0)
+    assert (summary.claimed, summary.checked, summary.missing) == (23, 0, 1)
+
+
+def test_a_store_that_fails_a_read_is_said_at_the_batchs_first_claim_and_the_next_batch_still_read(
+    plane: PayloadPlane,
+) -> None:
+    """A payload file the file system cannot read (a symbolic link to itself) fails the read of its batch
+    (256 payloads), said at that batch's first claim; the next batch is read all the same."""
+    claims = sorted(json_payloads(plane, 258), key=lambda c: c.digest)
+    unreadable = plane.default.path_of(claims[0].digest)  # type: ignore[attr-defined]
+    unreadable.unlink()
+    unreadable.symlink_to(unreadable)
+    plane.default.path_of(claims[-1].digest).unlink()  # type: ignore[attr-defined]
+    facts = PayloadFacts()
+    for i, claim in enumerate(claims):
+        facts.see(1000 - i, [claim])
+    found, summary = check(facts, plane)
+    assert [(rule, positions) for rule, positions, _ in found] == [
+        (PAYLOAD_STORED, [1000]),
+        (PAYLOAD_STORED, [1000 - 257]),
+    ], found
+    assert found[0][2].startswith(f"store {plane.default.name!r}: reading payload {claims[0].digest}: ")
+    assert (summary.checked, summary.missing) == (1, 1)
 
 
 def records_beside(
@@ -165,38 +202,43 @@ def records_beside(
     return tries
 
 
+def fewer_items(plane: PayloadPlane, reply: dict[str, Any]) -> PayloadClaim:
+    """The reply cut to its first output item, stored: not the one a try's records refer to."""
+    (claim,) = plane.put(
+        [(canonical_bytes({"response": {"output": reply["response"]["output"][:1]}}), "application/json")]
+    )
+    return claim
+
+
 def test_token_records_read_back_with_their_trys_reply_in_batches(plane: PayloadPlane) -> None:
-    """130 tries (two batches of reads): the last one's records paired with a reply lacking their items; a pair
-    whose records were altered, and one whose try has no reply claimed, are not read together."""
+    """130 tries (two batches of reads, in the records' digest order): every other one's records paired
+    with a reply lacking their items, each said once; a pair whose records were altered, and one whose
+    try has no reply claimed, are not read together."""
     tries = records_beside(plane, 132)
     facts = PayloadFacts()
-    for i, (tokens, reply, _) in enumerate(tries[:130]):
+    for i, (tokens, reply, whole) in enumerate(tries[:130]):
         facts.see(1000 + i, [tokens, reply])
         facts.beside_reply[tokens.digest] = (f"r{i}", 0)
-        facts.replies[(f"r{i}", 0)] = reply
-    last = tries[129][2]
-    (fewer_items,) = plane.put(
-        [(canonical_bytes({"response": {"output": last["response"]["output"][:1]}}), "application/json")]
-    )
-    facts.see(1500, [fewer_items])
-    facts.replies[("r129", 0)] = (
-        fewer_items  # the last try's reply claimed again: not the one its records refer to
-    )
+        if i % 2:
+            facts.replies[(f"r{i}", 0)] = other = fewer_items(plane, whole)
+            facts.see(2000 + i, [other])
+        else:
+            facts.replies[(f"r{i}", 0)] = reply
     altered, _, _ = tries[130]
     plane.default.path_of(altered.digest).write_bytes(b"x")  # type: ignore[attr-defined]
-    facts.see(2000, [altered])
+    facts.see(3000, [altered])
     facts.beside_reply[altered.digest] = ("r0", 0)
     no_reply, _, _ = tries[131]
-    facts.see(2001, [no_reply])
+    facts.see(3001, [no_reply])
     facts.beside_reply[no_reply.digest] = ("nobody", 0)
     found, _ = check(facts, plane)
-    assert [(rule, positions) for rule, positions, _ in found] == [
-        (PAYLOAD_INTACT, [2000]),  # altered: said by the first check, not read with a reply
-        (PAYLOAD_INTACT, [1129]),
-    ]
-    assert found[1][2].startswith(
-        f"the token records {tries[129][0].digest} claimed at 1129 do not read back with their try's reply "
-        f"{fewer_items.digest}: "
+    assert found[0][:2] == (PAYLOAD_INTACT, [3000])  # altered: said by the first check, not read with a reply
+    assert sorted(positions for _, positions, _ in found[1:]) == [[1000 + i] for i in range(1, 130, 2)]
+    assert {rule for rule, _, _ in found} == {PAYLOAD_INTACT}
+    tokens, _, whole = tries[129]
+    assert next(m for _, p, m in found if p == [1129]).startswith(
+        f"the token records {tokens.digest} claimed at 1129 do not read back with their try's reply "
+        f"{fewer_items(plane, whole).digest}: "
     )
 
 
@@ -214,7 +256,8 @@ def test_a_pair_the_plane_refuses_on_its_second_read_is_said_where_it_is_read(pl
 
 def test_replies_stored_apart_made_whole_in_batches(plane: PayloadPlane) -> None:
     """130 replies stored apart: the last made whole with another try's records, one under another
-    receipt digest, one with records that are not records; an altered one is not made whole."""
+    receipt digest, one with records that are not records; an altered one is not made whole; the first
+    batch's read refused (a claim of another size) does not stop the second."""
     facts = PayloadFacts()
     kept: list[tuple[PayloadClaim, PayloadClaim, str]] = []
     for i in range(133):
@@ -228,6 +271,9 @@ def test_replies_stored_apart_made_whole_in_batches(plane: PayloadPlane) -> None
     for i, (apart_claim, tokens_claim, digest) in enumerate(kept[:129]):
         facts.see(1000 + i, [apart_claim, tokens_claim])
         facts.apart.append((apart_claim, tokens_claim, digest, 1000 + i))
+    first_reply, first_tokens, first_digest = kept[0]
+    resized = first_tokens.model_copy(update={"size": 1})  # claimed again under another size
+    facts.apart[0] = (first_reply, resized, first_digest, 1000)  # the plane refuses the first batch's read
     last_reply, _, last_digest = kept[129]
     facts.see(1129, [last_reply])
     facts.apart.append((last_reply, kept[0][1], last_digest, 1129))  # another try's records
@@ -243,10 +289,13 @@ def test_replies_stored_apart_made_whole_in_batches(plane: PayloadPlane) -> None
     found, _ = check(facts, plane)
     assert [(rule, positions) for rule, positions, _ in found] == [
         (PAYLOAD_INTACT, [1132]),  # altered: said once, by the first check
+        (PAYLOAD_INTACT, [1000]),  # the first batch refused, the second still read
         (PAYLOAD_INTACT, [1129]),
         (PAYLOAD_INTACT, [1130]),
         (PAYLOAD_INTACT, [1131]),
     ]
+    assert found[1][2].startswith(f"replies stored apart: payload {first_tokens.digest} is corrupt")
+    found = found[:1] + found[2:]
     assert found[1][2].startswith(
         f"the reply {last_reply.digest} stored apart at 1129, made whole with its token records "
         f"{kept[0][1].digest}, is not the reply its receipt names ({last_digest}): it makes sha256:"
