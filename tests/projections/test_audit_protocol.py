@@ -12,10 +12,12 @@ from eventstore.events import (
     CheckpointPrepareStarted,
     GroupClaimedForTraining,
     TrainerEpochTaken,
+    TrainerRestored,
 )
 from projections.audit import (
     ACTS_BY_OWNER,
     ARCHIVED_BY_OWN_CUT,
+    CHECKPOINT_CLEAN,
     DEBT_DROPPED_ON_EVIDENCE,
     NO_CLAIM_WHILE_PREPARED,
     OWNER_EPOCH,
@@ -249,3 +251,26 @@ def test_an_event_one_trainers_process_writes_on_anothers_group_or_checkpoint_is
         "CheckpointAborted on checkpoint c1 of trainer 'A' was written by wb, a process of trainer 'B': one "
         "trainer acted on another's work",
     ]
+
+
+def test_a_known_writers_rows_outside_groups_and_prepared_checkpoints_are_not_judged(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """Trainer B's process writes its own restore and epoch on its trainer stream, and aborts a checkpoint nobody
+    prepared: neither is an act on another trainer's work (the abort is a checkpoint-clean matter)."""
+    store.append("trainer-A", [TrainerEpochTaken(trainer_id="A", reason="start", writer="wa")])
+    store.append("trainer-B", [TrainerEpochTaken(trainer_id="B", reason="start", writer="wb")])
+    written_by(
+        store,
+        "trainer-B",
+        TrainerRestored(cut_position=None, checkpoint_id=None, plan={}, trainer_id="B"),
+        "wb",
+    )
+    written_by(store, "trainer-B", TrainerEpochTaken(trainer_id="B", reason="recovery", writer="wb"), "wb")
+    written_by(
+        store,
+        checkpoint_stream("c9"),
+        CheckpointAborted(checkpoint_id="c9", participants=["agent-a"], reason="deadline"),
+        "wb",
+    )
+    assert rules(store) == [CHECKPOINT_CLEAN]
