@@ -131,3 +131,33 @@ def test_a_group_taken_over_is_its_new_trainers(store: EventStore, log: LogBuild
     (committed,) = log.commit("b1", trainer="B")
     [violation] = clean_violations(store)
     assert violation.positions == [*owed, committed]
+
+
+def test_debts_paid_between_the_cut_and_the_commit(store: EventStore, log: LogBuilder) -> None:
+    """Paid after the cut, a debt owed at or before it counts; one to another agent, or owed after the
+    cut, does not; nor, for a trainer's commit, one of a group of no trainer."""
+    other = LogBuilder(store, agent="agent-b")
+    other.reserve("q", 1)
+    other.mint("q", 1)
+    other.dispatch("q_g0")
+    other.reply("q_g0")
+    other.seal("q_g0")
+    (owed_at_cut,) = finished(log, "p", 1)
+    finished(log, "r", 1)  # owed after the cut
+    log.ack("r_g0")
+    log.ack("p_g0")
+    other.ack("q_g0")
+    log.prepare("c1")
+    (committed,) = log.commit("c1", cut=owed_at_cut)
+    [violation] = clean_violations(store)
+    assert violation.positions == [owed_at_cut, committed]
+    assert violation.message.endswith(f"at its cut {owed_at_cut}: p_g0/0")
+
+
+def test_a_trainers_cut_leaves_out_debts_of_groups_of_no_trainer(store: EventStore, log: LogBuilder) -> None:
+    finished(log, "n", 1)
+    cut = store.head()
+    log.ack("n_g0")  # paid after the cut
+    log.prepare("c1", trainer="T1")
+    log.commit("c1", cut=cut, trainer="T1")
+    assert audit_both_ways(store).ok

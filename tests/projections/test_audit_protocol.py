@@ -274,3 +274,37 @@ def test_a_known_writers_rows_outside_groups_and_prepared_checkpoints_are_not_ju
         "wb",
     )
     assert rules(store) == [CHECKPOINT_CLEAN]
+
+
+def test_a_fenced_owner_of_a_named_trainer_claims_prepares_and_commits(
+    store: EventStore, log: LogBuilder
+) -> None:
+    store.append("trainer-A", [TrainerEpochTaken(trainer_id="A", reason="start", writer="wa")])
+    log.clean_sibling_group("g", 1, trainer="A")
+    store.append("trainer-A", [TrainerEpochTaken(trainer_id="A", reason="recovery", writer="wa2")])
+    taken = store.head()
+    written_by(store, group_stream("g"), GroupClaimedForTraining(group_id="g", train_step=0), "wa")
+    written_by(
+        store,
+        checkpoint_stream("c1"),
+        CheckpointPrepareStarted(checkpoint_id="c1", participants=["agent-a"], trainer_id="A"),
+        "wa",
+    )
+    written_by(
+        store,
+        checkpoint_stream("c1"),
+        CheckpointCommitted(
+            checkpoint_id="c1",
+            participants=["agent-a"],
+            cut_position=taken,
+            prepare_wait_s={"agent-a": 0.1},
+            trainer_id="A",
+        ),
+        "wa",
+    )
+    fenced = f"was written by wa, a fenced owner of trainer 'A': wa2 took its owner epoch at {taken}"
+    assert [v.message for v in audit_both_ways(store).violations if v.rule == OWNER_EPOCH] == [
+        f"the claim of g {fenced}",
+        f"the prepare of checkpoint c1 {fenced}",
+        f"the commit of checkpoint c1 {fenced}",
+    ]
