@@ -16,6 +16,7 @@ from eventstore.events import (
     RetirePaid,
     RunFailed,
     SiblingHeld,
+    SiblingSealed,
 )
 from projections.audit import (
     DEBT_DROPPED_ON_EVIDENCE,
@@ -127,3 +128,25 @@ def test_a_round_at_level_turn_rerun_for_a_masked_reply_or_for_nothing(
             "an interrupted sibling is replaced alone, its finished siblings kept",
         )
     ]
+
+
+def test_a_try_sealed_or_held_with_no_reply_or_receipt_before_it_finished_there(
+    store: EventStore, log: LogBuilder
+) -> None:
+    log.reserve("p", 1)
+    log.mint("p", 1)
+    log.dispatch("p_g0")
+    (sealed,) = log.group(
+        "p",
+        [SiblingSealed(rollout_id="p_g0", attempt_index=0, reward=1.0, receipt=rollout_receipt("p_g0", 0))],
+    )
+    (dead,) = log.dead_letter("p", {0: 0})
+    log.reserve("q", 1, mode="prompt_group")
+    log.mint("q", 1)
+    log.dispatch("q_g0")
+    (held,) = log.group(
+        "q", [SiblingHeld(rollout_id="q_g0", attempt_index=0, receipt=rollout_receipt("q_g0", 0))]
+    )
+    (q_dead,) = log.dead_letter("q", {0: 0})
+    stranded = [positions for rule, positions, _ in said(store) if rule == NO_STRANDED_RESULT]
+    assert stranded == [[sealed, dead], [held, q_dead]]
