@@ -9,8 +9,10 @@ from eventstore import EventStore
 from eventstore.events import (
     AckOwed,
     AckRejected,
+    CheckpointResumed,
     GroupAbandoned,
     GroupDeadLettered,
+    OperatorMark,
     ReceiptFetched,
     RetireOwed,
     RetirePaid,
@@ -19,12 +21,15 @@ from eventstore.events import (
     SiblingSealed,
 )
 from projections.audit import (
+    CHECKPOINT_CLEAN,
     DEBT_DROPPED_ON_EVIDENCE,
     NO_STRANDED_RESULT,
     RECEIPT_MATCHES,
+    RESUMED_BY_EVERY_PARTICIPANT,
     ROUND_KEPT_AT_TURN,
     SEAL_BEFORE_ACK,
 )
+from protocol.streams import checkpoint_stream
 from protocol.wire import AttemptRef
 from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import AGENT, LogBuilder, completion_receipt, rollout_receipt
@@ -150,3 +155,25 @@ def test_a_try_sealed_or_held_with_no_reply_or_receipt_before_it_finished_there(
     (q_dead,) = log.dead_letter("q", {0: 0})
     stranded = [positions for rule, positions, _ in said(store) if rule == NO_STRANDED_RESULT]
     assert stranded == [[sealed, dead], [held, q_dead]]
+
+
+def test_an_operators_drop_of_a_try_with_no_debt_frees_it(store: EventStore, log: LogBuilder) -> None:
+    log.reserve("p", 1)
+    log.mint("p", 1)
+    log.dispatch("p_g0")
+    mark = OperatorMark(operator="ops@host", reason="agent host decommissioned")
+    (dropped,) = log.group(
+        "p", [AckRejected(rollout_id="p_g0", attempt_index=0, error="dropped_by_operator", operator=mark)]
+    )
+    log.replace("p_g0", 1, reason="dropped")
+    assert [(rule, positions) for rule, positions, _ in said(store)] == [(SEAL_BEFORE_ACK, [dropped])]
+
+
+def test_a_resume_alone_of_a_checkpoint_never_seen(store: EventStore, log: LogBuilder) -> None:
+    (resumed,) = log.append(
+        checkpoint_stream("c8"), [CheckpointResumed(checkpoint_id="c8", participants=["agent-a"])]
+    )
+    assert [(rule, positions) for rule, positions, _ in said(store)] == [
+        (CHECKPOINT_CLEAN, [resumed]),
+        (RESUMED_BY_EVERY_PARTICIPANT, [resumed]),
+    ]

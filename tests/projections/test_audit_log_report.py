@@ -52,3 +52,16 @@ def test_one_report_of_the_events_the_payloads_and_the_subscribers(
     assert (report.events, report.head, told) == (head, head, [head])
     assert report.rules_checked == [*RULES, *PAYLOAD_RULES]
     assert report.payloads is not None and (report.payloads.missing, report.payloads.corrupt) == (2, 1)
+
+
+def test_a_payload_violation_at_the_first_position_names_it(store: EventStore, tmp_path: Path) -> None:
+    plane = payload_plane(store, (tmp_path / "payloads").as_uri())
+    log = LogBuilder(store, payloads=plane)
+    (replied,) = log.reply("x_g0")  # the log's first row claims the reply
+    lost_at, lost = claimed_at(store, "x_g0")
+    local = plane.stores[next(n for n in plane.stores if n != LOG_BLOBS_STORE)]
+    assert isinstance(local, LocalDirPayloadStore)
+    local.path_of(lost).unlink()
+    report = audit_log(store, payloads=plane)
+    assert [(v.rule, v.positions) for v in report.violations] == [(PAYLOAD_STORED, [1])]
+    assert replied == lost_at == 1
