@@ -30,17 +30,17 @@ from projections.audit import (
     SEAL_BEFORE_ACK,
     TRAINED_ONCE,
     AuditReport,
-    audit_log,
 )
 from projections.base import ReplayRefused
 from projections.runner import rebuild
 from projections.training_audit import TRAINED_ONCE_ACROSS_RESTORES
+from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import LogBuilder, completion_receipt, rollout_receipt
 from tests.projections.tamper import append_raw
 
 
 def audit(store: EventStore) -> AuditReport:
-    return audit_log(store)
+    return audit_both_ways(store)
 
 
 def only(report: AuditReport, rule: str) -> list[list[int]]:

@@ -8,25 +8,28 @@ from eventstore.events import (
     AckAccepted,
     AckRejected,
     CheckpointAborted,
+    CheckpointCommitted,
     CheckpointPrepareStarted,
     GroupClaimedForTraining,
     TrainerEpochTaken,
+    TrainerRestored,
 )
 from projections.audit import (
     ACTS_BY_OWNER,
     ARCHIVED_BY_OWN_CUT,
+    CHECKPOINT_CLEAN,
     DEBT_DROPPED_ON_EVIDENCE,
     NO_CLAIM_WHILE_PREPARED,
     OWNER_EPOCH,
     RESUMED_BY_EVERY_PARTICIPANT,
-    audit_log,
 )
 from protocol.streams import checkpoint_stream, group_stream
+from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import LogBuilder
 
 
 def rules(store: EventStore) -> list[str]:
-    return [v.rule for v in audit_log(store).violations]
+    return [v.rule for v in audit_both_ways(store).violations]
 
 
 def take_epoch(store: EventStore, writer: str) -> None:
@@ -45,6 +48,7 @@ def test_a_claim_and_a_prepare_by_the_owner_are_clean_by_a_fenced_owner_are_not(
     written_by(store, group_stream("g1"), GroupClaimedForTraining(group_id="g1", train_step=0), "old")
     assert rules(store) == []
     take_epoch(store, "new")
+    new = store.head()
     written_by(
         store,
         checkpoint_stream("c1"),
@@ -54,6 +58,20 @@ def test_a_claim_and_a_prepare_by_the_owner_are_clean_by_a_fenced_owner_are_not(
     log.clean_sibling_group("g2", 1)
     written_by(store, group_stream("g2"), GroupClaimedForTraining(group_id="g2", train_step=1), "old")
     assert rules(store) == [OWNER_EPOCH, OWNER_EPOCH]
+    written_by(
+        store,
+        checkpoint_stream("c1"),
+        CheckpointCommitted(
+            checkpoint_id="c1", participants=["agent-a"], cut_position=new, prepare_wait_s={"agent-a": 0.1}
+        ),
+        "old",
+    )
+    fenced = f"a fenced owner of trainer None: new took its owner epoch at {new}"
+    assert [v.message for v in audit_both_ways(store).violations if v.rule == OWNER_EPOCH] == [
+        f"the prepare of checkpoint c1 was written by old, {fenced}",
+        f"the claim of g2 was written by old, {fenced}",
+        f"the commit of checkpoint c1 was written by old, {fenced}",
+    ]
 
 
 def test_resumed_without_every_participants_confirmation_is_a_violation(
@@ -100,7 +118,7 @@ def two_trainers(log: LogBuilder) -> dict[str, int]:
 
 
 def violations_of(store: EventStore, rule: str) -> list[list[int]]:
-    return [v.positions for v in audit_log(store).violations if v.rule == rule]
+    return [v.positions for v in audit_both_ways(store).violations if v.rule == rule]
 
 
 def test_two_trainers_each_restoring_to_its_own_cut_is_clean(store: EventStore, log: LogBuilder) -> None:
@@ -157,7 +175,7 @@ def test_a_plan_that_no_longer_holds_a_rolled_back_group_is_a_violation(
     plan = {"claims_to_roll_back": 1, "sealed_kept": 0}
     restore = log.restored(at["t1_cut"], "t1-c1", plan, trainer="T1")[0]
     assert violations_of(store, ARCHIVED_BY_OWN_CUT) == [[restore]]
-    assert "g1" in audit_log(store).violations[0].message
+    assert "g1" in audit_both_ways(store).violations[0].message
 
 
 def test_a_claim_between_prepare_and_commit_is_a_violation(store: EventStore, log: LogBuilder) -> None:
@@ -182,6 +200,10 @@ def test_a_claim_between_prepare_and_commit_is_a_violation(store: EventStore, lo
     commit = log.commit("c2", cut=log.store.head(), trainer="T1")[0]
     assert violations_of(store, NO_CLAIM_WHILE_PREPARED) == [[prepare, late, commit]]
     assert rules(store) == [NO_CLAIM_WHILE_PREPARED]
+    assert audit_both_ways(store).violations[0].message == (
+        f"checkpoint c2 committed 1 claim(s) made after its prepare at {prepare}: they are inside the cut but "
+        "not in the state the trainer saved, so a restore to it neither offers nor trains them"
+    )
 
 
 def test_an_event_one_trainers_process_writes_on_anothers_group_or_checkpoint_is_a_violation(
@@ -220,7 +242,69 @@ def test_an_event_one_trainers_process_writes_on_anothers_group_or_checkpoint_is
     ]
     for stream, event in foreign:
         written_by(store, stream, event, "wb")
-    found = [v for v in audit_log(store).violations if v.rule == ACTS_BY_OWNER]
+    found = [v for v in audit_both_ways(store).violations if v.rule == ACTS_BY_OWNER]
     # one per stream and trainer: the group's first foreign write, the checkpoint's
     assert [v.positions for v in found] == [[store.head() - 2], [store.head()]]
-    assert "trainer 'A'" in found[0].message and "trainer 'B'" in found[0].message
+    assert [v.message for v in found] == [
+        "AckRejected on group g1 of trainer 'A' was written by wb, a process of trainer 'B': one trainer acted "
+        "on another's work",
+        "CheckpointAborted on checkpoint c1 of trainer 'A' was written by wb, a process of trainer 'B': one "
+        "trainer acted on another's work",
+    ]
+
+
+def test_a_known_writers_rows_outside_groups_and_prepared_checkpoints_are_not_judged(
+    store: EventStore, log: LogBuilder
+) -> None:
+    """Trainer B's process writes its own restore and epoch on its trainer stream, and aborts a checkpoint nobody
+    prepared: neither is an act on another trainer's work (the abort is a checkpoint-clean matter)."""
+    store.append("trainer-A", [TrainerEpochTaken(trainer_id="A", reason="start", writer="wa")])
+    store.append("trainer-B", [TrainerEpochTaken(trainer_id="B", reason="start", writer="wb")])
+    written_by(
+        store,
+        "trainer-B",
+        TrainerRestored(cut_position=None, checkpoint_id=None, plan={}, trainer_id="B"),
+        "wb",
+    )
+    written_by(store, "trainer-B", TrainerEpochTaken(trainer_id="B", reason="recovery", writer="wb"), "wb")
+    written_by(
+        store,
+        checkpoint_stream("c9"),
+        CheckpointAborted(checkpoint_id="c9", participants=["agent-a"], reason="deadline"),
+        "wb",
+    )
+    assert rules(store) == [CHECKPOINT_CLEAN]
+
+
+def test_a_fenced_owner_of_a_named_trainer_claims_prepares_and_commits(
+    store: EventStore, log: LogBuilder
+) -> None:
+    store.append("trainer-A", [TrainerEpochTaken(trainer_id="A", reason="start", writer="wa")])
+    log.clean_sibling_group("g", 1, trainer="A")
+    store.append("trainer-A", [TrainerEpochTaken(trainer_id="A", reason="recovery", writer="wa2")])
+    taken = store.head()
+    written_by(store, group_stream("g"), GroupClaimedForTraining(group_id="g", train_step=0), "wa")
+    written_by(
+        store,
+        checkpoint_stream("c1"),
+        CheckpointPrepareStarted(checkpoint_id="c1", participants=["agent-a"], trainer_id="A"),
+        "wa",
+    )
+    written_by(
+        store,
+        checkpoint_stream("c1"),
+        CheckpointCommitted(
+            checkpoint_id="c1",
+            participants=["agent-a"],
+            cut_position=taken,
+            prepare_wait_s={"agent-a": 0.1},
+            trainer_id="A",
+        ),
+        "wa",
+    )
+    fenced = f"was written by wa, a fenced owner of trainer 'A': wa2 took its owner epoch at {taken}"
+    assert [v.message for v in audit_both_ways(store).violations if v.rule == OWNER_EPOCH] == [
+        f"the claim of g {fenced}",
+        f"the prepare of checkpoint c1 {fenced}",
+        f"the commit of checkpoint c1 {fenced}",
+    ]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from eventstore import EventStore
-from projections.audit import CHECKPOINT_CLEAN, DEBT_UNTIL_ACCEPTED, audit_log
+from projections.audit import CHECKPOINT_CLEAN, DEBT_UNTIL_ACCEPTED
 from projections.base import fold
 from projections.ledger import LedgerProjection, LedgerState
 from projections.ownership import AgentRef, Driver, owner_of_try, trainer_debts
+from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import LogBuilder
 from tests.projections.test_ledger import checkpoints_of
 from trainer.core.recovery import plan_recovery
@@ -59,9 +60,9 @@ def test_the_audit_counts_a_checkpoint_and_a_plan_against_their_own_trainers_deb
     # B's cut over its own agent is clean, though A's debt to its `agent-a` is unpaid.
     log.checkpoint("ckB", trainer="B")
     log.restored(None, None, plan={"debts_to_flush": 0}, trainer="B")
-    assert audit_log(store).ok, audit_log(store).as_json()["violations"]
+    assert audit_both_ways(store).ok, audit_both_ways(store).as_json()["violations"]
     # A's cut with its own debt unpaid is not, nor a plan of A's that would flush none.
     log.checkpoint("ckA", trainer="A")
     log.restored(None, None, plan={"debts_to_flush": 0}, trainer="A")
-    rules = {v.rule for v in audit_log(store).violations}
+    rules = {v.rule for v in audit_both_ways(store).violations}
     assert rules == {CHECKPOINT_CLEAN, DEBT_UNTIL_ACCEPTED}

@@ -17,13 +17,14 @@ from eventstore.events import (
     RetirePaidOutcome,
     RunFailed,
 )
-from projections.audit import NO_STRANDED_RESULT, RECEIPT_MATCHES, audit_log
+from projections.audit import NO_STRANDED_RESULT, RECEIPT_MATCHES
 from projections.base import decode, fold
 from projections.figures import LogFigures
 from projections.ledger import LedgerProjection, LedgerState
 from projections.ownership import Driver
 from protocol.streams import operator_stream
 from protocol.wire import AttemptRef
+from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import AGENT, LogBuilder, completion_receipt
 from tests.projections.tamper import append_raw
 from trainer.core.retire_debt import strays
@@ -76,7 +77,7 @@ def test_an_owed_retire_is_kept_until_paid_and_keeps_its_group_in_play(
 
 def test_the_audit_names_the_retire_owed_for_a_stranded_result(store: EventStore, log: LogBuilder) -> None:
     owed_at = lost_after_finishing(log, "p")
-    [violation] = audit_log(store).violations
+    [violation] = audit_both_ways(store).violations
     assert violation.rule == NO_STRANDED_RESULT and owed_at in violation.positions
     assert f"a retire is owed to its agent since position {owed_at}, not yet paid" in violation.message
 
@@ -87,7 +88,7 @@ def test_an_answered_retire_leaves_nothing_stranded(
 ) -> None:
     lost_after_finishing(log, "p")
     pay(log, "p", outcome)
-    report = audit_log(store)
+    report = audit_both_ways(store)
     assert report.ok, report.as_json()
 
 
@@ -96,10 +97,10 @@ def test_a_released_result_is_stranded_until_its_ack_is_owed(store: EventStore, 
     trainer always appends with it) keeps the audit clean."""
     lost_after_finishing(log, "p")
     pay(log, "p", "released")
-    assert [v.rule for v in audit_log(store).violations] == [NO_STRANDED_RESULT]
+    assert [v.rule for v in audit_both_ways(store).violations] == [NO_STRANDED_RESULT]
     log.owe("p_g0")
     log.ack("p_g0")
-    report = audit_log(store)
+    report = audit_both_ways(store)
     assert report.ok, report.as_json()
 
 
@@ -137,7 +138,7 @@ def test_an_operator_drops_a_retire_owed_to_an_agent_gone_for_good(store_url: st
     try:
         log = LogBuilder(store)
         lost_after_finishing(log, "p")
-        assert NO_STRANDED_RESULT in {v.rule for v in audit_log(store).violations}
+        assert NO_STRANDED_RESULT in {v.rule for v in audit_both_ways(store).violations}
         drop = ["debt", "drop", "p_g0", "0", "--reason", "agent host decommissioned"]
         result = CliRunner().invoke(app, [*drop, "--operator", "ops@host", "--db", store_url])
         assert result.exit_code == 0, result.output
@@ -152,7 +153,7 @@ def test_an_operator_drops_a_retire_owed_to_an_agent_gone_for_good(store_url: st
             operator=OperatorMark(operator="ops@host", reason="agent host decommissioned"),
         )
         assert ledger_of(store).retires == {}
-        report = audit_log(store)
+        report = audit_both_ways(store)
         assert report.ok, report.as_json()
         assert LogFigures().catch_up(store).stranded == 0
         head = store.head()
@@ -327,11 +328,11 @@ def test_a_stray_released_is_judged_as_a_release_not_against_the_sealed_reply(
         ],
     )
     log.ack("p_g0")
-    report = audit_log(store)
+    report = audit_both_ways(store)
     assert report.ok, report.as_json()
     # The same receipt owed with no retire owed for the try: the reply's digest is checked.
     log.group(
         "p", [ReceiptFetched(agent_name=AGENT, receipt=again), AckOwed(agent_name=AGENT, receipt=again)]
     )
-    [violation] = audit_log(store).violations
+    [violation] = audit_both_ways(store).violations
     assert violation.rule == RECEIPT_MATCHES and "the reply had" in violation.message

@@ -11,11 +11,12 @@ from eventstore.events import (
     RunDispatched,
 )
 from participant.continuations import resumed_report
-from projections.audit import AuditReport, audit_log
+from projections.audit import AuditReport
 from projections.turn_audit import CONTINUATION_AS_COMMITTED, RESUMED_PROMPT, TURN_EXECUTED_TWICE, TurnFacts
 from protocol.digests import sha256_digest
 from protocol.ids import capture_key
 from protocol.wire import ContinuationRef, ResourceClass, ResourceRevision, ResumeReport
+from tests.projections.audit_fold import audit_both_ways
 from tests.projections.builder import LogBuilder
 
 RID = "t1_g0"
@@ -91,7 +92,7 @@ def finish(log: LogBuilder, n: int, resumed: ResumeReport) -> None:
 
 
 def rules(store: EventStore) -> set[str]:
-    found: AuditReport = audit_log(store)
+    found: AuditReport = audit_both_ways(store)
     return {v.rule for v in found.violations}
 
 
@@ -115,7 +116,7 @@ def history(log: LogBuilder, *, told: int = 2, resumed_turn: int | None = None, 
 
 def test_a_resume_of_each_offered_boundary_is_clean(store: EventStore, log: LogBuilder) -> None:
     history(log, told=4)
-    assert audit_log(store).ok, audit_log(store).as_json()
+    assert audit_both_ways(store).ok, audit_both_ways(store).as_json()
 
 
 def test_a_replacement_told_to_resume_what_was_not_offered(store: EventStore, log: LogBuilder) -> None:
@@ -157,7 +158,7 @@ def test_completed_turns_run_twice_on_a_restart_only_resource(store: EventStore,
     retire_and_replace(log, 1, offer(1, 4, "restart_only"), first)
     dispatch(log, 2, first.digest)
     finish(log, 2, report(first))
-    found = audit_log(store)
+    found = audit_both_ways(store)
     assert {v.rule for v in found.violations} == {CONTINUATION_AS_COMMITTED, TURN_EXECUTED_TWICE}
     twice = next(v for v in found.violations if v.rule == TURN_EXECUTED_TWICE)
     assert "turns 3..4" in twice.message and "tool" in twice.message
