@@ -43,7 +43,7 @@ def _beside(reply: dict[str, Any], records: list[dict[str, Any]]) -> bytes:
     return v2
 
 
-def _two_calls(generated: tuple[int, ...] = (4, 5), **first: Any) -> tuple[dict[str, Any], bytes]:
+def two_calls(generated: tuple[int, ...] = (4, 5), **first: Any) -> tuple[dict[str, Any], bytes]:
     """A plain Gym agent's reply (each call's arrays on its message, a tool output between the two
     calls) and its records beside it, read off the reply as the participant reads them."""
     reply = _reply(
@@ -61,7 +61,7 @@ def _two_calls(generated: tuple[int, ...] = (4, 5), **first: Any) -> tuple[dict[
 
 
 def test_a_reply_stored_apart_is_made_whole_byte_for_byte() -> None:
-    reply, tokens = _two_calls()
+    reply, tokens = two_calls()
     whole = canonical_bytes(reply)
     stored, media_type = reply_to_store(reply, whole, tokens, TOKENS_REPLY_MEDIA_TYPE)
     assert media_type == REPLY_APART_MEDIA_TYPE
@@ -81,7 +81,7 @@ def test_a_reply_stored_apart_is_made_whole_byte_for_byte() -> None:
 
 
 def test_a_reply_whose_arrays_are_not_its_records_is_stored_whole() -> None:
-    reply, tokens = _two_calls()
+    reply, tokens = two_calls()
     whole = canonical_bytes(reply)
     item = reply_output_of(reply)[2]
     for name, value in (
@@ -109,7 +109,7 @@ def test_a_reply_whose_arrays_are_not_its_records_is_stored_whole() -> None:
 
 def test_a_reply_of_the_binary_path_carries_no_arrays_and_is_stored_whole() -> None:
     """The reference agent's replies carry no arrays (its records travel apart): nothing taken off."""
-    reply, tokens = _two_calls()
+    reply, tokens = two_calls()
     bare = {
         **reply,
         "response": {
@@ -122,14 +122,14 @@ def test_a_reply_of_the_binary_path_carries_no_arrays_and_is_stored_whole() -> N
 
 def test_routed_experts_go_apart_with_the_arrays_and_come_back() -> None:
     routes = "nrlre1:int16:3x1x2:AAAAAAAAAAAAAAAA"
-    reply, tokens = _two_calls(routed_experts=routes)
+    reply, tokens = two_calls(routed_experts=routes)
     stored, media_type = reply_to_store(reply, canonical_bytes(reply), tokens, TOKENS_REPLY_MEDIA_TYPE)
     assert media_type == REPLY_APART_MEDIA_TYPE and routes.encode() not in stored
     assert canonical_bytes(put_arrays_back(orjson.loads(stored), tokens)) == canonical_bytes(reply)
 
 
 def test_made_whole_with_another_replys_records_is_refused_or_not_the_reply() -> None:
-    reply, tokens = _two_calls()
+    reply, tokens = two_calls()
     apart = take_arrays_off(reply, tokens)
     assert apart is not None
     short = {**apart, "response": {**apart["response"], "output": reply_output_of(apart)[:2]}}
@@ -210,8 +210,8 @@ def test_stored_apart_only_where_made_whole_is_the_reply(
 def test_the_audit_makes_each_reply_stored_apart_whole(tmp_path: Path) -> None:
     """Both payloads intact, the reply stored apart and its records: made whole, the receipt's reply;
     with another try's records, or under another digest, payload-intact names it."""
-    reply, tokens = _two_calls()
-    _, other_tokens = _two_calls(generated=(4, 8))  # the same items, another generation
+    reply, tokens = two_calls()
+    _, other_tokens = two_calls(generated=(4, 8))  # the same items, another generation
     apart = take_arrays_off(reply, tokens)
     assert apart is not None
     plane = PayloadPlane(open_payload_store(tmp_path.as_uri()))
@@ -266,7 +266,7 @@ def test_run_replied_names_the_records_a_reply_stored_apart_is_made_whole_from()
     from eventstore.upcasting import upcast
     from payloads import PayloadClaim
 
-    reply, tokens = _two_calls()
+    reply, tokens = two_calls()
     whole = canonical_bytes(reply)
     apart = canonical_bytes(take_arrays_off(reply, tokens))
     digest = sha256_digest(whole)

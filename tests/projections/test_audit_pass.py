@@ -18,7 +18,7 @@ from projections.sql import StoredCheckpoint
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.streams import RETENTION_STREAM
 from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE
-from tests.payloads.test_reply_apart import _two_calls
+from tests.payloads.test_reply_apart import two_calls
 from tests.projections.builder import LogBuilder, completion_receipt
 
 
@@ -224,7 +224,7 @@ def test_the_pass_gathers_each_payload_claim_the_tries_replies_and_what_retentio
 
 def test_the_pass_notes_where_a_reply_stored_apart_is_claimed(store: EventStore, tmp_path: Path) -> None:
     plane = payload_plane(store, (tmp_path / "payloads").as_uri())
-    reply, tokens = _two_calls()
+    reply, tokens = two_calls()
     apart = take_arrays_off(reply, tokens)
     assert apart is not None
     apart_claim, tokens_claim = plane.put(

@@ -25,7 +25,7 @@ from projections.payload_audit import (
 )
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE
-from tests.payloads.test_reply_apart import _two_calls
+from tests.payloads.test_reply_apart import two_calls
 from tests.projections.builder import rollout_receipt
 
 Found = list[tuple[str, list[int], str]]
@@ -194,7 +194,7 @@ def records_beside(
     """`count` tries' replies and their token records stored beside them (each generation its own)."""
     tries = []
     for i in range(count):
-        reply, tokens = _two_calls(generated=(4, 100 + i))
+        reply, tokens = two_calls(generated=(4, 100 + i))
         tokens_claim, reply_claim = plane.put(
             [(tokens, TOKENS_REPLY_MEDIA_TYPE), (canonical_bytes(reply), "application/json")]
         )
@@ -261,7 +261,7 @@ def test_replies_stored_apart_made_whole_in_batches(plane: PayloadPlane) -> None
     facts = PayloadFacts()
     kept: list[tuple[PayloadClaim, PayloadClaim, str]] = []
     for i in range(133):
-        reply, tokens = _two_calls(generated=(4, 100 + i), arguments=f'{{"city": "c{i}"}}')
+        reply, tokens = two_calls(generated=(4, 100 + i), arguments=f'{{"city": "c{i}"}}')
         apart = take_arrays_off(reply, tokens)
         assert apart is not None
         apart_claim, tokens_claim = plane.put(
@@ -334,7 +334,7 @@ def test_altered_rows_of_the_log_blob_table_claimed_there_or_not(store: EventSto
 def test_the_pass_notes_replies_stored_apart_and_records_stored_beside_their_reply(
     plane: PayloadPlane,
 ) -> None:
-    reply, tokens = _two_calls()
+    reply, tokens = two_calls()
     apart = take_arrays_off(reply, tokens)
     assert apart is not None
     apart_claim, tokens_claim = plane.put(
