@@ -421,7 +421,14 @@ def test_trained_once_across_restores(store: EventStore, log: LogBuilder) -> Non
     checkpoint("step_4.r1")
     [back] = log.restored(step_4, "step_4", {"debts_to_flush": 0})
     [again] = log.claim("p", 5)
-    assert only(audit(store), TRAINED_ONCE_ACROSS_RESTORES) == [[first, back, again]]
+    report = audit(store)
+    assert only(report, TRAINED_ONCE_ACROSS_RESTORES) == [[first, back, again]]
+    # The whole message: the step of the claim made again and the checkpoint the restore brought back.
+    assert [v.message for v in report.violations] == [
+        f"group p is claimed for training again (step 5) though the state its trainer holds trained on it "
+        f"at {first}, brought back by its restore at {back} to checkpoint step_4 (a state on a branch an "
+        "earlier restore had left): the log let go of that claim, the trainer's state did not"
+    ]
 
 
 def test_bounded_retries(store: EventStore, log: LogBuilder) -> None:

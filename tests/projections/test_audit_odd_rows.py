@@ -22,7 +22,6 @@ from projections.audit import (
     RECEIPT_MATCHES,
     RETIRE_BEFORE_REPLACE,
 )
-from projections.training_audit import TRAINED_ONCE_ACROSS_RESTORES
 from protocol.ids import capture_key
 from protocol.streams import checkpoint_stream, trainer_stream
 from tests.projections.audit_fold import audit_both_ways
@@ -247,37 +246,4 @@ def test_a_version_2_commit_naming_another_trainer_than_its_prepare(
             "checkpoint c1 was prepared by trainer 'T2' but its commit names trainer 'T1': the ledger would "
             "archive that trainer's groups at a cut it never took",
         ),
-    ]
-
-
-def test_a_group_trained_again_across_restores_is_told_with_its_step_and_checkpoint(
-    store: EventStore, log: LogBuilder
-) -> None:
-    """As in test_audit.py's `test_trained_once_across_restores`, the whole message: the step of the
-    claim made again and the checkpoint whose restore brought the state back."""
-    log.clean_sibling_group("p", 1)
-
-    def checkpoint(checkpoint_id: str) -> int:
-        log.prepare(checkpoint_id)
-        cut = store.head()
-        log.commit(checkpoint_id, cut=cut)
-        log.resume(checkpoint_id)
-        return cut
-
-    step_3 = checkpoint("step_3")
-    [first] = log.claim("p", 4)
-    step_4 = checkpoint("step_4")
-    log.restored(step_3, "step_3", {"debts_to_flush": 0})
-    log.claim("p", 4)
-    checkpoint("step_4.r1")
-    [back] = log.restored(step_4, "step_4", {"debts_to_flush": 0})
-    [again] = log.claim("p", 5)
-    assert said(store) == [
-        (
-            TRAINED_ONCE_ACROSS_RESTORES,
-            [first, back, again],
-            f"group p is claimed for training again (step 5) though the state its trainer holds trained on it "
-            f"at {first}, brought back by its restore at {back} to checkpoint step_4 (a state on a branch an "
-            "earlier restore had left): the log let go of that claim, the trainer's state did not",
-        )
     ]
