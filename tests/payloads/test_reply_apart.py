@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from payloads import PayloadPlane, open_payload_store
+from payloads import PayloadClaim, PayloadPlane, open_payload_store
 from payloads.replies import (
     REPLY_APART_MEDIA_TYPE,
     REPLY_MEDIA_TYPE,
@@ -58,6 +58,18 @@ def two_calls(generated: tuple[int, ...] = (4, 5), **first: Any) -> tuple[dict[s
     ]
     payload = _stored(reply.payload())
     return payload, _beside(payload, records)
+
+
+def put_apart(plane: PayloadPlane) -> tuple[PayloadClaim, PayloadClaim, str]:
+    """`two_calls`' reply put in `plane` as the trainer stores it, apart from its records' arrays, and
+    the records beside it: the reply's claim, the records' claim, and the whole reply's digest."""
+    reply, tokens = two_calls()
+    apart = take_arrays_off(reply, tokens)
+    assert apart is not None
+    apart_claim, tokens_claim = plane.put(
+        [(canonical_bytes(apart), REPLY_APART_MEDIA_TYPE), (tokens, TOKENS_REPLY_MEDIA_TYPE)]
+    )
+    return apart_claim, tokens_claim, sha256_digest(canonical_bytes(reply))
 
 
 def test_a_reply_stored_apart_is_made_whole_byte_for_byte() -> None:

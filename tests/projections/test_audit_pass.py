@@ -10,15 +10,12 @@ from pathlib import Path
 from eventstore import EventStore, RecordedEvent
 from eventstore.events import PayloadsPruned, ReceiptFetched, RunReplied, TrainerEpochTaken
 from eventstore.payload_stores import payload_plane
-from payloads.replies import REPLY_APART_MEDIA_TYPE, take_arrays_off
 from projections.audit import HASH_CHAIN, SEAL_BEFORE_ACK, AuditReport, audit_events
 from projections.digest import BLOCK, LogDigest, StoredDigest
 from projections.payload_audit import PayloadFacts
 from projections.sql import StoredCheckpoint
-from protocol.digests import canonical_bytes, sha256_digest
 from protocol.streams import RETENTION_STREAM
-from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE
-from tests.payloads.test_reply_apart import two_calls
+from tests.payloads.test_reply_apart import put_apart
 from tests.projections.builder import LogBuilder, completion_receipt
 
 
@@ -224,13 +221,7 @@ def test_the_pass_gathers_each_payload_claim_the_tries_replies_and_what_retentio
 
 def test_the_pass_notes_where_a_reply_stored_apart_is_claimed(store: EventStore, tmp_path: Path) -> None:
     plane = payload_plane(store, (tmp_path / "payloads").as_uri())
-    reply, tokens = two_calls()
-    apart = take_arrays_off(reply, tokens)
-    assert apart is not None
-    apart_claim, tokens_claim = plane.put(
-        [(canonical_bytes(apart), REPLY_APART_MEDIA_TYPE), (tokens, TOKENS_REPLY_MEDIA_TYPE)]
-    )
-    digest = sha256_digest(canonical_bytes(reply))
+    apart_claim, tokens_claim, digest = put_apart(plane)
     log = LogBuilder(store, payloads=plane)
     log.reserve("p", 1)
     log.mint("p", 1)

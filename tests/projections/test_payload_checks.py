@@ -25,7 +25,7 @@ from projections.payload_audit import (
 )
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE
-from tests.payloads.test_reply_apart import two_calls
+from tests.payloads.test_reply_apart import put_apart, two_calls
 from tests.projections.builder import rollout_receipt
 
 Found = list[tuple[str, list[int], str]]
@@ -334,13 +334,7 @@ def test_altered_rows_of_the_log_blob_table_claimed_there_or_not(store: EventSto
 def test_the_pass_notes_replies_stored_apart_and_records_stored_beside_their_reply(
     plane: PayloadPlane,
 ) -> None:
-    reply, tokens = two_calls()
-    apart = take_arrays_off(reply, tokens)
-    assert apart is not None
-    apart_claim, tokens_claim = plane.put(
-        [(canonical_bytes(apart), REPLY_APART_MEDIA_TYPE), (tokens, TOKENS_REPLY_MEDIA_TYPE)]
-    )
-    digest = sha256_digest(canonical_bytes(reply))
+    apart_claim, tokens_claim, digest = put_apart(plane)
     replied = RunReplied(
         rollout_id="p_g0",
         attempt_index=1,
