@@ -265,8 +265,11 @@ def test_replacement_after_completed_unacknowledged(store: EventStore, log: LogB
     assert all(v.positions == retired + replaced for v in report.violations)
 
 
-def test_agent_restart_allows_replacement(store: EventStore, log: LogBuilder) -> None:
-    log.reserve("p", 2)
+# Trainer "A": the restart is known by the agent as its trainer knows it (A's agent-a), so a receipt of
+# A's from a new process lets A replace a try that was running there with no retire answer.
+@pytest.mark.parametrize("trainer", [None, "A"])
+def test_agent_restart_allows_replacement(store: EventStore, log: LogBuilder, trainer: str | None) -> None:
+    log.reserve("p", 2, trainer=trainer)
     log.mint("p", 2)
     log.dispatch("p_g0")
     log.reply("p_g0")

@@ -218,24 +218,6 @@ def test_rounds_a_checkpoint_retired_are_not_spent_of_the_groups_budget(
     ]
 
 
-def test_an_agent_restart_frees_the_tries_of_its_trainers_groups(store: EventStore, log: LogBuilder) -> None:
-    """The restart is known by the agent as its trainer knows it (trainer A's agent-a): a receipt of A's
-    from a new process lets A replace a try that was running there with no retire answer."""
-    log.reserve("p", 2, trainer="A")
-    log.mint("p", 2)
-    log.dispatch("p_g0")
-    log.reply("p_g0")
-    log.seal("p_g0")
-    log.ack("p_g0")
-    log.dispatch("p_g1")
-    log.fail("p_g1", kind="http")
-    log.group(
-        "p", [ReceiptFetched(agent_name="agent-a", receipt=completion_receipt("p_g0", 0, generation=2))]
-    )
-    log.replace("p_g1", 1, reason="agent restarted")
-    assert said(store) == []
-
-
 def test_an_agent_restart_is_told_by_its_incarnation(store: EventStore, log: LogBuilder) -> None:
     """The same generation from another process (incarnation): the agent restarted."""
     log.reserve("p", 2)
