@@ -16,7 +16,7 @@ from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE
 from protocol.digests import Digest
 from protocol.ids import AttemptIndex, Identifier, Incarnation
 from protocol.levels import TargetLevel
-from protocol.token_codec import TOKENS_JSON_MEDIA_TYPE, TOKENS_REPLY_MEDIA_TYPE
+from protocol.token_codec import REFERRING_MEDIA_TYPES, TOKENS_JSON_MEDIA_TYPE
 from protocol.wire import AttemptRef, AttemptWork, CompletionReceipt, ContinuationRef, ResumeReport
 
 # Media types of the payloads events claim (token records: protocol.token_codec; replies:
@@ -197,8 +197,10 @@ class RunReplied(Event, version=4):
             raise ValueError("the reply's claim names another digest than reply_digest")
         if apart != (self.apart_from is not None):
             raise ValueError("a reply stored apart names the token records it is apart from, and only it")
-        if self.apart_from is not None and self.apart_from.media_type != TOKENS_REPLY_MEDIA_TYPE:
-            raise ValueError(f"a reply is stored apart only from token records of {TOKENS_REPLY_MEDIA_TYPE}")
+        if self.apart_from is not None and self.apart_from.media_type not in REFERRING_MEDIA_TYPES:
+            raise ValueError(
+                f"a reply is stored apart only from token records of {' or '.join(sorted(REFERRING_MEDIA_TYPES))}"
+            )
         return self
 
     def reply_claim(self) -> PayloadClaim | None:

@@ -6,7 +6,8 @@ A real Gym agent's `/run` reply carries each model call's token arrays on one of
 whole, the reply keeps them a second time as JSON text, three times their binary size: a 9k-token
 rollout's reply was 290 KB of which 200 KB were its arrays.
 
-The trainer stores the records beside the reply (`protocol.token_codec`, form version 2): each
+The trainer stores the records beside the reply (`protocol.token_codec`, form version 2, or 3 with
+the router choices typed): each
 record refers to its run of the reply's output items, its token item at `token_item_index` in it.
 Where every such item's arrays are, in canonical JSON, its record's, the reply is stored without
 them (`REPLY_APART_MEDIA_TYPE`: the canonical JSON of what `take_arrays_off` gives) and
@@ -36,7 +37,8 @@ from payloads.token_arrays import TokenArrays
 from protocol.digests import canonical_bytes
 from protocol.token_codec import (
     ARRAY_FIELDS,
-    TOKENS_REPLY_MEDIA_TYPE,
+    REFERRING_MEDIA_TYPES,
+    ROUTES_FIELD,
     TokenCodecError,
     TokenLayout,
     read_layout,
@@ -47,8 +49,6 @@ from protocol.token_codec import (
 REPLY_MEDIA_TYPE: Final = "application/json"
 # The reply apart from its records' arrays (`take_arrays_off`): its own digest; made whole, the receipt's.
 REPLY_APART_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.reply-apart+json"
-# The record's field that is in its header (JSON), not among its binary arrays.
-_HEADER_ARRAY: Final = "routed_experts"
 _NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -79,11 +79,15 @@ def _json_ready(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 def _record_arrays(arrays: TokenArrays, record: int) -> dict[str, Any]:
     """The arrays a record holds, as its reply's token item carried them: the three binary arrays,
-    and `routed_experts` when the record has it."""
+    and `routed_experts` when the record has it (an integer array in version 3, which orjson writes
+    as the lists it was read from)."""
     held: dict[str, Any] = {name: _json_ready(arrays.array(record, name)) for name in ARRAY_FIELDS}
-    routes = arrays.layout.records[record].get(_HEADER_ARRAY)
+    span = arrays.layout.routes[record] if arrays.layout.routes else None
+    # The lists an array was just made from write its JSON (`RouteSpan.source`): a reply holding
+    # that very list is compared by identity, not by writing both.
+    routes = span.source if span is not None and span.source is not None else arrays.routes(record)
     if routes is not None:
-        held[_HEADER_ARRAY] = routes
+        held[ROUTES_FIELD] = routes
     return held
 
 
@@ -142,7 +146,7 @@ def reply_to_store(
     has it) refer to it and hold every array its items carry, else `reply_bytes` (its canonical
     JSON) whole."""
     apart = None
-    if tokens is not None and tokens_media_type == TOKENS_REPLY_MEDIA_TYPE:
+    if tokens is not None and tokens_media_type in REFERRING_MEDIA_TYPES:
         apart = take_arrays_off(reply, tokens, layout)
     if apart is not None:
         # `apart` is part of the reply whose canonical JSON `reply_bytes` is: nothing in it that

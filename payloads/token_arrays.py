@@ -23,6 +23,8 @@ from protocol.token_codec import (
     ARRAY_FIELDS,
     NON_FINITE_LOGPROB,
     REPLY_VERSION,
+    ROUTES_FIELD,
+    ROUTES_VERSION,
     TOKENS_JSON_MEDIA_TYPE,
     ArraySpan,
     TokenCodecError,
@@ -42,6 +44,8 @@ _NUMPY_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "i8": np.dtype("<i8"),
     "f4": np.dtype("<f4"),
     "f8": np.dtype("<f8"),
+    "i2": np.dtype("<i2"),
+    "i4": np.dtype("<i4"),
 }
 _U4_MAX: Final = 2**32 - 1
 
@@ -74,7 +78,7 @@ class TokenArrays:
         protocol 5 the bytes go as a `PickleBuffer` (out of band, no copy, where the pickler takes
         buffers: Ray's does); a `bytearray` comes back as one, read-only bytes as bytes."""
         view = memoryview(self.buffer)
-        resolved = form_version(view) == REPLY_VERSION and not self.layout.reply_items
+        resolved = form_version(view) in (REPLY_VERSION, ROUTES_VERSION) and not self.layout.reply_items
         data: Any
         if int(protocol) >= 5:
             data = pickle.PickleBuffer(self.buffer)
@@ -87,6 +91,18 @@ class TokenArrays:
         return np.frombuffer(
             self.buffer, dtype=_NUMPY_DTYPES[span.dtype], count=span.count, offset=span.offset
         )
+
+    def routes(self, record: int) -> Any:
+        """A record's router choices (`routed_experts`): a read-only int16 or int32 array shaped
+        `[tokens, layers, k]` where the form holds them as one (version 3), else the record's own
+        JSON value (nested lists, NeMo RL's envelope string), or None when it has none."""
+        span = self.layout.routes[record] if self.layout.routes else None
+        if span is None:
+            return self.layout.records[record].get(ROUTES_FIELD)
+        values = np.frombuffer(
+            self.buffer, dtype=_NUMPY_DTYPES[span.dtype], count=span.count, offset=span.offset
+        )
+        return values.reshape(span.shape)
 
     def prompt(self, record: int) -> npt.NDArray[Any]:
         return self.array(record, "prompt_token_ids")
@@ -171,6 +187,9 @@ class TokenArrays:
             record = dict(head)
             for name in ARRAY_FIELDS:
                 record[name] = self.array(r, name).tolist()
+            routes = self.routes(r)
+            if isinstance(routes, np.ndarray):
+                record[ROUTES_FIELD] = routes.tolist()
             out.append(record)
         return out
 
@@ -186,7 +205,7 @@ def _token_arrays_of(data: Any, records: list[dict[str, Any]] | None) -> TokenAr
     content = data if isinstance(data, bytes | bytearray | memoryview) else memoryview(data)
     layout = read_layout(content, check_canonical=False)
     if records is not None:
-        layout = TokenLayout(records, layout.spans)
+        layout = TokenLayout(records, layout.spans, (), layout.routes)
     return TokenArrays(layout, content)
 
 

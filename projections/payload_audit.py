@@ -37,7 +37,7 @@ from payloads import (
 )
 from payloads.replies import put_arrays_back
 from protocol.digests import canonical_bytes, sha256_digest
-from protocol.token_codec import TOKENS_REPLY_MEDIA_TYPE, TokenCodecError, decode_any
+from protocol.token_codec import REFERRING_MEDIA_TYPES, TokenCodecError, decode_any
 
 PAYLOAD_STORED: Final = "payload-stored"
 PAYLOAD_INTACT: Final = "payload-intact"
@@ -85,7 +85,7 @@ class PayloadFacts:
                     self.apart.append((reply, event.apart_from, event.reply_digest, position))
         elif isinstance(event, SiblingHeld | SiblingSealed):
             claim = event.receipt.tokens_claim()
-            if claim.media_type == TOKENS_REPLY_MEDIA_TYPE:
+            if claim.media_type in REFERRING_MEDIA_TYPES:
                 self.beside_reply[claim.digest] = (event.receipt.rollout_id, event.receipt.attempt_index)
 
     def see_pruned(self, position: int, digests: Iterable[str]) -> None:
@@ -257,7 +257,7 @@ def _check_beside_reply(facts: PayloadFacts, plane: PayloadPlane, intact: set[st
         violate,
     ):
         try:
-            decode_any(got[digest], TOKENS_REPLY_MEDIA_TYPE, orjson.loads(got[reply.digest]))
+            decode_any(got[digest], facts.claimed[digest].claim.media_type, orjson.loads(got[reply.digest]))
         except (TokenCodecError, orjson.JSONDecodeError) as exc:
             known = facts.claimed[digest]
             violate(

@@ -30,12 +30,25 @@ names; `resolve_reply_items` puts the items back from the reply, so the records 
 field for field, and re-encoding them in version 1 gives the bytes the agent sent.  A version 2
 payload refers for at least one record (otherwise its form is version 1).
 
+Version 3 (`TOKENS_ROUTES_MEDIA_TYPE`) is version 2 with the router choices typed: a record's
+`routed_experts` that is a regular `[tokens][layers][k]` list of integers within int32 (a MoE model
+server's router choices, as a real Gym agent's reply carries them: a list a token) leaves the header
+for an array of its own, `i2` when every value fits int16, else `i4`, shaped `[tokens, layers, k]`.
+The header gains `"routes": [...]`, one entry per record: null (its `routed_experts`, if any, stays in
+the record as JSON) or `[dtype, [tokens, layers, k]]`; those arrays follow the records' three arrays,
+in record order, each padded to 8 bytes.  The values are exact (read back as nested lists they write
+the same JSON text: `referred` checks each array against the list's text before it moves it), so the
+form stays lossless; what it saves is a Python list per token at every pass: NeMo RL's own wire form
+for the same choices is one typed array (`nrlre1:int16:...`).  Only the trainer writes it (numpy at
+hand), beside a reply it refers to; a reader without numpy reads it all the same.
+
 The JSON reference form (`TOKENS_JSON_MEDIA_TYPE`) is the canonical JSON of the record list, the form
 token records were stored in before the binary one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import sys
@@ -46,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
+from protocol._numpy import np as _np
 from protocol.digests import canonical_bytes, numbers_alone, same_json
 from protocol.tokens import TOKEN_FIELDS
 
@@ -58,21 +72,32 @@ TOKENS_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens.v1"
 TOKENS_JSON_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens+json"
 # Version 2: the records' output items are their reply's (stored beside it, by the trainer).
 TOKENS_REPLY_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens.v2"
+# Version 3: version 2, and the records' router choices as typed arrays.
+TOKENS_ROUTES_MEDIA_TYPE: Final = "application/vnd.rollout-ledger.tokens.v3"
 MAGIC: Final = b"RLTK"
 VERSION: Final = 1
 REPLY_VERSION: Final = 2
-_MEDIA_VERSION: Final = {TOKENS_MEDIA_TYPE: VERSION, TOKENS_REPLY_MEDIA_TYPE: REPLY_VERSION}
+ROUTES_VERSION: Final = 3
+_MEDIA_VERSION: Final = {
+    TOKENS_MEDIA_TYPE: VERSION,
+    TOKENS_REPLY_MEDIA_TYPE: REPLY_VERSION,
+    TOKENS_ROUTES_MEDIA_TYPE: ROUTES_VERSION,
+}
+# The media types of records stored beside the reply they refer to (a reply stored apart names one).
+REFERRING_MEDIA_TYPES: Final = frozenset({TOKENS_REPLY_MEDIA_TYPE, TOKENS_ROUTES_MEDIA_TYPE})
 ARRAY_FIELDS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _ARRAY_FIELD_SET: Final[set[str]] = set(ARRAY_FIELDS)
 ID_DTYPES: Final = ("u4", "i8")
 LOGPROB_DTYPES: Final = ("f4", "f8")
-ITEM_SIZE: Final = {"u4": 4, "i8": 8, "f4": 4, "f8": 8}
+ROUTE_DTYPES: Final = ("i2", "i4")
+ROUTES_FIELD: Final = "routed_experts"
+ITEM_SIZE: Final = {"u4": 4, "i8": 8, "f4": 4, "f8": 8, "i2": 2, "i4": 4}
 _PREFIX = struct.Struct("<4sB3xQ")
 ALIGN: Final = 8
 # The largest header a reader accepts: the records' own fields, never their arrays.
 MAX_HEADER_BYTES: Final = 64 * 1024 * 1024
-_TYPECODES: Final = {"u4": "I", "i8": "q", "f4": "f", "f8": "d"}
-for _code, _size in (("I", 4), ("q", 8), ("f", 4), ("d", 8)):
+_TYPECODES: Final = {"u4": "I", "i8": "q", "f4": "f", "f8": "d", "i2": "h", "i4": "i"}
+for _code, _size in (("I", 4), ("q", 8), ("f", 4), ("d", 8), ("h", 2), ("i", 4)):
     assert array(_code).itemsize == _size, f"array typecode {_code} is not {_size} bytes here"
 _SWAP: Final = sys.byteorder != "little"
 # A float32's high byte (little-endian) is 0x7f or 0xff only when its exponent may be all ones (NaN,
@@ -109,6 +134,27 @@ class ArraySpan:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteSpan:
+    """Where a record's router choices lie (version 3): `shape` is `[tokens, layers, k]`."""
+
+    record: int
+    dtype: str
+    offset: int
+    shape: tuple[int, int, int]
+    # The lists the array was made from, where its writer has them (`referred`): the same JSON, so a
+    # reply holding that very list needs no comparison with the array.  None when read.
+    source: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def count(self) -> int:
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.count * ITEM_SIZE[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
 class TokenLayout:
     """A binary payload read as far as its header: the records' other fields and where each array is."""
 
@@ -117,9 +163,14 @@ class TokenLayout:
     # Version 2: per record, the run of the reply's output items it refers to (None: its own items);
     # () once resolved, and in version 1.
     reply_items: tuple[tuple[int, int] | None, ...] = ()
+    # Version 3: per record, where its router choices lie (None: in the record, if anywhere); ()
+    # in versions 1 and 2.  Kept when the output items are put back.
+    routes: tuple[RouteSpan | None, ...] = ()
 
     @property
     def version(self) -> int:
+        if self.routes:
+            return ROUTES_VERSION
         return REPLY_VERSION if self.reply_items else VERSION
 
     def span(self, record: int, field: str) -> ArraySpan:
@@ -318,9 +369,10 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
     magic, version, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise TokenCodecError("not token records in the binary form (bad magic)")
-    if version not in (VERSION, REPLY_VERSION):
+    if version not in (VERSION, REPLY_VERSION, ROUTES_VERSION):
         raise TokenCodecError(
-            f"token records of form version {version}; this reader knows {VERSION} and {REPLY_VERSION}"
+            f"token records of form version {version}; this reader knows {VERSION}, {REPLY_VERSION} "
+            f"and {ROUTES_VERSION}"
         )
     if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
         raise TokenCodecError(f"a header of {header_len} bytes does not fit the payload")
@@ -331,6 +383,8 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
     except orjson.JSONDecodeError as exc:
         raise TokenCodecError(f"the header is not JSON: {exc}") from None
     keys = {"arrays", "records"} if version == VERSION else {"arrays", "records", "reply_items"}
+    if version == ROUTES_VERSION:
+        keys.add("routes")
     if not isinstance(header, dict) or set(header) != keys:
         raise TokenCodecError(f"the header of version {version} must hold exactly {sorted(keys)}")
     records, arrays = header["records"], header["arrays"]
@@ -338,7 +392,7 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
         raise TokenCodecError("the header's records must be a list of objects")
     if not isinstance(arrays, list) or len(arrays) != 3 * len(records):
         raise TokenCodecError("the header must describe three arrays per record")
-    reply_items = _reply_items(header["reply_items"], records) if version == REPLY_VERSION else ()
+    reply_items = _reply_items(header["reply_items"], records) if version != VERSION else ()
     if check_canonical and not _same_bytes(canonical_bytes(header, finite=True), raw):
         raise TokenCodecError("the header is not canonical JSON")
     offset = _PREFIX.size + header_len + _pad(header_len)
@@ -359,6 +413,9 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
             raise TokenCodecError(f"array {i} ({field}) runs past the end of the payload")
         spans.append(span)
         offset = span.end + _pad(span.end - span.offset)
+    routes: tuple[RouteSpan | None, ...] = ()
+    if version == ROUTES_VERSION:
+        routes, offset = _route_spans(header["routes"], records, offset, view, check_canonical)
     if offset != len(view):
         raise TokenCodecError(f"{len(view) - offset} bytes follow the last array")
     if any(view[s.end : s.end + _pad(s.end - s.offset)].tobytes().strip(b"\0") for s in spans):
@@ -368,7 +425,48 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
             raise TokenCodecError(
                 f"record {r}: generation_token_ids and generation_log_probs differ in length"
             )
-    return TokenLayout(records, spans, reply_items)
+    return TokenLayout(records, spans, reply_items, routes)
+
+
+def _route_spans(
+    given: Any, records: list[dict[str, Any]], offset: int, view: memoryview, check_canonical: bool
+) -> tuple[tuple[RouteSpan | None, ...], int]:
+    """A version 3 header's `routes`, checked: one entry per record, null or `[dtype, [tokens,
+    layers, k]]` (each at least 1) for a record that holds no `routed_experts` of its own, at least
+    one array, each inside the payload and zero-padded; and, where the header is checked canonical,
+    an `i4` array holding a value past int16 (else its form is `i2`).  The spans, and the offset
+    after the last."""
+    if not isinstance(given, list) or len(given) != len(records):
+        raise TokenCodecError("routes must hold one entry per record")
+    out: list[RouteSpan | None] = []
+    for r, entry in enumerate(given):
+        if entry is None:
+            out.append(None)
+            continue
+        shape = entry[1] if isinstance(entry, list) and len(entry) == 2 else None
+        if (
+            not isinstance(shape, list)
+            or entry[0] not in ROUTE_DTYPES
+            or len(shape) != 3
+            or not all(type(d) is int and d >= 1 for d in shape)
+        ):
+            raise TokenCodecError(f"record {r}: routes entry {entry!r} is not [dtype, [tokens, layers, k]]")
+        if ROUTES_FIELD in records[r]:
+            raise TokenCodecError(f"record {r} holds routed_experts both in its fields and as an array")
+        span = RouteSpan(r, entry[0], offset, (shape[0], shape[1], shape[2]))
+        if span.end > len(view):
+            raise TokenCodecError(f"record {r}: its routes run past the end of the payload")
+        if view[span.end : span.end + _pad(span.end - span.offset)].tobytes().strip(b"\0"):
+            raise TokenCodecError("padding between arrays is not zero")
+        if check_canonical and span.dtype == "i4":
+            values = _typed(view, span.offset, span.end, span.dtype)
+            if min(values) >= -(2**15) and max(values) < 2**15:
+                raise TokenCodecError(f"record {r}: its routes fit int16 and are held as int32")
+        out.append(span)
+        offset = span.end + _pad(span.end - span.offset)
+    if all(span is None for span in out):
+        raise TokenCodecError("a version 3 payload holds the routes of at least one record")
+    return tuple(out), offset
 
 
 def _same_bytes(encoded: bytes, view: memoryview) -> bool:
@@ -466,19 +564,87 @@ def referred(
         heads.append(head if found is None else {k: v for k, v in head.items() if k != "output_items"})
     if all(ref is None for ref in refs):
         return bytes(content), TOKENS_MEDIA_TYPE, layout
+    typed: list[tuple[str, tuple[int, int, int], bytes] | None] = [None] * len(heads)
+    if _np is not None:  # the trainer's side: router choices as typed arrays (version 3)
+        for r, head in enumerate(heads):
+            typed[r] = routes_array(head.get(ROUTES_FIELD))
+            if typed[r] is not None:
+                heads[r] = {k: v for k, v in head.items() if k != ROUTES_FIELD}
+    fields: dict[str, Any] = {
+        "arrays": [[s.dtype, s.count] for s in layout.spans],
+        "records": heads,
+        "reply_items": refs,
+    }
+    version, media_type = REPLY_VERSION, TOKENS_REPLY_MEDIA_TYPE
+    if any(t is not None for t in typed):
+        version, media_type = ROUTES_VERSION, TOKENS_ROUTES_MEDIA_TYPE
+        fields["routes"] = [None if t is None else [t[0], list(t[1])] for t in typed]
     # The heads are JSON a read gave (or `assembled` wrote): no NaN to walk for.
-    header = canonical_bytes(
-        {"arrays": [[s.dtype, s.count] for s in layout.spans], "records": heads, "reply_items": refs},
-        finite=True,
-    )
+    header = canonical_bytes(fields, finite=True)
     view = memoryview(content)
     start = layout.spans[0].offset if layout.spans else len(view)
     moved = _PREFIX.size + len(header) + _pad(len(header)) - start
     spans = [ArraySpan(s.record, s.field, s.dtype, s.offset + moved, s.count) for s in layout.spans]
-    prefix = _PREFIX.pack(MAGIC, REPLY_VERSION, len(header))
-    stored = b"".join([prefix, header, bytes(_pad(len(header))), view[start:]])
+    parts: list[Buffer] = [
+        _PREFIX.pack(MAGIC, version, len(header)),
+        header,
+        bytes(_pad(len(header))),
+        view[start:],
+    ]
+    offset = len(view) + moved
+    routes: list[RouteSpan | None] = []
+    for r, t in enumerate(typed):
+        if t is None:
+            routes.append(None)
+            continue
+        dtype, shape, data = t
+        routes.append(RouteSpan(r, dtype, offset, shape, layout.records[r].get(ROUTES_FIELD)))
+        parts += [data, bytes(_pad(len(data)))]
+        offset += len(data) + _pad(len(data))
     refers = tuple(None if ref is None else (ref[0], ref[1]) for ref in refs)
-    return stored, TOKENS_REPLY_MEDIA_TYPE, TokenLayout(heads, spans, refers)
+    layout_out = TokenLayout(heads, spans, refers, tuple(routes) if version == ROUTES_VERSION else ())
+    return b"".join(parts), media_type, layout_out
+
+
+# The text of router choices with their numbers taken out: a regular [tokens][layers][k] list's is
+# fixed by its shape (`_skeleton`).
+_NUMBER_BYTES: Final = b"-0123456789"
+_INTEGER_TEXT: Final = b"[],-0123456789"
+
+
+def _skeleton(shape: tuple[int, int, int]) -> bytes:
+    tokens, layers, k = shape
+    token = b"[" + b",".join([b"[" + b"," * (k - 1) + b"]"] * layers) + b"]"
+    return b"[" + b",".join([token] * tokens) + b"]"
+
+
+def routes_array(value: Any) -> tuple[str, tuple[int, int, int], bytes] | None:
+    """A record's `routed_experts` as version 3 holds it: (dtype, [tokens, layers, k], little-endian
+    bytes), when it is a regular list of lists of lists of integers within int32 (int16 when they
+    fit); else None (it stays in the record, as JSON).  Decided on its JSON text, written once in C
+    (`numbers_alone`): integers alone, and the text of exactly that shape, so the array read back as
+    lists writes the same text.  numpy parses the numbers (the trainer's side; None without it)."""
+    if _np is None or type(value) is not list or not value:
+        return None
+    first = value[0]
+    if type(first) is not list or not first or type(first[0]) is not list or not first[0]:
+        return None
+    text = numbers_alone(value)
+    if text is None or text.translate(None, _INTEGER_TEXT):
+        return None
+    shape = (len(value), len(first), len(first[0]))
+    if text.translate(None, _NUMBER_BYTES) != _skeleton(shape):
+        return None
+    # Read as int64 (a number past its range reads as one of its limits, outside int32 too): every
+    # value within int32 exactly, and any other one refused below.
+    flat = _np.fromstring(text.translate(None, b"[]"), dtype=_np.int64, sep=",")
+    if flat.size != shape[0] * shape[1] * shape[2]:
+        return None
+    low, high = int(flat.min()), int(flat.max())
+    if low < -(2**31) or high >= 2**31:
+        return None
+    dtype = "i2" if low >= -(2**15) and high < 2**15 else "i4"
+    return dtype, shape, flat.astype("<" + dtype).tobytes()
 
 
 def resolve_reply_items(layout: TokenLayout, reply_output: Sequence[Any]) -> TokenLayout:
@@ -501,7 +667,7 @@ def resolve_reply_items(layout: TokenLayout, reply_output: Sequence[Any]) -> Tok
                 f"{len(reply_output)} (not the reply it was stored beside)"
             )
         records.append({**head, "output_items": [_without_arrays(item) for item in run]})
-    return TokenLayout(records, layout.spans)
+    return TokenLayout(records, layout.spans, (), layout.routes)
 
 
 def media_version(media_type: str) -> int | None:
@@ -509,12 +675,27 @@ def media_version(media_type: str) -> int | None:
     return _MEDIA_VERSION.get(media_type)
 
 
-def _values(view: memoryview, span: ArraySpan) -> list[Any]:
-    arr = array(_TYPECODES[span.dtype])
-    arr.frombytes(view[span.offset : span.end])
+def _typed(view: memoryview, start: int, end: int, dtype: str) -> array[Any]:
+    arr = array(_TYPECODES[dtype])
+    arr.frombytes(view[start:end])
     if _SWAP:
         arr.byteswap()
-    return arr.tolist()
+    return arr
+
+
+def _values(view: memoryview, span: ArraySpan) -> list[Any]:
+    return _typed(view, span.offset, span.end, span.dtype).tolist()
+
+
+def routes_lists(view: memoryview, span: RouteSpan) -> list[list[list[int]]]:
+    """A record's router choices held as an array (version 3), as the nested lists the Gym sent."""
+    flat = _typed(view, span.offset, span.end, span.dtype).tolist()
+    tokens, layers, k = span.shape
+    per_token = layers * k
+    return [
+        [flat[t * per_token + j * k : t * per_token + (j + 1) * k] for j in range(layers)]
+        for t in range(tokens)
+    ]
 
 
 def decode_records(
@@ -533,6 +714,9 @@ def decode_records(
         record = dict(head)
         for name in ARRAY_FIELDS:
             record[name] = _values(view, layout.span(r, name))
+        route = layout.routes[r] if layout.routes else None
+        if route is not None:
+            record[ROUTES_FIELD] = routes_lists(view, route)
         out.append(record)
     return out
 
@@ -577,12 +761,17 @@ def decode_any(content: bytes, media_type: str, reply: Any = None) -> list[dict[
 __all__ = [
     "ARRAY_FIELDS",
     "MAGIC",
+    "REFERRING_MEDIA_TYPES",
     "REPLY_VERSION",
+    "ROUTES_FIELD",
+    "ROUTES_VERSION",
     "TOKENS_JSON_MEDIA_TYPE",
     "TOKENS_MEDIA_TYPE",
     "TOKENS_REPLY_MEDIA_TYPE",
+    "TOKENS_ROUTES_MEDIA_TYPE",
     "VERSION",
     "ArraySpan",
+    "RouteSpan",
     "TokenCodecError",
     "TokenLayout",
     "assemble",
@@ -602,5 +791,7 @@ __all__ = [
     "referred",
     "reply_output_of",
     "resolve_reply_items",
+    "routes_array",
+    "routes_lists",
     "with_arrays",
 ]

@@ -172,7 +172,7 @@ def test_a_token_entry_comes_back_with_exactly_the_fields_that_were_set() -> Non
     [
         (lambda b: b[:10], "too short"),
         (lambda b: b"XXXX" + b[4:], "bad magic"),
-        (lambda b: b[:4] + b"\x03" + b[5:], "form version 3"),
+        (lambda b: b[:4] + b"\x04" + b[5:], "form version 4"),
         (lambda b: b + b"\0" * 8, "follow the last array"),
         (lambda b: b[:-1], "runs past the end|follow the last"),
         (lambda b: b[:8] + struct.pack("<Q", 10**9) + b[16:], "does not fit"),

@@ -116,12 +116,15 @@ def flags(item: Mapping[str, Any], rules: ResultRules) -> tuple[bool, bool]:
 
 def decode_routes(raw: Any, dtype: str) -> Any:
     """The routed experts of a model call as a `[tokens, moe_layers, topk]` tensor of `dtype`, from
-    the envelope string or a nested list."""
+    the envelope string, a nested list, or the integer array the stored records hold them in (form
+    version 3: copied once, the stored bytes being read-only)."""
     import numpy as np
     import torch
 
     target = getattr(torch, dtype)
-    if not isinstance(raw, str):
+    if isinstance(raw, np.ndarray):
+        tensor = torch.from_numpy(np.array(raw)).to(target)
+    elif not isinstance(raw, str):
         tensor = torch.as_tensor(raw, dtype=target)
     else:
         magic, wire_dtype, shape_text, data = [*raw.split(":", 3), "", "", ""][:4]
@@ -200,8 +203,9 @@ def message_log(tokens: Tokens, rules: ResultRules) -> list[dict[str, Any]]:
             raise ResultDataError(f"model call {call_id}: generation logprobs contain NaN")
         start, end = seen.size, prompt.size + generated.size
         routes = None
-        if head.get("routed_experts") is not None:
-            routes = decode_routes(head["routed_experts"], rules.routed_experts_dtype)
+        held_routes = arrays.routes(r)
+        if held_routes is not None:
+            routes = decode_routes(held_routes, rules.routed_experts_dtype)
             if routes.shape[0] < end:
                 raise ResultDataError(
                     f"model call {call_id}: {routes.shape[0]} routed_experts rows for {end} tokens"
