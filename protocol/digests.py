@@ -19,6 +19,9 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Annotated, Any, Final
 
 import orjson
@@ -145,18 +148,47 @@ _AS_BRACKETS: Final = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
 
 
+# Lists `numbers_alone` wrote inside `written_once`, by id: (the list itself, held so its id stays its
+# own, and the answer).  None outside it.
+_WRITTEN: ContextVar[dict[int, tuple[Any, bytes | None]] | None] = ContextVar("_WRITTEN", default=None)
+# Shorter lists are written again: cheaper than remembering them.
+_REMEMBERED_FROM: Final = 64
+
+
+@contextmanager
+def written_once() -> Iterator[None]:
+    """Within it, `numbers_alone` writes each long list once: the passes over one reply that ask it of
+    the same lists (its nesting check, its canonical JSON, its records' header: a MoE reply's
+    `routed_experts`, 16,000 small lists at 8,000 tokens, five writes a reply otherwise) share the
+    text.  For values nobody changes while it lasts (a reply being taken in); the lists are held
+    until it ends."""
+    token = _WRITTEN.set({})
+    try:
+        yield
+    finally:
+        _WRITTEN.reset(token)
+
+
 def numbers_alone(items: list[Any] | tuple[Any, ...]) -> bytes | None:
     """orjson's text of `items` when it holds numbers, booleans and lists of them alone (at any
     depth), each number one JSON carries: no string or object key (no `"`), no None, NaN or infinity
     (no `null`: orjson writes all three so), no integer past 64 bits (orjson refuses it); else None.
     One write in C settles a list of lists that a sum cannot (a MoE reply's `routed_experts`, a list
-    per token), where a walk would take a Python step per item."""
+    per token), where a walk would take a Python step per item; within `written_once`, one write a
+    list."""
+    written = _WRITTEN.get()
+    if written is not None and len(items) >= _REMEMBERED_FROM:
+        seen = written.get(id(items))
+        if seen is not None and seen[0] is items:
+            return seen[1]
     try:
-        text = orjson.dumps(items)
+        text: bytes | None = orjson.dumps(items)
     except (TypeError, orjson.JSONEncodeError):
-        return None
-    if b'"' in text or b"null" in text:
-        return None
+        text = None
+    if text is not None and (b'"' in text or b"null" in text):
+        text = None
+    if written is not None and len(items) >= _REMEMBERED_FROM:
+        written[id(items)] = (items, text)
     return text
 
 

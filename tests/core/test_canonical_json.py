@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import digests
-from protocol.digests import canonical_bytes, same_json
+from protocol.digests import canonical_bytes, numbers_alone, same_json, written_once
 
 _STD = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -450,3 +450,22 @@ def test_a_reply_s_routed_experts_are_settled_in_c(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(digests, "numbers_alone", counted)
     assert canonical_bytes(reply) == _STD.encode(reply).encode()
     assert settled and set(settled) == {8000}
+
+
+def test_within_written_once_each_long_list_is_written_once() -> None:
+    """One reply taken in: its nesting check, its canonical JSON and its records' header share each
+    list of lists' text; outside, and for short lists, each call writes its own."""
+    routes = [[[t % 64, (t + 3) % 64]] for t in range(100)]
+    short = [[1, 2]]
+    assert numbers_alone(routes) is not numbers_alone(routes)  # no scope: written each time
+    with written_once():
+        first = numbers_alone(routes)
+        assert first == orjson.dumps(routes) and numbers_alone(routes) is first
+        assert numbers_alone([*routes]) is not first  # an equal list is another list
+        assert numbers_alone(short) is not numbers_alone(short)
+        refused = [[[1, None]]] * 100
+        assert numbers_alone(refused) is None and numbers_alone(refused) is None
+        with written_once():  # a scope of its own remembers nothing of the outer one
+            assert numbers_alone(routes) is not first
+        assert numbers_alone(routes) is first
+    assert numbers_alone(routes) is not first

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from payloads.token_arrays import TokenArrays
 from protocol.completion import COMPLETION_MEDIA_TYPE, CompletionFrameError, decode_completion
+from protocol.digests import written_once
 from protocol.wire import (
     ADOPT_ONLY_HEADER,
     CONTINUE_FROM_HEADER,
@@ -117,32 +118,35 @@ class Runs:
             if client.reduced is not None:
                 client.reduced.unanswered(*key, f"{type(exc).__name__}: {exc}")
             raise
-        body, receipt, tokens, framed = answer.body, None, None, False
-        if media_type(answer) == _COMPLETION_MEDIA:
+        # One reply taken in: its lists of lists (a MoE reply's router choices) written once for every
+        # pass that asks (the nesting check, the canonical JSON, the records' header).
+        with written_once():
+            body, receipt, tokens, framed = answer.body, None, None, False
+            if media_type(answer) == _COMPLETION_MEDIA:
+                try:
+                    parts = decode_completion(body)
+                except CompletionFrameError as exc:
+                    raise BadResponseError(f"{client.base_url}/run: {exc}") from None
+                body, framed = parts.reply, True
+                receipt, tokens = completion_parts(client.base_url, parts, *key)
+            payload = run_json(client.base_url, body)
             try:
-                parts = decode_completion(body)
-            except CompletionFrameError as exc:
-                raise BadResponseError(f"{client.base_url}/run: {exc}") from None
-            body, framed = parts.reply, True
-            receipt, tokens = completion_parts(client.base_url, parts, *key)
-        payload = run_json(client.base_url, body)
-        try:
-            reply = gym_reply(payload, request.rollout_id, request.attempt_index)
-        except ValidationError as exc:
-            raise BadResponseError(
-                f"{client.base_url} /run: reply fails RunReply: {validation_line(exc, 'reply')}"
-            ) from None
-        if (reply.rollout_id, reply.attempt_index) != key:
-            raise BadResponseError(
-                f"{client.base_url} /run answered for ({reply.rollout_id}, {reply.attempt_index}) "
-                f"instead of ({request.rollout_id}, {request.attempt_index})"
-            )
-        if client.reduced is not None:
-            # Carried as a participant's frame would carry them: nothing to fetch, nothing made twice.
-            kept = client.reduced.keep(reply)
-            return Completed(reply, kept.receipt, TokenArrays(kept.layout, kept.tokens), kept.reply_json)
-        reply_json = bytes(body) if framed and reply.parsed_from(payload) else None
-        return Completed(reply, receipt, tokens, reply_json)
+                reply = gym_reply(payload, request.rollout_id, request.attempt_index)
+            except ValidationError as exc:
+                raise BadResponseError(
+                    f"{client.base_url} /run: reply fails RunReply: {validation_line(exc, 'reply')}"
+                ) from None
+            if (reply.rollout_id, reply.attempt_index) != key:
+                raise BadResponseError(
+                    f"{client.base_url} /run answered for ({reply.rollout_id}, {reply.attempt_index}) "
+                    f"instead of ({request.rollout_id}, {request.attempt_index})"
+                )
+            if client.reduced is not None:
+                # Carried as a participant's frame would carry them: nothing to fetch, nothing made twice.
+                kept = client.reduced.keep(reply)
+                return Completed(reply, kept.receipt, TokenArrays(kept.layout, kept.tokens), kept.reply_json)
+            reply_json = bytes(body) if framed and reply.parsed_from(payload) else None
+            return Completed(reply, receipt, tokens, reply_json)
 
 
 def run_json(base_url: str, body: bytes | bytearray) -> Any:
