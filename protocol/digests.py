@@ -102,7 +102,7 @@ def _small_floats(value: Any, budget: int, alone: set[int] | None = None) -> boo
                 if text is not None:
                     if alone is not None:
                         alone.add(id(item))
-                    if text.translate(None, _INTEGER_TEXT):
+                    if text.translate(None, INTEGER_TEXT):
                         return None
                     continue
             # A float costs the walk about four nodes (`abs`, `isfinite`, the compare): a long list of
@@ -141,7 +141,7 @@ def _json_writes_otherwise(
 _NUMBERS: Final = (float, int)
 _LISTS: Final = (list, tuple)
 # The bytes of a text of lists of integers alone.
-_INTEGER_TEXT: Final = b"[],-0123456789"
+INTEGER_TEXT: Final = b"[],-0123456789"
 # `nesting`'s table: an empty object (`{}`, the one object a text without strings can hold) is a
 # level as `[]` is; every byte but the brackets is deleted.
 _AS_BRACKETS: Final = bytes.maketrans(b"{}", b"[]")

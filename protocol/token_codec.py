@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from protocol._numpy import np as _np
-from protocol.digests import canonical_bytes, numbers_alone, same_json
+from protocol.digests import INTEGER_TEXT, canonical_bytes, numbers_alone, same_json
 from protocol.tokens import TOKEN_FIELDS
 
 if TYPE_CHECKING:
@@ -609,7 +609,6 @@ def referred(
 # The text of router choices with their numbers taken out: a regular [tokens][layers][k] list's is
 # fixed by its shape (`_skeleton`).
 _NUMBER_BYTES: Final = b"-0123456789"
-_INTEGER_TEXT: Final = b"[],-0123456789"
 
 
 def _skeleton(shape: tuple[int, int, int]) -> bytes:
@@ -630,7 +629,7 @@ def routes_array(value: Any) -> tuple[str, tuple[int, int, int], bytes] | None:
     if type(first) is not list or not first or type(first[0]) is not list or not first[0]:
         return None
     text = numbers_alone(value)
-    if text is None or text.translate(None, _INTEGER_TEXT):
+    if text is None or text.translate(None, INTEGER_TEXT):
         return None
     shape = (len(value), len(first), len(first[0]))
     if text.translate(None, _NUMBER_BYTES) != _skeleton(shape):

@@ -219,19 +219,24 @@ def test_stored_apart_only_where_made_whole_is_the_reply(
         assert stored == edited_whole and edited_whole != whole
 
 
-def test_the_audit_makes_each_reply_stored_apart_whole(tmp_path: Path) -> None:
-    """Both payloads intact, the reply stored apart and its records: made whole, the receipt's reply;
-    with another try's records, or under another digest, payload-intact names it."""
-    reply, tokens = two_calls()
-    _, other_tokens = two_calls(generated=(4, 8))  # the same items, another generation
+def audit_apart(
+    tmp_path: Path,
+    reply: dict[str, Any],
+    tokens: bytes,
+    other_tokens: bytes,
+    media_type: str = TOKENS_REPLY_MEDIA_TYPE,
+) -> None:
+    """`reply` stored apart from its records `tokens` (of `media_type`): the audit makes it whole,
+    the receipt's reply; with another try's records (`other_tokens`), or under another digest,
+    payload-intact names it."""
     apart = take_arrays_off(reply, tokens)
     assert apart is not None
     plane = PayloadPlane(open_payload_store(tmp_path.as_uri()))
     apart_claim, tokens_claim, other_claim = plane.put(
         [
             (canonical_bytes(apart), REPLY_APART_MEDIA_TYPE),
-            (tokens, TOKENS_REPLY_MEDIA_TYPE),
-            (other_tokens, TOKENS_REPLY_MEDIA_TYPE),
+            (tokens, media_type),
+            (other_tokens, media_type),
         ]
     )
     digest = sha256_digest(canonical_bytes(reply))
@@ -251,6 +256,14 @@ def test_the_audit_makes_each_reply_stored_apart_whole(tmp_path: Path) -> None:
             assert (
                 found[0][:2] == (PAYLOAD_INTACT, [5]) and "is not the reply its receipt names" in found[0][2]
             )
+
+
+def test_the_audit_makes_each_reply_stored_apart_whole(tmp_path: Path) -> None:
+    """Both payloads intact, the reply stored apart and its records: made whole, the receipt's reply;
+    with another try's records, or under another digest, payload-intact names it."""
+    reply, tokens = two_calls()
+    _, other_tokens = two_calls(generated=(4, 8))  # the same items, another generation
+    audit_apart(tmp_path, reply, tokens, other_tokens)
 
 
 def test_a_reply_stored_apart_at_real_size_is_a_fraction_of_it() -> None:

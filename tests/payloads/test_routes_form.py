@@ -14,11 +14,9 @@ import numpy as np
 import orjson
 import pytest
 
-from payloads import PayloadPlane, open_payload_store
 from payloads.replies import REPLY_APART_MEDIA_TYPE, put_arrays_back, reply_to_store, take_arrays_off
 from payloads.token_arrays import decode_arrays, decode_payload
-from projections.payload_audit import PAYLOAD_INTACT, PayloadAuditSummary, PayloadFacts, check_payloads
-from protocol.digests import canonical_bytes, sha256_digest
+from protocol.digests import canonical_bytes
 from protocol.token_codec import (
     TOKENS_REPLY_MEDIA_TYPE,
     TOKENS_ROUTES_MEDIA_TYPE,
@@ -34,6 +32,7 @@ from protocol.token_codec import (
 from protocol.tokens import token_records_from_reply
 from protocol.wire import gym_reply
 from tests.gym.test_token_records import ANSWER, TOOL_CALL, TOOL_OUTPUT, _carrier, _reply
+from tests.payloads.test_reply_apart import audit_apart
 from tests.payloads.test_reply_items import _stored
 
 # Three generated tokens, one MoE layer, two experts each (a real Gym stub model's shape).
@@ -197,22 +196,8 @@ def test_the_audit_reads_typed_router_choices_back_with_their_reply(tmp_path: Pa
     stored, media_type, _ = referred(v1, reply_output_of(reply))
     other_v1, _ = _with_routes([[[0, 3]], [[1, 4]], [[2, 6]]])
     other, other_type, _ = referred(other_v1, reply_output_of(reply))
-    apart = take_arrays_off(reply, stored)
-    assert apart is not None and media_type == other_type == TOKENS_ROUTES_MEDIA_TYPE
-    plane = PayloadPlane(open_payload_store(tmp_path.as_uri()))
-    apart_claim, tokens_claim, other_claim = plane.put(
-        [(canonical_bytes(apart), REPLY_APART_MEDIA_TYPE), (stored, media_type), (other, other_type)]
-    )
-    digest = sha256_digest(canonical_bytes(reply))
-    found: list[tuple[str, list[int], str]] = []
-    for records, violations in ((tokens_claim, 0), (other_claim, 1)):
-        facts = PayloadFacts()
-        facts.see(5, [apart_claim, records])
-        facts.apart.append((apart_claim, records, digest, 5))
-        found.clear()
-        check_payloads(facts, plane, lambda *v: found.append(v), PayloadAuditSummary())
-        assert len(found) == violations, found
-    assert found[0][:2] == (PAYLOAD_INTACT, [5]) and "is not the reply its receipt names" in found[0][2]
+    assert media_type == other_type == TOKENS_ROUTES_MEDIA_TYPE
+    audit_apart(tmp_path, reply, stored, other, media_type)
 
 
 def test_a_real_size_reply_keeps_its_router_choices_in_less_than_half_the_bytes() -> None:
