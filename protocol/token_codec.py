@@ -525,8 +525,8 @@ def refer_to_reply(
     beside their reply, and the media type: each record whose `output_items` are, item for item
     (the same canonical JSON: `same_json`, which compares the values without writing them), a run of
     `reply_output` after the previous record's, each item without its token arrays, refers to that run
-    instead (version 2).  `content` itself, version 1, when no record's
-    items are found there.  The arrays are copied as they are (one copy of the bytes).  `layout`:
+    instead (version 2; version 3 where a record's router choices are also typed, `routes_array`,
+    numpy at hand).  `content` itself, version 1, when no record's items are found there.  The arrays are copied as they are (one copy of the bytes).  `layout`:
     `content`'s own as `read_layout` read it (the trainer's intake has), so it is not read again."""
     stored, media_type, _ = referred(content, reply_output, layout=layout)
     return stored, media_type
