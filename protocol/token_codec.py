@@ -609,6 +609,9 @@ def referred(
 # The text of router choices with their numbers taken out: a regular [tokens][layers][k] list's is
 # fixed by its shape (`_skeleton`).
 _NUMBER_BYTES: Final = b"-0123456789"
+# Fewer tokens' choices stay JSON: their text is short, and the array's making (numpy's calls) would
+# cost more than the parses it saves (a tiny rollout's few tokens).
+TYPED_FROM_TOKENS: Final = 64
 
 
 def _skeleton(shape: tuple[int, int, int]) -> bytes:
@@ -620,10 +623,10 @@ def _skeleton(shape: tuple[int, int, int]) -> bytes:
 def routes_array(value: Any) -> tuple[str, tuple[int, int, int], bytes] | None:
     """A record's `routed_experts` as version 3 holds it: (dtype, [tokens, layers, k], little-endian
     bytes), when it is a regular list of lists of lists of integers within int32 (int16 when they
-    fit); else None (it stays in the record, as JSON).  Decided on its JSON text, written once in C
+    fit), of `TYPED_FROM_TOKENS` tokens or more; else None (it stays in the record, as JSON).  Decided on its JSON text, written once in C
     (`numbers_alone`): integers alone, and the text of exactly that shape, so the array read back as
     lists writes the same text.  numpy parses the numbers (the trainer's side; None without it)."""
-    if _np is None or type(value) is not list or not value:
+    if _np is None or type(value) is not list or len(value) < TYPED_FROM_TOKENS:
         return None
     first = value[0]
     if type(first) is not list or not first or type(first[0]) is not list or not first[0]:
@@ -768,6 +771,7 @@ __all__ = [
     "TOKENS_MEDIA_TYPE",
     "TOKENS_REPLY_MEDIA_TYPE",
     "TOKENS_ROUTES_MEDIA_TYPE",
+    "TYPED_FROM_TOKENS",
     "VERSION",
     "ArraySpan",
     "RouteSpan",

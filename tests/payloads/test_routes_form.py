@@ -20,6 +20,7 @@ from protocol.digests import canonical_bytes
 from protocol.token_codec import (
     TOKENS_REPLY_MEDIA_TYPE,
     TOKENS_ROUTES_MEDIA_TYPE,
+    TYPED_FROM_TOKENS,
     TokenCodecError,
     decode_any,
     decode_records,
@@ -35,8 +36,15 @@ from tests.gym.test_token_records import ANSWER, TOOL_CALL, TOOL_OUTPUT, _carrie
 from tests.payloads.test_reply_apart import audit_apart
 from tests.payloads.test_reply_items import _stored
 
-# Three generated tokens, one MoE layer, two experts each (a real Gym stub model's shape).
-ROUTES = [[[0, 3]], [[1, 4]], [[2, 5]]]
+# 65 generated tokens' choices, one MoE layer, two experts each (a real Gym stub model's shape): past
+# the length from which they are typed, their 260 bytes padded to 264.
+ROUTES = [[[t % 64, (t * 7) % 64]] for t in range(65)]
+OTHER = [*ROUTES[:-1], [[63, 62]]]
+
+
+def _many(tokens: list[Any]) -> list[Any]:
+    """`tokens` repeated past `TYPED_FROM_TOKENS` tokens (its shape kept, ragged or not)."""
+    return tokens * (TYPED_FROM_TOKENS // len(tokens) + 1)
 
 
 def _with_routes(first: Any, second: Any = None) -> tuple[bytes, dict[str, Any]]:
@@ -57,24 +65,25 @@ def _with_routes(first: Any, second: Any = None) -> tuple[bytes, dict[str, Any]]
     ("routes", "dtype"),
     [
         (ROUTES, "i2"),
-        ([[[-(2**15), 2**15 - 1]]], "i2"),
-        ([[[0, 2**15]]], "i4"),
-        ([[[-(2**15) - 1, 0]]], "i4"),
-        ([[[-(2**31), 2**31 - 1]]], "i4"),
-        ([[[1, 2], [3, 4], [5, 6]], [[7, 8], [9, 10], [11, 12]]], "i2"),  # three layers
-        ([[[0, 2**31]]], None),  # past int32
-        ([[[0, 2**64 - 1]]], None),  # past int64: read as its limit, refused all the same
-        ([[[0, -(2**40)]]], None),
-        ([[[1, 2]], [[3]]], None),  # ragged
-        ([[[1, 2]], [[3, 4], [5, 6]]], None),  # ragged layers
-        ([[1, 2], [3, 4]], None),  # two levels
-        ([[[[1]]]], None),  # four
+        (_many([[[-(2**15), 2**15 - 1]]]), "i2"),
+        (_many([[[0, 2**15]]]), "i4"),
+        (_many([[[-(2**15) - 1, 0]]]), "i4"),
+        (_many([[[-(2**31), 2**31 - 1]]]), "i4"),
+        (_many([[[1, 2], [3, 4], [5, 6]], [[7, 8], [9, 10], [11, 12]]]), "i2"),  # three layers
+        (ROUTES[: TYPED_FROM_TOKENS - 1], None),  # too few tokens to be worth an array
+        (_many([[[0, 2**31]]]), None),  # past int32
+        (_many([[[0, 2**64 - 1]]]), None),  # past int64: read as its limit, refused all the same
+        (_many([[[0, -(2**40)]]]), None),
+        (_many([[[1, 2]], [[3]]]), None),  # ragged
+        (_many([[[1, 2]], [[3, 4], [5, 6]]]), None),  # ragged layers
+        (_many([[1, 2], [3, 4]]), None),  # two levels
+        (_many([[[[1]]]]), None),  # four
         ([], None),
-        ([[[]]], None),
-        ([[[True, False]]], None),  # booleans write other text than integers
-        ([[[1.0, 2.0]]], None),
-        ([[["1", "2"]]], None),
-        ([[[1, None]]], None),
+        (_many([[[]]]), None),
+        (_many([[[True, False]]]), None),  # booleans write other text than integers
+        (_many([[[1.0, 2.0]]]), None),
+        (_many([[["1", "2"]]]), None),
+        (_many([[[1, None]]]), None),
         ("nrlre1:int16:3x1x2:AAAAAAAAAAAAAAAA", None),  # NeMo RL's envelope: one string already
     ],
 )
@@ -107,16 +116,16 @@ def test_router_choices_are_typed_where_they_are_integer_lists_of_one_shape(
 def test_training_reads_the_router_choices_as_an_array_with_no_list_per_token() -> None:
     from trainer.ray_gym.results import decode_routes
 
-    v1, reply = _with_routes(ROUTES, [[[9, 10]]])
+    v1, reply = _with_routes(ROUTES, OTHER)
     stored, media_type, _ = referred(v1, reply_output_of(reply))
     arrays = decode_payload(stored, media_type, check_canonical=False, reply=reply)
     routes = arrays.routes(0)
-    assert isinstance(routes, np.ndarray) and routes.dtype == np.int16 and routes.shape == (3, 1, 2)
+    assert isinstance(routes, np.ndarray) and routes.dtype == np.int16 and routes.shape == (65, 1, 2)
     assert routes.tolist() == ROUTES and not routes.flags.writeable
-    assert arrays.routes(1).tolist() == [[[9, 10]]]
+    assert arrays.routes(1).tolist() == OTHER
     assert arrays.to_records() == decode_records(v1)
     tensor = decode_routes(routes, "int32")
-    assert tensor.shape == (3, 1, 2) and str(tensor.dtype) == "torch.int32" and tensor.tolist() == ROUTES
+    assert tensor.shape == (65, 1, 2) and str(tensor.dtype) == "torch.int32" and tensor.tolist() == ROUTES
     # Across Ray (pickled): the arrays come back from the bytes, the records beside them.
     for protocol in (4, 5):
         back = pickle.loads(pickle.dumps(arrays, protocol=protocol))
@@ -135,7 +144,7 @@ def test_a_reply_whose_router_choices_are_not_its_records_is_stored_whole() -> N
         assert take_arrays_off(reply, stored, given_layout) == take_arrays_off(reply, stored)
         assert take_arrays_off(reply, stored, given_layout) is not None
     output = list(reply_output_of(reply))
-    for other in ([[[0, 3]], [[1, 4]], [[2, 6]]], [[[0, 3]], [[1, 4]]], [[[0, 3]], [[1, 4]], [[2, True]]]):
+    for other in (OTHER, ROUTES[:-1], [*ROUTES[:-1], [[2, True]]]):
         output[0] = {**output[0], "routed_experts": other}
         edited = {**reply, "response": {**reply["response"], "output": output}}
         assert take_arrays_off(edited, stored, layout) is None, other
@@ -158,7 +167,7 @@ def _rewritten(stored: bytes, edit: Any, tail: Any = None) -> bytes:
 
 
 def _as_int32(routes: bytes) -> bytes:
-    values = np.frombuffer(routes[:12], dtype="<i2").astype("<i4").tobytes()
+    values = np.frombuffer(routes[: 65 * 2 * 2], dtype="<i2").astype("<i4").tobytes()
     return values + bytes(-len(values) % 8)
 
 
@@ -174,9 +183,9 @@ def _as_int32(routes: bytes) -> bytes:
         (lambda h: h["routes"][0].__setitem__(1, [3, 1, True]), None, "is not \\[dtype"),
         (lambda h: h["routes"].__setitem__(0, "i2"), None, "is not \\[dtype"),
         (lambda h: h["records"][0].update(routed_experts=ROUTES), None, "both in its fields and as an array"),
-        (lambda h: h["routes"][0].__setitem__(1, [30, 1, 2]), None, "past the end"),
+        (lambda h: h["routes"][0].__setitem__(1, [300, 1, 2]), None, "past the end"),
         (lambda h: None, lambda t: t + bytes(8), "follow the last array"),
-        (lambda h: None, lambda t: t[:12] + b"\x01" + t[13:], "padding between arrays is not zero"),
+        (lambda h: None, lambda t: t[:261] + b"\x01" + t[262:], "padding between arrays is not zero"),
         (lambda h: h["routes"][0].__setitem__(0, "i4"), _as_int32, "fit int16 and are held as int32"),
     ],
 )
@@ -194,7 +203,7 @@ def test_the_audit_reads_typed_router_choices_back_with_their_reply(tmp_path: Pa
     the try's reply they are clean; with another try's records, payload-intact names the reply."""
     v1, reply = _with_routes(ROUTES)
     stored, media_type, _ = referred(v1, reply_output_of(reply))
-    other_v1, _ = _with_routes([[[0, 3]], [[1, 4]], [[2, 6]]])
+    other_v1, _ = _with_routes(OTHER)
     other, other_type, _ = referred(other_v1, reply_output_of(reply))
     assert media_type == other_type == TOKENS_ROUTES_MEDIA_TYPE
     audit_apart(tmp_path, reply, stored, other, media_type)
