@@ -31,8 +31,9 @@ field for field, and re-encoding them in version 1 gives the bytes the agent sen
 payload refers for at least one record (otherwise its form is version 1).
 
 Version 3 (`TOKENS_ROUTES_MEDIA_TYPE`) is version 2 with the router choices typed: a record's
-`routed_experts` that is a regular `[tokens][layers][k]` list of integers within int32 (a MoE model
-server's router choices, as a real Gym agent's reply carries them: a list a token) leaves the header
+`routed_experts` that is a regular `[tokens][layers][k]` list of integers within int32, of
+`TYPED_FROM_TOKENS` tokens or more (a MoE model server's router choices, as a real Gym agent's reply
+carries them: a list a token) leaves the header
 for an array of its own, `i2` when every value fits int16, else `i4`, shaped `[tokens, layers, k]`.
 The header gains `"routes": [...]`, one entry per record: null (its `routed_experts`, if any, stays in
 the record as JSON) or `[dtype, [tokens, layers, k]]`; those arrays follow the records' three arrays,
