@@ -82,7 +82,7 @@ def _record_arrays(arrays: TokenArrays, record: int) -> dict[str, Any]:
     and `routed_experts` when the record has it (an integer array in version 3, which orjson writes
     as the lists it was read from)."""
     held: dict[str, Any] = {name: _json_ready(arrays.array(record, name)) for name in ARRAY_FIELDS}
-    span = arrays.layout.routes[record] if arrays.layout.routes else None
+    span = arrays.layout.route(record)
     # The lists an array was just made from write its JSON (`RouteSpan.source`): a reply holding
     # that very list is compared by identity, not by writing both.
     routes = span.source if span is not None and span.source is not None else arrays.routes(record)

@@ -96,7 +96,7 @@ class TokenArrays:
         """A record's router choices (`routed_experts`): a read-only int16 or int32 array shaped
         `[tokens, layers, k]` where the form holds them as one (version 3), else the record's own
         JSON value (nested lists, NeMo RL's envelope string), or None when it has none."""
-        span = self.layout.routes[record] if self.layout.routes else None
+        span = self.layout.route(record)
         if span is None:
             return self.layout.records[record].get(ROUTES_FIELD)
         values = np.frombuffer(

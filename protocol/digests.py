@@ -177,7 +177,9 @@ def numbers_alone(items: list[Any] | tuple[Any, ...]) -> bytes | None:
     per token), where a walk would take a Python step per item; within `written_once`, one write a
     list."""
     written = _WRITTEN.get()
-    if written is not None and len(items) >= _REMEMBERED_FROM:
+    if written is not None and len(items) < _REMEMBERED_FROM:
+        written = None
+    if written is not None:
         seen = written.get(id(items))
         if seen is not None and seen[0] is items:
             return seen[1]
@@ -187,7 +189,7 @@ def numbers_alone(items: list[Any] | tuple[Any, ...]) -> bytes | None:
         text = None
     if text is not None and (b'"' in text or b"null" in text):
         text = None
-    if written is not None and len(items) >= _REMEMBERED_FROM:
+    if written is not None:
         written[id(items)] = (items, text)
     return text
 

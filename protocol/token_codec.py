@@ -174,6 +174,10 @@ class TokenLayout:
             return ROUTES_VERSION
         return REPLY_VERSION if self.reply_items else VERSION
 
+    def route(self, record: int) -> RouteSpan | None:
+        """Where a record's router choices lie as an array (version 3); None where they do not."""
+        return self.routes[record] if self.routes else None
+
     def span(self, record: int, field: str) -> ArraySpan:
         return self.spans[3 * record + ARRAY_FIELDS.index(field)]
 
@@ -527,8 +531,9 @@ def refer_to_reply(
     (the same canonical JSON: `same_json`, which compares the values without writing them), a run of
     `reply_output` after the previous record's, each item without its token arrays, refers to that run
     instead (version 2; version 3 where a record's router choices are also typed, `routes_array`,
-    numpy at hand).  `content` itself, version 1, when no record's items are found there.  The arrays are copied as they are (one copy of the bytes).  `layout`:
-    `content`'s own as `read_layout` read it (the trainer's intake has), so it is not read again."""
+    numpy at hand).  `content` itself, version 1, when no record's items are found there.  The
+    arrays are copied as they are (one copy of the bytes).  `layout`: `content`'s own as
+    `read_layout` read it (the trainer's intake has), so it is not read again."""
     stored, media_type, _ = referred(content, reply_output, layout=layout)
     return stored, media_type
 
@@ -624,8 +629,8 @@ def _skeleton(shape: tuple[int, int, int]) -> bytes:
 def routes_array(value: Any) -> tuple[str, tuple[int, int, int], bytes] | None:
     """A record's `routed_experts` as version 3 holds it: (dtype, [tokens, layers, k], little-endian
     bytes), when it is a regular list of lists of lists of integers within int32 (int16 when they
-    fit), of `TYPED_FROM_TOKENS` tokens or more; else None (it stays in the record, as JSON).  Decided on its JSON text, written once in C
-    (`numbers_alone`): integers alone, and the text of exactly that shape, so the array read back as
+    fit), of `TYPED_FROM_TOKENS` tokens or more; else None (it stays in the record, as JSON).
+    Decided on its JSON text, written once in C (`numbers_alone`): integers alone, and the text of exactly that shape, so the array read back as
     lists writes the same text.  numpy parses the numbers (the trainer's side; None without it)."""
     if _np is None or type(value) is not list or len(value) < TYPED_FROM_TOKENS:
         return None
@@ -717,7 +722,7 @@ def decode_records(
         record = dict(head)
         for name in ARRAY_FIELDS:
             record[name] = _values(view, layout.span(r, name))
-        route = layout.routes[r] if layout.routes else None
+        route = layout.route(r)
         if route is not None:
             record[ROUTES_FIELD] = routes_lists(view, route)
         out.append(record)
