@@ -630,8 +630,8 @@ def routes_array(value: Any) -> tuple[str, tuple[int, int, int], bytes] | None:
     """A record's `routed_experts` as version 3 holds it: (dtype, [tokens, layers, k], little-endian
     bytes), when it is a regular list of lists of lists of integers within int32 (int16 when they
     fit), of `TYPED_FROM_TOKENS` tokens or more; else None (it stays in the record, as JSON).
-    Decided on its JSON text, written once in C (`numbers_alone`): integers alone, and the text of exactly that shape, so the array read back as
-    lists writes the same text.  numpy parses the numbers (the trainer's side; None without it)."""
+    Decided on its JSON text, written once in C (`numbers_alone`): integers alone, and the text of
+    exactly that shape, so the array read back as lists writes the same text.  numpy parses the numbers (the trainer's side; None without it)."""
     if _np is None or type(value) is not list or len(value) < TYPED_FROM_TOKENS:
         return None
     first = value[0]
