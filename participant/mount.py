@@ -25,12 +25,13 @@ from pydantic_core import from_json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from participant.continuations import ContinuationStore
+from participant.direct import DirectRoutes
 from participant.errors import RunnerFailed
 from participant.executions import ExecutionRegistry, Hooks, Restorer, Runner, RunSession
 from participant.generation import next_identity
 from participant.guard import GuardMiddleware
 from participant.replies import ParsedReply
-from participant.routes import Deliver, is_participant_path, participant_app
+from participant.routes import Deliver, is_participant_path, participant_routes
 from payloads._store import PayloadStore
 from protocol.wire import MAX_BODY_BYTES, RunReply, RunRequest, gym_reply, validation_line
 
@@ -249,11 +250,11 @@ def mount_participant(
         restorer=restorer,
         generation_cuts=generation_cuts,
     )
-    routes = participant_app(registry, deliver=deliver)
+    routes, answers = participant_routes(registry, deliver=deliver)
     app.add_middleware(
         ParticipantMiddleware,
         registry=registry,
-        routes=routes,
+        routes=DirectRoutes(routes, answers),
         runner=asgi_runner,
         guarding=Guarding(token, max_body_bytes, open_paths, guard),
     )

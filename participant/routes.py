@@ -72,12 +72,23 @@ def _json(model: WireModel | list[Any] | dict[str, Any], status_code: int = 200)
     return _OrjsonResponse(content, status_code=status_code)
 
 
+def agent_error_response(exc: AgentError) -> JSONResponse:
+    """A refusal of the participant's (`AgentError`), as every route answers it."""
+    return JSONResponse(exc.body(), status_code=exc.status_code)
+
+
+def internal_error_response(title: str, exc: Exception) -> JSONResponse:
+    """A failure no route expected, logged and answered as a 500 of `{"error", "message"}`."""
+    log.error("internal error answering %s", title, exc_info=exc)
+    return JSONResponse({"error": INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"}, status_code=500)
+
+
 def install_json_errors(app: FastAPI) -> None:
     """Every refusal and failure of `app` answers `{"error": NAME, "message": ...}`, a 500 included."""
 
     @app.exception_handler(AgentError)
     async def _agent_error(_: Request, exc: AgentError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status_code)
+        return agent_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -92,22 +103,63 @@ def install_json_errors(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        log.error("internal error answering %s", app.title, exc_info=exc)
-        return JSONResponse(
-            {"error": INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"}, status_code=500
-        )
+        return internal_error_response(app.title, exc)
+
+
+class Answers:
+    """What the two routes every rollout calls answer (`/run`, `/acknowledge`), however the call
+    reaches them: through the FastAPI app, or straight from ASGI (`participant.direct`)."""
+
+    def __init__(self, reg: ExecutionRegistry, deliver: Deliver | None) -> None:
+        self.reg = reg
+        self.deliver = deliver
+        self.driver = DriverBinding(reg.agent_name, reg.state_dir)
+
+    def driven_by(self, trainer: str | None) -> None:
+        """One trainer per agent: a call naming another trainer than the bound one is refused."""
+        if trainer is not None:
+            self.driver.check(trainer_of_header(trainer))
+
+    async def run(
+        self,
+        request: RunRequest,
+        adopt_only: str | None,
+        continue_from: str | None,
+        trainer: str | None,
+        accept: str,
+    ) -> Response:
+        self.driven_by(trainer)
+        outcome = await self.reg.run(request, adopt_only=adopt_only == "1", continue_from=continue_from)
+        if outcome.live and self.deliver is not None:
+            special = self.deliver(request, outcome.reply)
+            if special is not None:
+                return special
+        if COMPLETION_MEDIA_TYPE in accept and outcome.receipt is not None:
+            # The trainer's own client: the receipt and token records it would fetch next, in this body.
+            frame = encode_completion(
+                outcome.reply_json,
+                orjson.dumps(outcome.receipt.model_dump(mode="json")),
+                encode_entries(outcome.tokens),
+            )
+            return Response(frame, media_type=COMPLETION_MEDIA_TYPE)
+        return Response(outcome.reply_json, media_type="application/json")
+
+    async def acknowledge(self, request: AcknowledgeRequest, trainer: str | None) -> JSONResponse:
+        self.driven_by(trainer)
+        return _json(AcknowledgeResponse(results=await self.reg.acknowledge(request)))
 
 
 def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -> FastAPI:
     """The routes over `reg`.  Every answer is JSON, a 500 included."""
+    return participant_routes(reg, deliver=deliver)[0]
+
+
+def participant_routes(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -> tuple[FastAPI, Answers]:
+    """The routes over `reg` as a FastAPI app, and the answers of its two per-rollout routes."""
     app = FastAPI(title=f"checkpoint participant {reg.agent_name}", openapi_url=None)
     install_json_errors(app)
-    driver = DriverBinding(reg.agent_name, reg.state_dir)
-
-    def driven_by(trainer: str | None) -> None:
-        """One trainer per agent: a call naming another trainer than the bound one is refused."""
-        if trainer is not None:
-            driver.check(trainer_of_header(trainer))
+    answers = Answers(reg, deliver)
+    driver, driven_by = answers.driver, answers.driven_by
 
     @app.post("/driver")
     async def bind(request: DriverRequest) -> JSONResponse:
@@ -127,21 +179,7 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
         trainer: TrainerHeader = None,
         accept: Annotated[str, Header()] = "application/json",
     ) -> Response:
-        driven_by(trainer)
-        outcome = await reg.run(request, adopt_only=adopt_only == "1", continue_from=continue_from)
-        if outcome.live and deliver is not None:
-            special = deliver(request, outcome.reply)
-            if special is not None:
-                return special
-        if COMPLETION_MEDIA_TYPE in accept and outcome.receipt is not None:
-            # The trainer's own client: the receipt and token records it would fetch next, in this body.
-            frame = encode_completion(
-                outcome.reply_json,
-                orjson.dumps(outcome.receipt.model_dump(mode="json")),
-                encode_entries(outcome.tokens),
-            )
-            return Response(frame, media_type=COMPLETION_MEDIA_TYPE)
-        return Response(outcome.reply_json, media_type="application/json")
+        return await answers.run(request, adopt_only, continue_from, trainer, accept)
 
     @app.get("/completion_receipt/{rollout_id:path}/{attempt_index}")
     async def completion_receipt(rollout_id: IdPath, attempt_index: AttemptPath) -> JSONResponse:
@@ -158,8 +196,7 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
 
     @app.post("/acknowledge")
     async def acknowledge(request: AcknowledgeRequest, trainer: TrainerHeader = None) -> JSONResponse:
-        driven_by(trainer)
-        return _json(AcknowledgeResponse(results=await reg.acknowledge(request)))
+        return await answers.acknowledge(request, trainer)
 
     @app.post("/retire")
     async def retire(request: RetireRequest, trainer: TrainerHeader = None) -> JSONResponse:
@@ -198,4 +235,4 @@ def participant_app(reg: ExecutionRegistry, *, deliver: Deliver | None = None) -
             )
         )
 
-    return app
+    return app, answers

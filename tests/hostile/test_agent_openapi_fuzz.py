@@ -86,12 +86,13 @@ def fuzz_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadAgent
 
 def _document(agent: ThreadAgent) -> dict[str, Any]:
     # The agent's own app (health, faults) with the participant mounted as its middleware, whose
-    # routes are an app of their own: the document is both apps' paths.
+    # routes are an app of their own (behind the direct path of a rollout's two calls, which answers
+    # only what that app would): the document is both apps' paths.
     # Starlette's middleware list is typed for its own use, not for reading back: read it untyped.
     app: Any = agent.server.config.app
     routes = next(m.kwargs["routes"] for m in app.user_middleware if m.cls is ParticipantMiddleware)
     doc: dict[str, Any] = app.openapi()
-    mounted: dict[str, Any] = routes.openapi()
+    mounted: dict[str, Any] = routes.app.openapi()
     paths = {**doc["paths"], **mounted["paths"]}
     schemas = {
         **doc.get("components", {}).get("schemas", {}),
