@@ -59,7 +59,6 @@ from participant.states import (
     resume_decision,
 )
 from protocol import mutants
-from protocol.collector import paused as collector_paused
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key, mint_incarnation
@@ -551,17 +550,16 @@ class ExecutionRegistry:
                 raise ValueError(f"the runner answered for ({reply.rollout_id}, {reply.attempt_index})")
             await ex.park_at_end()
             ex._leave_call(time.monotonic())
-            with collector_paused():  # the records' containers: no cycle, no await (protocol.collector)
-                if not ex.tokens:
-                    # A runner that does not capture call by call: read the records off the reply.
-                    ex.tokens = token_records_from_reply(reply, ex.capture_key, time.time())
-                    ex.recorded_tokens = sum(len(t.generation_token_ids) for t in ex.tokens)
-                if isinstance(reply, ParsedReply):  # parsed here, validated: shared, not copied (replies.py)
-                    ex.reply = reply.parsed_payload()
-                    ex.reply_json = canonical_bytes(ex.reply, finite=True)
-                else:
-                    ex.reply = reply.payload()
-                    ex.reply_json = canonical_bytes(ex.reply)
+            if not ex.tokens:
+                # A runner that does not capture call by call: read the records off the reply.
+                ex.tokens = token_records_from_reply(reply, ex.capture_key, time.time())
+                ex.recorded_tokens = sum(len(t.generation_token_ids) for t in ex.tokens)
+            if isinstance(reply, ParsedReply):  # parsed here, validated: shared, not copied (replies.py)
+                ex.reply = reply.parsed_payload()
+                ex.reply_json = canonical_bytes(ex.reply, finite=True)
+            else:
+                ex.reply = reply.payload()
+                ex.reply_json = canonical_bytes(ex.reply)
             ex.receipt = CompletionReceipt(
                 rollout_id=ex.request.rollout_id,
                 attempt_index=ex.request.attempt_index,

@@ -33,7 +33,6 @@ from participant.guard import GuardMiddleware
 from participant.replies import ParsedReply
 from participant.routes import Deliver, is_participant_path, participant_routes
 from payloads._store import PayloadStore
-from protocol.collector import paused as collector_paused
 from protocol.wire import MAX_BODY_BYTES, RunReply, RunRequest, gym_reply, validation_line
 
 RUN_PATH: Final = "/run"
@@ -104,24 +103,18 @@ class AsgiRunner:
         raw = b"".join(chunks)
         if status != 200:
             raise AgentRunError(f"the agent's /run answered HTTP {status}: {raw[:300]!r}")
-        # The reply's containers made with the collector held off (none holds a cycle): a host's
-        # collector at Python's default walks each of them again at every turn it takes meanwhile.
-        with collector_paused():
-            try:
-                # pydantic's parser (jiter, in Rust): json's values (integers past 64 bits exact, NaN
-                # read), about 3x faster on a reply carrying its calls' token arrays
-                # (benchmarks/gym_reply.py).
-                payload = from_json(raw)
-            except ValueError as exc:
-                raise AgentRunError(
-                    f"the agent's /run answered a body that is not JSON: {raw[:200]!r}"
-                ) from exc
-            try:
-                return gym_reply(payload, request.rollout_id, request.attempt_index, as_type=ParsedReply)
-            except ValidationError as exc:
-                raise AgentRunError(
-                    f"the agent's /run answered no reply: {validation_line(exc, 'reply')}"
-                ) from None
+        try:
+            # pydantic's parser (jiter, in Rust): json's values (integers past 64 bits exact, NaN read),
+            # about 3x faster on a reply carrying its calls' token arrays (benchmarks/gym_reply.py).
+            payload = from_json(raw)
+        except ValueError as exc:
+            raise AgentRunError(f"the agent's /run answered a body that is not JSON: {raw[:200]!r}") from exc
+        try:
+            return gym_reply(payload, request.rollout_id, request.attempt_index, as_type=ParsedReply)
+        except ValidationError as exc:
+            raise AgentRunError(
+                f"the agent's /run answered no reply: {validation_line(exc, 'reply')}"
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,6 @@ collector CPU in a 9k soak 0.53 -> 0.16 s; both agents per sealed rollout 2.09/2
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Final
 
 # Allocations (minus deallocations) between two collections of the youngest generation (Python's
@@ -30,21 +28,3 @@ def tune_gc() -> None:
     gc.freeze()
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
-
-
-@contextmanager
-def paused() -> Iterator[None]:
-    """The collector held off for a burst of allocation that makes no cycle: a reply's JSON parsed
-    into lists and dicts, validated, its token records made.  Every collection the burst would
-    trigger walks each container made so far again (a 64k-token reply's parse: 30 ms with the
-    collector on, 11 held off, the collection after it included; docs/performance.md); held off,
-    they are walked once, at the collector's next turn.  Never across an await: other tasks would
-    run under it.  A collector already off (the host's choice) is left off."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()

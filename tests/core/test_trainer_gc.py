@@ -1,5 +1,4 @@
-"""The collector as the processes set it: `trainer.eventloop.run_async` for a trainer's work (`tune_gc`), and
-`protocol.collector.paused` around a burst of allocation, each in a process of its own."""
+"""`trainer.eventloop.run_async` sets the collector for a trainer's work (`tune_gc`), in a process of its own."""
 
 from __future__ import annotations
 
@@ -163,46 +162,3 @@ def test_tune_malloc_leaves_to_the_environment_what_it_names(named: tuple[str, .
     """The escape hatch: a threshold the environment names is glibc's to read; with both named,
     tune_malloc sets nothing."""
     assert _fresh_python(_ENV_SCRIPT, **{name: "1048576" for name in named}) == str(sets)
-
-
-_PAUSED_SCRIPT = """
-import gc
-import json
-from protocol.collector import paused
-
-# A reply's body as the agents answer it at real size: a list of router choices a token.
-body = json.dumps({"output": [{"routed_experts": [[[i % 64, (i + 1) % 64]] for i in range(20_000)]}]})
-collections = []
-gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info["generation"]))
-
-
-def parse():
-    collections.clear()
-    value = json.loads(body)
-    return value, len(collections)
-
-
-_, on = parse()
-with paused():
-    assert not gc.isenabled()
-    held, off = parse()
-assert gc.isenabled()
-assert on > 10 and off == 0, (on, off)  # Python's default: a turn every 700 containers made
-try:
-    with paused():
-        raise ValueError("a parse that failed")
-except ValueError:
-    pass
-assert gc.isenabled()  # back on after a failure too
-gc.disable()
-with paused():
-    pass
-assert not gc.isenabled()  # the host's own choice kept
-print("ok")
-"""
-
-
-def test_paused_holds_the_collector_off_for_a_parse_and_puts_it_back() -> None:
-    done = subprocess.run([sys.executable, "-c", _PAUSED_SCRIPT], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"

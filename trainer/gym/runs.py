@@ -17,7 +17,6 @@ import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from payloads.token_arrays import TokenArrays
-from protocol.collector import paused as collector_paused
 from protocol.completion import COMPLETION_MEDIA_TYPE, CompletionFrameError, decode_completion
 from protocol.digests import written_once
 from protocol.wire import (
@@ -120,9 +119,8 @@ class Runs:
                 client.reduced.unanswered(*key, f"{type(exc).__name__}: {exc}")
             raise
         # One reply taken in: its lists of lists (a MoE reply's router choices) written once for every
-        # pass that asks (the nesting check, the canonical JSON, the records' header); the collector
-        # held off while its containers are made (none holds a cycle, and nothing here awaits).
-        with written_once(), collector_paused():
+        # pass that asks (the nesting check, the canonical JSON, the records' header).
+        with written_once():
             body, receipt, tokens, framed = answer.body, None, None, False
             if media_type(answer) == _COMPLETION_MEDIA:
                 try:
