@@ -135,6 +135,7 @@ def floor(source: Source, per_commit: int, root: Path) -> float:
     for shard in range(256):
         (root / "payloads" / f"{shard:02x}").mkdir()
     heads: dict[str, str] = {}
+    os.sync()  # what setting up (and the last way's clean-up) left dirty is not this way's to write
     began = _cpu()
     for rows, payloads in source.commits(per_commit):
         if payloads:
@@ -175,6 +176,7 @@ def layers(source: Source, per_commit: int, root: Path) -> float:
     store = open_store(f"sqlite:///{root / 'log.db'}", migrate_schema=True)
     payload_store = LocalDirPayloadStore(root / "payloads")
     try:
+        os.sync()  # as in `floor`
         began = _cpu()
         for rows, payloads in source.commits(per_commit):
             if payloads:
