@@ -25,9 +25,10 @@ from typing import Any, Final
 from fastapi import FastAPI
 from pydantic import BaseModel
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from participant.errors import AgentError
+from participant.guard import replayed
 from participant.routes import Answers, agent_error_response, internal_error_response
 from protocol.digests import DIGEST_PATTERN
 from protocol.ids import MAX_ID_LENGTH
@@ -135,7 +136,7 @@ class DirectRoutes:
         body = b"".join(chunks)
         answering = self._answering(route, scope, body)
         if answering is None:
-            await self.app(scope, _replayed(body, receive), send)
+            await self.app(scope, replayed(body, receive), send)
             return
         try:
             response = await answering
@@ -156,20 +157,6 @@ class DirectRoutes:
         except Exception:  # not JSON (or nested past the parser), or not the route's body: the app says why
             return None
         return route.answer(self.answers, request, headers)
-
-
-def _replayed(body: bytes, receive: Receive) -> Receive:
-    """`receive` with the body already read given once more, first."""
-    given = False
-
-    async def replay() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 __all__ = ["ROUTES", "DirectRoutes"]

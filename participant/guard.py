@@ -29,6 +29,21 @@ async def _send_error(send: Send, status: int, error: str, message: str, close: 
     await send({"type": "http.response.body", "body": body})
 
 
+def replayed(body: bytes, receive: Receive) -> Receive:
+    """`receive` with a body already read whole given once more, first; later calls wait for the
+    client's disconnect, as usual."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class GuardMiddleware:
     def __init__(
         self, app: ASGIApp, *, token: str | None, max_body_bytes: int, open_paths: frozenset[str]
@@ -93,14 +108,4 @@ class GuardMiddleware:
             await _send_error(send, 413, PAYLOAD_TOO_LARGE, f"request body over {cap} bytes")
             return
 
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # later calls wait for the client's disconnect, as usual
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replayed(b"".join(chunks), receive), send)
