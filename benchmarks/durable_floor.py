@@ -48,6 +48,7 @@ from rich.table import Table
 from benchmarks.rollout_sizes import positive
 from eventstore import open_store
 from eventstore.records import GENESIS_HASH, ExpectedVersion, NewEvent, chain_hash
+from participant.durable import sync_directory
 from payloads import LocalDirPayloadStore
 
 SEALED = "SiblingSealed"
@@ -115,14 +116,6 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def floor(source: Source, per_commit: int, root: Path) -> float:
     """The raw writes; CPU seconds."""
     db = sqlite3.connect(root / "log.db", isolation_level=None)
@@ -148,7 +141,7 @@ def floor(source: Source, per_commit: int, root: Path) -> float:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            _fsync(batches)
+            sync_directory(batches)
             for digest, content in payloads:
                 hex_ = digest.partition(":")[2]
                 assert hashlib.sha256(content).hexdigest() == hex_
