@@ -341,9 +341,15 @@ _SHARED: Final = _ARRAY_FIELD_SET | {"routed_experts"}
 
 
 def encoded_entries(entries: Sequence[TokenEntry]) -> tuple[bytes, TokenLayout]:
-    """`encode_entries`, and the layout of its bytes (`assembled`).  `routed_experts`, a list per
-    token, is not copied by the dump where it is a list of lists of numbers alone (`numbers_alone`:
-    JSON values already, which the dump would copy item by item into equal ones)."""
+    """`encode_entries`, and the layout of its bytes (`assembled`)."""
+    return assembled(*_entry_parts(entries))
+
+
+def _entry_parts(entries: Sequence[TokenEntry]) -> tuple[list[dict[str, Any]], list[tuple[str, bytes]]]:
+    """The records' other fields as they travel and their arrays as `(dtype, bytes)`, in order: what
+    `assembled` takes.  `routed_experts`, a list per token, is not copied by the dump where it is a
+    list of lists of numbers alone (`numbers_alone`: JSON values already, which the dump would copy
+    item by item into equal ones)."""
     heads: list[dict[str, Any]] = []
     arrays: list[tuple[str, bytes]] = []
     for entry in entries:
@@ -358,7 +364,7 @@ def encoded_entries(entries: Sequence[TokenEntry]) -> tuple[bytes, TokenLayout]:
         arrays.append(prompt or id_dtype_of(entry.prompt_token_ids))
         arrays.append(generation or id_dtype_of(entry.generation_token_ids))
         arrays.append(logprobs or logprob_dtype_of(entry.generation_log_probs))
-    return assembled(heads, arrays)
+    return heads, arrays
 
 
 def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: bool = True) -> TokenLayout:
@@ -547,12 +553,47 @@ def referred(
         layout = read_layout(content, check_canonical=False)
     if layout.version != VERSION:
         raise TokenCodecError("only version 1 token records are made to refer to their reply")
+    refs, heads = _refer(layout.records, reply_output)
+    if all(ref is None for ref in refs):
+        return bytes(content), TOKENS_MEDIA_TYPE, layout
+    view = memoryview(content)
+    start = layout.spans[0].offset if layout.spans else len(view)
+    return _referring(layout.records, heads, refs, layout.spans, view[start:], start)
+
+
+def referring_entries(
+    entries: Sequence[TokenEntry], reply_output: Sequence[Any]
+) -> tuple[bytes, str, TokenLayout]:
+    """`referred(*encoded_entries(entries))` (the same bytes, media type and layout) without the version
+    1 form in between: its header (the router choices' text written once more) and its bytes are never
+    made.  The trainer's reduced mode, which reads the records off the very reply they refer to."""
+    heads, arrays = _entry_parts(entries)
+    refs, referring = _refer(heads, reply_output)
+    if all(ref is None for ref in refs):
+        content, layout = assembled(heads, arrays)
+        return content, TOKENS_MEDIA_TYPE, layout
+    spans: list[ArraySpan] = []
+    region: list[bytes] = []
+    offset = 0
+    for i, (dtype, data) in enumerate(arrays):
+        spans.append(ArraySpan(i // 3, ARRAY_FIELDS[i % 3], dtype, offset, len(data) // ITEM_SIZE[dtype]))
+        region += (data, bytes(_pad(len(data))))
+        offset += len(data) + _pad(len(data))
+    return _referring(heads, referring, refs, spans, b"".join(region), 0)
+
+
+def _refer(
+    records: list[dict[str, Any]], reply_output: Sequence[Any]
+) -> tuple[list[list[int] | None], list[dict[str, Any]]]:
+    """Per record, the run of `reply_output` its `output_items` are, item for item (the same canonical
+    JSON, each reply item without its token arrays), after the previous record's run (None where they
+    are not), and the record without its `output_items` where they are."""
     # The reply's items without their token arrays, each made when first compared.
     stripped: list[Any] = [_UNSEEN] * len(reply_output)
     cursor = 0
     refs: list[list[int] | None] = []
     heads: list[dict[str, Any]] = []
-    for head in layout.records:
+    for head in records:
         items = head.get("output_items")
         found = None
         if isinstance(items, list) and items:
@@ -568,8 +609,20 @@ def referred(
                     break
         refs.append(found)
         heads.append(head if found is None else {k: v for k, v in head.items() if k != "output_items"})
-    if all(ref is None for ref in refs):
-        return bytes(content), TOKENS_MEDIA_TYPE, layout
+    return refs, heads
+
+
+def _referring(
+    records: list[dict[str, Any]],
+    heads: list[dict[str, Any]],
+    refs: list[list[int] | None],
+    spans_in: Sequence[ArraySpan],
+    region: Buffer,
+    region_at: int,
+) -> tuple[bytes, str, TokenLayout]:
+    """The version 2 (or 3) form of `records` (their version 1 heads), `heads` (without the output
+    items their `refs` name), and their arrays: `region`, every array padded in order, which
+    `spans_in` place as if `region` began at `region_at`."""
     typed: list[tuple[str, tuple[int, int, int], bytes] | None] = [None] * len(heads)
     if _np is not None:  # the trainer's side: router choices as typed arrays (version 3)
         for r, head in enumerate(heads):
@@ -577,7 +630,7 @@ def referred(
             if typed[r] is not None:
                 heads[r] = {k: v for k, v in head.items() if k != ROUTES_FIELD}
     fields: dict[str, Any] = {
-        "arrays": [[s.dtype, s.count] for s in layout.spans],
+        "arrays": [[s.dtype, s.count] for s in spans_in],
         "records": heads,
         "reply_items": refs,
     }
@@ -587,24 +640,22 @@ def referred(
         fields["routes"] = [None if t is None else [t[0], list(t[1])] for t in typed]
     # The heads are JSON a read gave (or `assembled` wrote): no NaN to walk for.
     header = canonical_bytes(fields, finite=True)
-    view = memoryview(content)
-    start = layout.spans[0].offset if layout.spans else len(view)
-    moved = _PREFIX.size + len(header) + _pad(len(header)) - start
-    spans = [ArraySpan(s.record, s.field, s.dtype, s.offset + moved, s.count) for s in layout.spans]
+    moved = _PREFIX.size + len(header) + _pad(len(header)) - region_at
+    spans = [ArraySpan(s.record, s.field, s.dtype, s.offset + moved, s.count) for s in spans_in]
     parts: list[Buffer] = [
         _PREFIX.pack(MAGIC, version, len(header)),
         header,
         bytes(_pad(len(header))),
-        view[start:],
+        region,
     ]
-    offset = len(view) + moved
+    offset = region_at + memoryview(region).nbytes + moved
     routes: list[RouteSpan | None] = []
     for r, t in enumerate(typed):
         if t is None:
             routes.append(None)
             continue
         dtype, shape, data = t
-        routes.append(RouteSpan(r, dtype, offset, shape, layout.records[r].get(ROUTES_FIELD)))
+        routes.append(RouteSpan(r, dtype, offset, shape, records[r].get(ROUTES_FIELD)))
         parts += [data, bytes(_pad(len(data)))]
         offset += len(data) + _pad(len(data))
     refers = tuple(None if ref is None else (ref[0], ref[1]) for ref in refs)

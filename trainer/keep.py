@@ -70,9 +70,14 @@ class OtherIncarnation(Garbage):
     agent restarted in between and this is not the result retire described."""
 
 
-def _beside_reply(tokens: TokenArrays, reply_payload: dict[str, Any]) -> tuple[bytes, str, TokenLayout]:
+def _beside_reply(
+    tokens: TokenArrays, reply_payload: dict[str, Any], beside: str | None
+) -> tuple[bytes, str, TokenLayout]:
     """Token records as stored beside their reply: their output items (the call's output text) refer
-    to the reply's, which holds them once (version 2 of the binary form)."""
+    to the reply's, which holds them once (version 2 of the binary form).  `beside`: the media type
+    where `tokens` already are that form (reduced mode made them so from this reply)."""
+    if beside is not None:
+        return bytes(tokens.buffer), beside, tokens.layout
     return referred(memoryview(tokens.buffer), reply_output_of(reply_payload), layout=tokens.layout)
 
 
@@ -167,7 +172,9 @@ class Keeper:
                 raise Unverifiable(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
             except GymError as exc:
                 raise FetchFailed(f"token capture {receipt.manifest_capture_key}: {exc}") from exc
-            tokens_bytes, tokens_type, tokens_layout = _beside_reply(tokens, reply_payload)
+            tokens_bytes, tokens_type, tokens_layout = _beside_reply(
+                tokens, reply_payload, carried.tokens_beside if carried is not None else None
+            )
             tokens_claim = self.payloads.claim(tokens_bytes, tokens_type)
             rollout_receipt = build_rollout_receipt(reply, receipt, tokens, tokens_claim)
             # A real Gym agent's reply carries the arrays its records hold: stored apart from them.

@@ -1,10 +1,11 @@
-"""Reduced mode's keep at real sizes (`trainer.gym.reduced.ReducedMode.keep`, then the forms the
-trainer stores: `referred` beside the reply, `reply_to_store`): a plain Gym agent's reply of up to
-three model calls, hundreds of tokens each, float32 and float64 logprobs with orjson's small-float
+"""Reduced mode's keep at real sizes (`trainer.gym.reduced.ReducedMode.keep`, which makes the token
+records' stored form straight from the reply, then `reply_to_store`): a plain Gym agent's reply of up
+to three model calls, hundreds of tokens each, float32 and float64 logprobs with orjson's small-float
 forms, router choices regular and not (past int16 or int32, ragged, a float or a boolean among
 them), and the arrays edited as an agent might write them.  Whatever the reply, its canonical JSON is
-json's, the records read back from what is stored are the records kept, and a reply stored apart
-from its arrays is made whole byte for byte."""
+json's; the stored form is the one the records' version 1 form is made to refer to the reply
+(`referred`), byte for byte; the records read back from it are the records kept; and a reply stored
+apart from its arrays is made whole byte for byte."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from protocol.digests import canonical_bytes, json_canonical_bytes, sha256_diges
 from protocol.ids import capture_key
 from protocol.token_codec import (
     ROUTES_VERSION,
+    TOKENS_MEDIA_TYPE,
     TOKENS_ROUTES_MEDIA_TYPE,
     decode_any,
+    encoded_entries,
     read_layout,
     referred,
     reply_output_of,
@@ -124,10 +127,18 @@ def test_reduced_mode_keeps_a_real_size_reply_exactly(rng: random.Random) -> Non
     assert kept.receipt.result_digest == sha256_digest(kept.reply_json)
     held = [entry.record() for entry in reduced.token_capture(capture_key("r-1", 0))]
     if not kept.layout.records:  # arrays no record can hold (a boolean id): nothing to seal
-        assert edited and held == []
+        assert edited and held == [] and kept.media_type == TOKENS_MEDIA_TYPE
         return
-    stored_tokens, media_type, layout = referred(
-        memoryview(kept.tokens), reply_output_of(payload), layout=kept.layout
+    # Made straight from the records, the form is the one the records' version 1 form is made to refer
+    # to the reply: the same bytes, media type and layout.
+    entries = reduced.token_capture(capture_key("r-1", 0))
+    v1, v1_layout = encoded_entries(entries)
+    assert reduced.token_bytes(capture_key("r-1", 0)) == v1  # what an adoption's fetch reads
+    stored_tokens, media_type, layout = kept.tokens, kept.media_type, kept.layout
+    assert referred(memoryview(v1), reply_output_of(payload), layout=v1_layout) == (
+        kept.tokens,
+        media_type,
+        layout,
     )
     read = read_layout(stored_tokens, check_canonical=True)
     assert (read.records, read.spans, read.reply_items) == (layout.records, layout.spans, layout.reply_items)

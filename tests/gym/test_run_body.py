@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.digests import json_canonical_bytes, same_json, sha256_digest
-from protocol.token_codec import encode_entries
+from protocol.token_codec import encoded_entries, referred, reply_output_of
 from tests.gym.test_participant import row, serve
 from trainer.gym import BadResponseError, GymClient
 from trainer.gym.runs import run_json
@@ -70,12 +70,17 @@ async def test_the_client_reads_the_standard_librarys_values_and_keeps_them_once
             receipt = done.carried_receipt()
             assert receipt == await client.completion_receipt("f_g0", 0)
             assert receipt.result_digest == sha256_digest(json_canonical_bytes(want)) == done.reply.digest()
+            # The records carried already as they are stored beside the reply; the fetch answers them
+            # in version 1, as a participant's `/token_capture` would.
             tokens = done.carried_tokens()
             assert tokens is not None
-            assert bytes(tokens.buffer) == encode_entries(client.reduced.token_capture("f_g0"))
+            v1, v1_layout = encoded_entries(client.reduced.token_capture("f_g0"))
+            stored = referred(memoryview(v1), reply_output_of(payload), layout=v1_layout)
+            assert (bytes(tokens.buffer), done.tokens_beside, tokens.layout) == stored
             fetched = await client.token_capture("f_g0")
-            assert bytes(fetched.buffer) == bytes(tokens.buffer) and fetched.layout == tokens.layout
-            assert tokens.records[0]["routed_experts"] == [[[1, 2], [3, 4]], [[5, 6], [7, 0]]]
+            assert bytes(fetched.buffer) == v1
+            for records in (tokens.records, fetched.records):
+                assert records[0]["routed_experts"] == [[[1, 2], [3, 4]], [[5, 6], [7, 0]]]
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,9 @@ class Completed:
     # the same JSON (`RunReply.parsed_from`): when it hashes to the receipt's digest it is the reply's
     # canonical JSON, and the trainer need not write it.  None otherwise.
     reply_json: bytes | None = None
+    # Where `tokens` are already the form stored beside the reply (the trainer's reduced mode read
+    # them off this very reply): their media type.  None for records as an agent sends them.
+    tokens_beside: str | None = None
 
     def carried_receipt(self) -> CompletionReceipt | None:
         """The carried receipt, None if not carried; raises the refusal of one that failed its check."""

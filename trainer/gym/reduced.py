@@ -32,7 +32,7 @@ from typing import Final
 from protocol.digests import canonical_bytes, sha256_digest
 from protocol.errors import RECEIPT_MISMATCH, UNKNOWN_EXECUTION
 from protocol.ids import capture_key, mint_incarnation
-from protocol.token_codec import TokenLayout, encoded_entries
+from protocol.token_codec import TokenLayout, encode_entries, referring_entries, reply_output_of
 from protocol.tokens import TokenRecordError, token_records_from_reply
 from protocol.wire import (
     MAX_LIST_ITEMS,
@@ -52,11 +52,13 @@ REDUCED_GENERATION: Final = 0
 
 @dataclass(frozen=True, slots=True)
 class Kept:
-    """A kept reply's receipt, its token records in the binary form (and their layout), and its
+    """A kept reply's receipt, its token records in the binary form as the trainer stores them beside
+    the reply (`protocol.token_codec.referring_entries`: their media type and layout), and its
     canonical JSON."""
 
     receipt: CompletionReceipt
     tokens: bytes
+    media_type: str
     layout: TokenLayout
     reply_json: bytes
 
@@ -70,10 +72,10 @@ class _Held:
     reply: RunReply
     receipt: CompletionReceipt
     tokens: list[TokenEntry]
-    # The records in the binary form (what `/token_capture` would answer), written once, when the
-    # reply is kept.  (Its canonical JSON goes to the caller alone: held until the ACK, it would be
-    # another copy of the reply.)
-    encoded: bytes
+    # The records in the binary form (what `/token_capture` would answer), written when first asked
+    # for: an adoption's fetch, never a reply kept and sealed.  (Its canonical JSON goes to the caller
+    # alone: held until the ACK, it would be another copy of the reply.)
+    encoded: bytes | None = None
 
 
 class ReducedMode:
@@ -107,8 +109,8 @@ class ReducedMode:
     def keep(self, reply: RunReply) -> Kept:
         """Holds a reply the agent answered (validated from its `/run` body: `RunReply.parsed_payload`
         is its JSON); refuses one of an attempt retired meanwhile.  What a participant's completion frame
-        would have carried with it: the receipt, the token records in the binary form and the
-        reply's canonical JSON, each made once here."""
+        would have carried with it: the receipt, the token records in the binary form (already as they
+        are stored beside the reply) and the reply's canonical JSON, each made once here."""
         key = (reply.rollout_id, reply.attempt_index)
         if key in self._tombstones or key in self._released:
             raise GoneError(f"reduced mode: try {key} was retired or released; its late reply is dropped")
@@ -118,7 +120,8 @@ class ReducedMode:
         except (TokenRecordError, ValueError):
             tokens = []  # no usable records: the attempt is owed, never sealed (the trainer's verify says so)
         # Every number of a validated reply is one JSON carries (`GymModel`): no walk for NaN.
-        reply_json = canonical_bytes(reply.parsed_payload(), finite=True)
+        payload = reply.parsed_payload()
+        reply_json = canonical_bytes(payload, finite=True)
         receipt = CompletionReceipt(
             rollout_id=reply.rollout_id,
             attempt_index=reply.attempt_index,
@@ -129,10 +132,10 @@ class ReducedMode:
             manifest_capture_key=ck,
             terminal_model_call_id=tokens[-1].model_call_id if tokens else "",
         )
-        encoded, layout = encoded_entries(tokens)
-        self._held[key] = _Held(reply, receipt, tokens, encoded)
+        stored, media_type, layout = referring_entries(tokens, reply_output_of(payload))
+        self._held[key] = _Held(reply, receipt, tokens)
         self._posted.pop(key, None)
-        return Kept(receipt, encoded, layout, reply_json)
+        return Kept(receipt, stored, media_type, layout, reply_json)
 
     def replay(self, rollout_id: str, attempt_index: int) -> RunReply | None:
         held = self._held.get((rollout_id, attempt_index))
@@ -149,7 +152,10 @@ class ReducedMode:
 
     def token_bytes(self, key: str) -> bytes:
         """The records held under `key` in the binary form, as `/token_capture` answers them."""
-        return self._held_under(key).encoded
+        held = self._held_under(key)
+        if held.encoded is None:
+            held.encoded = encode_entries(held.tokens)
+        return held.encoded
 
     def _held_under(self, key: str) -> _Held:
         for held in self._held.values():

@@ -144,7 +144,8 @@ class Runs:
             if client.reduced is not None:
                 # Carried as a participant's frame would carry them: nothing to fetch, nothing made twice.
                 kept = client.reduced.keep(reply)
-                return Completed(reply, kept.receipt, TokenArrays(kept.layout, kept.tokens), kept.reply_json)
+                tokens = TokenArrays(kept.layout, kept.tokens)
+                return Completed(reply, kept.receipt, tokens, kept.reply_json, kept.media_type)
             reply_json = bytes(body) if framed and reply.parsed_from(payload) else None
             return Completed(reply, receipt, tokens, reply_json)
 
