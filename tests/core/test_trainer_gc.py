@@ -35,7 +35,6 @@ def test_run_async_freezes_the_setup_and_raises_the_young_threshold() -> None:
     assert done.stdout.strip() == "ok"
 
 
-
 _CYCLES_SCRIPT = """
 import gc
 import weakref
@@ -74,6 +73,7 @@ def test_cyclic_garbage_is_collected_under_the_raised_threshold() -> None:
     done = subprocess.run([sys.executable, "-c", _CYCLES_SCRIPT], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
 
 _MALLOC_SCRIPT = """
 import ctypes
