@@ -237,15 +237,21 @@ def assembled(records: list[dict[str, Any]], arrays: list[tuple[str, bytes]]) ->
     header = canonical_bytes(
         {"arrays": [[dtype, n] for (dtype, _), n in zip(arrays, counts, strict=True)], "records": records}
     )
-    parts = [_PREFIX.pack(MAGIC, VERSION, len(header)), header, bytes(_pad(len(header)))]
-    spans: list[ArraySpan] = []
-    offset = _PREFIX.size + len(header) + _pad(len(header))
-    for i, ((dtype, data), count) in enumerate(zip(arrays, counts, strict=True)):
-        spans.append(ArraySpan(i // 3, ARRAY_FIELDS[i % 3], dtype, offset, count))
-        parts.append(data)
-        parts.append(bytes(_pad(len(data))))
-        offset += len(data) + _pad(len(data))
+    spans, region = _laid_out(arrays, _PREFIX.size + len(header) + _pad(len(header)))
+    parts = [_PREFIX.pack(MAGIC, VERSION, len(header)), header, bytes(_pad(len(header))), *region]
     return b"".join(parts), TokenLayout(records, spans)
+
+
+def _laid_out(arrays: list[tuple[str, bytes]], offset: int) -> tuple[list[ArraySpan], list[bytes]]:
+    """Where each array `(dtype, bytes)` lies when they follow one another from `offset`, each padded
+    to 8 bytes, and their bytes with the padding, in order."""
+    spans: list[ArraySpan] = []
+    region: list[bytes] = []
+    for i, (dtype, data) in enumerate(arrays):
+        spans.append(ArraySpan(i // 3, ARRAY_FIELDS[i % 3], dtype, offset, len(data) // ITEM_SIZE[dtype]))
+        region += (data, bytes(_pad(len(data))))
+        offset += len(data) + _pad(len(data))
+    return spans, region
 
 
 def split_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -558,7 +564,7 @@ def referred(
         return bytes(content), TOKENS_MEDIA_TYPE, layout
     view = memoryview(content)
     start = layout.spans[0].offset if layout.spans else len(view)
-    return _referring(layout.records, heads, refs, layout.spans, view[start:], start)
+    return _referring(layout.records, heads, refs, layout.spans, view[start:], start, finite=True)
 
 
 def referring_entries(
@@ -572,14 +578,9 @@ def referring_entries(
     if all(ref is None for ref in refs):
         content, layout = assembled(heads, arrays)
         return content, TOKENS_MEDIA_TYPE, layout
-    spans: list[ArraySpan] = []
-    region: list[bytes] = []
-    offset = 0
-    for i, (dtype, data) in enumerate(arrays):
-        spans.append(ArraySpan(i // 3, ARRAY_FIELDS[i % 3], dtype, offset, len(data) // ITEM_SIZE[dtype]))
-        region += (data, bytes(_pad(len(data))))
-        offset += len(data) + _pad(len(data))
-    return _referring(heads, referring, refs, spans, b"".join(region), 0)
+    spans, region = _laid_out(arrays, 0)
+    # The heads are an entry's dump, not a header read: walked for a NaN as `assembled` walks them.
+    return _referring(heads, referring, refs, spans, b"".join(region), 0, finite=False)
 
 
 def _refer(
@@ -619,10 +620,13 @@ def _referring(
     spans_in: Sequence[ArraySpan],
     region: Buffer,
     region_at: int,
+    *,
+    finite: bool,
 ) -> tuple[bytes, str, TokenLayout]:
     """The version 2 (or 3) form of `records` (their version 1 heads), `heads` (without the output
     items their `refs` name), and their arrays: `region`, every array padded in order, which
-    `spans_in` place as if `region` began at `region_at`."""
+    `spans_in` place as if `region` began at `region_at`.  `finite`: the heads are known to hold no
+    NaN or infinity (a header read gave them)."""
     typed: list[tuple[str, tuple[int, int, int], bytes] | None] = [None] * len(heads)
     if _np is not None:  # the trainer's side: router choices as typed arrays (version 3)
         for r, head in enumerate(heads):
@@ -638,8 +642,7 @@ def _referring(
     if any(t is not None for t in typed):
         version, media_type = ROUTES_VERSION, TOKENS_ROUTES_MEDIA_TYPE
         fields["routes"] = [None if t is None else [t[0], list(t[1])] for t in typed]
-    # The heads are JSON a read gave (or `assembled` wrote): no NaN to walk for.
-    header = canonical_bytes(fields, finite=True)
+    header = canonical_bytes(fields, finite=finite)
     moved = _PREFIX.size + len(header) + _pad(len(header)) - region_at
     spans = [ArraySpan(s.record, s.field, s.dtype, s.offset + moved, s.count) for s in spans_in]
     parts: list[Buffer] = [
