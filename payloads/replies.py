@@ -27,6 +27,7 @@ written apart and the items made whole are one rule.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import is_
 from typing import Any, Final
 
 import numpy as np
@@ -82,6 +83,11 @@ def _record_arrays(arrays: TokenArrays, record: int) -> dict[str, Any]:
     and `routed_experts` when the record has it (an integer array in version 3, which orjson writes
     as the lists it was read from)."""
     held: dict[str, Any] = {name: _json_ready(arrays.array(record, name)) for name in ARRAY_FIELDS}
+    # The logprobs the array was just packed from (`ArraySpan.source`): a reply holding their very
+    # floats is compared by identity, not by writing both (integer lists write faster than that).
+    logprobs = arrays.layout.span(record, "generation_log_probs").source
+    if logprobs is not None:
+        held["generation_log_probs"] = logprobs
     span = arrays.layout.route(record)
     # The lists an array was just made from write its JSON (`RouteSpan.source`): a reply holding
     # that very list is compared by identity, not by writing both.
@@ -97,6 +103,8 @@ def _same_text(given: Any, held: Any) -> bool:
     written), and an integer where the record holds a float, or a boolean, writes other text."""
     if given is held:  # the record's own value, shared with the reply it was read from (reduced mode)
         return True
+    if type(given) is list and type(held) is list and len(given) == len(held) and all(map(is_, given, held)):
+        return True  # the very numbers the record's list holds: a list read off this reply (reduced mode)
     options = orjson.OPT_SORT_KEYS | _NUMPY
     try:
         return orjson.dumps(given, option=options) == orjson.dumps(held, option=options)

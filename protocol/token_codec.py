@@ -128,6 +128,10 @@ class ArraySpan:
     dtype: str
     offset: int
     count: int
+    # The list the array was packed from, where its writer has it (`referring_entries`): the same
+    # values, exactly, so a reply holding that list's very items needs no other comparison with the
+    # array.  None when read.
+    source: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def end(self) -> int:
@@ -242,13 +246,17 @@ def assembled(records: list[dict[str, Any]], arrays: list[tuple[str, bytes]]) ->
     return b"".join(parts), TokenLayout(records, spans)
 
 
-def _laid_out(arrays: list[tuple[str, bytes]], offset: int) -> tuple[list[ArraySpan], list[bytes]]:
+def _laid_out(
+    arrays: list[tuple[str, bytes]], offset: int, sources: Sequence[Any] = ()
+) -> tuple[list[ArraySpan], list[bytes]]:
     """Where each array `(dtype, bytes)` lies when they follow one another from `offset`, each padded
-    to 8 bytes, and their bytes with the padding, in order."""
+    to 8 bytes, and their bytes with the padding, in order; `sources`: the list each was packed from."""
     spans: list[ArraySpan] = []
     region: list[bytes] = []
     for i, (dtype, data) in enumerate(arrays):
-        spans.append(ArraySpan(i // 3, ARRAY_FIELDS[i % 3], dtype, offset, len(data) // ITEM_SIZE[dtype]))
+        source = sources[i] if sources else None
+        count = len(data) // ITEM_SIZE[dtype]
+        spans.append(ArraySpan(i // 3, ARRAY_FIELDS[i % 3], dtype, offset, count, source))
         region += (data, bytes(_pad(len(data))))
         offset += len(data) + _pad(len(data))
     return spans, region
@@ -578,7 +586,8 @@ def referring_entries(
     if all(ref is None for ref in refs):
         content, layout = assembled(heads, arrays)
         return content, TOKENS_MEDIA_TYPE, layout
-    spans, region = _laid_out(arrays, 0)
+    lists = [getattr(entry, name) for entry in entries for name in ARRAY_FIELDS]
+    spans, region = _laid_out(arrays, 0, lists)
     # The heads are an entry's dump, not a header read: walked for a NaN as `assembled` walks them.
     return _referring(heads, referring, refs, spans, b"".join(region), 0, finite=False)
 
@@ -644,7 +653,7 @@ def _referring(
         fields["routes"] = [None if t is None else [t[0], list(t[1])] for t in typed]
     header = canonical_bytes(fields, finite=finite)
     moved = _PREFIX.size + len(header) + _pad(len(header)) - region_at
-    spans = [ArraySpan(s.record, s.field, s.dtype, s.offset + moved, s.count) for s in spans_in]
+    spans = [dataclasses.replace(s, offset=s.offset + moved) for s in spans_in]
     parts: list[Buffer] = [
         _PREFIX.pack(MAGIC, version, len(header)),
         header,
