@@ -82,12 +82,12 @@ def _record_arrays(arrays: TokenArrays, record: int) -> dict[str, Any]:
     """The arrays a record holds, as its reply's token item carried them: the three binary arrays,
     and `routed_experts` when the record has it (an integer array in version 3, which orjson writes
     as the lists it was read from)."""
-    held: dict[str, Any] = {name: _json_ready(arrays.array(record, name)) for name in ARRAY_FIELDS}
-    # The logprobs the array was just packed from (`ArraySpan.source`): a reply holding their very
-    # floats is compared by identity, not by writing both (integer lists write faster than that).
-    logprobs = arrays.layout.span(record, "generation_log_probs").source
-    if logprobs is not None:
-        held["generation_log_probs"] = logprobs
+    held: dict[str, Any] = {}
+    for name in ARRAY_FIELDS:
+        # The logprobs the array was just packed from (`ArraySpan.source`): a reply holding their very
+        # floats is compared by identity, not by writing both (integer lists write faster than that).
+        source = arrays.layout.span(record, name).source if name == "generation_log_probs" else None
+        held[name] = source if source is not None else _json_ready(arrays.array(record, name))
     span = arrays.layout.route(record)
     # The lists an array was just made from write its JSON (`RouteSpan.source`): a reply holding
     # that very list is compared by identity, not by writing both.
