@@ -29,7 +29,7 @@ from participant.direct import DirectRoutes
 from participant.errors import RunnerFailed
 from participant.executions import ExecutionRegistry, Hooks, Restorer, Runner, RunSession
 from participant.generation import next_identity
-from participant.guard import GuardMiddleware
+from participant.guard import GuardMiddleware, replayed
 from participant.replies import ParsedReply
 from participant.routes import Deliver, is_participant_path, participant_routes
 from payloads._store import PayloadStore
@@ -42,6 +42,13 @@ _SCOPE_KEYS: Final = ("asgi", "http_version", "scheme", "server", "client", "roo
 
 class AgentRunError(RunnerFailed):
     """The agent's own `/run` answered something other than a 200 reply: the try failed."""
+
+
+async def _never_disconnects() -> Message:
+    """What a `/run` driven from inside the agent receives after its body: never a disconnect (the try
+    runs until it finishes or is retired)."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
 
 
 class AsgiRunner:
@@ -75,16 +82,7 @@ class AsgiRunner:
                 (b"content-length", str(len(body)).encode()),
             ],
         }
-        sent = False
-
-        async def receive() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            # The agent never sees a disconnect: the try runs until it finishes or is retired.
-            await asyncio.Event().wait()
-            raise AssertionError("unreachable")
+        receive = replayed(body, _never_disconnects)
 
         status = 0
         chunks: list[bytes] = []
