@@ -36,6 +36,7 @@ import orjson
 
 from payloads.token_arrays import TokenArrays
 from protocol.digests import canonical_bytes
+from protocol.routes import fragment_of
 from protocol.token_codec import (
     ARRAY_FIELDS,
     REFERRING_MEDIA_TYPES,
@@ -107,7 +108,10 @@ def _same_text(given: Any, held: Any) -> bool:
         return True  # the very numbers the record's list holds: a list read off this reply (reduced mode)
     options = orjson.OPT_SORT_KEYS | _NUMPY
     try:
-        return orjson.dumps(given, option=options) == orjson.dumps(held, option=options)
+        # (Router choices held as their text, `RoutesText`, write that text.)
+        return orjson.dumps(given, default=fragment_of, option=options) == orjson.dumps(
+            held, default=fragment_of, option=options
+        )
     except orjson.JSONEncodeError:  # an integer past 64 bits: not what the record holds
         return False
 

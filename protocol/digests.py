@@ -30,6 +30,7 @@ from pydantic import StringConstraints
 # numpy finds orjson's float forms in a large text in a few passes in C (`_sites`); None in a
 # participant's core install: the searches in bytes alone.
 from protocol._numpy import np as _np
+from protocol.routes import INTEGER_TEXT, RoutesText, fragment_of, lists_of
 
 DIGEST_PREFIX: Final = "sha256:"
 DIGEST_PATTERN: Final = r"^sha256:[0-9a-f]{64}$"
@@ -38,7 +39,9 @@ Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
 
 # One encoder for every call: `json.dumps` with options builds a new one each time (1 us of 3.3 for a
 # small dict; the store renders an append's metadata with it).
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=lists_of
+)
 _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS
 _DIGITS: Final = frozenset(b"0123456789")
 
@@ -90,8 +93,8 @@ def _small_floats(value: Any, budget: int, alone: set[int] | None = None) -> boo
             return None
         item = stack.pop()
         kind = type(item)
-        if kind is str or kind is int or kind is bool or item is None:
-            continue
+        if kind is str or kind is int or kind is bool or item is None or kind is RoutesText:
+            continue  # (router choices held as text: integers alone)
         if kind is dict:
             stack.extend(item.values())  # keys: orjson refuses any but str (json's fallback)
         elif kind is list or kind is tuple:
@@ -140,8 +143,6 @@ def _json_writes_otherwise(
 
 _NUMBERS: Final = (float, int)
 _LISTS: Final = (list, tuple)
-# The bytes of a text of lists of integers alone.
-INTEGER_TEXT: Final = b"[],-0123456789"
 # `nesting`'s table: an empty object (`{}`, the one object a text without strings can hold) is a
 # level as `[]` is; every byte but the brackets is deleted.
 _AS_BRACKETS: Final = bytes.maketrans(b"{}", b"[]")
@@ -251,7 +252,7 @@ def canonical_bytes(value: Any, *, finite: bool = False) -> bytes:
     the caller knows `value` holds no NaN or infinity (orjson.loads gave it: it refuses both), so
     the walk that looks for them is left out."""
     try:
-        out = orjson.dumps(value, option=_ORJSON_OPTIONS)
+        out = orjson.dumps(value, default=fragment_of, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return json_canonical_bytes(value)  # json's own answer: its text, or its error
     alone: set[int] = set()  # lists found to hold numbers alone, written once for the walks
@@ -424,7 +425,7 @@ def _rewritable(value: Any, alone: set[int] | None = None) -> bool:
         elif kind is float:
             if not math.isfinite(item):
                 return False
-        elif not (kind is int or kind is bool or item is None):
+        elif not (kind is int or kind is bool or item is None or kind is RoutesText):
             return False  # a subclass or another type: json's own encoding decides
     return True
 

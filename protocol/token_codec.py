@@ -61,7 +61,8 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from protocol._numpy import np as _np
-from protocol.digests import INTEGER_TEXT, canonical_bytes, numbers_alone, same_json
+from protocol.digests import canonical_bytes, numbers_alone, same_json
+from protocol.routes import TYPED_FROM_TOKENS, RoutesText, routes_text
 from protocol.tokens import TOKEN_FIELDS
 
 if TYPE_CHECKING:
@@ -368,7 +369,9 @@ def _entry_parts(entries: Sequence[TokenEntry]) -> tuple[list[dict[str, Any]], l
     arrays: list[tuple[str, bytes]] = []
     for entry in entries:
         routes = entry.routed_experts
-        if type(routes) is list and "routed_experts" in entry.model_fields_set and numbers_alone(routes):
+        if "routed_experts" in entry.model_fields_set and (
+            type(routes) is RoutesText or (type(routes) is list and numbers_alone(routes))
+        ):
             head = entry.model_dump(mode="json", exclude_unset=True, exclude=_SHARED)
             head["routed_experts"] = routes
         else:
@@ -675,47 +678,21 @@ def _referring(
     return b"".join(parts), media_type, layout_out
 
 
-# The text of router choices with their numbers taken out: a regular [tokens][layers][k] list's is
-# fixed by its shape (`_skeleton`).
-_NUMBER_BYTES: Final = b"-0123456789"
-# Fewer tokens' choices stay JSON: their text is short, and the array's making (numpy's calls) would
-# cost more than the parses it saves (a tiny rollout's few tokens).
-TYPED_FROM_TOKENS: Final = 64
-
-
-def _skeleton(shape: tuple[int, int, int]) -> bytes:
-    tokens, layers, k = shape
-    token = b"[" + b",".join([b"[" + b"," * (k - 1) + b"]"] * layers) + b"]"
-    return b"[" + b",".join([token] * tokens) + b"]"
-
-
 def routes_array(value: Any) -> tuple[str, tuple[int, int, int], bytes] | None:
     """A record's `routed_experts` as version 3 holds it: (dtype, [tokens, layers, k], little-endian
     bytes), when it is a regular list of lists of lists of integers within int32 (int16 when they
     fit), of `TYPED_FROM_TOKENS` tokens or more; else None (it stays in the record, as JSON).
-    Decided on its JSON text, written once in C (`numbers_alone`): integers alone, and the text of
-    exactly that shape, so the array read back as lists writes the same text.  numpy parses the numbers (the trainer's side; None without it)."""
-    if _np is None or type(value) is not list or len(value) < TYPED_FROM_TOKENS:
-        return None
-    first = value[0]
-    if type(first) is not list or not first or type(first[0]) is not list or not first[0]:
+    Decided on its JSON text, written once in C (`numbers_alone`), by the rule that decides which
+    router choices a `/run` body's parse holds as text (`protocol.routes.routes_text`): the array
+    written again is that text, so the array read back as lists writes the same text.  numpy parses
+    the numbers (the trainer's side; None without it)."""
+    if type(value) is RoutesText:
+        return value.dtype, value.shape, value.data
+    if type(value) is not list or len(value) < TYPED_FROM_TOKENS or not value:
         return None
     text = numbers_alone(value)
-    if text is None or text.translate(None, INTEGER_TEXT):
-        return None
-    shape = (len(value), len(first), len(first[0]))
-    if text.translate(None, _NUMBER_BYTES) != _skeleton(shape):
-        return None
-    # Read as int64 (a number past its range reads as one of its limits, outside int32 too): every
-    # value within int32 exactly, and any other one refused below.
-    flat = _np.fromstring(text.translate(None, b"[]"), dtype=_np.int64, sep=",")
-    if flat.size != shape[0] * shape[1] * shape[2]:
-        return None
-    low, high = int(flat.min()), int(flat.max())
-    if low < -(2**31) or high >= 2**31:
-        return None
-    dtype = "i2" if low >= -(2**15) and high < 2**15 else "i4"
-    return dtype, shape, flat.astype("<" + dtype).tobytes()
+    typed = routes_text(text) if text is not None else None
+    return None if typed is None else (typed.dtype, typed.shape, typed.data)
 
 
 def resolve_reply_items(layout: TokenLayout, reply_output: Sequence[Any]) -> TokenLayout:

@@ -24,6 +24,7 @@ from protocol.digests import (
 )
 from protocol.errors import NOT_READY
 from protocol.ids import AttemptIndex, Generation, Identifier, Incarnation, capture_key
+from protocol.routes import RoutesText
 
 GYM_SCHEMA_VERSION: Final = 1
 GymSchemaVersion = Literal[1]
@@ -108,7 +109,8 @@ def check_depth(
     is a list of lists of numbers (a MoE reply's `routed_experts`, a list per token: its text in
     orjson, `numbers_alone`, and that text's nesting); any other container is walked item by item.
     A list settled so is as deep as its text says: the levels below it are counted, not walked, and
-    the verdict is the walk's, at the level the walk would give it."""
+    the verdict is the walk's, at the level the walk would give it.  Router choices held as their
+    text (`protocol.routes.RoutesText`, checked when made) are three levels of such integers."""
     level: list[Any] = [value]
     depth = 1
     deepest = 0  # the deepest level reached by a list settled by its text
@@ -128,6 +130,8 @@ def check_depth(
             for child in item.values() if isinstance(item, dict) else item:
                 if isinstance(child, (dict, list)):
                     below.append(child)
+                elif type(child) is RoutesText:  # three levels of integers within int32, in its text
+                    deepest = max(deepest, depth + 3)
                 elif finite and isinstance(child, float) and not math.isfinite(child):
                     raise ValueError(
                         f"holds the number {child}, which JSON cannot carry (NaN, infinite or out of range)"

@@ -30,6 +30,7 @@ from trainer.gym.answers import media_type, validated
 from trainer.gym.completed import Completed, completion_parts
 from trainer.gym.errors import AgentTimeoutError, BadResponseError, GymError, NotFoundError
 from trainer.gym.facade import Facade
+from trainer.gym.reply_body import decode_body
 
 _JSON: TypeAdapter[Any] = TypeAdapter(Any)
 _COMPLETION_MEDIA = COMPLETION_MEDIA_TYPE.encode()
@@ -152,10 +153,11 @@ class Runs:
 
 def run_json(base_url: str, body: bytes | bytearray) -> Any:
     """A `/run` body's JSON: msgspec's parse (in C, four times pydantic's speed on a real Gym
-    reply's 30,000 numbers), which gives the standard library's values for any JSON it reads;
-    where it refuses the body (no JSON, or a number past a double's range, which the standard
-    library reads as infinity), pydantic's, for its exact value or refusal as before."""
+    reply's 30,000 numbers), which gives the standard library's values for any JSON it reads, a
+    MoE reply's router choices held as their text (`trainer.gym.reply_body`); where it refuses the
+    body (no JSON, or a number past a double's range, which the standard library reads as
+    infinity), pydantic's, for its exact value or refusal as before."""
     try:
-        return msgspec.json.decode(body)
+        return decode_body(body)
     except msgspec.DecodeError:
         return validated(base_url, _JSON.validate_json, "JSON", body, "/run")
