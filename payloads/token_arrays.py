@@ -210,13 +210,18 @@ def _token_arrays_of(data: Any, records: list[dict[str, Any]] | None) -> TokenAr
 
 
 def decode_arrays(
-    content: bytes | bytearray | memoryview, *, check_canonical: bool = True, reply: Any = None
+    content: bytes | bytearray | memoryview,
+    *,
+    check_canonical: bool = True,
+    reply: Any = None,
+    routes_as_text: bool = False,
 ) -> TokenArrays:
     """The binary payload as views of `content` (pass a bytearray for writable arrays);
     `check_canonical=False` for bytes read by a claim and checked against its digest
     (`read_layout`).  `reply`, the stored reply as JSON, puts a version 2 payload's output items
-    back (`protocol.token_codec.resolve_reply_items`); without it they stay out (`resolved`)."""
-    layout = read_layout(content, check_canonical=check_canonical)
+    back (`protocol.token_codec.resolve_reply_items`); without it they stay out (`resolved`).
+    `routes_as_text`: router choices in the records held as their text (`read_layout`)."""
+    layout = read_layout(content, check_canonical=check_canonical, routes_as_text=routes_as_text)
     if layout.reply_items and reply is not None:
         layout = resolve_reply_items(layout, reply_output_of(reply))
     return TokenArrays(layout, content)
@@ -308,12 +313,12 @@ def _in_canonical_dtype(arrays: TokenArrays, span: ArraySpan) -> bool:
     return values.size > 0 and not np.array_equal(narrow.astype(np.float64), values)
 
 
-def canonical_arrays(content: bytes | memoryview) -> TokenArrays:
+def canonical_arrays(content: bytes | memoryview, *, routes_as_text: bool = False) -> TokenArrays:
     """The records of a binary payload as arrays over their canonical form: over `content` itself
     when it is canonical (its header checked by `read_layout`, each array's dtype by one vectorised
     pass, nothing re-encoded), else over that form, encoded once.  TokenCodecError when `content`
-    is no binary token payload at all."""
-    arrays = decode_arrays(content)
+    is no binary token payload at all.  `routes_as_text`: as `read_layout` takes it."""
+    arrays = decode_arrays(content, routes_as_text=routes_as_text)
     if all(_in_canonical_dtype(arrays, span) for span in arrays.layout.spans):
         return arrays
     return decode_arrays(

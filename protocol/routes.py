@@ -16,11 +16,25 @@ lists it stands for: canonical JSON writes its text (the bytes json writes of th
 check counts its three levels, the token records take its array, pydantic dumps it as the lists, and
 it equals the lists it stands for.  Anything else (a ragged list, a float, a space) is parsed as
 before.  numpy parses the numbers: without it (a participant's core install) none is made.
+
+`loads_holding_routes` reads a JSON text so: each `"routed_experts":[[[` in it is found by a search
+(in C); the value it opens runs to the first `]]]` after it, and where `routes_text` takes that text
+(the exact text of a regular integer array, balanced) it is cut out, a mark put in its place, and
+the rest parsed as any text is; each mark the parse put where the caller looks (`places`: a reply's
+output items, a token header's records) is then that `RoutesText`.  A mark found anywhere else, or
+not found, and the text is parsed whole as before: the values a reader gets are the text's JSON
+either way.  Why a search is enough: in JSON a `"` that no odd run of backslashes escapes starts or
+ends a string, and one that ends a string cannot be followed by a letter; so such a
+`"routed_experts":` is an object's key and what follows it a value, which `routes_text` reads to its
+end.  Cutting one value for another (a string) leaves valid JSON valid and invalid JSON invalid (a
+cut inside a string, which the escape check leaves out anyway, would end the string at the mark).
 """
 
 from __future__ import annotations
 
+import secrets
 import warnings
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import orjson
@@ -137,6 +151,84 @@ def routes_text(text: bytes) -> RoutesText | None:
     return RoutesText(bytes(text), shape, dtype, flat.astype("<" + dtype).tobytes())
 
 
+_KEY: Final = b'"routed_experts":'
+_OPENS: Final = b"[[["
+_CLOSES: Final = b"]]]"
+# Below this many bytes router choices are too short to be held as text (`TYPED_FROM_TOKENS`
+# tokens write at least 8 bytes each).
+_TEXT_FROM_BYTES: Final = 8 * TYPED_FROM_TOKENS
+# What stands in the text for a value cut out: a string no sender can guess (this process's own),
+# the cut's number after it.
+_MARK: Final = "\x00routes-" + secrets.token_hex(8) + "-"
+_MARK_JSON: Final = orjson.dumps(_MARK)[:-1]  # without its closing quote: the number follows
+
+
+def loads_holding_routes(
+    text: bytes | bytearray | memoryview,
+    loads: Callable[[bytes | bytearray | memoryview], Any],
+    places: Callable[[Any], Iterable[Any]],
+) -> Any:
+    """`loads(text)`, but for each `routed_experts` of the dicts `places` gives of the value held as
+    a `RoutesText` where its text allows (the module's docstring says how); raises what `loads`
+    raises where it refuses `text`."""
+    cuts = _routes_in(text) if memoryview(text).nbytes >= _TEXT_FROM_BYTES else []
+    if not cuts:
+        return loads(text)
+    view = memoryview(text)
+    pieces: list[bytes | memoryview] = []
+    at = 0
+    for number, (start, stop, _) in enumerate(cuts):
+        pieces += [view[at:start], _MARK_JSON, str(number).encode(), b'"']
+        at = stop
+    pieces.append(view[at:])
+    try:
+        value = loads(b"".join(pieces))
+    except ValueError:  # (orjson's and msgspec's refusals both are): parsed whole, for its own answer
+        return loads(text)
+    if _put_back(places(value), cuts) != len(cuts):
+        return loads(text)  # a mark off the places looked at (or none): parsed whole
+    return value
+
+
+def _routes_in(text: bytes | bytearray | memoryview) -> list[tuple[int, int, RoutesText]]:
+    """(start, stop, `RoutesText`) of each key's value that `routes_text` takes, in text order."""
+    body = text.tobytes() if isinstance(text, memoryview) else text  # (searched: a view cannot be)
+    cuts: list[tuple[int, int, RoutesText]] = []
+    found = body.find(_KEY)
+    while found >= 0:
+        start = found + len(_KEY)
+        stop = body.find(_CLOSES, start) + len(_CLOSES) if body.startswith(_OPENS, start) else -1
+        if stop - start >= _TEXT_FROM_BYTES and _unescaped(body, found):
+            routes = routes_text(bytes(body[start:stop]))
+            if routes is not None:
+                cuts.append((start, stop, routes))
+        found = body.find(_KEY, max(start, stop))
+    return cuts
+
+
+def _unescaped(body: Any, quote: int) -> bool:
+    """Whether the `"` at `quote` is no string's escaped quote: an even run of backslashes before it."""
+    run = 0
+    while quote - run > 0 and body[quote - run - 1] == 0x5C:
+        run += 1
+    return run % 2 == 0
+
+
+def _put_back(places: Iterable[Any], cuts: list[tuple[int, int, RoutesText]]) -> int:
+    """Puts each cut's `RoutesText` where the parse put its mark, in the dicts of `places`; how many
+    (-1 for a mark no cut made)."""
+    placed = 0
+    for item in places:
+        mark = item.get("routed_experts") if type(item) is dict else None
+        if type(mark) is str and mark.startswith(_MARK):
+            number = mark[len(_MARK) :]
+            if not number.isdecimal() or int(number) >= len(cuts):
+                return -1
+            item["routed_experts"] = cuts[int(number)][2]
+            placed += 1
+    return placed
+
+
 def fragment_of(value: Any) -> orjson.Fragment:
     """orjson's `default`: a `RoutesText` written as its text; any other type refused as orjson would."""
     if type(value) is RoutesText:
@@ -151,4 +243,12 @@ def lists_of(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-__all__ = ["INTEGER_TEXT", "TYPED_FROM_TOKENS", "RoutesText", "fragment_of", "lists_of", "routes_text"]
+__all__ = [
+    "INTEGER_TEXT",
+    "TYPED_FROM_TOKENS",
+    "RoutesText",
+    "fragment_of",
+    "lists_of",
+    "loads_holding_routes",
+    "routes_text",
+]

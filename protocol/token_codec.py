@@ -62,7 +62,7 @@ import orjson
 
 from protocol._numpy import np as _np
 from protocol.digests import canonical_bytes, numbers_alone, same_json
-from protocol.routes import TYPED_FROM_TOKENS, RoutesText, routes_text
+from protocol.routes import TYPED_FROM_TOKENS, RoutesText, loads_holding_routes, routes_text
 from protocol.tokens import TOKEN_FIELDS
 
 if TYPE_CHECKING:
@@ -384,13 +384,23 @@ def _entry_parts(entries: Sequence[TokenEntry]) -> tuple[list[dict[str, Any]], l
     return heads, arrays
 
 
-def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: bool = True) -> TokenLayout:
+def _header_records(header: Any) -> Any:
+    records = header.get("records") if type(header) is dict else None
+    return records if type(records) is list else ()
+
+
+def read_layout(
+    content: bytes | bytearray | memoryview, *, check_canonical: bool = True, routes_as_text: bool = False
+) -> TokenLayout:
     """The header of a binary payload, checked: magic, version, a canonical header, every array inside
     the payload and nothing after the last one, generated ids and logprobs of equal length.
 
     `check_canonical=False` leaves out the one check that re-encodes the header (the costliest: more
     than the rest of a read), for bytes that matched the digest of a claim: the trainer checked them
-    canonical before it claimed them, and a changed byte fails the digest."""
+    canonical before it claimed them, and a changed byte fails the digest.
+
+    `routes_as_text`: each record's `routed_experts` held as `protocol.routes.RoutesText` where its
+    text allows (the trainer reading a participant's completion frame: never made into lists)."""
     view = memoryview(content)
     if len(view) < _PREFIX.size:
         raise TokenCodecError(f"{len(view)} bytes are too short for token records")
@@ -407,7 +417,9 @@ def read_layout(content: bytes | bytearray | memoryview, *, check_canonical: boo
     # Read and checked where it lies: no copy of the header (the records' output text, in version 1).
     raw = view[_PREFIX.size : _PREFIX.size + header_len]
     try:
-        header = orjson.loads(raw)
+        header = (
+            loads_holding_routes(raw, orjson.loads, _header_records) if routes_as_text else orjson.loads(raw)
+        )
     except orjson.JSONDecodeError as exc:
         raise TokenCodecError(f"the header is not JSON: {exc}") from None
     keys = {"arrays", "records"} if version == VERSION else {"arrays", "records", "reply_items"}

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from payloads.replies import REPLY_APART_MEDIA_TYPE, REPLY_MEDIA_TYPE, put_arrays_back, reply_to_store
+from payloads.token_arrays import canonical_arrays
 from protocol.digests import canonical_bytes, json_canonical_bytes, sha256_digest, written_once
 from protocol.ids import capture_key
 from protocol.token_codec import (
@@ -136,6 +137,15 @@ def test_reduced_mode_keeps_a_real_size_reply_exactly(rng: random.Random) -> Non
     assert reduced.token_bytes(capture_key("r-1", 0)) == v1  # what an adoption's fetch reads
     stored_tokens, media_type, layout = kept.tokens, kept.media_type, kept.layout
     assert referred(memoryview(v1), reply_output_of(payload), layout=v1_layout) == (
+        kept.tokens,
+        media_type,
+        layout,
+    )
+    # A participant's completion frame carries version 1: read as the trainer reads one (its router
+    # choices held as their text, never lists), it is made into the same stored form.
+    framed = canonical_arrays(v1, routes_as_text=True)
+    assert canonical_bytes(framed.records) == canonical_bytes(v1_layout.records)
+    assert referred(memoryview(v1), reply_output_of(payload), layout=framed.layout) == (
         kept.tokens,
         media_type,
         layout,

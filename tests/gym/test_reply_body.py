@@ -17,12 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.gym_reply import walked_check_depth
+from payloads.token_arrays import canonical_arrays
+from protocol import routes as held_routes
 from protocol.digests import canonical_bytes, json_canonical_bytes, same_json
 from protocol.routes import TYPED_FROM_TOKENS, RoutesText, routes_text
-from protocol.token_codec import routes_array
+from protocol.token_codec import encode_entries, referred, reply_output_of, routes_array
+from protocol.tokens import token_records_from_reply
 from protocol.wire import MAX_JSON_DEPTH, check_depth, gym_reply
 from tests.gym.test_reduced_keep import _routes
-from trainer.gym import reply_body
 from trainer.gym.reply_body import decode_body
 from trainer.gym.runs import run_json
 
@@ -136,7 +138,7 @@ def test_the_same_text_elsewhere_is_parsed_as_any_value() -> None:
     ]
     for body in bodies:
         _same_as_json(body)
-    assert reply_body._routes_in(bodies[0]) == [] and reply_body._routes_in(bodies[1]) == []
+    assert held_routes._routes_in(bodies[0]) == [] and held_routes._routes_in(bodies[1]) == []
 
 
 def test_a_body_msgspec_refuses_is_refused_as_before() -> None:
@@ -205,3 +207,31 @@ def test_held_text_is_immutable_and_unhashable_as_its_lists() -> None:
         routes.text = b"[]"
     with pytest.raises(TypeError):
         hash(routes)
+
+
+def test_a_completion_frames_token_header_holds_its_router_choices_as_text() -> None:
+    """The records a participant's frame carries (version 1: router choices in the header's JSON),
+    read as the trainer reads a frame: their router choices held as text, the same records, and
+    made into the same stored form as read as lists."""
+    body = _body(
+        [
+            {
+                "type": "message",
+                "id": "m",
+                "role": "assistant",
+                "content": [],
+                "prompt_token_ids": [1, 2],
+                "generation_token_ids": list(range(len(ROUTES))),
+                "generation_log_probs": [-0.5] * len(ROUTES),
+                "routed_experts": ROUTES,
+            }
+        ]
+    )
+    reply = gym_reply(json.loads(body), "r-1", 0)
+    v1 = encode_entries(token_records_from_reply(reply, "k", 1.0))
+    as_text, as_lists = canonical_arrays(v1, routes_as_text=True), canonical_arrays(v1)
+    assert type(as_text.records[0]["routed_experts"]) is RoutesText
+    assert type(as_lists.records[0]["routed_experts"]) is list
+    assert as_text.records == as_lists.records and as_text.buffer is v1
+    output = reply_output_of(reply.payload())
+    assert referred(v1, output, layout=as_text.layout) == referred(v1, output, layout=as_lists.layout)

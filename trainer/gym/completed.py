@@ -30,7 +30,7 @@ def binary_token_records(body: bytes | memoryview) -> TokenArrays:
     when it is canonical: checked, not re-encoded), each record's other fields held to TokenEntry's
     rules as the JSON form is (its arrays, checked by the codec, stand in empty: no per-token Python
     object).  TokenCodecError or pydantic's ValidationError."""
-    arrays = canonical_arrays(body)
+    arrays = canonical_arrays(body, routes_as_text=True)  # router choices never made into lists
     if not arrays.resolved:
         raise TokenCodecError("token records on the wire hold their own output items (form version 1)")
     TOKEN_LIST.validate_python([{**r, **_NO_ARRAYS} for r in arrays.records])
