@@ -8,6 +8,7 @@ import json
 import struct
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from payloads.token_arrays import canonical, canonical_arrays, decode_arrays, decode_payload, encode_arrays
+from protocol import token_codec
 from protocol.digests import same_json
 from protocol.lineage import LineageError, full_prompts, link_call, token_digest
 from protocol.token_codec import (
@@ -454,3 +456,48 @@ def test_token_arrays_resolved_from_their_reply_pickle_with_their_records() -> N
     assert back.resolved and back.records == resolved.records == read_layout(v1).records
     unresolved = pickle.loads(pickle.dumps(decode_arrays(v2)))
     assert not unresolved.resolved and unresolved.layout.reply_items == ((0, 1),)
+
+
+_LOGPROB_EDGES = (
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    1e39,
+    -3.5e38,
+    3.4028235e38,
+    3.4028236e38,
+    1e-46,
+    1.401298464324817e-45,
+    5e-324,
+    -0.0,
+    0,
+    True,
+    2**1100,
+    "x",
+    None,
+    -0.1,
+    -1e-7,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=64, max_size=300),
+    st.lists(st.tuples(st.integers(0, 299), st.sampled_from(_LOGPROB_EDGES)), max_size=3),
+)
+def test_logprobs_dtype_is_the_same_with_numpy_and_without(values: list[Any], edits: list[Any]) -> None:
+    """Long logprob lists are decided with numpy (`_logprob_dtype_numpy`): the same dtype and bytes,
+    or the same refusal, as the standard library's way gives, float32 values edited to float64 ones,
+    past float32's range, subnormal, not finite, or not numbers at all."""
+    for at, value in edits:
+        values[at % len(values)] = value
+
+    def decided() -> Any:
+        try:
+            return token_codec.logprob_dtype_of(values)
+        except Exception as exc:  # the refusal itself is compared
+            return type(exc), str(exc)
+
+    with_numpy = decided()
+    with mock.patch.object(token_codec, "_np", None):
+        assert decided() == with_numpy
