@@ -36,6 +36,7 @@ from protocol.retry import RetryPolicy, RetryState, next_step
 from protocol.streams import group_stream, is_group_stream
 from trainer.errors import CoordinatorStopped, FencedOff
 from trainer.eventloop import wait_at_most
+from trainer.private_thread import PrivateThread
 from trainer.settings import log
 
 _T = TypeVar("_T")
@@ -69,6 +70,8 @@ class LogView:
         self.checkpoints = self.checkpoints_projection.initial()
         self._lock = asyncio.Lock()
         self.changed = asyncio.Condition()
+        # The log's reads and writes, in a thread of their own (one call at a time, in order).
+        self._worker = PrivateThread("ledger-log")
         # Until `load`: the version of every group stream the folds have seen (its last event's), so
         # that archived groups, whose version the ledger does not keep, cost no read of their own.
         self._folded_versions: dict[str, int] | None = {}
@@ -133,7 +136,7 @@ class LogView:
         failures = RetryState()
         while True:
             try:
-                result = await asyncio.to_thread(fn)
+                result = await self._worker.run(fn)
                 if failures.calls:
                     log.warning("the log is reachable again after %d retries while %s", failures.calls, what)
                 return result

@@ -25,6 +25,7 @@ from typing import TypeVar
 from payloads import PayloadClaim, PayloadPlane, PayloadStoreError, PayloadStoreUnavailable
 from protocol.retry import RetryPolicy, RetryState, next_step
 from trainer.errors import CoordinatorStopped
+from trainer.private_thread import PrivateThread
 
 log = logging.getLogger("trainer")
 _T = TypeVar("_T")
@@ -60,6 +61,8 @@ class PayloadIO:
         """`on_stop` hears the outage that stopped it: the coordinator stops for good with it, as for
         the log's own (every later append raises it)."""
         self.plane = plane
+        # The store's puts and reads, in a thread of their own (one call at a time, in order).
+        self._worker = PrivateThread("ledger-payloads")
         self.outage_budget_s = outage_budget_s
         self.on_stop = on_stop
         self.stopped: CoordinatorStopped | None = None
@@ -192,7 +195,7 @@ class PayloadIO:
         policy = RetryPolicy.within(max(self.outage_budget_s, 1e-6), base_s=0.05, cap_s=1.0)
         while True:
             try:
-                return await asyncio.to_thread(fn)
+                return await self._worker.run(fn)
             except PayloadStoreUnavailable as exc:
                 self.outage_retries += 1
                 now = time.monotonic()
