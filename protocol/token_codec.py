@@ -728,7 +728,7 @@ def routes_array(value: Any) -> tuple[str, tuple[int, int, int], bytes] | None:
     the numbers (the trainer's side; None without it)."""
     if type(value) is RoutesText:
         return value.dtype, value.shape, value.data
-    if type(value) is not list or len(value) < TYPED_FROM_TOKENS or not value:
+    if type(value) is not list or len(value) < TYPED_FROM_TOKENS:
         return None
     text = numbers_alone(value)
     typed = routes_text(text) if text is not None else None
