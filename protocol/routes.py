@@ -196,13 +196,16 @@ def _routes_in(text: bytes | bytearray | memoryview) -> list[tuple[int, int, Rou
     cuts: list[tuple[int, int, RoutesText]] = []
     found = body.find(_KEY)
     while found >= 0:
-        start = found + len(_KEY)
+        start = after = found + len(_KEY)
         stop = body.find(_CLOSES, start) + len(_CLOSES) if body.startswith(_OPENS, start) else -1
         if stop - start >= _TEXT_FROM_BYTES and _unescaped(body, found):
             routes = routes_text(bytes(body[start:stop]))
             if routes is not None:
                 cuts.append((start, stop, routes))
-        found = body.find(_KEY, max(start, stop))
+                after = stop
+        # (A value refused may end before the `]]]` found, which then belongs to a later key's value:
+        # the search goes on from the value's start, not past that `]]]`.)
+        found = body.find(_KEY, after)
     return cuts
 
 

@@ -141,6 +141,20 @@ def test_the_same_text_elsewhere_is_parsed_as_any_value() -> None:
     assert held_routes._routes_in(bodies[0]) == [] and held_routes._routes_in(bodies[1]) == []
 
 
+def test_router_choices_after_ones_refused_are_held() -> None:
+    """A value refused whose text has no `]]]` of its own (its last token empty) does not hide the
+    router choices after it, whose `]]]` the search for its end found."""
+    got = _same_as_json(
+        _body(
+            [
+                {"type": "message", "routed_experts": [*ROUTES, []]},
+                {"type": "message", "routed_experts": ROUTES},
+            ]
+        )
+    )
+    assert [r.lists() for r in _held(got)] == [ROUTES]
+
+
 def test_a_body_msgspec_refuses_is_refused_as_before() -> None:
     text = orjson.dumps(ROUTES)
     for body in (
