@@ -6,8 +6,9 @@ What starting built (modules, classes, an agent's app and zero work's pool) live
 process: frozen out of the collector's generations, so a full collection walks only what the work
 allocates.  And the youngest generation is collected once `GC_YOUNG_THRESHOLD` more containers are
 alive than at the last collection, not 700: the work makes little cyclic garbage, while a try at 9k
-tokens holds lists of 17,000 numbers and a real Gym reply 16,000 small lists of router choices,
-which every collection reaching them walks item by item, and every tenth collection of the youngest
+tokens holds lists of 17,000 numbers, and a real Gym reply on the agent's side 16,000 small lists of
+router choices (the trainer holds those as their text where it can: `protocol.routes`), which every
+collection reaching them walks item by item, and every tenth collection of the youngest
 generation runs the next one, whose tenth runs a full one (docs/performance.md: the trainer's
 collector CPU in a 9k soak 0.53 -> 0.16 s at 10,000; against a real Gym agent at 9k, 0.59-0.67 s ->
 0.29-0.33 s for 200 rollouts at 50,000).  Cyclic garbage waits at most that many containers for its
