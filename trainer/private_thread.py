@@ -11,6 +11,9 @@ time, in the order made, as the concern's own worker (Temporal's wiring: one pri
 concern).  The thread ends after `IDLE_S` without a call and starts again on the next; where no
 thread can start (the interpreter exiting, its last steps the owner's close at exit) the call runs
 in the caller's thread.  Each call runs in a copy of the caller's context, as `to_thread` runs it.
+A forked child starts with none of its parent's threads: every private thread there begins afresh
+(its queue, its lock, no thread), so a child's first call starts its own instead of waiting on a
+queue that no thread of the child reads.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -43,6 +48,11 @@ class PrivateThread:
 
     def __init__(self, name: str) -> None:
         self._name = name
+        self._fresh()
+        _EVERY.add(self)
+
+    def _fresh(self) -> None:
+        """No thread, an empty queue and a free lock (a new one, or a forked child's)."""
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any], Any, Any]] = (
             queue.SimpleQueue()
         )
@@ -86,5 +96,17 @@ class PrivateThread:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits the answer
                 loop.call_soon_threadsafe(_settle, future, ok, value)
 
+
+# Every private thread of this process, so that a forked child starts each afresh: the parent's thread
+# is not in the child, and a lock the parent held at the fork would stay held there.
+_EVERY: weakref.WeakSet[PrivateThread] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for worker in list(_EVERY):
+        worker._fresh()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 __all__ = ["IDLE_S", "PrivateThread"]

@@ -1,13 +1,16 @@
 """`trainer.private_thread.PrivateThread`: one concern's blocking calls in a thread of its own, one
 at a time and in the order made; answers and exceptions delivered to their awaiters; the caller's
 context seen; a cancelled awaiter costs the next call nothing; the thread ends when idle and comes
-back for the next call; where no thread can start, the call runs in the caller's thread."""
+back for the next call; where no thread can start, the call runs in the caller's thread; a forked
+child starts its own."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import functools
+import os
+import select
 import threading
 from typing import Any
 from unittest import mock
@@ -97,3 +100,30 @@ async def test_with_no_thread_to_start_the_call_runs_in_the_callers_thread() -> 
         here: Any = await worker.run(threading.get_ident)
     assert here == threading.get_ident()
     assert await worker.run(lambda: threading.current_thread().name) == "test-worker"
+
+
+async def test_a_forked_child_gets_its_own_thread() -> None:
+    """The parent's thread is not in a forked child: the child's first call starts the child's own
+    (it does not wait on a queue that no thread of the child reads)."""
+    worker = PrivateThread("test-worker")
+    assert await worker.run(os.getpid) == os.getpid()  # the parent's thread is up
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one call through the same worker, with a deadline of its own
+        try:
+            try:
+                answer = str(asyncio.run(asyncio.wait_for(worker.run(os.getpid), 20)))
+            except TimeoutError:
+                answer = "no answer within 20 s"
+            os.write(write, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 60)
+        said = os.read(read, 100).decode() if ready else "the child said nothing within 60 s"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert said == str(pid)
+    assert await worker.run(os.getpid) == os.getpid()  # the parent's own serves on
