@@ -5,14 +5,11 @@ from __future__ import annotations
 import logging
 import signal
 import socket
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 import uvicorn
@@ -21,6 +18,7 @@ from starlette.types import ASGIApp
 from gym_agent.app import create_app
 from gym_agent.config import AgentConfig
 from participant import ExecutionRegistry
+from participant.threads import STOP_TIMEOUT_S, stop_thread
 from protocol.collector import tune_gc
 from protocol.logsafety import install_log_masking
 
@@ -85,23 +83,6 @@ def run_server(config: AgentConfig) -> int:
     return 0 if server.started else 1
 
 
-# A stop takes 0.2 s here (uvicorn's 0.1 s tick, then its 0.1 s pause for connections to close), and
-# at most graceful_shutdown_s more for calls still open; a test machine with every core busy can
-# stall a thread for seconds beyond that, and a stop missed there fails a test that proved nothing
-# about the agent.
-STOP_TIMEOUT_S = 60.0
-
-
-def where_thread_is(thread: threading.Thread, frames: int = 6) -> str:
-    """The innermost `frames` frames of a live thread's stack, on one line (what a stop that did not
-    end was waiting on)."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    if frame is None:
-        return "(ended)"
-    stack = traceback.extract_stack(frame)[-frames:]
-    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(stack))
-
-
 @dataclass
 class ThreadAgent:
     """An agent served by uvicorn in a background thread of this process (same loopback HTTP)."""
@@ -125,12 +106,7 @@ class ThreadAgent:
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            raise RuntimeError(
-                f"agent {self.config.name} did not stop within {timeout_s} s; "
-                f"its thread was at: {where_thread_is(self.thread)}"
-            )
+        stop_thread(self.thread, f"agent {self.config.name}", timeout_s)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from gym_resources.app import create_app
+from participant.threads import STOP_TIMEOUT_S, stop_thread
 
 
 def _config(state_dir: Path, host: str, port: int, log_level: str) -> uvicorn.Config:
@@ -40,11 +41,9 @@ class ThreadResources:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            raise RuntimeError(f"the resources server did not stop within {timeout_s} s")
+        stop_thread(self.thread, "the resources server", timeout_s)
 
 
 @contextmanager
