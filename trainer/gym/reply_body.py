@@ -10,25 +10,19 @@ cut out of the body before msgspec parses it, and put back as that text
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from protocol.routes import loads_holding_routes
-
-
-def _output_items(value: Any) -> Iterable[Any]:
-    response = value.get("response") if type(value) is dict else None
-    output = response.get("output") if type(response) is dict else None
-    return output if type(output) is list else ()
+from protocol.token_codec import reply_output_of
 
 
 def decode_body(body: bytes | bytearray) -> Any:
     """The body's JSON, as `msgspec.json.decode(body)` gives it, but for each output item's router
     choices held as a `RoutesText` where their text allows; raises `msgspec.DecodeError` where
     msgspec refuses the body."""
-    return loads_holding_routes(body, msgspec.json.decode, _output_items)
+    return loads_holding_routes(body, msgspec.json.decode, reply_output_of)
 
 
 __all__ = ["decode_body"]
