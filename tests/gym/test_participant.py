@@ -20,6 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from participant import mount_participant, read_evidence
+from payloads.token_arrays import TokenArrays
+from protocol.routes import RoutesText
 from protocol.tokens import token_records_from_reply
 from protocol.wire import ADOPT_ONLY_HEADER, RunRequest, TokenEntry, gym_reply
 from tests.gym.conftest import token_entries
@@ -177,6 +179,49 @@ async def test_the_reply_kept_is_the_agents_own_body_validated(tmp_path: Path) -
     assert reply.payload() == expected and type(reply.reward) is float
     verify_receipt(reply, receipt)
     assert receipt.result_digest == gym_reply(expected, "k_g0", 0).digest()
+
+
+async def test_a_moe_replys_router_choices_are_held_as_their_text_and_answered_as_lists(
+    tmp_path: Path,
+) -> None:
+    """A mounted agent's reply with router choices of many tokens (a MoE model's, one list a token) is
+    parsed with them held as their text (`protocol.routes.RoutesText`: no small list a token), and
+    everything the participant answers is what the lists give: the reply, its digest, the token
+    records as JSON and in the trainer's binary form."""
+    routes = [[[t % 61, (t * 7) % 64]] for t in range(300)]
+
+    def agent() -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/run")
+        async def run(request: Request) -> JSONResponse:
+            item = {"type": "message", "id": "m", "role": "assistant", "content": [],
+                    "prompt_token_ids": [1, 2], "generation_token_ids": list(range(300)),
+                    "generation_log_probs": [-0.5] * 300, "routed_experts": routes}  # fmt: skip
+            body = {**(await request.json()), "response": {"id": "r", "model": "m", "output": [item]}}
+            return JSONResponse({**body, "reward": 1})
+
+        return app
+
+    with serve(agent()) as plain:
+        own = httpx.post(plain + "/run", json=row("e_g0").model_dump(mode="json", by_alias=True)).json()
+    expected = gym_reply(own, "e_g0", 0)
+    mounted = agent()
+    participant = mount_participant(mounted, agent_name="a", state_dir=tmp_path)
+    with serve(mounted) as url:
+        async with GymClient(url, "a") as client:
+            completed = await client.run_completed(row("e_g0"))
+            receipt = await client.completion_receipt("e_g0", 0)
+            as_json = httpx.get(url + "/token_capture/" + receipt.manifest_capture_key).json()
+            [held] = participant.registry.token_capture(receipt.manifest_capture_key)
+    assert type(held.routed_experts) is RoutesText  # held as text, not as 300 lists
+    assert completed.reply.payload() == expected.payload()
+    verify_receipt(completed.reply, receipt)
+    assert receipt.result_digest == expected.digest()
+    [record] = as_json
+    assert record["routed_experts"] == routes
+    assert isinstance(completed.tokens, TokenArrays)
+    assert [r["routed_experts"] for r in completed.tokens.to_records()] == [routes]
 
 
 async def test_adopt_only_never_starts_a_try_and_evidence_survives_restarts(tmp_path: Path) -> None:
