@@ -18,7 +18,11 @@ Side by side in this process, over the same replies, each checked to give the sa
 - the nesting check of a reply (`protocol.wire.check_depth`) and of a `/run` row (`finite`) against
   the item-by-item walk it replaced (`walked_check_depth`, its reference);
 - the trainer's parse of the reply body: pydantic's JSON into Python values (what it used) against
-  msgspec's (what `GymClient` uses now, `trainer.gym.runs.run_json`).
+  msgspec's (what `GymClient` uses now, `trainer.gym.runs.run_json`);
+- what a mounted participant does with its agent's reply body until the ACK lets it go (parse,
+  validate, token records, canonical JSON and its digest, the records' binary form, freed): the router
+  choices parsed as lists (what it did) against held as their text (`participant.mount`, with
+  `participant.mount.agent_body_json`).
 
 CPU time of the one thread, best of `--rounds`.
 
@@ -41,12 +45,16 @@ from typing import Any
 import msgspec
 import orjson
 from pydantic import TypeAdapter
+from pydantic_core import from_json
 
 from benchmarks.rollout_sizes import add_size_options, positive
 from benchmarks.token_path import agent_episodes
-from protocol.digests import canonical_bytes, json_canonical_bytes
-from protocol.tokens import with_token_arrays
-from protocol.wire import MAX_JSON_DEPTH, RunReply, TokenEntry, check_depth
+from participant.mount import agent_body_json
+from participant.replies import ParsedReply
+from protocol.digests import canonical_bytes, json_canonical_bytes, sha256_digest
+from protocol.token_codec import encode_entries
+from protocol.tokens import token_records_from_reply, with_token_arrays
+from protocol.wire import MAX_JSON_DEPTH, RunReply, TokenEntry, check_depth, gym_reply
 
 _INT_RANGE = (-(2**63), 2**64 - 1)
 
@@ -125,6 +133,18 @@ def _best_ms(fn: Callable[[Any], Any], items: list[Any], rounds: int) -> float:
 _ANY_JSON: TypeAdapter[Any] = TypeAdapter(Any)
 
 
+def participant_keep(body: bytes, routes_as_text: bool = True) -> tuple[bytes, bytes]:
+    """A mounted participant's work on its agent's `/run` body (`participant.mount.AsgiRunner`, then
+    `participant.executions.ExecutionRegistry._execute`): the reply's canonical JSON and its records'
+    binary form; `routes_as_text=False`: the router choices parsed as lists, as before."""
+    payload = agent_body_json(body) if routes_as_text else from_json(body)
+    reply = gym_reply(payload, "bench_g0", 0, as_type=ParsedReply)
+    tokens = token_records_from_reply(reply, "bench", 0.0)
+    reply_json = canonical_bytes(reply.parsed_payload(), finite=True)
+    sha256_digest(reply_json)
+    return reply_json, encode_entries(tokens)
+
+
 def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     """Every way over `replies`, after checking each gives its reference's answer."""
     for reply in replies:
@@ -135,6 +155,9 @@ def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
             if walked_check_depth(reply, MAX_JSON_DEPTH, finite) is not None:
                 raise AssertionError("the reference refuses a reply check_depth took")
     bodies = [orjson.dumps(r) for r in replies]
+    for body in bodies:
+        if participant_keep(body, routes_as_text=False) != participant_keep(body):
+            raise AssertionError("the participant's keep differs with the router choices held as text")
     small = sum(
         0.0 < -lp < 1e-4
         for r in replies
@@ -168,6 +191,12 @@ def measure(replies: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         "parse_ms": {
             "pydantic": _best_ms(_ANY_JSON.validate_json, bodies, rounds),
             "msgspec": _best_ms(msgspec.json.decode, bodies, rounds),
+        },
+        "participant_ms": {
+            "participant, routes as lists": _best_ms(
+                lambda b: participant_keep(b, routes_as_text=False), bodies, rounds
+            ),
+            "routes as text": _best_ms(participant_keep, bodies, rounds),
         },
     }
 
@@ -219,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\n{name}: {case['reply_bytes'] / 1024:,.0f} KiB a reply, "
             f"{case['logprobs_above_minus_1e-4']:.2%} of logprobs above -1e-4"
         )
-        for group in ("canonical_json_ms", "nesting_check_ms", "parse_ms"):
+        for group in ("canonical_json_ms", "nesting_check_ms", "parse_ms", "participant_ms"):
             rows = list(case[group].items())
             for (base_name, base), (ours_name, ours) in zip(rows[::2], rows[1::2], strict=True):
                 print(
