@@ -21,7 +21,7 @@ Side by side in this process, over the same replies, each checked to give the sa
   msgspec's (what `GymClient` uses now, `trainer.gym.runs.run_json`);
 - what a mounted participant does with its agent's reply body until the ACK lets it go (parse,
   validate, token records, canonical JSON and its digest, the records' binary form, freed): the router
-  choices parsed as lists (what it did) against held as their text (`participant.mount`, with
+  choices parsed as lists (what it did) against held as their text (what it does now,
   `participant.mount.agent_body_json`).
 
 CPU time of the one thread, best of `--rounds`.
