@@ -15,7 +15,6 @@ from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from participant import Hooks
-from protocol.routes import lists_of
 from protocol.wire import AttemptFault, CrashAfter, FaultRates, RateFaults, RunRequest
 
 log = logging.getLogger("gym_agent")
@@ -102,7 +101,7 @@ class DroppedReply(Response):
     """
 
     def __init__(self, reply: dict[str, Any]) -> None:
-        super().__init__(content=json.dumps(reply, default=lists_of).encode(), media_type="application/json")
+        super().__init__(content=json.dumps(reply).encode(), media_type="application/json")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

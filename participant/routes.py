@@ -53,7 +53,8 @@ PARTICIPANT_PATHS = frozenset(
 PARTICIPANT_PREFIXES = ("/completion_receipt/", "/token_capture/")
 
 # Replaces the JSON answer of a live `/run` delivery (the reference agent's drop_reply fault).  The
-# reply's values are JSON's, but for a MoE reply's router choices, which may be a `RoutesText`
+# reply's values are JSON's, but for a MoE reply's router choices where the agent's own `/run` wrote
+# the reply (the in-process runner, `participant.mount`): those may be a `RoutesText`
 # (`protocol.routes.lists_of` gives its lists).
 Deliver = Callable[[RunRequest, dict[str, Any]], Response | None]
 
